@@ -1,0 +1,60 @@
+/* passes.h — the canonicalisation pipeline and every pass's entry point.
+ *
+ * Each pass takes the graph, rewrites it in place, records diagnostics in g->diag and returns
+ * IR_OK or IR_ERR. The driver (passes/pipeline.c) runs them in the order below with the verifier
+ * between them, and can stop after a named pass for --dump-ir=PASS.
+ *
+ * Pass order and contracts:
+ *   import       (not a pass: ir_import_onnx)  raw ONNX ops, symbolic dims as written
+ *   bind-dims    requires: --batch/--seq-len in g->bind_batch/bind_seq (0: leave symbolic).
+ *                produces: symbols bound everywhere, shapes re-inferred; a static dim that
+ *                disagrees with a binding is an error.
+ *   fold         produces: every node whose inputs are all constants replaced by a constant
+ *                (Shape of a known shape too); Identity/Dropout(eval) removed.
+ *   dce          produces: only nodes that reach a graph output remain; unused constants dropped.
+ *   retie        detects a parameter equal (bitwise) to the transpose of another (the TorchScript
+ *                exporter's folded tied LM head) and re-ties it (skipped with --no-retie).
+ *   recognize    produces: semantic ops (Embedding, Linear, LayerNorm, RMSNorm, Gelu, Silu,
+ *                SwiGLU, Rope, Attention, CrossEntropy) in place of their ONNX patterns;
+ *                anything unrecognised keeps its ONNX semantics.
+ *   cleanup      fold + dce again after recognition.
+ */
+#ifndef SBP_PASSES_H
+#define SBP_PASSES_H
+
+#include "ir.h"
+
+typedef struct sbp_pass_options {
+    int64_t batch;   /* --batch N, 0 if not given */
+    int64_t seq_len; /* --seq-len N, 0 if not given */
+    bool no_retie;   /* --no-retie */
+    bool verify;     /* run ir_verify after every pass (always on in tests and debug) */
+} sbp_pass_options;
+
+/* bind_dims.c */
+int sbp_pass_bind_dims(ir_graph *g, int64_t batch, int64_t seq_len);
+/* fold.c */
+int sbp_pass_fold(ir_graph *g);
+/* Evaluates one node whose inputs are all constants into constant outputs (used by fold).
+ * Returns IR_OK and sets *folded when it could, IR_OK with *folded = false when the op is not
+ * evaluable here (left as is), IR_ERR on an invalid node. */
+int sbp_eval_node(ir_graph *g, ir_node *n, bool *folded);
+/* dce.c */
+int sbp_pass_dce(ir_graph *g);
+/* retie.c */
+int sbp_pass_retie(ir_graph *g);
+/* recognize_*.c: each recogniser is its own file; recognize.c runs them in order. */
+int sbp_pass_recognize(ir_graph *g);
+
+/* pipeline.c */
+typedef struct sbp_pass_desc {
+    const char *name; /* for --dump-ir=NAME */
+    const char *what; /* one line for --help */
+} sbp_pass_desc;
+extern const sbp_pass_desc sbp_pass_list[];
+extern const int sbp_n_passes;
+/* Runs the pipeline up to and including the pass named stop_after (NULL: all). IR_ERR when a
+ * pass fails or the verifier finds a broken invariant; unknown stop_after is an error too. */
+int sbp_canonicalize(ir_graph *g, const sbp_pass_options *opt, const char *stop_after);
+
+#endif

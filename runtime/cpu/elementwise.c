@@ -1,0 +1,169 @@
+/*
+ * elementwise.c — flat elementwise helpers and activation functions, forward and backward.
+ *
+ * Each element depends on the same element of the inputs only, so a static split of the
+ * index range over threads cannot change any result.  The one reduction (sum of squares)
+ * sums fixed-size blocks, whose boundaries do not depend on the thread count, and adds the
+ * block sums in order on one thread.
+ */
+#include <math.h>
+
+#include "cpu.h"
+
+/* Elements per block of sbprt_sum_squares. */
+#define EW_SUMSQ_BLOCK 8192
+
+/* The body runs once per index i in [0, n) (n: the enclosing function's element count),
+ * split statically over ctx's threads when n is large enough to pay for the fork. */
+#define EW_FOR(body)                                                                           \
+    do {                                                                                       \
+        _Pragma("omp parallel for schedule(static) num_threads(ctx->nthreads) if (n >= CPU_PARALLEL_MIN)") \
+        for (size_t i = 0; i < n; i++) {                                                       \
+            body;                                                                              \
+        }                                                                                      \
+    } while (0)
+
+int sbprt_add(sbprt_ctx *ctx, float *out, const float *a, const float *b, size_t n)
+{
+    CPU_CHECK(ctx && (n == 0 || (out && a && b)));
+    EW_FOR(out[i] = a[i] + b[i]);
+    return SBPRT_OK;
+}
+
+int sbprt_accumulate(sbprt_ctx *ctx, float *y, const float *x, size_t n)
+{
+    CPU_CHECK(ctx && (n == 0 || (y && x)));
+    EW_FOR(y[i] += x[i]);
+    return SBPRT_OK;
+}
+
+int sbprt_scale(sbprt_ctx *ctx, float *y, float alpha, size_t n)
+{
+    CPU_CHECK(ctx && (n == 0 || y));
+    EW_FOR(y[i] *= alpha);
+    return SBPRT_OK;
+}
+
+int sbprt_sum_squares(sbprt_ctx *ctx, float *out, const float *x, size_t n)
+{
+    CPU_CHECK(ctx && out && (n == 0 || x));
+    size_t nblocks = (n + EW_SUMSQ_BLOCK - 1) / EW_SUMSQ_BLOCK;
+    double *partial;
+    int st = cpu_scratch(ctx, (nblocks ? nblocks : 1) * sizeof(double), (void **)&partial);
+    if (st)
+        return st;
+#pragma omp parallel for schedule(static) num_threads(ctx->nthreads) if (nblocks > 1)
+    for (size_t blk = 0; blk < nblocks; blk++) {
+        size_t i0 = blk * EW_SUMSQ_BLOCK;
+        size_t i1 = i0 + EW_SUMSQ_BLOCK < n ? i0 + EW_SUMSQ_BLOCK : n;
+        double s = 0;
+        for (size_t i = i0; i < i1; i++)
+            s += (double)x[i] * x[i];
+        partial[blk] = s;
+    }
+    double total = 0;
+    for (size_t blk = 0; blk < nblocks; blk++)
+        total += partial[blk];
+    out[0] += (float)total;
+    return SBPRT_OK;
+}
+
+/* ---- activations -------------------------------------------------------------------- */
+
+#define EW_SQRT_2_OVER_PI 0.7978845608028654f  /* √(2/π) */
+#define EW_INV_SQRT_2 0.7071067811865476f      /* 1/√2 */
+#define EW_INV_SQRT_2PI 0.3989422804014327f    /* 1/√(2π) */
+#define EW_GELU_CUBIC 0.044715f
+
+static inline float ew_gelu_tanh(float x)
+{
+    float u = EW_SQRT_2_OVER_PI * (x + EW_GELU_CUBIC * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+
+static inline float ew_gelu_tanh_grad(float x)
+{
+    float u = EW_SQRT_2_OVER_PI * (x + EW_GELU_CUBIC * x * x * x);
+    float t = tanhf(u);
+    float du = EW_SQRT_2_OVER_PI * (1.0f + 3.0f * EW_GELU_CUBIC * x * x);
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+
+static inline float ew_gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * EW_INV_SQRT_2)); }
+
+static inline float ew_gelu_erf_grad(float x)
+{
+    return 0.5f * (1.0f + erff(x * EW_INV_SQRT_2)) + x * EW_INV_SQRT_2PI * expf(-0.5f * x * x);
+}
+
+/* For very negative x, expf(-x) overflows to +inf and the sigmoid correctly becomes 0. */
+static inline float ew_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static inline float ew_silu_grad(float x)
+{
+    float s = ew_sigmoid(x);
+    return s * (1.0f + x * (1.0f - s));
+}
+
+int sbprt_gelu_tanh_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n)
+{
+    CPU_CHECK(ctx && (n == 0 || (out && x)));
+    EW_FOR(out[i] = ew_gelu_tanh(x[i]));
+    return SBPRT_OK;
+}
+
+int sbprt_gelu_tanh_backward(sbprt_ctx *ctx, float *dx, const float *dout, const float *x,
+                             size_t n)
+{
+    CPU_CHECK(ctx && (n == 0 || (dx && dout && x)));
+    EW_FOR(dx[i] += dout[i] * ew_gelu_tanh_grad(x[i]));
+    return SBPRT_OK;
+}
+
+int sbprt_gelu_erf_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n)
+{
+    CPU_CHECK(ctx && (n == 0 || (out && x)));
+    EW_FOR(out[i] = ew_gelu_erf(x[i]));
+    return SBPRT_OK;
+}
+
+int sbprt_gelu_erf_backward(sbprt_ctx *ctx, float *dx, const float *dout, const float *x,
+                            size_t n)
+{
+    CPU_CHECK(ctx && (n == 0 || (dx && dout && x)));
+    EW_FOR(dx[i] += dout[i] * ew_gelu_erf_grad(x[i]));
+    return SBPRT_OK;
+}
+
+int sbprt_silu_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n)
+{
+    CPU_CHECK(ctx && (n == 0 || (out && x)));
+    EW_FOR(out[i] = x[i] * ew_sigmoid(x[i]));
+    return SBPRT_OK;
+}
+
+int sbprt_silu_backward(sbprt_ctx *ctx, float *dx, const float *dout, const float *x, size_t n)
+{
+    CPU_CHECK(ctx && (n == 0 || (dx && dout && x)));
+    EW_FOR(dx[i] += dout[i] * ew_silu_grad(x[i]));
+    return SBPRT_OK;
+}
+
+int sbprt_swiglu_forward(sbprt_ctx *ctx, float *out, const float *gate, const float *up,
+                         size_t n)
+{
+    CPU_CHECK(ctx && (n == 0 || (out && gate && up)));
+    EW_FOR(out[i] = gate[i] * ew_sigmoid(gate[i]) * up[i]);
+    return SBPRT_OK;
+}
+
+int sbprt_swiglu_backward(sbprt_ctx *ctx, float *dgate, float *dup, const float *dout,
+                          const float *gate, const float *up, size_t n)
+{
+    CPU_CHECK(ctx && (n == 0 || (dout && gate && up)));
+    if (dgate)
+        EW_FOR(dgate[i] += dout[i] * up[i] * ew_silu_grad(gate[i]));
+    if (dup)
+        EW_FOR(dup[i] += dout[i] * gate[i] * ew_sigmoid(gate[i]));
+    return SBPRT_OK;
+}

@@ -1,0 +1,297 @@
+/*
+ * sbprt.h — the one public API of libsbprt, the runtime that code emitted by sbpc calls.
+ *
+ * Two backends implement exactly these functions: CPU (runtime/cpu/, OpenBLAS + OpenMP)
+ * and, later, CUDA (cuBLAS + .cu kernels).  Everything here is fp32.  The API is shaped so
+ * that both backends fit behind it:
+ *
+ *   - Every function takes an opaque `sbprt_ctx *` first.  On the CPU it carries the thread
+ *     count and a scratch buffer; on CUDA it will carry the stream and cuBLAS handle.  A
+ *     context is used by one host thread at a time (like a CUDA stream).
+ *   - Tensors are raw `float *` in backend memory ("device" memory; on the CPU backend that
+ *     is host memory).  Index tensors (token ids, positions, labels) are `int32_t *` in
+ *     backend memory too.  Every tensor argument carries its shape in a comment.  All
+ *     tensors are dense, row-major (last axis contiguous) unless a leading dimension or a
+ *     stride is passed explicitly.
+ *   - Kernels take outputs first, then inputs, then sizes, then scalar hyper-parameters.
+ *   - Forward kernels WRITE (=) their outputs.  Backward kernels ACCUMULATE (+=) into every
+ *     gradient output, input gradients included (llm.c's convention): the caller zeroes a
+ *     gradient buffer once, and a value with several uses, chunks of a StreamBP loop, or a
+ *     residual branch simply add into it.  A gradient output pointer that is NULL means
+ *     "not needed" and is skipped where the comment says so.
+ *   - Unless a comment says otherwise, an output must not alias any input.
+ *   - Functions return an `int` status: SBPRT_OK (0) or a positive error code; on error
+ *     nothing has been written unless the comment says otherwise.  Library code never
+ *     prints or exits.
+ *   - Dimension sizes are `int` (each axis fits in 31 bits); flat element counts are
+ *     `size_t`; products are computed in 64 bits internally.  A size of 0 is a no-op.
+ *
+ * Determinism: on the CPU backend every kernel gives bitwise identical results run to run
+ * AND for any thread count, except the GEMMs (OpenBLAS partitions by its own thread count).
+ * Reductions over rows are partitioned over output columns or done in fixed-size blocks
+ * combined in a fixed order; there are no atomics.
+ */
+#ifndef SBPRT_H
+#define SBPRT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SBPRT_API_VERSION 1
+
+/* ---- status ------------------------------------------------------------------------- */
+
+enum sbprt_status {
+    SBPRT_OK = 0,
+    SBPRT_ERR_INVALID = 1, /* bad argument: NULL tensor, negative size, inconsistent shapes */
+    SBPRT_ERR_RANGE = 2,   /* an index tensor (token id, position, label) is out of range */
+    SBPRT_ERR_NOMEM = 3,   /* an allocation failed */
+    SBPRT_ERR_BACKEND = 4, /* the backend failed (CUDA / cuBLAS error) */
+};
+
+/* A static, human-readable name for a status; never NULL. */
+const char *sbprt_status_string(int status);
+
+/* "cpu" or "cuda": which backend this library was built as. */
+const char *sbprt_backend_name(void);
+
+/* ---- context ------------------------------------------------------------------------ */
+
+typedef struct sbprt_ctx sbprt_ctx;
+
+/* Creates a context.  nthreads <= 0 means "the OpenMP default" (OMP_NUM_THREADS or the
+ * core count).  The CPU backend also sets OpenBLAS's thread count, which is process-wide. */
+int sbprt_ctx_create(sbprt_ctx **out, int nthreads);
+void sbprt_ctx_destroy(sbprt_ctx *ctx); /* NULL is allowed */
+int sbprt_ctx_nthreads(const sbprt_ctx *ctx);
+/* Waits until all work queued on ctx is done (no-op on the CPU backend). */
+int sbprt_sync(sbprt_ctx *ctx);
+
+/* ---- memory ------------------------------------------------------------------------- */
+
+#define SBPRT_ALIGN 64 /* bytes; every arena base is aligned to this */
+
+/* One aligned allocation in backend memory, meant to hold a whole memory plan (parameters,
+ * gradients, optimizer state, activations at planned offsets).  Contents are unspecified. */
+int sbprt_arena_alloc(sbprt_ctx *ctx, void **out, size_t bytes);
+void sbprt_arena_free(sbprt_ctx *ctx, void *base); /* NULL is allowed */
+
+enum sbprt_copy_kind {
+    SBPRT_COPY_HOST_TO_DEVICE = 0,
+    SBPRT_COPY_DEVICE_TO_HOST = 1,
+    SBPRT_COPY_DEVICE_TO_DEVICE = 2,
+};
+/* Copies bytes between host memory and backend memory (plain memcpy on the CPU backend).
+ * dst and src must not overlap. */
+int sbprt_memcpy(sbprt_ctx *ctx, void *dst, const void *src, size_t bytes, int kind);
+/* Sets bytes of backend memory to zero (0.0f for floats). */
+int sbprt_memset_zero(sbprt_ctx *ctx, void *dst, size_t bytes);
+
+/* ---- GEMM --------------------------------------------------------------------------- */
+
+/* c = alpha * op(a) @ op(b) + beta * c, row-major, dense.  op(x) is x or xᵀ.
+ *   c: [m, n]
+ *   a: [m, k], or [k, m] if trans_a
+ *   b: [k, n], or [n, k] if trans_b
+ * A linear layer y = x Wᵀ with W: [out, in] is sbprt_gemm(ctx, y, x, W, 0, 1, rows, out,
+ * in, 1, 0).  beta = 1 accumulates, as weight-gradient GEMMs do. */
+int sbprt_gemm(sbprt_ctx *ctx, float *c, const float *a, const float *b, int trans_a,
+               int trans_b, int m, int n, int k, float alpha, float beta);
+
+/* For i in [0, batch): c_i = alpha * op(a_i) @ op(b_i) + beta * c_i, row-major, where
+ *   a_i = a + i*stride_a, leading dimension lda (row stride of a_i as stored)
+ *   b_i = b + i*stride_b, leading dimension ldb
+ *   c_i = c + i*stride_c, leading dimension ldc;  c_i: [m, n] with row stride ldc
+ * Strides and leading dimensions are in elements; a stride of 0 broadcasts an operand
+ * (only for a and b: the c_i must not overlap). */
+int sbprt_gemm_strided_batched(sbprt_ctx *ctx, float *c, const float *a, const float *b,
+                               int trans_a, int trans_b, int m, int n, int k, float alpha,
+                               float beta, int lda, int64_t stride_a, int ldb,
+                               int64_t stride_b, int ldc, int64_t stride_c, int batch);
+
+/* y[r, :] += bias for every row (the bias of a linear layer after its GEMM).
+ *   y: [n, c]    bias: [c] */
+int sbprt_bias_add(sbprt_ctx *ctx, float *y, const float *bias, int n, int c);
+/* dbias += column sums of dy.   dbias: [c]    dy: [n, c] */
+int sbprt_bias_backward(sbprt_ctx *ctx, float *dbias, const float *dy, int n, int c);
+
+/* ---- elementwise helpers (flat, n elements) ------------------------------------------ */
+
+/* out = a + b.   out, a, b: [n]; out may alias a or b. */
+int sbprt_add(sbprt_ctx *ctx, float *out, const float *a, const float *b, size_t n);
+/* y += x.   y, x: [n] */
+int sbprt_accumulate(sbprt_ctx *ctx, float *y, const float *x, size_t n);
+/* y *= alpha.   y: [n] */
+int sbprt_scale(sbprt_ctx *ctx, float *y, float alpha, size_t n);
+/* out[0] += Σ x² (summed in double in fixed-size blocks combined in order; for gradient
+ * norm clipping).   out: [1]    x: [n] */
+int sbprt_sum_squares(sbprt_ctx *ctx, float *out, const float *x, size_t n);
+
+/* ---- embedding ---------------------------------------------------------------------- */
+
+/* out[r, :] = table[ids[r], :].  Any id outside [0, v) gives SBPRT_ERR_RANGE.
+ *   out: [n, c]    table: [v, c]    ids: [n] */
+int sbprt_embedding_forward(sbprt_ctx *ctx, float *out, const float *table, const int32_t *ids,
+                            int n, int v, int c);
+/* dtable[ids[r], :] += dout[r, :] for r in order (deterministic scatter-add, partitioned
+ * over columns).  Any id outside [0, v) gives SBPRT_ERR_RANGE.
+ *   dtable: [v, c]    dout: [n, c]    ids: [n] */
+int sbprt_embedding_backward(sbprt_ctx *ctx, float *dtable, const float *dout,
+                             const int32_t *ids, int n, int v, int c);
+
+/* ---- normalisation ------------------------------------------------------------------ */
+
+/* LayerNorm over the last axis: out = (x - mean) * rstd * gamma + beta, with
+ * rstd = 1 / sqrt(var + eps) (biased variance).  mean and rstd are saved for the backward
+ * and may be NULL when not needed; beta may be NULL (no bias).  out may alias x.
+ *   out: [n, c]    mean: [n]    rstd: [n]    x: [n, c]    gamma: [c]    beta: [c] */
+int sbprt_layernorm_forward(sbprt_ctx *ctx, float *out, float *mean, float *rstd,
+                            const float *x, const float *gamma, const float *beta, int n, int c,
+                            float eps);
+/* dx += ∂L/∂x, dgamma += ∂L/∂gamma, dbeta += ∂L/∂beta; any of the three may be NULL.
+ *   dx: [n, c]    dgamma: [c]    dbeta: [c]
+ *   dout: [n, c]    x: [n, c]    gamma: [c]    mean: [n]    rstd: [n] (from the forward) */
+int sbprt_layernorm_backward(sbprt_ctx *ctx, float *dx, float *dgamma, float *dbeta,
+                             const float *dout, const float *x, const float *gamma,
+                             const float *mean, const float *rstd, int n, int c);
+
+/* RMSNorm over the last axis: out = x * rstd * gamma, rstd = 1 / sqrt(mean(x²) + eps).
+ * rstd may be NULL.  out may alias x.
+ *   out: [n, c]    rstd: [n]    x: [n, c]    gamma: [c] */
+int sbprt_rmsnorm_forward(sbprt_ctx *ctx, float *out, float *rstd, const float *x,
+                          const float *gamma, int n, int c, float eps);
+/* dx += ∂L/∂x, dgamma += ∂L/∂gamma; either may be NULL.
+ *   dx: [n, c]    dgamma: [c]    dout: [n, c]    x: [n, c]    gamma: [c]    rstd: [n] */
+int sbprt_rmsnorm_backward(sbprt_ctx *ctx, float *dx, float *dgamma, const float *dout,
+                           const float *x, const float *gamma, const float *rstd, int n, int c);
+
+/* ---- activations (flat; forward outputs may alias their input) ---------------------- */
+
+/* GELU, tanh approximation: 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))).
+ *   out: [n]    x: [n] */
+int sbprt_gelu_tanh_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n);
+/* dx += dout * gelu_tanh'(x).   dx, dout, x: [n] */
+int sbprt_gelu_tanh_backward(sbprt_ctx *ctx, float *dx, const float *dout, const float *x,
+                             size_t n);
+/* GELU, exact form: 0.5 x (1 + erf(x / √2)).   out, x: [n] */
+int sbprt_gelu_erf_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n);
+/* dx += dout * gelu_erf'(x).   dx, dout, x: [n] */
+int sbprt_gelu_erf_backward(sbprt_ctx *ctx, float *dx, const float *dout, const float *x,
+                            size_t n);
+/* SiLU: x * sigmoid(x).   out, x: [n] */
+int sbprt_silu_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n);
+/* dx += dout * silu'(x).   dx, dout, x: [n] */
+int sbprt_silu_backward(sbprt_ctx *ctx, float *dx, const float *dout, const float *x, size_t n);
+/* SwiGLU product: out = silu(gate) * up.  out may alias gate or up.
+ *   out, gate, up: [n] */
+int sbprt_swiglu_forward(sbprt_ctx *ctx, float *out, const float *gate, const float *up,
+                         size_t n);
+/* dgate += dout * up * silu'(gate), dup += dout * silu(gate); either may be NULL.
+ *   dgate, dup, dout, gate, up: [n] */
+int sbprt_swiglu_backward(sbprt_ctx *ctx, float *dgate, float *dup, const float *dout,
+                          const float *gate, const float *up, size_t n);
+
+/* ---- rotary position embedding ------------------------------------------------------ */
+
+/* RoPE, rotate-half convention (GPT-NeoX / Llama / Qwen in Hugging Face): for each row r,
+ * head h, with p = pos[r], half = rot_dim / 2, and i < half:
+ *   out[i]        = x[i]        * cos[p, i]        - x[i + half] * sin[p, i]
+ *   out[i + half] = x[i + half] * cos[p, i + half] + x[i]        * sin[p, i + half]
+ * Dimensions rot_dim..head_dim-1 pass through unchanged (partial rotary; rot_dim ==
+ * head_dim is the usual case).  rot_dim must be even and <= head_dim.  Any position outside
+ * [0, max_pos) gives SBPRT_ERR_RANGE.  out may alias x.
+ *   out: [rows, heads, head_dim]    x: [rows, heads, head_dim]    pos: [rows]
+ *   cos_tab, sin_tab: [max_pos, rot_dim] */
+int sbprt_rope_forward(sbprt_ctx *ctx, float *out, const float *x, const int32_t *pos,
+                       const float *cos_tab, const float *sin_tab, int rows, int heads,
+                       int head_dim, int rot_dim, int max_pos);
+/* dx += Rᵀ dout (the transposed rotation).   dx, dout: [rows, heads, head_dim]; the rest as
+ * in the forward. */
+int sbprt_rope_backward(sbprt_ctx *ctx, float *dx, const float *dout, const int32_t *pos,
+                        const float *cos_tab, const float *sin_tab, int rows, int heads,
+                        int head_dim, int rot_dim, int max_pos);
+
+/* ---- causal self-attention (grouped-query, chunked-query) --------------------------- */
+
+/* Causal attention for a chunk of query rows.  Query row i (0 <= i < t) sits at absolute
+ * position q_start + i and attends keys 0 .. q_start + i:
+ *   out[b, i, h, :] = Σ_j softmax_j(scale * q[b,i,h,:] · k[b,j,g,:]) v[b,j,g,:]
+ * with g = h / (hq / hkv) (grouped-query attention; hq must be a multiple of hkv; hq == hkv
+ * is multi-head, hkv == 1 multi-query).  Requires q_start >= 0 and q_start + t <= tk; keys
+ * beyond q_start + t - 1 are never read.  q_start = 0 and t = tk is ordinary causal
+ * self-attention; StreamBP calls it per query chunk with the whole K/V prefix.
+ * Computed in tiles with an online softmax: no [t, tk] buffer exists, fully masked tiles
+ * are skipped.  lse (the natural-log logsumexp of each row's scaled scores) is saved for
+ * the backward; it may be NULL when no backward follows.
+ *   out: [b, t, hq, d]    lse: [b, hq, t]
+ *   q: [b, t, hq, d]    k: [b, tk, hkv, d]    v: [b, tk, hkv, d] */
+int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
+                            const float *k, const float *v, int b, int t, int tk, int hq,
+                            int hkv, int d, int q_start, float scale);
+/* Backward of the same chunk (FlashAttention-2 style: scores are recomputed from q, k and
+ * the saved lse, and rowsum(dout ∘ out) is computed once up front).
+ *   dq += ∂L/∂q for the chunk's rows;
+ *   dk, dv += the chunk's contribution, over the keys it reads (rows 0 .. q_start + t - 1);
+ * so running every chunk of a sequence accumulates the full dk, dv.  dq may be NULL, and
+ * dk and dv may both be NULL (then that part is skipped).
+ *   dq: [b, t, hq, d]    dk: [b, tk, hkv, d]    dv: [b, tk, hkv, d]
+ *   dout, out: [b, t, hq, d]    q: [b, t, hq, d]    k, v: [b, tk, hkv, d]    lse: [b, hq, t] */
+int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
+                             const float *dout, const float *q, const float *k, const float *v,
+                             const float *out, const float *lse, int b, int t, int tk, int hq,
+                             int hkv, int d, int q_start, float scale);
+
+/* ---- losses ------------------------------------------------------------------------- */
+
+#define SBPRT_IGNORE_INDEX (-100) /* a label that is not scored (as torch's ignore_index) */
+
+/* Fused softmax cross-entropy with its gradient.  For each row r with a scored label
+ * (0 <= labels[r] < v):  loss_r = logsumexp(logits[r]) - logits[r, labels[r]],
+ *   dlogits[r, :] = (softmax(logits[r]) - onehot(labels[r])) * scale;
+ * rows labelled SBPRT_IGNORE_INDEX get loss 0 and dlogits 0.  loss_sum[0] += Σ_r loss_r.
+ * The caller passes scale = 1 / (global number of scored tokens) so chunks of a sequence
+ * combine into the mean loss's gradient.  dlogits may be NULL (loss only) and may alias
+ * logits (the gradient then overwrites the logits row by row).  Any other label gives
+ * SBPRT_ERR_RANGE.
+ *   loss_sum: [1]    dlogits: [n, v]    logits: [n, v]    labels: [n] */
+int sbprt_cross_entropy_forward_backward(sbprt_ctx *ctx, float *loss_sum, float *dlogits,
+                                         const float *logits, const int32_t *labels, int n,
+                                         int v, float scale);
+
+/* Per-row log-probability of the label (for DPO / GRPO objectives):
+ *   logp[r] = logits[r, labels[r]] - logsumexp(logits[r]),  0 for ignored rows;
+ *   lse[r]  = logsumexp(logits[r]) (saved for the backward; may be NULL).
+ *   logp: [n]    lse: [n]    logits: [n, v]    labels: [n] */
+int sbprt_label_logprob_forward(sbprt_ctx *ctx, float *logp, float *lse, const float *logits,
+                                const int32_t *labels, int n, int v);
+/* dlogits[r, :] += dlogp[r] * (onehot(labels[r]) - softmax(logits[r])); ignored rows add 0.
+ *   dlogits: [n, v]    dlogp: [n]    logits: [n, v]    labels: [n]    lse: [n] (forward's) */
+int sbprt_label_logprob_backward(sbprt_ctx *ctx, float *dlogits, const float *dlogp,
+                                 const float *logits, const int32_t *labels, const float *lse,
+                                 int n, int v);
+
+/* ---- optimizers (flat over n parameters; param, m, v are updated in place) ----------- */
+
+/* Plain SGD as torch.optim.SGD without momentum: param -= lr * (grad + weight_decay*param).
+ *   param, grad: [n] */
+int sbprt_sgd_update(sbprt_ctx *ctx, float *param, const float *grad, size_t n, float lr,
+                     float weight_decay);
+/* AdamW exactly as torch.optim.AdamW (amsgrad = False, maximize = False), for the step
+ * numbered `step` (1 for the first update; the caller counts):
+ *   param *= 1 - lr * weight_decay                 (decoupled weight decay, first)
+ *   m = lerp(m, grad, 1 - beta1);   v = beta2 * v + (1 - beta2) * grad²
+ *   param -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+ *   param, m, v, grad: [n] */
+int sbprt_adamw_update(sbprt_ctx *ctx, float *param, float *m, float *v, const float *grad,
+                       size_t n, float lr, float beta1, float beta2, float eps,
+                       float weight_decay, int step);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SBPRT_H */
