@@ -1,0 +1,84 @@
+/* recognize.c — the recognition pass: runs each recogniser in turn, plus their shared helpers.
+ *
+ * requires: bound dims, folded shape arithmetic, dce (so patterns are not obscured by dead uses).
+ * produces: semantic ops in place of their ONNX patterns. Order matters: norms and activations
+ *           first (their patterns contain Mul/Div that the attention and linear matchers must not
+ *           see), attention before linear (attention reads the projection MatMuls' outputs, not
+ *           the MatMuls themselves), the loss last.
+ */
+#include "recognize.h"
+
+#include <math.h>
+
+ir_node *rz_producer(const ir_value *v, ir_op op)
+{
+    if (!v || v->kind != IR_VAL_NODE || !v->producer || v->producer->dead)
+        return NULL;
+    return v->producer->op == op ? v->producer : NULL;
+}
+
+bool rz_const_scalar(const ir_value *v, double *out)
+{
+    if (!ir_value_is_const(v))
+        return false;
+    int64_t n = ir_value_numel(v);
+    if (n < 1 || !(ir_dtype_is_float(v->dtype) || ir_dtype_is_int(v->dtype)))
+        return false;
+    if (v->dtype == IR_DT_FLOAT16 || v->dtype == IR_DT_BFLOAT16)
+        return false;
+    double x = ir_const_f64(v, 0);
+    for (int64_t i = 1; i < n; i++) {
+        double y = ir_const_f64(v, i);
+        if (!(y == x || (isnan(x) && isnan(y))))
+            return false;
+    }
+    *out = x;
+    return true;
+}
+
+bool rz_uses_exactly(const ir_uses *u, const ir_value *v, int n)
+{
+    return !v->is_output && u->n_uses[v->id] == n;
+}
+
+ir_value *rz_other(const ir_node *bin, const ir_value *one)
+{
+    if (bin->n_in != 2)
+        return NULL;
+    if (bin->in[0] == one)
+        return bin->in[1];
+    if (bin->in[1] == one)
+        return bin->in[0];
+    return NULL;
+}
+
+ir_node *rz_replace(ir_graph *g, ir_op op, ir_value *const *in, int n_in, ir_value *result,
+                    ir_node *const *replaced, int n_replaced)
+{
+    ir_node *n = ir_node_new(g, op, NULL, n_in, in, 1);
+    if (!n)
+        return NULL;
+    for (int i = 0; i < n_replaced; i++)
+        if (replaced[i])
+            ir_node_add_origin(g, n, replaced[i]);
+    if (result->producer)
+        ir_node_move_after(g, n, result->producer);
+    ir_replace_uses(g, result, n->out[0]);
+    return n;
+}
+
+int sbp_pass_recognize(ir_graph *g)
+{
+    int (*const recognisers[])(ir_graph *) = {
+        sbp_recognize_norms,     sbp_recognize_activations, sbp_recognize_rope,
+        sbp_recognize_attention, sbp_recognize_linear,      sbp_recognize_embedding,
+        sbp_recognize_loss,
+    };
+    for (size_t i = 0; i < sizeof recognisers / sizeof recognisers[0]; i++) {
+        if (recognisers[i](g) != IR_OK)
+            return IR_ERR;
+        if (sbp_pass_dce(g) != IR_OK)
+            return IR_ERR;
+    }
+    return ir_graph_toposort(g);
+}

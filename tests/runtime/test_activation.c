@@ -1,0 +1,168 @@
+/*
+ * test_activation.c — GELU (tanh and erf forms), SiLU and the SwiGLU product, forward and
+ * backward, against double formulas and finite differences of those formulas.
+ */
+#include "rt_test.h"
+
+#define N 20000       /* above the kernels' parallel threshold */
+#define FD_POINTS 400 /* finite-difference checks per gradient */
+
+static double ref_gelu_tanh(double x)
+{
+    const double k = sqrt(2.0 / 3.14159265358979323846);
+    return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
+}
+static double ref_gelu_erf(double x) { return 0.5 * x * (1.0 + erf(x / sqrt(2.0))); }
+static double ref_silu(double x) { return x / (1.0 + exp(-x)); }
+
+/* Analytic derivatives, written independently of the kernels' code. */
+static double ref_gelu_tanh_grad(double x)
+{
+    const double k = sqrt(2.0 / 3.14159265358979323846);
+    double t = tanh(k * (x + 0.044715 * x * x * x));
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+}
+static double ref_gelu_erf_grad(double x)
+{
+    return 0.5 * (1 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2 * 3.14159265358979323846);
+}
+static double ref_silu_grad(double x)
+{
+    double s = 1 / (1 + exp(-x));
+    return s * (1 + x * (1 - s));
+}
+
+typedef int (*fwd_fn)(sbprt_ctx *, float *, const float *, size_t);
+typedef int (*bwd_fn)(sbprt_ctx *, float *, const float *, const float *, size_t);
+
+/* f(x) = Σ w_i act(x_i) for the finite differences. */
+typedef struct {
+    double (*act)(double);
+    const double *w;
+    double *x;
+} act_fd;
+
+static double act_f(void *p)
+{
+    act_fd *s = p;
+    double f = 0;
+    for (size_t i = 0; i < N; i++)
+        f += s->w[i] * s->act(s->x[i]);
+    return f;
+}
+
+static void check_unary(fwd_fn fwd, bwd_fn bwd, double (*act)(double), double (*grad)(double),
+                        const char *name)
+{
+    sbprt_ctx *ctx = rt_ctx(2);
+    rt_rng r = {11};
+    float *x = rt_random(&r, N, -5, 5), *y = RT_NEW(float, N);
+    double *ref = RT_NEW(double, N);
+    for (size_t i = 0; i < N; i++)
+        ref[i] = act(x[i]);
+    rt_assert_ok(fwd(ctx, y, x, N));
+    rt_assert_err(rt_rel_err(y, ref, N), RT_TOL, name);
+    float *inplace = rt_copy(x, N); /* forward may run in place */
+    rt_assert_ok(fwd(ctx, inplace, inplace, N));
+    assert_memory_equal(inplace, y, N * sizeof(float));
+
+    float *dy = rt_random(&r, N, -1, 1);
+    float *dx = rt_random(&r, N, -1, 1), *dx0 = rt_copy(dx, N);
+    for (size_t i = 0; i < N; i++)
+        ref[i] = dy[i] * grad(x[i]);
+    rt_assert_ok(bwd(ctx, dx, dy, x, N));
+    rt_assert_err(rt_rel_err_delta(dx, dx0, ref, N), RT_TOL, name);
+    act_fd st = {act, rt_to_double(dy, N), rt_to_double(x, N)};
+    rt_assert_err(rt_fd_check(act_f, &st, st.x, N, dx, dx0, FD_POINTS), RT_TOL, name);
+
+    free((void *)st.w), free(st.x);
+    free(x), free(y), free(ref), free(inplace), free(dy), free(dx), free(dx0);
+    sbprt_ctx_destroy(ctx);
+}
+
+static void test_gelu_tanh(void **state)
+{
+    (void)state;
+    check_unary(sbprt_gelu_tanh_forward, sbprt_gelu_tanh_backward, ref_gelu_tanh,
+                ref_gelu_tanh_grad, "gelu_tanh");
+}
+
+static void test_gelu_erf(void **state)
+{
+    (void)state;
+    check_unary(sbprt_gelu_erf_forward, sbprt_gelu_erf_backward, ref_gelu_erf, ref_gelu_erf_grad,
+                "gelu_erf");
+}
+
+static void test_silu(void **state)
+{
+    (void)state;
+    check_unary(sbprt_silu_forward, sbprt_silu_backward, ref_silu, ref_silu_grad, "silu");
+}
+
+/* f = Σ w_i silu(gate_i) up_i; `x` is whichever of gate/up is being differentiated. */
+typedef struct {
+    const double *w;
+    double *gate, *up;
+} swiglu_fd;
+
+static double swiglu_f(void *p)
+{
+    swiglu_fd *s = p;
+    double f = 0;
+    for (size_t i = 0; i < N; i++)
+        f += s->w[i] * ref_silu(s->gate[i]) * s->up[i];
+    return f;
+}
+
+static void test_swiglu(void **state)
+{
+    (void)state;
+    sbprt_ctx *ctx = rt_ctx(2);
+    rt_rng r = {12};
+    float *gate = rt_random(&r, N, -5, 5), *up = rt_random(&r, N, -2, 2);
+    float *out = RT_NEW(float, N);
+    double *ref = RT_NEW(double, N);
+    for (size_t i = 0; i < N; i++)
+        ref[i] = ref_silu(gate[i]) * up[i];
+    rt_assert_ok(sbprt_swiglu_forward(ctx, out, gate, up, N));
+    rt_assert_err(rt_rel_err(out, ref, N), RT_TOL, "swiglu fwd");
+
+    float *dout = rt_random(&r, N, -1, 1);
+    float *dg = rt_random(&r, N, -1, 1), *du = rt_random(&r, N, -1, 1);
+    float *dg0 = rt_copy(dg, N), *du0 = rt_copy(du, N);
+    rt_assert_ok(sbprt_swiglu_backward(ctx, dg, du, dout, gate, up, N));
+    for (size_t i = 0; i < N; i++)
+        ref[i] = dout[i] * up[i] * ref_silu_grad(gate[i]);
+    rt_assert_err(rt_rel_err_delta(dg, dg0, ref, N), RT_TOL, "swiglu dgate");
+    for (size_t i = 0; i < N; i++)
+        ref[i] = dout[i] * ref_silu(gate[i]);
+    rt_assert_err(rt_rel_err_delta(du, du0, ref, N), RT_TOL, "swiglu dup");
+
+    swiglu_fd st = {rt_to_double(dout, N), rt_to_double(gate, N), rt_to_double(up, N)};
+    rt_assert_err(rt_fd_check(swiglu_f, &st, st.gate, N, dg, dg0, FD_POINTS), RT_TOL,
+                  "swiglu dgate fd");
+    rt_assert_err(rt_fd_check(swiglu_f, &st, st.up, N, du, du0, FD_POINTS), RT_TOL,
+                  "swiglu dup fd");
+
+    /* NULL gradient outputs are skipped */
+    memcpy(du, du0, N * sizeof(float));
+    rt_assert_ok(sbprt_swiglu_backward(ctx, NULL, du, dout, gate, up, N));
+    rt_assert_err(rt_rel_err_delta(du, du0, ref, N), RT_TOL, "swiglu dup only");
+
+    free((void *)st.w), free(st.gate), free(st.up);
+    free(gate), free(up), free(out), free(ref), free(dout), free(dg), free(du), free(dg0),
+        free(du0);
+    sbprt_ctx_destroy(ctx);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gelu_tanh),
+        cmocka_unit_test(test_gelu_erf),
+        cmocka_unit_test(test_silu),
+        cmocka_unit_test(test_swiglu),
+    };
+    return cmocka_run_group_tests_name("runtime_activation", tests, NULL, NULL);
+}

@@ -1,0 +1,215 @@
+/*
+ * test_core.c — context, memory and status functions; GEMM and strided-batched GEMM; the
+ * linear-layer bias; flat elementwise helpers.  References are double loops.
+ */
+#include "rt_test.h"
+
+static void test_ctx_and_memory(void **state)
+{
+    (void)state;
+    sbprt_ctx *ctx = rt_ctx(3);
+    assert_int_equal(sbprt_ctx_nthreads(ctx), 3);
+    assert_string_equal(sbprt_backend_name(), "cpu");
+    rt_assert_ok(sbprt_sync(ctx));
+
+    void *arena = NULL;
+    rt_assert_ok(sbprt_arena_alloc(ctx, &arena, 1000));
+    assert_non_null(arena);
+    assert_int_equal((uintptr_t)arena % SBPRT_ALIGN, 0);
+
+    float host[250], back[250];
+    rt_rng r = {1};
+    rt_fill(&r, host, 250, -1, 1);
+    rt_assert_ok(sbprt_memcpy(ctx, arena, host, sizeof host, SBPRT_COPY_HOST_TO_DEVICE));
+    rt_assert_ok(sbprt_memcpy(ctx, back, arena, sizeof back, SBPRT_COPY_DEVICE_TO_HOST));
+    assert_memory_equal(host, back, sizeof host);
+    rt_assert_ok(sbprt_memset_zero(ctx, arena, sizeof host));
+    for (int i = 0; i < 250; i++)
+        assert_true(((float *)arena)[i] == 0.0f);
+    assert_int_equal(sbprt_memcpy(ctx, back, arena, 4, 7), SBPRT_ERR_INVALID);
+    sbprt_arena_free(ctx, arena);
+    sbprt_arena_free(ctx, NULL);
+
+    sbprt_ctx *dflt = rt_ctx(0); /* the OpenMP default */
+    assert_true(sbprt_ctx_nthreads(dflt) >= 1);
+    sbprt_ctx_destroy(dflt);
+    sbprt_ctx_destroy(ctx);
+    sbprt_ctx_destroy(NULL);
+
+    assert_int_equal(sbprt_ctx_create(NULL, 1), SBPRT_ERR_INVALID);
+    assert_string_equal(sbprt_status_string(SBPRT_ERR_RANGE), "index out of range");
+    assert_non_null(sbprt_status_string(12345));
+}
+
+/* c[m, n] = alpha * op(a) op(b) + beta * c0, a[i, l] read through lda and transposition. */
+static void ref_gemm(double *c, const float *a, const float *b, const float *c0, int ta, int tb,
+                     int m, int n, int k, double alpha, double beta, int lda, int ldb, int ldc)
+{
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double s = 0;
+            for (int l = 0; l < k; l++) {
+                double av = ta ? a[(size_t)l * lda + i] : a[(size_t)i * lda + l];
+                double bv = tb ? b[(size_t)j * ldb + l] : b[(size_t)l * ldb + j];
+                s += av * bv;
+            }
+            c[i * n + j] = alpha * s + beta * c0[(size_t)i * ldc + j];
+        }
+}
+
+static void test_gemm(void **state)
+{
+    (void)state;
+    sbprt_ctx *ctx = rt_ctx(2);
+    rt_rng r = {2};
+    const int m = 13, n = 9, k = 17;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            float *a = rt_random(&r, (size_t)m * k, -1, 1);
+            float *b = rt_random(&r, (size_t)k * n, -1, 1);
+            float *c = rt_random(&r, (size_t)m * n, -1, 1);
+            double *ref = RT_NEW(double, m * n);
+            ref_gemm(ref, a, b, c, ta, tb, m, n, k, 0.7, 0.3, ta ? m : k, tb ? k : n, n);
+            rt_assert_ok(sbprt_gemm(ctx, c, a, b, ta, tb, m, n, k, 0.7f, 0.3f));
+            rt_assert_err(rt_rel_err(c, ref, (size_t)m * n), RT_TOL, "gemm");
+            free(a), free(b), free(c), free(ref);
+        }
+    assert_int_equal(sbprt_gemm(ctx, NULL, NULL, NULL, 0, 0, 2, 2, 2, 1, 0), SBPRT_ERR_INVALID);
+    assert_int_equal(sbprt_gemm(ctx, NULL, NULL, NULL, 0, 0, -1, 2, 2, 1, 0), SBPRT_ERR_INVALID);
+    rt_assert_ok(sbprt_gemm(ctx, NULL, NULL, NULL, 0, 0, 0, 2, 2, 1, 0));
+    sbprt_ctx_destroy(ctx);
+}
+
+static void test_gemm_strided_batched(void **state)
+{
+    (void)state;
+    sbprt_ctx *ctx = rt_ctx(2);
+    rt_rng r = {3};
+    /* a_i: [m, k] stored with lda = k + 3 (a view into wider rows); b_i: [n, k] (trans_b),
+     * shared by every batch (stride 0); c_i: [m, n] with ldc = n + 2. */
+    const int m = 7, n = 5, k = 11, batch = 3, lda = k + 3, ldb = k, ldc = n + 2;
+    const int64_t sa = (int64_t)m * lda + 4, sc = (int64_t)m * ldc + 1;
+    float *a = rt_random(&r, (size_t)sa * batch, -1, 1);
+    float *b = rt_random(&r, (size_t)n * k, -1, 1);
+    float *c = rt_random(&r, (size_t)sc * batch, -1, 1);
+    float *c0 = rt_copy(c, (size_t)sc * batch);
+    rt_assert_ok(sbprt_gemm_strided_batched(ctx, c, a, b, 0, 1, m, n, k, 1.5f, -0.5f, lda, sa,
+                                            ldb, 0, ldc, sc, batch));
+    double *ref = RT_NEW(double, m * n);
+    float *got = RT_NEW(float, m * n);
+    for (int i = 0; i < batch; i++) {
+        ref_gemm(ref, a + i * sa, b, c0 + i * sc, 0, 1, m, n, k, 1.5, -0.5, lda, ldb, ldc);
+        for (int row = 0; row < m; row++)
+            memcpy(got + row * n, c + i * sc + (size_t)row * ldc, n * sizeof(float));
+        rt_assert_err(rt_rel_err(got, ref, (size_t)m * n), RT_TOL, "strided batched gemm");
+        /* the padding between rows of c_i is not touched */
+        for (int row = 0; row < m; row++)
+            for (int j = n; j < ldc; j++)
+                assert_true(c[i * sc + (size_t)row * ldc + j] == c0[i * sc + (size_t)row * ldc + j]);
+    }
+    assert_int_equal(sbprt_gemm_strided_batched(ctx, c, a, b, 0, 1, m, n, k, 1, 0, k - 1, sa, ldb,
+                                                0, ldc, sc, batch),
+                     SBPRT_ERR_INVALID);
+    free(a), free(b), free(c), free(c0), free(ref), free(got);
+    sbprt_ctx_destroy(ctx);
+}
+
+/* Finite-difference state for the bias: f(bias) = Σ w[r, j] * (y0[r, j] + bias[j]). */
+typedef struct {
+    const double *w, *y0;
+    double *bias;
+    int n, c;
+} bias_fd;
+
+static double bias_f(void *p)
+{
+    bias_fd *s = p;
+    double f = 0;
+    for (int r = 0; r < s->n; r++)
+        for (int j = 0; j < s->c; j++)
+            f += s->w[r * s->c + j] * (s->y0[r * s->c + j] + s->bias[j]);
+    return f;
+}
+
+static void test_bias(void **state)
+{
+    (void)state;
+    sbprt_ctx *ctx = rt_ctx(2);
+    rt_rng r = {4};
+    const int n = 37, c = 150; /* c spans three column blocks, the last one partial */
+    float *y = rt_random(&r, (size_t)n * c, -1, 1), *bias = rt_random(&r, c, -1, 1);
+    float *y0 = rt_copy(y, (size_t)n * c);
+    double *ref = RT_NEW(double, n * c);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < c; j++)
+            ref[i * c + j] = (double)y0[i * c + j] + bias[j];
+    rt_assert_ok(sbprt_bias_add(ctx, y, bias, n, c));
+    rt_assert_err(rt_rel_err(y, ref, (size_t)n * c), RT_TOL, "bias_add");
+
+    float *dy = rt_random(&r, (size_t)n * c, -1, 1);
+    float *db = rt_random(&r, c, -1, 1), *db0 = rt_copy(db, c);
+    double *dref = RT_NEW(double, c);
+    for (int j = 0; j < c; j++) {
+        dref[j] = 0;
+        for (int i = 0; i < n; i++)
+            dref[j] += dy[i * c + j];
+    }
+    rt_assert_ok(sbprt_bias_backward(ctx, db, dy, n, c));
+    rt_assert_err(rt_rel_err_delta(db, db0, dref, c), RT_TOL, "bias_backward");
+    bias_fd st = {rt_to_double(dy, (size_t)n * c), rt_to_double(y0, (size_t)n * c),
+                  rt_to_double(bias, c), n, c};
+    rt_assert_err(rt_fd_check(bias_f, &st, st.bias, c, db, db0, c), RT_TOL, "bias_backward fd");
+    free((void *)st.w), free((void *)st.y0), free(st.bias);
+    free(y), free(bias), free(y0), free(ref), free(dy), free(db), free(db0), free(dref);
+    sbprt_ctx_destroy(ctx);
+}
+
+static void test_elementwise_helpers(void **state)
+{
+    (void)state;
+    sbprt_ctx *ctx = rt_ctx(2);
+    rt_rng r = {5};
+    const size_t n = 40000; /* above the parallel threshold */
+    float *a = rt_random(&r, n, -2, 2), *b = rt_random(&r, n, -2, 2), *out = RT_NEW(float, n);
+    double *ref = RT_NEW(double, n);
+
+    for (size_t i = 0; i < n; i++)
+        ref[i] = (double)a[i] + b[i];
+    rt_assert_ok(sbprt_add(ctx, out, a, b, n));
+    rt_assert_err(rt_rel_err(out, ref, n), RT_TOL, "add");
+
+    float *y = rt_copy(a, n);
+    rt_assert_ok(sbprt_accumulate(ctx, y, b, n));
+    rt_assert_err(rt_rel_err(y, ref, n), RT_TOL, "accumulate");
+
+    for (size_t i = 0; i < n; i++)
+        ref[i] = -0.37 * a[i];
+    memcpy(y, a, n * sizeof(float));
+    rt_assert_ok(sbprt_scale(ctx, y, -0.37f, n));
+    rt_assert_err(rt_rel_err(y, ref, n), RT_TOL, "scale");
+
+    double ss = 0;
+    for (size_t i = 0; i < n; i++)
+        ss += (double)a[i] * a[i];
+    float got[1] = {0.25f};
+    rt_assert_ok(sbprt_sum_squares(ctx, got, a, n));
+    double want = 0.25 + ss;
+    rt_assert_err(fabs(got[0] - want) / want, RT_TOL, "sum_squares");
+
+    assert_int_equal(sbprt_add(ctx, NULL, a, b, n), SBPRT_ERR_INVALID);
+    rt_assert_ok(sbprt_add(ctx, NULL, NULL, NULL, 0));
+    free(a), free(b), free(out), free(ref), free(y);
+    sbprt_ctx_destroy(ctx);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ctx_and_memory),
+        cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_gemm_strided_batched),
+        cmocka_unit_test(test_bias),
+        cmocka_unit_test(test_elementwise_helpers),
+    };
+    return cmocka_run_group_tests_name("runtime_core", tests, NULL, NULL);
+}
