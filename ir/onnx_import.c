@@ -42,6 +42,7 @@ typedef struct unsupported_op {
     const char *domain, *op_type; /* as written in the model */
     const char *first_node;       /* label of the first node using it */
     int count;
+    bool subgraph;                /* that node has a subgraph attribute (If, Loop, Scan) */
 } unsupported_op;
 
 typedef struct importer {
@@ -97,14 +98,20 @@ static bool dtype_supported(int32_t dt)
     return dt != IR_DT_STRING && ir_dtype_size((ir_dtype)dt) != 0;
 }
 
+/* The dtype's name for messages: "f32", "COMPLEX64", or "#99" for codes ONNX does not define. */
 static const char *onnx_dtype_name(int32_t dt)
 {
+    static _Thread_local char buf[24];
     switch (dt) {
     case 0: return "UNDEFINED";
     case 8: return "STRING";
     case 14: return "COMPLEX64";
     case 15: return "COMPLEX128";
-    default: return ir_dtype_name((ir_dtype)dt);
+    default:
+        if (ir_dtype_size((ir_dtype)dt))
+            return ir_dtype_name((ir_dtype)dt);
+        snprintf(buf, sizeof buf, "#%d", (int)dt);
+        return buf;
     }
 }
 
@@ -239,8 +246,8 @@ static int read_type(importer *I, const Onnx__TypeProto *tp, const char *what, i
     const Onnx__TypeProto__Tensor *tt = tp->tensor_type;
     if (tt->has_elem_type && tt->elem_type != 0) {
         if (!dtype_supported(tt->elem_type))
-            return err(I, NULL, NULL, "%s: element type %s (%d) is not supported", what,
-                       onnx_dtype_name(tt->elem_type), (int)tt->elem_type);
+            return err(I, NULL, NULL, "%s: element type %s is not supported", what,
+                       onnx_dtype_name(tt->elem_type));
         *dt = (ir_dtype)tt->elem_type;
     }
     if (!tt->shape)
@@ -375,13 +382,13 @@ static int ext_open(importer *I, const char *loc, const char *what)
         return err(I, NULL, NULL, "%s: cannot resolve external data file '%s': %s", what, loc,
                    strerror(e));
     }
+    /* Inside means below base_real; base_real itself is let through to the regular-file check. */
     size_t rl = strlen(I->base_real);
-    bool inside = strcmp(I->base_real, "/") == 0
-                      ? real[0] == '/' && real[1] != 0
-                      : strncmp(real, I->base_real, rl) == 0 && real[rl] == '/';
+    bool inside = strcmp(I->base_real, "/") == 0 ||
+                  (strncmp(real, I->base_real, rl) == 0 && (real[rl] == '/' || real[rl] == 0));
     if (!inside) {
         err(I, NULL, NULL, "%s: external data location '%s' resolves to '%s', which escapes the "
-            "model directory '%s' (through a symbolic link)", what, loc, real, I->base_real);
+            "model directory '%s'", what, loc, real, I->base_real);
         free(real);
         return IR_ERR;
     }
@@ -480,8 +487,8 @@ static int read_tensor(importer *I, const Onnx__TensorProto *t, const char *what
     if (dt == IR_DT_STRING)
         return err(I, node, op, "%s: string tensors are not supported", what);
     if (!dtype_supported(dt))
-        return err(I, node, op, "%s: data type %s (%d) is not supported", what,
-                   onnx_dtype_name(dt), (int)dt);
+        return err(I, node, op, "%s: data type %s is not supported", what,
+                   onnx_dtype_name(dt));
     if (t->segment)
         return err(I, node, op, "%s: segmented tensors are not supported", what);
     if (t->n_dims > IR_MAX_RANK)
@@ -548,6 +555,8 @@ static int read_tensor(importer *I, const Onnx__TensorProto *t, const char *what
     if (!o->data)
         return err(I, node, op, "%s: out of memory (%zu bytes)", what, o->nbytes);
     size_t n = (size_t)numel;
+    if (n == 0)
+        return IR_OK;
     switch (o->dt) {
     case IR_DT_FLOAT: memcpy(o->data, t->float_data, n * 4); break;
     case IR_DT_DOUBLE: memcpy(o->data, t->double_data, n * 8); break;
@@ -787,7 +796,8 @@ static size_t trim_count(char **names, size_t n)
     return n;
 }
 
-static void note_unsupported(importer *I, const char *domain, const char *op_type, const char *nl)
+static void note_unsupported(importer *I, const Onnx__NodeProto *np, const char *domain,
+                             const char *op_type, const char *nl)
 {
     for (int i = 0; i < I->n_unsup; i++)
         if (strcmp(I->unsup[i].domain, domain) == 0 && strcmp(I->unsup[i].op_type, op_type) == 0) {
@@ -804,7 +814,14 @@ static void note_unsupported(importer *I, const char *domain, const char *op_typ
         I->unsup = nu;
         I->cap_unsup = nc;
     }
-    I->unsup[I->n_unsup++] = (unsupported_op){domain, op_type, nl, 1};
+    bool sub = false;
+    for (size_t k = 0; k < np->n_attribute; k++)
+        if (np->attribute[k]) {
+            int t = attr_type(np->attribute[k]);
+            sub |= t == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH ||
+                   t == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPHS;
+        }
+    I->unsup[I->n_unsup++] = (unsupported_op){domain, op_type, nl, 1, sub};
 }
 
 static bool domain_imported(const Onnx__ModelProto *m, const char *domain)
@@ -833,7 +850,7 @@ static bool declare_node(importer *I, const Onnx__NodeProto *np, int idx)
     ir_op op = ir_op_lookup(domain, op_type);
     bool ok = true;
     if (op == IR_OP_COUNT) {
-        note_unsupported(I, domain, op_type, nl);
+        note_unsupported(I, np, domain, op_type, nl);
         ok = false;
     } else if (op == IR_OP_CONSTANT) {
         if (n_in != 0)
@@ -1016,11 +1033,14 @@ static int import_initializers(importer *I, const Onnx__GraphProto *gp)
             continue;
         }
         tensor_data td;
+        ir_value_kind kind = t->has_data_type && ir_dtype_is_float((ir_dtype)t->data_type)
+                                 ? IR_VAL_PARAM : IR_VAL_CONST;
         if (read_tensor(I, t, what, NULL, NULL, &td) != IR_OK) {
+            /* a typeless placeholder keeps consumers from also reporting "undefined value" */
+            ir_value_new(I->g, t->name, kind, IR_DT_UNDEFINED, -1, NULL);
             rc = IR_ERR;
             continue;
         }
-        ir_value_kind kind = ir_dtype_is_float(td.dt) ? IR_VAL_PARAM : IR_VAL_CONST;
         if (!value_from_tensor(I, t->name, kind, &td))
             return err(I, NULL, NULL, "%s: out of memory", what);
     }
@@ -1055,12 +1075,12 @@ static int import_inputs(importer *I, const Onnx__GraphProto *gp)
         ir_dtype dt;
         int rank;
         ir_dim dims[IR_MAX_RANK];
-        if (read_type(I, vi->type, what, &dt, &rank, dims) != IR_OK) {
+        if (read_type(I, vi->type, what, &dt, &rank, dims) != IR_OK ||
+            (dt == IR_DT_UNDEFINED &&
+             err(I, NULL, NULL, "%s has no tensor element type", what) != IR_OK)) {
+            /* a typeless placeholder keeps consumers from also reporting "undefined value" */
+            ir_value_new(I->g, vi->name, IR_VAL_INPUT, IR_DT_UNDEFINED, -1, NULL);
             rc = IR_ERR;
-            continue;
-        }
-        if (dt == IR_DT_UNDEFINED) {
-            rc = err(I, NULL, NULL, "%s has no tensor element type", what);
             continue;
         }
         ir_value *v = ir_value_new(I->g, vi->name, IR_VAL_INPUT, dt, rank, dims);
@@ -1177,6 +1197,8 @@ static void report_unsupported(importer *I)
                 strcmp(str_or_empty(fp->domain), u->domain) == 0)
                 hint = " (a model-local function: inline it before export)";
         }
+        if (u->subgraph)
+            hint = " (control flow: subgraph attributes are not supported)";
         if (u->count > 1)
             err(I, u->first_node, u->op_type, "unsupported operator %s (domain '%s'), used by %d "
                 "nodes%s", u->op_type, u->domain, u->count, hint);

@@ -34,13 +34,6 @@ static ir_dim dim_known(int64_t v) { return (ir_dim){v, NULL}; }
 static bool dk(ir_dim d) { return d.value >= 0; }
 static bool dsym(ir_dim d) { return d.value < 0 && d.sym != NULL; }
 
-static bool dim_same(ir_dim a, ir_dim b)
-{
-    if (dk(a) || dk(b))
-        return a.value == b.value;
-    return a.sym && b.sym && strcmp(a.sym, b.sym) == 0;
-}
-
 static const char *dim_str(ir_dim d, char *buf, size_t n)
 {
     if (dk(d))
@@ -100,7 +93,8 @@ static const char *shp_str(const shp *s, char *buf, size_t n)
     size_t k = (size_t)snprintf(buf, n, "[");
     for (int i = 0; i < s->rank && k < n; i++) {
         char db[32];
-        k += (size_t)snprintf(buf + k, n - k, "%s%s", i ? "," : "", dim_str(s->d[i], db, sizeof db));
+        k +=
+            (size_t)snprintf(buf + k, n - k, "%s%s", i ? "," : "", dim_str(s->d[i], db, sizeof db));
     }
     if (k < n)
         snprintf(buf + k, n - k, "]");
@@ -127,8 +121,8 @@ static int set_out(ir_graph *g, ir_node *n, int slot, ir_dtype dt, const shp *s)
     if (v->rank >= 0 && v->rank != s->rank) {
         char b1[160], b2[160];
         shp old = shp_of(v);
-        return node_err(g, n, "output %d ('%s'): inferred shape %s but the model declares %s",
-                        slot, v->name, shp_str(s, b1, sizeof b1), shp_str(&old, b2, sizeof b2));
+        return node_err(g, n, "output %d ('%s'): inferred shape %s but the model declares %s", slot,
+                        v->name, shp_str(s, b1, sizeof b1), shp_str(&old, b2, sizeof b2));
     }
     if (v->rank < 0) {
         ir_dim *d = ir_arena_calloc(g->arena, (size_t)(s->rank ? s->rank : 1), sizeof(ir_dim));
@@ -146,8 +140,9 @@ static int set_out(ir_graph *g, ir_node *n, int slot, ir_dtype dt, const shp *s)
             if (dk(e) && e.value != d.value) {
                 char b1[160], b2[160];
                 shp old = shp_of(v);
-                return node_err(g, n, "output %d ('%s'): inferred shape %s but the model declares %s",
-                                slot, v->name, shp_str(s, b1, sizeof b1), shp_str(&old, b2, sizeof b2));
+                return node_err(
+                    g, n, "output %d ('%s'): inferred shape %s but the model declares %s", slot,
+                    v->name, shp_str(s, b1, sizeof b1), shp_str(&old, b2, sizeof b2));
             }
             v->dims[i] = d;
         } else if (dsym(d) && !dk(e)) {
@@ -265,7 +260,8 @@ static int bcast_inputs(ir_graph *g, ir_node *n, int first, int count, shp *out)
             ir_dim b = ib >= 0 ? v->dims[ib] : dim_known(1);
             if (bcast_dim(a, b, &res.d[k]) != IR_OK) {
                 char b1[32], b2[32], nb[128];
-                return node_err(g, n, "%s: cannot broadcast dim %s against %s (axis %d of the result)",
+                return node_err(g, n,
+                                "%s: cannot broadcast dim %s against %s (axis %d of the result)",
                                 in_desc(n, i, nb, sizeof nb), dim_str(b, b1, sizeof b1),
                                 dim_str(a, b2, sizeof b2), k);
             }
@@ -289,8 +285,9 @@ static int common_dtype(ir_graph *g, ir_node *n, int first, int last, ir_dtype *
             at = i;
         } else if (v->dtype != *dt) {
             char nb[128];
-            return node_err(g, n, "%s has dtype %s but input %d has %s", in_desc(n, i, nb, sizeof nb),
-                            ir_dtype_name(v->dtype), at, ir_dtype_name(*dt));
+            return node_err(g, n, "%s has dtype %s but input %d has %s",
+                            in_desc(n, i, nb, sizeof nb), ir_dtype_name(v->dtype), at,
+                            ir_dtype_name(*dt));
         }
     }
     return IR_OK;
@@ -357,8 +354,8 @@ static int infer_where(ir_graph *g, ir_node *n)
     const ir_value *c = in_at(n, 0);
     if (c && c->dtype != IR_DT_UNDEFINED && c->dtype != IR_DT_BOOL) {
         char nb[128];
-        return node_err(g, n, "%s: the condition must be bool, not %s", in_desc(n, 0, nb, sizeof nb),
-                        ir_dtype_name(c->dtype));
+        return node_err(g, n, "%s: the condition must be bool, not %s",
+                        in_desc(n, 0, nb, sizeof nb), ir_dtype_name(c->dtype));
     }
     shp s;
     if (bcast_inputs(g, n, 0, 3, &s) != IR_OK)
@@ -444,8 +441,10 @@ static int infer_matmul(ir_graph *g, ir_node *n)
     }
     ir_dim ka = sa.d[sa.rank - 1], kb = sb.d[sb.rank - 2];
     if (dk(ka) && dk(kb) && ka.value != kb.value)
-        return node_err(g, n, "inner dims differ: input 0 ('%s') has %lld columns, input 1 ('%s') has %lld rows",
-                        a->name, (long long)ka.value, b->name, (long long)kb.value);
+        return node_err(
+            g, n,
+            "inner dims differ: input 0 ('%s') has %lld columns, input 1 ('%s') has %lld rows",
+            a->name, (long long)ka.value, b->name, (long long)kb.value);
     /* batch dims: broadcast sa[:-2] with sb[:-2] */
     int ra = sa.rank - 2, rb = sb.rank - 2, r = ra > rb ? ra : rb;
     shp out = {.rank = r + 2};
@@ -456,8 +455,9 @@ static int infer_matmul(ir_graph *g, ir_node *n)
         ir_dim da = ia >= 0 ? sa.d[ia] : dim_known(1), db = ib >= 0 ? sb.d[ib] : dim_known(1);
         if (bcast_dim(da, db, &out.d[k]) != IR_OK) {
             char b1[32], b2[32];
-            return node_err(g, n, "batch dims do not broadcast: input 0 ('%s') has %s, input 1 ('%s') has %s",
-                            a->name, dim_str(da, b1, sizeof b1), b->name, dim_str(db, b2, sizeof b2));
+            return node_err(
+                g, n, "batch dims do not broadcast: input 0 ('%s') has %s, input 1 ('%s') has %s",
+                a->name, dim_str(da, b1, sizeof b1), b->name, dim_str(db, b2, sizeof b2));
         }
     }
     out.d[r] = sa.d[sa.rank - 2];
@@ -488,8 +488,9 @@ static int infer_gemm(ir_graph *g, ir_node *n)
     ir_dim m = a->dims[ta ? 1 : 0], ka = a->dims[ta ? 0 : 1];
     ir_dim kb = b->dims[tb ? 1 : 0], nn = b->dims[tb ? 0 : 1];
     if (dk(ka) && dk(kb) && ka.value != kb.value)
-        return node_err(g, n, "inner dims differ: input 0 ('%s') gives K=%lld, input 1 ('%s') gives K=%lld",
-                        a->name, (long long)ka.value, b->name, (long long)kb.value);
+        return node_err(
+            g, n, "inner dims differ: input 0 ('%s') gives K=%lld, input 1 ('%s') gives K=%lld",
+            a->name, (long long)ka.value, b->name, (long long)kb.value);
     shp out = {.rank = 2, .d = {m, nn}};
     if (c && c->rank >= 0) {
         if (c->rank > 2)
@@ -514,18 +515,22 @@ static int infer_linear(ir_graph *g, ir_node *n)
     if (!x || !w || x->rank < 0 || w->rank < 0)
         return set_out(g, n, 0, dt, NULL);
     if (w->rank != 2)
-        return node_err(g, n, "input 1 ('%s'): the weight must be [K,N], not rank %d", w->name, w->rank);
+        return node_err(g, n, "input 1 ('%s'): the weight must be [K,N], not rank %d", w->name,
+                        w->rank);
     if (x->rank < 1)
         return node_err(g, n, "input 0 ('%s') is a scalar", x->name);
-    ir_dim k = x->dims[x->rank - 1];
-    if (dk(k) && dk(w->dims[0]) && k.value != w->dims[0].value)
-        return node_err(g, n, "input 1 ('%s') has %lld rows but input 0 ('%s') has %lld features",
-                        w->name, (long long)w->dims[0].value, x->name, (long long)k.value);
-    if (b && b->rank == 1 && dk(b->dims[0]) && dk(w->dims[1]) && b->dims[0].value != w->dims[1].value)
+    /* W is [K,N], or [N,K] with trans_w = 1 (torch's layout; how re-tied heads read). */
+    int tw = ir_attr_int(n, "trans_w", 0) ? 1 : 0;
+    ir_dim k = x->dims[x->rank - 1], wk = w->dims[tw], wn = w->dims[1 - tw];
+    if (dk(k) && dk(wk) && k.value != wk.value)
+        return node_err(g, n, "input 1 ('%s') has %lld %s but input 0 ('%s') has %lld features",
+                        w->name, (long long)wk.value, tw ? "columns" : "rows", x->name,
+                        (long long)k.value);
+    if (b && b->rank == 1 && dk(b->dims[0]) && dk(wn) && b->dims[0].value != wn.value)
         return node_err(g, n, "input 2 ('%s') has %lld elements, the output has %lld features",
-                        b->name, (long long)b->dims[0].value, (long long)w->dims[1].value);
+                        b->name, (long long)b->dims[0].value, (long long)wn.value);
     shp out = shp_of(x);
-    out.d[out.rank - 1] = w->dims[1];
+    out.d[out.rank - 1] = wn;
     return set_out(g, n, 0, dt, &out);
 }
 
@@ -536,7 +541,8 @@ static int infer_embedding(ir_graph *g, ir_node *n)
     if (!t || !ids || t->rank < 0 || ids->rank < 0)
         return set_out(g, n, 0, dt, NULL);
     if (t->rank != 2)
-        return node_err(g, n, "input 0 ('%s'): the table must be [V,D], not rank %d", t->name, t->rank);
+        return node_err(g, n, "input 0 ('%s'): the table must be [V,D], not rank %d", t->name,
+                        t->rank);
     if (ids->dtype != IR_DT_UNDEFINED && !ir_dtype_is_int(ids->dtype))
         return node_err(g, n, "input 1 ('%s'): ids must be integers, not %s", ids->name,
                         ir_dtype_name(ids->dtype));
@@ -568,9 +574,10 @@ static int infer_gather(ir_graph *g, ir_node *n)
         for (int64_t i = 0; i < cnt; i++) {
             int64_t k = ir_const_i64(idx, i);
             if (k < -d || k >= d)
-                return node_err(g, n, "input 1 ('%s'): index %lld is out of range for dim %d of "
-                                "input 0 ('%s'), which is %lld", idx->name, (long long)k, axis,
-                                x->name, (long long)d);
+                return node_err(g, n,
+                                "input 1 ('%s'): index %lld is out of range for dim %d of "
+                                "input 0 ('%s'), which is %lld",
+                                idx->name, (long long)k, axis, x->name, (long long)d);
         }
     }
     shp out = {.rank = 0};
@@ -794,8 +801,10 @@ static int infer_reshape(ir_graph *g, ir_node *n)
             if (!x || x->rank < 0) {
                 out.d[i] = DIM_UNKNOWN;
             } else if (i >= x->rank) {
-                return node_err(g, n, "input 1 ('%s'): element %d is 0 (copy) but input 0 ('%s') "
-                                "has rank %d", sv->name, i, x->name, x->rank);
+                return node_err(g, n,
+                                "input 1 ('%s'): element %d is 0 (copy) but input 0 ('%s') "
+                                "has rank %d",
+                                sv->name, i, x->name, x->rank);
             } else {
                 out.d[i] = x->dims[i];
             }
@@ -806,7 +815,8 @@ static int infer_reshape(ir_graph *g, ir_node *n)
     if (allowzero && neg >= 0)
         for (int i = 0; i < k; i++)
             if (t[i] == 0)
-                return node_err(g, n, "input 1 ('%s'): -1 together with 0 under allowzero", sv->name);
+                return node_err(g, n, "input 1 ('%s'): -1 together with 0 under allowzero",
+                                sv->name);
     if (!x || x->rank < 0)
         return set_out(g, n, 0, dt, &out);
     /* Cancel symbolic dims shared by input and output; the rest must multiply to the same. */
@@ -854,11 +864,12 @@ static int infer_reshape(ir_graph *g, ir_node *n)
     shp xs = shp_of(x);
     if (neg >= 0) {
         if (pout == 0 || pin % pout != 0)
-            return node_err(g, n, "cannot reshape input 0 ('%s') %s (%lld elements) to %s",
-                            x->name, shp_str(&xs, b1, sizeof b1), (long long)pin, sb);
+            return node_err(g, n, "cannot reshape input 0 ('%s') %s (%lld elements) to %s", x->name,
+                            shp_str(&xs, b1, sizeof b1), (long long)pin, sb);
         out.d[neg] = dim_known(pin / pout);
     } else if (pin != pout) {
-        return node_err(g, n, "cannot reshape input 0 ('%s') %s (%lld elements) to %s (%lld elements)",
+        return node_err(g, n,
+                        "cannot reshape input 0 ('%s') %s (%lld elements) to %s (%lld elements)",
                         x->name, shp_str(&xs, b1, sizeof b1), (long long)pin,
                         shp_str(&out, b2, sizeof b2), (long long)pout);
     }
@@ -875,7 +886,8 @@ static int infer_flatten(ir_graph *g, ir_node *n)
     if (a < -x->rank || a > x->rank)
         return node_err(g, n, "axis %lld is out of range for rank %d", (long long)a, x->rank);
     int axis = (int)(a < 0 ? a + x->rank : a);
-    shp out = {.rank = 2, .d = {dim_product(x->dims, axis), dim_product(x->dims + axis, x->rank - axis)}};
+    shp out = {.rank = 2,
+               .d = {dim_product(x->dims, axis), dim_product(x->dims + axis, x->rank - axis)}};
     return set_out(g, n, 0, dt, &out);
 }
 
@@ -928,8 +940,8 @@ static int64_t slice_len(int64_t d, int64_t start, int64_t end, int64_t step, in
     if (start_out)
         *start_out = start;
     if (step > 0)
-        return end > start ? (end - start + step - 1) / step : 0;
-    return start > end ? (start - end + (-step) - 1) / (-step) : 0;
+        return end > start ? (end - start - 1) / step + 1 : 0;
+    return start > end ? (start - end - 1) / (-step) + 1 : 0;
 }
 
 /* Starts/ends/axes/steps of a Slice as per-axis arrays (unsliced axes: 0, INT64_MAX, 1);
@@ -983,7 +995,7 @@ static int slice_params(ir_graph *g, ir_node *n, int rank, int64_t *st, int64_t 
         sliced[ax] = true;
         st[ax] = s[i];
         en[ax] = e[i];
-        sp[ax] = p[i];
+        sp[ax] = p[i] < -INT64_MAX ? -INT64_MAX : p[i];
     }
     *known = true;
     return IR_OK;
@@ -1073,7 +1085,8 @@ static int infer_split(ir_graph *g, ir_node *n)
                             (long long)parts, nout);
         int64_t chunk = (d.value + nout - 1) / nout;
         if (!ir_attr_get(n, "num_outputs") && d.value % nout != 0)
-            return node_err(g, n, "input 0 ('%s'): dim %d (%lld) does not split into %d equal parts",
+            return node_err(g, n,
+                            "input 0 ('%s'): dim %d (%lld) does not split into %d equal parts",
                             x->name, axis, (long long)d.value, nout);
         for (int i = 0; i < nout; i++) {
             int64_t rest = d.value - chunk * i;
@@ -1133,7 +1146,8 @@ static int infer_expand(ir_graph *g, ir_node *n)
         if (bcast_dim(a, b, &out.d[i]) != IR_OK) {
             char b1[32], b2[32];
             return node_err(g, n, "input 0 ('%s') dim %s cannot expand to %s (input 1 ('%s'))",
-                            x->name, dim_str(a, b1, sizeof b1), dim_str(b, b2, sizeof b2), sv->name);
+                            x->name, dim_str(a, b1, sizeof b1), dim_str(b, b2, sizeof b2),
+                            sv->name);
         }
     }
     return set_out(g, n, 0, dt, &out);
@@ -1253,7 +1267,7 @@ static int infer_range(ir_graph *g, ir_node *n)
 static int infer_constant(ir_graph *g, ir_node *n)
 {
     const ir_attr *a = NULL;
-    static const char *names[] = {"value", "value_float", "value_floats", "value_int",
+    static const char *names[] = {"value",      "value_float",  "value_floats", "value_int",
                                   "value_ints", "sparse_value", "value_string", "value_strings"};
     for (size_t i = 0; i < sizeof names / sizeof *names && !a; i++)
         a = ir_attr_get(n, names[i]);
@@ -1266,10 +1280,8 @@ static int infer_constant(ir_graph *g, ir_node *n)
             return node_err(g, n, "Constant with an empty tensor attribute");
         s = shp_of(a->t);
         return set_out(g, n, 0, a->t->dtype, &s);
-    case IR_ATTR_FLOAT:
-        return set_out(g, n, 0, IR_DT_FLOAT, &s);
-    case IR_ATTR_INT:
-        return set_out(g, n, 0, IR_DT_INT64, &s);
+    case IR_ATTR_FLOAT: return set_out(g, n, 0, IR_DT_FLOAT, &s);
+    case IR_ATTR_INT: return set_out(g, n, 0, IR_DT_INT64, &s);
     case IR_ATTR_FLOATS:
         s = (shp){.rank = 1, .d = {dim_known(a->n)}};
         return set_out(g, n, 0, IR_DT_FLOAT, &s);
@@ -1295,7 +1307,9 @@ static int infer_reduce(ir_graph *g, ir_node *n)
     if (!x || x->rank < 0)
         return set_out(g, n, 0, dt, NULL);
     if (k == -1) {
-        shp s = shp_unknown_rank(keep ? x->rank : known >= 0 && known <= x->rank ? x->rank - known : -1);
+        shp s = shp_unknown_rank(keep                             ? x->rank
+                                 : known >= 0 && known <= x->rank ? x->rank - known
+                                                                  : -1);
         return set_out(g, n, 0, dt, &s);
     }
     shp out = shp_of(x);

@@ -55,15 +55,24 @@ ir_value *rz_other(const ir_node *bin, const ir_value *one)
 ir_node *rz_replace(ir_graph *g, ir_op op, ir_value *const *in, int n_in, ir_value *result,
                     ir_node *const *replaced, int n_replaced)
 {
-    ir_node *n = ir_node_new(g, op, NULL, n_in, in, 1);
+    /* The semantic node takes over the pattern's result value, so ONNX names (a graph output
+     * called "logits", say) survive canonicalisation. Its type is re-inferred by the caller or
+     * by sbp_pass_recognize, after attributes that decide it (Linear's trans_w) are set. */
+    ir_node *root = result->producer;
+    ir_node *n = ir_node_new_with_outputs(g, op, NULL, NULL, n_in, in, 1, &result);
     if (!n)
         return NULL;
     for (int i = 0; i < n_replaced; i++)
-        if (replaced[i])
+        if (replaced[i]) {
             ir_node_add_origin(g, n, replaced[i]);
-    if (result->producer)
-        ir_node_move_after(g, n, result->producer);
-    ir_replace_uses(g, result, n->out[0]);
+            /* Dead at once: use lists are built once per sweep, and a later match in the same
+             * sweep must not pick up pieces already replaced. dce removes them. */
+            replaced[i]->dead = true;
+        }
+    if (root) {
+        root->dead = true;
+        ir_node_move_after(g, n, root);
+    }
     return n;
 }
 
@@ -75,7 +84,7 @@ int sbp_pass_recognize(ir_graph *g)
         sbp_recognize_loss,
     };
     for (size_t i = 0; i < sizeof recognisers / sizeof recognisers[0]; i++) {
-        if (recognisers[i](g) != IR_OK)
+        if (recognisers[i](g) != IR_OK || ir_infer_graph(g) != IR_OK)
             return IR_ERR;
         if (sbp_pass_dce(g) != IR_OK)
             return IR_ERR;

@@ -19,9 +19,11 @@ bool rz_const_scalar(const ir_value *v, double *out);
 bool rz_uses_exactly(const ir_uses *u, const ir_value *v, int n);
 /* For a commutative binary node, the operand that is not `one` (NULL if neither is). */
 ir_value *rz_other(const ir_node *bin, const ir_value *one);
-/* Creates semantic node `op` with inputs in[0..n_in), one output taking over `result`'s uses
- * (and its graph-output role), placed right after result's producer, with origins copied from
- * the listed replaced nodes. Returns the new node or NULL (diagnostic recorded). */
+/* Creates semantic node `op` with inputs in[0..n_in) that takes over `result` as its output
+ * (keeping its name and uses), placed where result's producer was; the replaced nodes (and
+ * result's old producer) are marked dead and become the new node's origin. The caller sets
+ * attributes, then the type is inferred (sbp_pass_recognize re-infers after every recogniser;
+ * call ir_infer_node for it at once). Returns the new node or NULL (diagnostic recorded). */
 ir_node *rz_replace(ir_graph *g, ir_op op, ir_value *const *in, int n_in, ir_value *result,
                     ir_node *const *replaced, int n_replaced);
 

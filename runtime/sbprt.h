@@ -274,12 +274,15 @@ int sbprt_label_logprob_backward(sbprt_ctx *ctx, float *dlogits, const float *dl
                                  const float *logits, const int32_t *labels, const float *lse,
                                  int n, int v);
 
-/* ---- optimizers (flat over n parameters; param, m, v are updated in place) ----------- */
+/* ---- optimizers (flat over n parameters; param, m, v are updated in place) -----------
+ * Hyper-parameters are double, as Python floats are in torch.optim: derived constants such
+ * as 1 - beta2 are formed in double and rounded to fp32 once, as torch does (forming them
+ * from an fp32 beta2 = 0.999 would be off by 1e-5 relative). */
 
 /* Plain SGD as torch.optim.SGD without momentum: param -= lr * (grad + weight_decay*param).
  *   param, grad: [n] */
-int sbprt_sgd_update(sbprt_ctx *ctx, float *param, const float *grad, size_t n, float lr,
-                     float weight_decay);
+int sbprt_sgd_update(sbprt_ctx *ctx, float *param, const float *grad, size_t n, double lr,
+                     double weight_decay);
 /* AdamW exactly as torch.optim.AdamW (amsgrad = False, maximize = False), for the step
  * numbered `step` (1 for the first update; the caller counts):
  *   param *= 1 - lr * weight_decay                 (decoupled weight decay, first)
@@ -287,8 +290,43 @@ int sbprt_sgd_update(sbprt_ctx *ctx, float *param, const float *grad, size_t n, 
  *   param -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
  *   param, m, v, grad: [n] */
 int sbprt_adamw_update(sbprt_ctx *ctx, float *param, float *m, float *v, const float *grad,
-                       size_t n, float lr, float beta1, float beta2, float eps,
-                       float weight_decay, int step);
+                       size_t n, double lr, double beta1, double beta2, double eps,
+                       double weight_decay, int step);
+
+/* ---- layout and broadcasting helpers (runtime/cpu/extra.c) ---------------------------
+ * What compiled steps need between the semantic ops: the exporter's Transpose, Split / Slice /
+ * Concat, and broadcasting Add / Sub / Mul / Div.  Ranks are at most 8; dims are the
+ * row-major extents. */
+
+/* out = x with its axes permuted: out axis i is x axis perm[i] (as ONNX Transpose).
+ *   out: [dims[perm[0]], ..., dims[perm[rank-1]]]    x: [dims[0], ..., dims[rank-1]] */
+int sbprt_permute_forward(sbprt_ctx *ctx, float *out, const float *x, int rank, const int *dims,
+                          const int *perm);
+/* dx += the inverse permutation of dout (dims and perm as in the forward).
+ *   dx: [dims...]    dout: [dims[perm[0]], ...] */
+int sbprt_permute_backward(sbprt_ctx *ctx, float *dx, const float *dout, int rank,
+                           const int *dims, const int *perm);
+
+/* A block of w columns of `rows` rows: dst[r*dst_ld + dst_off + j] = (or += when
+ * accumulate) src[r*src_ld + src_off + j], for r < rows, j < w.  A Split / Slice / Concat
+ * along axis a of a tensor [outer, extent_a, inner] is this with rows = outer and columns
+ * counted in units of inner.  dst and src must not overlap.
+ *   dst: [rows, dst_ld]    src: [rows, src_ld] */
+int sbprt_copy_cols(sbprt_ctx *ctx, float *dst, const float *src, int rows, int w, int dst_ld,
+                    int dst_off, int src_ld, int src_off, int accumulate);
+
+enum sbprt_binop { SBPRT_BIN_ADD = 0, SBPRT_BIN_SUB = 1, SBPRT_BIN_MUL = 2, SBPRT_BIN_DIV = 3 };
+/* out = a OP b with numpy broadcasting: a_dims and b_dims are the operands' extents aligned
+ * to the output's rank (1 where an operand is broadcast).  out may alias an operand whose
+ * dims equal dims.
+ *   out: [dims]    a: [a_dims]    b: [b_dims] */
+int sbprt_broadcast_forward(sbprt_ctx *ctx, float *out, const float *a, const float *b, int op,
+                            int rank, const int *dims, const int *a_dims, const int *b_dims);
+/* da += ∂L/∂a, db += ∂L/∂b, each reduced over its broadcast axes (either may be NULL).
+ *   da: [a_dims]    db: [b_dims]    dout: [dims]    a: [a_dims]    b: [b_dims] */
+int sbprt_broadcast_backward(sbprt_ctx *ctx, float *da, float *db, const float *dout,
+                             const float *a, const float *b, int op, int rank, const int *dims,
+                             const int *a_dims, const int *b_dims);
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,13 @@
  * that can see the tile, so the GQA reduction over heads happens inside one task too.  The
  * price is computing the scores twice, which a CPU backend can afford; every output element
  * is summed in an order fixed by the tiling alone, so results do not depend on threads.
+ *
+ * Inner loops: a task copies its key tile (and, in the backward, its value tile) transposed
+ * into [d, ATT_BC] scratch, so a row's scores are d contiguous axpys over the tile's keys
+ * rather than one reduction per key; with the P·V and gradient updates (axpys over d) every
+ * hot loop is elementwise and vectorises without reassociating a sum.  A row's arithmetic
+ * never depends on which other rows share its tile, which is why a chunk's rows come out
+ * bitwise equal to the same rows of an unchunked call.
  */
 #include <math.h>
 #include <string.h>
@@ -34,6 +41,42 @@
 /* Per-thread scratch strides are rounded to 16 floats (64 bytes) so threads never share a
  * cache line. */
 static size_t att_round16(size_t nfloats) { return (nfloats + 15) / 16 * 16; }
+
+/* dst[c, jj] = src[jj * row_stride + c] for jj < nj: a K or V tile, transposed. */
+static void att_transpose_tile(float *restrict dst, const float *restrict src, size_t row_stride,
+                               int nj, int d)
+{
+    for (int jj = 0; jj < nj; jj++)
+        for (int c = 0; c < d; c++)
+            dst[(size_t)c * ATT_BC + jj] = src[jj * row_stride + c];
+}
+
+/* s[jj] = scale * (x · tile[:, jj]) for jj < n, tile being a transposed [d, ATT_BC] tile.
+ * Keys go in blocks of 16 whose partial sums stay in registers across the whole c loop;
+ * every s[jj] is summed over c in the same order in the block and in the remainder, so the
+ * value never depends on n (that is, on the row's causal cut). */
+static void att_row_scores(float *restrict s, const float *restrict x, const float *restrict tile,
+                           int n, int d, float scale)
+{
+    int jj = 0;
+    for (; jj + 16 <= n; jj += 16) {
+        float a[16] = {0};
+        for (int c = 0; c < d; c++) {
+            const float xc = x[c];
+            const float *tc = tile + (size_t)c * ATT_BC + jj;
+            for (int l = 0; l < 16; l++)
+                a[l] += xc * tc[l];
+        }
+        for (int l = 0; l < 16; l++)
+            s[jj + l] = a[l] * scale;
+    }
+    for (; jj < n; jj++) {
+        float a = 0;
+        for (int c = 0; c < d; c++)
+            a += x[c] * tile[(size_t)c * ATT_BC + jj];
+        s[jj] = a * scale;
+    }
+}
 
 static int att_check(const float *q, const float *k, const float *v, int b, int t, int tk,
                      int hq, int hkv, int d, int q_start)
@@ -62,8 +105,10 @@ int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float 
     const int group = hq / hkv;
     const int nqt = (t + ATT_BR - 1) / ATT_BR;
     const int64_t ntasks = (int64_t)b * hq * nqt;
-    /* per thread: acc [ATT_BR, d], m [ATT_BR], l [ATT_BR], s [ATT_BC] */
-    const size_t per_thread = att_round16((size_t)ATT_BR * d + 2 * ATT_BR + ATT_BC);
+    const size_t kv_row = (size_t)hkv * d; /* stride between consecutive keys */
+    /* per thread: acc [ATT_BR, d], kt [d, ATT_BC], m [ATT_BR], l [ATT_BR], s [ATT_BC] */
+    const size_t per_thread =
+        att_round16((size_t)ATT_BR * d + (size_t)d * ATT_BC + 2 * ATT_BR + ATT_BC);
     float *scratch;
     st = cpu_scratch(ctx, per_thread * ctx->nthreads * sizeof(float), (void **)&scratch);
     if (st)
@@ -79,7 +124,8 @@ int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float 
         const int nr = t - i0 < ATT_BR ? t - i0 : ATT_BR;
 
         float *acc = scratch + per_thread * omp_get_thread_num();
-        float *m = acc + (size_t)ATT_BR * d, *l = m + ATT_BR, *s = l + ATT_BR;
+        float *kt = acc + (size_t)ATT_BR * d;
+        float *m = kt + (size_t)d * ATT_BC, *l = m + ATT_BR, *s = l + ATT_BR;
         memset(acc, 0, (size_t)nr * d * sizeof(float));
         for (int r = 0; r < nr; r++) {
             m[r] = -INFINITY;
@@ -90,28 +136,28 @@ int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float 
         const int kend = q_start + i0 + nr;
         for (int j0 = 0; j0 < kend; j0 += ATT_BC) {
             const int j1 = j0 + ATT_BC < kend ? j0 + ATT_BC : kend;
+            const float *kbase = k + (((size_t)bi * tk + j0) * hkv + g) * d;
+            const float *vbase = v + (((size_t)bi * tk + j0) * hkv + g) * d;
+            att_transpose_tile(kt, kbase, kv_row, j1 - j0, d);
             for (int r = 0; r < nr; r++) {
                 const int pos = q_start + i0 + r;
-                const int jmax = j1 < pos + 1 ? j1 : pos + 1;
-                if (jmax <= j0)
+                const int nj = (j1 < pos + 1 ? j1 : pos + 1) - j0; /* keys of the tile it sees */
+                if (nj <= 0)
                     continue; /* the whole key tile lies after this row's position */
-                const float *qr = q + (((size_t)bi * t + i0 + r) * hq + h) * d;
+                att_row_scores(s, q + (((size_t)bi * t + i0 + r) * hq + h) * d, kt, nj, d, scale);
                 float mt = -INFINITY;
-                for (int j = j0; j < jmax; j++) {
-                    const float *kj = k + (((size_t)bi * tk + j) * hkv + g) * d;
-                    s[j - j0] = scale * cpu_dot(qr, kj, d);
-                    mt = s[j - j0] > mt ? s[j - j0] : mt;
-                }
+                for (int jj = 0; jj < nj; jj++)
+                    mt = s[jj] > mt ? s[jj] : mt;
                 const float mnew = m[r] > mt ? m[r] : mt;
                 const float alpha = expf(m[r] - mnew); /* 0 on the first tile (m = -inf) */
                 float *ar = acc + (size_t)r * d;
                 l[r] *= alpha;
                 for (int c = 0; c < d; c++)
                     ar[c] *= alpha;
-                for (int j = j0; j < jmax; j++) {
-                    const float p = expf(s[j - j0] - mnew);
+                for (int jj = 0; jj < nj; jj++) {
+                    const float p = expf(s[jj] - mnew);
                     l[r] += p;
-                    cpu_axpy(ar, p, v + (((size_t)bi * tk + j) * hkv + g) * d, d);
+                    cpu_axpy(ar, p, vbase + jj * kv_row, d);
                 }
                 m[r] = mnew;
             }
@@ -144,16 +190,18 @@ int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
     CPU_CHECK(dout && out && lse);
 
     const int group = hq / hkv;
+    const size_t kv_row = (size_t)hkv * d;
     const size_t nrows = (size_t)b * hq * t; /* delta has one entry per (b, h, i), as lse */
-    const size_t per_thread = att_round16((size_t)2 * ATT_BC * d > (size_t)ATT_BR * d
-                                              ? (size_t)2 * ATT_BC * d
-                                              : (size_t)ATT_BR * d);
+    /* per thread: kt, vt [d, ATT_BC]; s, ds [ATT_BC]; then acc [ATT_BR, d] (pass 1) or
+     * dkacc, dvacc [ATT_BC, d] (pass 2) */
+    const size_t acc_len = (size_t)2 * ATT_BC > ATT_BR ? (size_t)2 * ATT_BC * d : (size_t)ATT_BR * d;
+    const size_t per_thread = att_round16((size_t)2 * d * ATT_BC + 2 * ATT_BC + acc_len);
     float *scratch;
     st = cpu_scratch(ctx, (att_round16(nrows) + per_thread * ctx->nthreads) * sizeof(float),
                      (void **)&scratch);
     if (st)
         return st;
-    float *delta = scratch;                       /* [b, hq, t] */
+    float *delta = scratch; /* [b, hq, t] */
     float *thread_base = scratch + att_round16(nrows);
 
     /* delta[b, h, i] = dout[b, i, h, :] · out[b, i, h, :] */
@@ -179,24 +227,33 @@ int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
             const int g = h / group;
             const int i0 = qt * ATT_BR;
             const int nr = t - i0 < ATT_BR ? t - i0 : ATT_BR;
-            float *acc = thread_base + per_thread * omp_get_thread_num(); /* [ATT_BR, d] */
+            float *kt = thread_base + per_thread * omp_get_thread_num();
+            float *vt = kt + (size_t)d * ATT_BC;
+            float *s = vt + (size_t)d * ATT_BC, *dp = s + ATT_BC;
+            float *acc = dp + ATT_BC; /* [ATT_BR, d] */
             memset(acc, 0, (size_t)nr * d * sizeof(float));
 
             const int kend = q_start + i0 + nr;
             for (int j0 = 0; j0 < kend; j0 += ATT_BC) {
                 const int j1 = j0 + ATT_BC < kend ? j0 + ATT_BC : kend;
+                const float *kbase = k + (((size_t)bi * tk + j0) * hkv + g) * d;
+                att_transpose_tile(kt, kbase, kv_row, j1 - j0, d);
+                att_transpose_tile(vt, v + (((size_t)bi * tk + j0) * hkv + g) * d, kv_row,
+                                   j1 - j0, d);
                 for (int r = 0; r < nr; r++) {
                     const int pos = q_start + i0 + r;
-                    const int jmax = j1 < pos + 1 ? j1 : pos + 1;
+                    const int nj = (j1 < pos + 1 ? j1 : pos + 1) - j0;
+                    if (nj <= 0)
+                        continue;
                     const size_t qoff = (((size_t)bi * t + i0 + r) * hq + h) * d;
                     const size_t srow = ((size_t)bi * hq + h) * t + i0 + r;
                     const float lse_r = lse[srow], delta_r = delta[srow];
+                    att_row_scores(s, q + qoff, kt, nj, d, scale);
+                    att_row_scores(dp, dout + qoff, vt, nj, d, 1.0f);
                     float *ar = acc + (size_t)r * d;
-                    for (int j = j0; j < jmax; j++) {
-                        const size_t koff = (((size_t)bi * tk + j) * hkv + g) * d;
-                        const float p = expf(scale * cpu_dot(q + qoff, k + koff, d) - lse_r);
-                        const float dp = cpu_dot(dout + qoff, v + koff, d);
-                        cpu_axpy(ar, p * (dp - delta_r), k + koff, d);
+                    for (int jj = 0; jj < nj; jj++) {
+                        const float p = expf(s[jj] - lse_r);
+                        cpu_axpy(ar, p * (dp[jj] - delta_r), kbase + jj * kv_row, d);
                     }
                 }
             }
@@ -214,30 +271,35 @@ int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
         const int64_t ntasks = (int64_t)b * hkv * nkt;
 #pragma omp parallel for schedule(static, 1) num_threads(ctx->nthreads)
         for (int64_t task = 0; task < ntasks; task++) {
-            const int kt = (int)(task % nkt);
+            const int kt_idx = (int)(task % nkt);
             const int g = (int)(task / nkt % hkv);
             const int bi = (int)(task / nkt / hkv);
-            const int j0 = kt * ATT_BC;
+            const int j0 = kt_idx * ATT_BC;
             const int nc = kend - j0 < ATT_BC ? kend - j0 : ATT_BC;
-            float *dkacc = thread_base + per_thread * omp_get_thread_num(); /* [ATT_BC, d] */
-            float *dvacc = dkacc + (size_t)ATT_BC * d;                         /* [ATT_BC, d] */
+            float *kt = thread_base + per_thread * omp_get_thread_num();
+            float *vt = kt + (size_t)d * ATT_BC;
+            float *s = vt + (size_t)d * ATT_BC, *dp = s + ATT_BC;
+            float *dkacc = dp + ATT_BC;              /* [ATT_BC, d] */
+            float *dvacc = dkacc + (size_t)ATT_BC * d; /* [ATT_BC, d] */
             memset(dkacc, 0, (size_t)2 * ATT_BC * d * sizeof(float));
+            att_transpose_tile(kt, k + (((size_t)bi * tk + j0) * hkv + g) * d, kv_row, nc, d);
+            att_transpose_tile(vt, v + (((size_t)bi * tk + j0) * hkv + g) * d, kv_row, nc, d);
 
             const int ifirst = j0 - q_start > 0 ? j0 - q_start : 0;
             for (int hh = 0; hh < group; hh++) {
                 const int h = g * group + hh;
                 for (int i = ifirst; i < t; i++) {
                     const int pos = q_start + i;
-                    const int jmax = j0 + nc < pos + 1 ? j0 + nc : pos + 1;
+                    const int nj = (j0 + nc < pos + 1 ? j0 + nc : pos + 1) - j0;
                     const size_t qoff = (((size_t)bi * t + i) * hq + h) * d;
                     const size_t srow = ((size_t)bi * hq + h) * t + i;
                     const float lse_i = lse[srow], delta_i = delta[srow];
-                    for (int j = j0; j < jmax; j++) {
-                        const size_t koff = (((size_t)bi * tk + j) * hkv + g) * d;
-                        const float p = expf(scale * cpu_dot(q + qoff, k + koff, d) - lse_i);
-                        const float dp = cpu_dot(dout + qoff, v + koff, d);
-                        cpu_axpy(dvacc + (size_t)(j - j0) * d, p, dout + qoff, d);
-                        cpu_axpy(dkacc + (size_t)(j - j0) * d, p * (dp - delta_i), q + qoff, d);
+                    att_row_scores(s, q + qoff, kt, nj, d, scale);
+                    att_row_scores(dp, dout + qoff, vt, nj, d, 1.0f);
+                    for (int jj = 0; jj < nj; jj++) {
+                        const float p = expf(s[jj] - lse_i);
+                        cpu_axpy(dvacc + (size_t)jj * d, p, dout + qoff, d);
+                        cpu_axpy(dkacc + (size_t)jj * d, p * (dp[jj] - delta_i), q + qoff, d);
                     }
                 }
             }

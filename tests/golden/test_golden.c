@@ -5,7 +5,7 @@
  * canonicalise and verify, and the semantic op counts must equal what the model's source code
  * says (tests/fixtures/gen_fixtures.py: 2 layers; GPT-2 with LayerNorm/GELU/learned positions and
  * a tied head; Llama with RMSNorm/SwiGLU/RoPE/GQA; Qwen3 adding q/k RMSNorm). Those counts are the
- * independent expectation; the golden dumps (tests/golden/*.ir) additionally pin the whole IR so
+ * independent expectation; the golden dumps (tests/golden/NAME.ir) additionally pin the whole IR so
  * any change to canonical output is seen in review. SBP_UPDATE_GOLDEN=1 rewrites the dumps.
  */
 #include <setjmp.h>

@@ -123,10 +123,13 @@ static inline double rt_rel_err_dd(const double *got, const double *ref, size_t 
     return sqrt(num) / sqrt(den);
 }
 
-/* Fails with the measured value, which a bare assert_true would hide.  NaN fails. */
+/* Fails with the measured value, which a bare assert_true would hide.  NaN fails.  With
+ * RT_VERBOSE set in the environment every measured error is printed (to see the margins). */
 #define rt_assert_err(err, tol, what)                                                          \
     do {                                                                                       \
         double e_ = (err);                                                                     \
+        if (getenv("RT_VERBOSE"))                                                              \
+            print_message("  %-28s %.3g\n", (what), e_);                                      \
         if (!(e_ <= (tol))) {                                                                  \
             print_error("%s: relative error %.3g > %.3g\n", (what), e_, (double)(tol));       \
             fail();                                                                            \
@@ -157,14 +160,22 @@ static inline double rt_fd(rt_scalar_fn f, void *st, double *x, size_t i, double
  * keeps both far below the fp32 tolerance. */
 #define RT_FD_STEP 1e-5
 
-/* Compares a kernel's gradient increment (after − before) to finite differences of f with
- * respect to x, at `count` indices spread over [0, n) (all of them when count >= n). */
-static inline double rt_fd_check(rt_scalar_fn f, void *st, double *x, size_t n,
-                                 const float *after, const float *before, size_t count)
+/* Called before the difference at index i, so f can restrict itself to the outputs that x[i]
+ * influences (the other terms cancel in the difference; skipping them keeps the tests fast
+ * under sanitizers).  NULL: f always sums everything. */
+typedef void (*rt_focus_fn)(void *st, size_t i);
+
+/* Compares a kernel's gradient (the increment after − before, or `after` itself when before
+ * is NULL) to finite differences of f with respect to x, at `count` indices spread evenly
+ * over [0, n) (all of them when count >= n). */
+static inline double rt_fd_check(rt_scalar_fn f, rt_focus_fn focus, void *st, double *x,
+                                 size_t n, const float *after, const float *before, size_t count)
 {
     size_t stride = count >= n ? 1 : n / count;
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i += stride) {
+        if (focus)
+            focus(st, i);
         double g = rt_fd(f, st, x, i, RT_FD_STEP);
         double got = before ? (double)after[i] - before[i] : after[i];
         num += (got - g) * (got - g);

@@ -5,7 +5,7 @@
 #include "rt_test.h"
 
 #define N 20000       /* above the kernels' parallel threshold */
-#define FD_POINTS 400 /* finite-difference checks per gradient */
+#define FD_POINTS N   /* finite-difference checks per gradient: all of them */
 
 static double ref_gelu_tanh(double x)
 {
@@ -35,20 +35,28 @@ static double ref_silu_grad(double x)
 typedef int (*fwd_fn)(sbprt_ctx *, float *, const float *, size_t);
 typedef int (*bwd_fn)(sbprt_ctx *, float *, const float *, const float *, size_t);
 
-/* f(x) = Σ w_i act(x_i) for the finite differences. */
+/* f(x) = Σ w_i act(x_i) for the finite differences, summed over [lo, hi) only: element i
+ * influences term i alone (see rt_focus_fn). */
 typedef struct {
     double (*act)(double);
     const double *w;
     double *x;
+    size_t lo, hi;
 } act_fd;
 
 static double act_f(void *p)
 {
     act_fd *s = p;
     double f = 0;
-    for (size_t i = 0; i < N; i++)
+    for (size_t i = s->lo; i < s->hi; i++)
         f += s->w[i] * s->act(s->x[i]);
     return f;
+}
+
+static void act_focus(void *p, size_t i)
+{
+    act_fd *s = p;
+    s->lo = i, s->hi = i + 1;
 }
 
 static void check_unary(fwd_fn fwd, bwd_fn bwd, double (*act)(double), double (*grad)(double),
@@ -72,8 +80,8 @@ static void check_unary(fwd_fn fwd, bwd_fn bwd, double (*act)(double), double (*
         ref[i] = dy[i] * grad(x[i]);
     rt_assert_ok(bwd(ctx, dx, dy, x, N));
     rt_assert_err(rt_rel_err_delta(dx, dx0, ref, N), RT_TOL, name);
-    act_fd st = {act, rt_to_double(dy, N), rt_to_double(x, N)};
-    rt_assert_err(rt_fd_check(act_f, &st, st.x, N, dx, dx0, FD_POINTS), RT_TOL, name);
+    act_fd st = {act, rt_to_double(dy, N), rt_to_double(x, N), 0, N};
+    rt_assert_err(rt_fd_check(act_f, act_focus, &st, st.x, N, dx, dx0, FD_POINTS), RT_TOL, name);
 
     free((void *)st.w), free(st.x);
     free(x), free(y), free(ref), free(inplace), free(dy), free(dx), free(dx0);
@@ -100,19 +108,26 @@ static void test_silu(void **state)
     check_unary(sbprt_silu_forward, sbprt_silu_backward, ref_silu, ref_silu_grad, "silu");
 }
 
-/* f = Σ w_i silu(gate_i) up_i; `x` is whichever of gate/up is being differentiated. */
+/* f = Σ w_i silu(gate_i) up_i over [lo, hi), as act_fd. */
 typedef struct {
     const double *w;
     double *gate, *up;
+    size_t lo, hi;
 } swiglu_fd;
 
 static double swiglu_f(void *p)
 {
     swiglu_fd *s = p;
     double f = 0;
-    for (size_t i = 0; i < N; i++)
+    for (size_t i = s->lo; i < s->hi; i++)
         f += s->w[i] * ref_silu(s->gate[i]) * s->up[i];
     return f;
+}
+
+static void swiglu_focus(void *p, size_t i)
+{
+    swiglu_fd *s = p;
+    s->lo = i, s->hi = i + 1;
 }
 
 static void test_swiglu(void **state)
@@ -139,10 +154,10 @@ static void test_swiglu(void **state)
         ref[i] = dout[i] * ref_silu(gate[i]);
     rt_assert_err(rt_rel_err_delta(du, du0, ref, N), RT_TOL, "swiglu dup");
 
-    swiglu_fd st = {rt_to_double(dout, N), rt_to_double(gate, N), rt_to_double(up, N)};
-    rt_assert_err(rt_fd_check(swiglu_f, &st, st.gate, N, dg, dg0, FD_POINTS), RT_TOL,
-                  "swiglu dgate fd");
-    rt_assert_err(rt_fd_check(swiglu_f, &st, st.up, N, du, du0, FD_POINTS), RT_TOL,
+    swiglu_fd st = {rt_to_double(dout, N), rt_to_double(gate, N), rt_to_double(up, N), 0, N};
+    rt_assert_err(rt_fd_check(swiglu_f, swiglu_focus, &st, st.gate, N, dg, dg0, FD_POINTS),
+                  RT_TOL, "swiglu dgate fd");
+    rt_assert_err(rt_fd_check(swiglu_f, swiglu_focus, &st, st.up, N, du, du0, FD_POINTS), RT_TOL,
                   "swiglu dup fd");
 
     /* NULL gradient outputs are skipped */

@@ -158,7 +158,7 @@ static void test_bias(void **state)
     rt_assert_err(rt_rel_err_delta(db, db0, dref, c), RT_TOL, "bias_backward");
     bias_fd st = {rt_to_double(dy, (size_t)n * c), rt_to_double(y0, (size_t)n * c),
                   rt_to_double(bias, c), n, c};
-    rt_assert_err(rt_fd_check(bias_f, &st, st.bias, c, db, db0, c), RT_TOL, "bias_backward fd");
+    rt_assert_err(rt_fd_check(bias_f, NULL, &st, st.bias, c, db, db0, c), RT_TOL, "bias_backward fd");
     free((void *)st.w), free((void *)st.y0), free(st.bias);
     free(y), free(bias), free(y0), free(ref), free(dy), free(db), free(db0), free(dref);
     sbprt_ctx_destroy(ctx);

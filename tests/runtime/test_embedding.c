@@ -52,7 +52,7 @@ static void test_embedding(void **state)
     rt_assert_ok(sbprt_embedding_backward(ctx, dt, dout, ids, N, V, C));
     rt_assert_err(rt_rel_err_delta(dt, dt0, dref, V * C), RT_TOL, "embedding bwd");
     emb_fd st = {ids, rt_to_double(dout, N * C), rt_to_double(table, V * C)};
-    rt_assert_err(rt_fd_check(emb_f, &st, st.table, V * C, dt, dt0, V * C), RT_TOL,
+    rt_assert_err(rt_fd_check(emb_f, NULL, &st, st.table, V * C, dt, dt0, V * C), RT_TOL,
                   "embedding bwd fd");
 
     /* Out-of-range ids are an error and leave the outputs untouched. */

@@ -6,13 +6,14 @@
 
 #define ROWS 19
 #define COLS 150 /* three column blocks of the parameter-gradient pass, the last partial */
-#define EPS 1e-5
+#define EPS 1e-5f /* the kernel gets it as float; the reference uses the same value */
 
-/* Reference LayerNorm in double; also the finite-difference function's body. */
+/* Reference LayerNorm in double over `rows` rows; also the finite-difference function's
+ * body. */
 static void ref_layernorm(double *out, double *mean, double *rstd, const double *x,
-                          const double *gamma, const double *beta)
+                          const double *gamma, const double *beta, int rows)
 {
-    for (int r = 0; r < ROWS; r++) {
+    for (int r = 0; r < rows; r++) {
         const double *xr = x + r * COLS;
         double mu = 0, var = 0;
         for (int j = 0; j < COLS; j++)
@@ -30,9 +31,9 @@ static void ref_layernorm(double *out, double *mean, double *rstd, const double 
     }
 }
 
-static void ref_rmsnorm(double *out, double *rstd, const double *x, const double *gamma)
+static void ref_rmsnorm(double *out, double *rstd, const double *x, const double *gamma, int rows)
 {
-    for (int r = 0; r < ROWS; r++) {
+    for (int r = 0; r < rows; r++) {
         const double *xr = x + r * COLS;
         double ss = 0;
         for (int j = 0; j < COLS; j++)
@@ -45,24 +46,40 @@ static void ref_rmsnorm(double *out, double *rstd, const double *x, const double
     }
 }
 
-/* f = Σ w ∘ norm(x; gamma, beta) */
+/* f = Σ w ∘ norm(x; gamma, beta) over rows [r0, r1). */
 typedef struct {
     int rms;
     const double *w;
     double *x, *gamma, *beta, *out;
+    int r0, r1;
 } norm_fd;
 
 static double norm_f(void *p)
 {
     norm_fd *s = p;
+    const size_t o = (size_t)s->r0 * COLS;
     if (s->rms)
-        ref_rmsnorm(s->out, NULL, s->x, s->gamma);
+        ref_rmsnorm(s->out + o, NULL, s->x + o, s->gamma, s->r1 - s->r0);
     else
-        ref_layernorm(s->out, NULL, NULL, s->x, s->gamma, s->beta);
+        ref_layernorm(s->out + o, NULL, NULL, s->x + o, s->gamma, s->beta, s->r1 - s->r0);
     double f = 0;
-    for (int i = 0; i < ROWS * COLS; i++)
+    for (size_t i = o; i < (size_t)s->r1 * COLS; i++)
         f += s->w[i] * s->out[i];
     return f;
+}
+
+/* An element of x influences its own row only; gamma and beta influence every row. */
+static void norm_focus_x(void *p, size_t i)
+{
+    norm_fd *s = p;
+    s->r0 = (int)(i / COLS), s->r1 = s->r0 + 1;
+}
+
+static void norm_focus_all(void *p, size_t i)
+{
+    (void)i;
+    norm_fd *s = p;
+    s->r0 = 0, s->r1 = ROWS;
 }
 
 /* Analytic backward in double: dx, dgamma, dbeta (dbeta ignored for RMSNorm). */
@@ -109,10 +126,10 @@ static void check_norm(int rms)
     const char *name = rms ? "rmsnorm" : "layernorm";
 
     if (rms) {
-        ref_rmsnorm(ref, rrstd, xd, gd);
+        ref_rmsnorm(ref, rrstd, xd, gd, ROWS);
         rt_assert_ok(sbprt_rmsnorm_forward(ctx, out, rstd, x, gamma, ROWS, COLS, EPS));
     } else {
-        ref_layernorm(ref, rmean, rrstd, xd, gd, bd);
+        ref_layernorm(ref, rmean, rrstd, xd, gd, bd, ROWS);
         rt_assert_ok(sbprt_layernorm_forward(ctx, out, mean, rstd, x, gamma, beta, ROWS, COLS, EPS));
         rt_assert_err(rt_rel_err(mean, rmean, ROWS), RT_TOL, "layernorm mean");
     }
@@ -136,11 +153,14 @@ static void check_norm(int rms)
     if (!rms)
         rt_assert_err(rt_rel_err_delta(db, db0, rdb, COLS), RT_TOL, "norm dbeta");
 
-    norm_fd st = {rms, dyd, xd, gd, bd, RT_NEW(double, n)};
-    rt_assert_err(rt_fd_check(norm_f, &st, xd, n, dx, dx0, n), RT_TOL, "norm dx fd");
-    rt_assert_err(rt_fd_check(norm_f, &st, gd, COLS, dg, dg0, COLS), RT_TOL, "norm dgamma fd");
+    norm_fd st = {rms, dyd, xd, gd, bd, RT_NEW(double, n), 0, ROWS};
+    rt_assert_err(rt_fd_check(norm_f, norm_focus_x, &st, xd, n, dx, dx0, n), RT_TOL,
+                  "norm dx fd");
+    rt_assert_err(rt_fd_check(norm_f, norm_focus_all, &st, gd, COLS, dg, dg0, COLS), RT_TOL,
+                  "norm dgamma fd");
     if (!rms)
-        rt_assert_err(rt_fd_check(norm_f, &st, bd, COLS, db, db0, COLS), RT_TOL, "norm dbeta fd");
+        rt_assert_err(rt_fd_check(norm_f, norm_focus_all, &st, bd, COLS, db, db0, COLS), RT_TOL,
+                      "norm dbeta fd");
 
     /* NULL gradient outputs are skipped: dgamma alone gives the same increment. */
     memcpy(dg, dg0, COLS * sizeof(float));
@@ -188,7 +208,7 @@ static void test_layernorm_no_bias(void **state)
     float *x = rt_random(&r, n, -1, 1), *gamma = rt_random(&r, COLS, 0.5f, 1.5f);
     float *out = RT_NEW(float, n);
     double *xd = rt_to_double(x, n), *gd = rt_to_double(gamma, COLS), *ref = RT_NEW(double, n);
-    ref_layernorm(ref, NULL, NULL, xd, gd, NULL);
+    ref_layernorm(ref, NULL, NULL, xd, gd, NULL, ROWS);
     rt_assert_ok(sbprt_layernorm_forward(ctx, out, NULL, NULL, x, gamma, NULL, ROWS, COLS, EPS));
     rt_assert_err(rt_rel_err(out, ref, n), RT_TOL, "layernorm without beta");
     assert_int_equal(sbprt_layernorm_forward(ctx, out, NULL, NULL, x, NULL, NULL, ROWS, COLS, EPS),

@@ -97,7 +97,7 @@ static void check_rope(int rot)
     }
     rt_assert_err(rt_rel_err_delta(dx, dx0, rdx, n), RT_TOL, "rope bwd");
     rope_fd st = {pos, cs, sn, rot, rt_to_double(dy, n), xd, RT_NEW(double, n)};
-    rt_assert_err(rt_fd_check(rope_f, &st, xd, n, dx, dx0, 300), RT_TOL, "rope bwd fd");
+    rt_assert_err(rt_fd_check(rope_f, NULL, &st, xd, n, dx, dx0, n), RT_TOL, "rope bwd fd");
 
     /* positions outside the table */
     pos[5] = MAXPOS;

@@ -1,0 +1,68 @@
+/* sbp_step.h — the interface of a compiled training step (what `sbpc -o train_step.so` exports).
+ *
+ * A step library is self-describing: sbp_step_get_info() tells its dims, strategy, objective,
+ * parameter table (names and shapes of the ONNX initializers, offsets in one flat block) and
+ * workspace size from the memory plan. The caller (sbp-train, or a user's C program) owns all
+ * memory: the parameter block, the gradient block (same layout), and one workspace of exactly
+ * workspace_bytes — the step never allocates. Optimizer updates are the caller's, with the
+ * runtime's sbprt_adamw_update / sbprt_sgd_update over the flat blocks.
+ *
+ * Layout of the parameter block: each parameter with storage occupies numel floats at its
+ * offset, row-major in the ONNX initializer's own shape. A re-tied parameter (tied_to >= 0) has
+ * no storage of its own: it is the transpose of its owner, and its gradient is the owner's
+ * (reported by sbp-train under both names, each in its own layout).
+ */
+#ifndef SBP_STEP_H
+#define SBP_STEP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sbprt.h"
+
+#define SBP_STEP_ABI_VERSION 1
+#define SBP_STEP_MAX_RANK 8
+
+typedef struct sbp_step_param {
+    const char *name;                  /* ONNX initializer name */
+    int rank;
+    int64_t dims[SBP_STEP_MAX_RANK];   /* the initializer's own shape */
+    size_t numel;
+    size_t offset;                     /* element offset in the parameter/gradient blocks */
+    int trainable;                     /* 0: frozen (--freeze); its gradient stays 0 */
+    int tied_to;                       /* -1, or index of the parameter this one transposes */
+} sbp_step_param;
+
+typedef struct sbp_step_info {
+    int abi_version;                   /* SBP_STEP_ABI_VERSION */
+    const char *target;                /* "cpu" | "cuda" */
+    const char *strategy;              /* "store" | "checkpoint" | "stream" */
+    const char *objective;             /* "sft" | "graph-loss" */
+    const char *model_path;            /* the model it was compiled from (informational) */
+    uint64_t model_fingerprint;        /* FNV-1a over parameter names, dtypes and shapes */
+    int64_t batch, seq_len, vocab;     /* B, T, V */
+    int n_params;
+    const sbp_step_param *params;      /* [n_params] */
+    size_t param_elems;                /* floats in the parameter block = gradient block */
+    size_t workspace_bytes;            /* the planned arena for activations and scratch */
+    size_t planned_peak_bytes;         /* params + grads + workspace (+ optimizer state: caller) */
+} sbp_step_info;
+
+typedef struct sbp_step_args {
+    const float *params;               /* [param_elems] */
+    float *grads;                      /* [param_elems]; written (or added to, see below) */
+    int accumulate;                    /* 0: grads are overwritten; 1: added to (grad-accum) */
+    const int32_t *input_ids;          /* [B*T] token ids in [0, V) */
+    const int32_t *labels;             /* [B*T] target of position t, -100 = not scored */
+    double denominator;                /* SFT mean's divisor; 0 = scored positions of this batch */
+    void *workspace;                   /* [workspace_bytes], SBPRT_ALIGN-aligned */
+    double *loss;                      /* out: the loss (mean over the denominator) */
+    int64_t *n_scored;                 /* out, may be NULL: scored positions in this batch */
+} sbp_step_args;
+
+const sbp_step_info *sbp_step_get_info(void);
+/* One forward + backward. Returns SBPRT_OK or a runtime status (e.g. SBPRT_ERR_RANGE for a
+ * token id >= V); on error the gradients are unspecified. */
+int sbp_step_run(sbprt_ctx *ctx, const sbp_step_args *args);
+
+#endif

@@ -1,0 +1,524 @@
+/* safetensors.c — writing and reading the safetensors format.
+ *
+ * The format: an unsigned 64-bit little-endian header size N, N bytes of UTF-8 JSON — an object
+ * mapping each tensor name to {"dtype", "shape", "data_offsets": [begin, end]} plus an optional
+ * "__metadata__" object of string values — padded with spaces, then the data section, each
+ * tensor's bytes (little-endian, row-major) at [begin, end) relative to its start.
+ *
+ * Writer: builds the header with the JSON escaper of json.c, pads it to a multiple of 8 (so the
+ * data section, and every tensor of 8-byte-multiple size before it, is 8-aligned), and streams
+ * header and data into an atomic file.
+ *
+ * Reader: reads the header and the data section into two allocations (so the data section is
+ * 16-byte aligned whatever the header length), parses the header with json.c, and validates every
+ * entry before anything is returned: dtype known, shape non-negative and its byte size free of
+ * overflow, offsets ordered, inside the data section and matching the byte size, names unique,
+ * and — after sorting by offset — no two byte ranges overlapping. Lookup by name is a binary
+ * search over a sorted index.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io_internal.h"
+
+/* The reference implementation's limit on the header. */
+#define ST_MAX_HEADER 100000000ull
+
+struct sbpio_st_file {
+    char *path;
+    sbpio_json_doc *doc;     /* owns the names, metadata keys and values */
+    unsigned char *data;     /* the data section, [data_size] */
+    uint64_t data_size;
+    sbpio_st_info *t;        /* [n] in header order */
+    int n;
+    int *by_name;            /* [n] indices into t, sorted by name */
+    sbpio_kv *meta;          /* [nmeta] in header order */
+    int nmeta;
+};
+
+/* ---------------------------------------------------------------- writing */
+
+/* Sorting without globals: (name, index, offsets) records. */
+typedef struct {
+    const char *name;
+    int idx;
+    uint64_t begin, end;
+} name_rec;
+
+static int cmp_rec_name(const void *a, const void *b)
+{
+    const name_rec *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->idx > y->idx) - (x->idx < y->idx);
+}
+
+static int cmp_rec_offset(const void *a, const void *b)
+{
+    const name_rec *x = a, *y = b;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    return (x->end > y->end) - (x->end < y->end);
+}
+
+int sbpio_st_write(const char *path, int n, const sbpio_st_tensor *tensors, int nmeta,
+                   const sbpio_kv *meta, bool sorted, char *err, size_t errlen)
+{
+    if (n < 0 || nmeta < 0 || (n && !tensors) || (nmeta && !meta))
+        return sbpio_errf(err, errlen, "%s: bad tensor or metadata list", path);
+    int *order = malloc(sizeof *order * (size_t)(n ? n : 1));
+    size_t *nbytes = malloc(sizeof *nbytes * (size_t)(n ? n : 1));
+    sbpio_strbuf h = {0};
+    int rc = SBPIO_ERR;
+    if (!order || !nbytes) {
+        sbpio_errf(err, errlen, "%s: out of memory", path);
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        const sbpio_st_tensor *t = &tensors[i];
+        order[i] = i;
+        int64_t numel;
+        if (!t->name || strcmp(t->name, "__metadata__") == 0) {
+            sbpio_errf(err, errlen, "%s: tensor %d has an invalid name (%s)", path, i,
+                       t->name ? t->name : "NULL");
+            goto done;
+        }
+        if (sbpio_dtype_size(t->dtype) == 0 || t->rank < 0 || t->rank > SBPIO_MAX_RANK ||
+            (t->rank && !t->shape)) {
+            sbpio_errf(err, errlen, "%s: tensor '%s': bad dtype or rank", path, t->name);
+            goto done;
+        }
+        if (!sbpio_shape_bytes(t->rank, t->shape, sbpio_dtype_size(t->dtype), &numel, &nbytes[i])) {
+            sbpio_errf(err, errlen, "%s: tensor '%s': negative dimension or size overflow", path,
+                       t->name);
+            goto done;
+        }
+        if (nbytes[i] && !t->data) {
+            sbpio_errf(err, errlen, "%s: tensor '%s': no data", path, t->name);
+            goto done;
+        }
+    }
+    /* Sort the names; duplicates are then neighbours. */
+    name_rec *byname = malloc(sizeof *byname * (size_t)(n ? n : 1));
+    if (!byname) {
+        sbpio_errf(err, errlen, "%s: out of memory", path);
+        goto done;
+    }
+    for (int i = 0; i < n; i++)
+        byname[i] = (name_rec){tensors[i].name, i, 0, 0};
+    qsort(byname, (size_t)n, sizeof *byname, cmp_rec_name);
+    for (int i = 1; i < n; i++)
+        if (strcmp(byname[i].name, byname[i - 1].name) == 0) {
+            sbpio_errf(err, errlen, "%s: duplicate tensor name '%s'", path, byname[i].name);
+            free(byname);
+            goto done;
+        }
+    if (sorted)
+        for (int i = 0; i < n; i++)
+            order[i] = byname[i].idx;
+    free(byname);
+    for (int i = 0; i < nmeta; i++)
+        for (int j = 0; j < i; j++)
+            if (meta[i].key && meta[j].key && strcmp(meta[i].key, meta[j].key) == 0) {
+                sbpio_errf(err, errlen, "%s: duplicate metadata key '%s'", path, meta[i].key);
+                goto done;
+            }
+
+    sbpio_sb_append(&h, "{", 1);
+    if (nmeta) {
+        sbpio_sb_append(&h, "\"__metadata__\":{", 16);
+        for (int i = 0; i < nmeta; i++) {
+            if (i)
+                sbpio_sb_append(&h, ",", 1);
+            if (!meta[i].key || !meta[i].value || !sbpio_sb_json_string(&h, meta[i].key) ||
+                (sbpio_sb_append(&h, ":", 1), !sbpio_sb_json_string(&h, meta[i].value))) {
+                sbpio_errf(err, errlen, "%s: metadata entry %d is NULL or not valid UTF-8", path, i);
+                goto done;
+            }
+        }
+        sbpio_sb_append(&h, "}", 1);
+    }
+    uint64_t off = 0;
+    for (int k = 0; k < n; k++) {
+        const sbpio_st_tensor *t = &tensors[order[k]];
+        if (k || nmeta)
+            sbpio_sb_append(&h, ",", 1);
+        if (!sbpio_sb_json_string(&h, t->name)) {
+            sbpio_errf(err, errlen, "%s: tensor name is not valid UTF-8", path);
+            goto done;
+        }
+        sbpio_sb_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", sbpio_dtype_name(t->dtype));
+        for (int d = 0; d < t->rank; d++)
+            sbpio_sb_printf(&h, "%s%" PRId64, d ? "," : "", t->shape[d]);
+        sbpio_sb_printf(&h, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", off,
+                        off + nbytes[order[k]]);
+        off += nbytes[order[k]];
+    }
+    sbpio_sb_append(&h, "}", 1);
+    while (!h.oom && h.len % 8)
+        sbpio_sb_append(&h, " ", 1);
+    if (h.oom) {
+        sbpio_errf(err, errlen, "%s: out of memory", path);
+        goto done;
+    }
+
+    sbpio_atomic a;
+    if (sbpio_atomic_begin(&a, path, err, errlen) != SBPIO_OK)
+        goto done;
+    unsigned char len8[8];
+    sbpio_put_le64(len8, h.len);
+    bool ok = fwrite(len8, 1, 8, a.f) == 8 && fwrite(h.s, 1, h.len, a.f) == h.len;
+    for (int k = 0; ok && k < n; k++) {
+        const sbpio_st_tensor *t = &tensors[order[k]];
+        size_t sz = sbpio_dtype_size(t->dtype);
+        ok = sbpio_write_le(a.f, t->data, nbytes[order[k]] / sz, sz);
+    }
+    if (!ok) {
+        int e = errno;
+        sbpio_atomic_abort(&a);
+        sbpio_errf(err, errlen, "%s: write error: %s", path, strerror(e));
+        goto done;
+    }
+    rc = sbpio_atomic_commit(&a, err, errlen);
+done:
+    free(order);
+    free(nbytes);
+    free(h.s);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- reading */
+
+void sbpio_st_close(sbpio_st_file *f)
+{
+    if (!f)
+        return;
+    free(f->path);
+    sbpio_json_free(f->doc);
+    free(f->data);
+    free(f->t);
+    free(f->by_name);
+    free(f->meta);
+    free(f);
+}
+
+/* Validates one tensor entry of the header into *t. */
+static int parse_entry(sbpio_st_file *f, const char *name, const sbpio_json *v, sbpio_st_info *t,
+                       char *err, size_t errlen)
+{
+    const char *path = f->path;
+    if (v->kind != SBPIO_JSON_OBJECT)
+        return sbpio_errf(err, errlen, "%s: header entry '%s' is %s, not an object", path, name,
+                          sbpio_json_kind_name(v->kind));
+    const sbpio_json *dt = sbpio_json_get(v, "dtype"), *sh = sbpio_json_get(v, "shape"),
+                     *of = sbpio_json_get(v, "data_offsets");
+    if (!dt || !sh || !of)
+        return sbpio_errf(err, errlen, "%s: tensor '%s': missing \"%s\"", path, name,
+                          !dt ? "dtype" : !sh ? "shape" : "data_offsets");
+    if (dt->kind != SBPIO_JSON_STRING)
+        return sbpio_errf(err, errlen, "%s: tensor '%s': \"dtype\" is not a string", path, name);
+    t->name = name;
+    t->dtype = sbpio_dtype_from_name(dt->str);
+    if (t->dtype == SBPIO_DT_INVALID)
+        return sbpio_errf(err, errlen, "%s: tensor '%s': unsupported dtype \"%.32s\"", path, name,
+                          dt->str);
+    if (sh->kind != SBPIO_JSON_ARRAY)
+        return sbpio_errf(err, errlen, "%s: tensor '%s': \"shape\" is not an array", path, name);
+    if (sh->n > SBPIO_MAX_RANK)
+        return sbpio_errf(err, errlen, "%s: tensor '%s': rank %d exceeds %d", path, name, sh->n,
+                          SBPIO_MAX_RANK);
+    t->rank = sh->n;
+    for (int d = 0; d < sh->n; d++) {
+        uint64_t x;
+        if (!sbpio_json_u64(sh->items[d], &x) || x > INT64_MAX)
+            return sbpio_errf(err, errlen,
+                              "%s: tensor '%s': shape[%d] is not a non-negative integer", path, name, d);
+        t->shape[d] = (int64_t)x;
+    }
+    if (!sbpio_shape_bytes(t->rank, t->shape, sbpio_dtype_size(t->dtype), &t->numel, &t->nbytes))
+        return sbpio_errf(err, errlen, "%s: tensor '%s': shape size overflows", path, name);
+    if (of->kind != SBPIO_JSON_ARRAY || of->n != 2 || !sbpio_json_u64(of->items[0], &t->begin) ||
+        !sbpio_json_u64(of->items[1], &t->end))
+        return sbpio_errf(err, errlen,
+                          "%s: tensor '%s': \"data_offsets\" must be two non-negative integers", path,
+                          name);
+    if (t->begin > t->end)
+        return sbpio_errf(err, errlen, "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
+                          "] end before they begin", path, name, t->begin, t->end);
+    if (t->end > f->data_size)
+        return sbpio_errf(err, errlen,
+                          "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
+                          "] beyond the %" PRIu64 "-byte data section (file truncated?)",
+                          path, name, t->begin, t->end, f->data_size);
+    if (t->end - t->begin != t->nbytes) {
+        char sb[256];
+        return sbpio_errf(err, errlen,
+                          "%s: tensor '%s': data_offsets span %" PRIu64 " bytes but %s shape %s needs %zu",
+                          path, name, t->end - t->begin, sbpio_dtype_name(t->dtype),
+                          sbpio_shape_str(t->rank, t->shape, sb, sizeof sb), t->nbytes);
+    }
+    t->data = f->data + t->begin;
+    return SBPIO_OK;
+}
+
+/* Parses and validates header text (hlen bytes) against the already-loaded data section. */
+static int st_parse(sbpio_st_file *f, const char *text, size_t hlen, char *err, size_t errlen)
+{
+    const char *path = f->path;
+    char jerr[200];
+    const sbpio_json *root;
+    if (!(f->doc = sbpio_json_parse(text, hlen, &root, jerr, sizeof jerr)))
+        return sbpio_errf(err, errlen, "%s: safetensors header is not valid JSON: %s", path, jerr);
+    if (root->kind != SBPIO_JSON_OBJECT)
+        return sbpio_errf(err, errlen, "%s: safetensors header is %s, not a JSON object", path,
+                          sbpio_json_kind_name(root->kind));
+    f->t = calloc((size_t)(root->n ? root->n : 1), sizeof *f->t);
+    f->by_name = malloc(sizeof *f->by_name * (size_t)(root->n ? root->n : 1));
+    if (!f->t || !f->by_name)
+        return sbpio_errf(err, errlen, "%s: out of memory", path);
+    bool have_meta = false;
+    for (int i = 0; i < root->n; i++) {
+        const char *key = root->keys[i];
+        const sbpio_json *v = root->items[i];
+        if (strcmp(key, "__metadata__") == 0) {
+            if (have_meta)
+                return sbpio_errf(err, errlen, "%s: duplicate \"__metadata__\"", path);
+            have_meta = true;
+            if (v->kind != SBPIO_JSON_OBJECT)
+                return sbpio_errf(err, errlen, "%s: \"__metadata__\" is %s, not an object", path,
+                                  sbpio_json_kind_name(v->kind));
+            if (!(f->meta = calloc((size_t)(v->n ? v->n : 1), sizeof *f->meta)))
+                return sbpio_errf(err, errlen, "%s: out of memory", path);
+            for (int j = 0; j < v->n; j++) {
+                if (v->items[j]->kind != SBPIO_JSON_STRING)
+                    return sbpio_errf(err, errlen, "%s: metadata \"%s\" is %s, not a string", path,
+                                      v->keys[j], sbpio_json_kind_name(v->items[j]->kind));
+                for (int k = 0; k < j; k++)
+                    if (strcmp(v->keys[k], v->keys[j]) == 0)
+                        return sbpio_errf(err, errlen, "%s: duplicate metadata key \"%s\"", path,
+                                          v->keys[j]);
+                f->meta[j].key = v->keys[j];
+                f->meta[j].value = v->items[j]->str;
+            }
+            f->nmeta = v->n;
+            continue;
+        }
+        if (parse_entry(f, key, v, &f->t[f->n], err, errlen) != SBPIO_OK)
+            return SBPIO_ERR;
+        f->by_name[f->n] = f->n;
+        f->n++;
+    }
+    name_rec *recs = malloc(sizeof *recs * (size_t)(f->n ? f->n : 1));
+    if (!recs)
+        return sbpio_errf(err, errlen, "%s: out of memory", path);
+    for (int i = 0; i < f->n; i++)
+        recs[i] = (name_rec){f->t[i].name, i, f->t[i].begin, f->t[i].end};
+    qsort(recs, (size_t)f->n, sizeof *recs, cmp_rec_name);
+    int rc = SBPIO_OK;
+    for (int i = 0; i < f->n; i++) {
+        f->by_name[i] = recs[i].idx;
+        if (i && rc == SBPIO_OK && strcmp(recs[i].name, recs[i - 1].name) == 0)
+            rc = sbpio_errf(err, errlen, "%s: duplicate tensor name '%s'", path, recs[i].name);
+    }
+    qsort(recs, (size_t)f->n, sizeof *recs, cmp_rec_offset);
+    for (int i = 1; i < f->n && rc == SBPIO_OK; i++) {
+        const name_rec *a = &recs[i - 1], *b = &recs[i];
+        if (b->begin < a->end)
+            rc = sbpio_errf(err, errlen,
+                            "%s: tensors '%s' [%" PRIu64 ", %" PRIu64 ") and '%s' [%" PRIu64
+                            ", %" PRIu64 ") overlap",
+                            path, a->name, a->begin, a->end, b->name, b->begin, b->end);
+    }
+    free(recs);
+    return rc;
+}
+
+/* Loads the data section and parses the header; shared by the file and memory readers. */
+static int st_load(sbpio_st_file *f, FILE *fp, const unsigned char *mem, uint64_t size, char *err,
+                   size_t errlen)
+{
+    const char *path = f->path;
+    unsigned char len8[8];
+    if (size < 8)
+        return sbpio_errf(err, errlen, "%s: file is %" PRIu64 " bytes, too short for a safetensors header", path, size);
+    if (!fp)
+        memcpy(len8, mem, 8);
+    else if (!sbpio_read_exact(fp, len8, 8))
+        return sbpio_errf(err, errlen, "%s: read error", path);
+    uint64_t hlen = sbpio_le64(len8);
+    if (hlen > ST_MAX_HEADER)
+        return sbpio_errf(err, errlen, "%s: safetensors header size %" PRIu64 " exceeds %llu bytes",
+                          path, hlen, ST_MAX_HEADER);
+    if (hlen > size - 8)
+        return sbpio_errf(err, errlen,
+                          "%s: safetensors header size %" PRIu64 " runs past the end of the %" PRIu64
+                          "-byte file", path, hlen, size);
+    if (hlen < 2)
+        return sbpio_errf(err, errlen, "%s: safetensors header size %" PRIu64 " is too small", path, hlen);
+    char *text = malloc((size_t)hlen);
+    f->data_size = size - 8 - hlen;
+    if (f->data_size > SIZE_MAX)
+        return sbpio_errf(err, errlen, "%s: too large for this platform", path);
+    f->data = malloc(f->data_size ? (size_t)f->data_size : 1);
+    if (!text || !f->data) {
+        free(text);
+        return sbpio_errf(err, errlen, "%s: out of memory", path);
+    }
+    if (fp) {
+        if (!sbpio_read_exact(fp, text, (size_t)hlen) ||
+            !sbpio_read_exact(fp, f->data, (size_t)f->data_size)) {
+            free(text);
+            return sbpio_errf(err, errlen, "%s: read error", path);
+        }
+    } else {
+        memcpy(text, mem + 8, (size_t)hlen);
+        memcpy(f->data, mem + 8 + hlen, (size_t)f->data_size);
+    }
+    int rc = SBPIO_OK;
+    if (text[0] != '{')
+        rc = sbpio_errf(err, errlen, "%s: safetensors header does not start with '{'", path);
+    else
+        rc = st_parse(f, text, (size_t)hlen, err, errlen);
+    free(text);
+    return rc;
+}
+
+static int st_open_common(const char *name, FILE *fp, const unsigned char *mem, uint64_t size,
+                          sbpio_st_file **out, char *err, size_t errlen)
+{
+    sbpio_st_file *f = calloc(1, sizeof *f);
+    if (!f || !(f->path = strdup(name))) {
+        free(f);
+        return sbpio_errf(err, errlen, "%s: out of memory", name);
+    }
+    if (st_load(f, fp, mem, size, err, errlen) != SBPIO_OK) {
+        sbpio_st_close(f);
+        return SBPIO_ERR;
+    }
+    *out = f;
+    return SBPIO_OK;
+}
+
+int sbpio_st_open(const char *path, sbpio_st_file **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return sbpio_errf(err, errlen, "%s: %s", path, strerror(errno));
+    int64_t size = sbpio_file_size(fp);
+    int rc;
+    if (size < 0)
+        rc = sbpio_errf(err, errlen, "%s: %s", path, errno == EINVAL ? "not a regular file" : strerror(errno));
+    else
+        rc = st_open_common(path, fp, NULL, (uint64_t)size, out, err, errlen);
+    fclose(fp);
+    return rc;
+}
+
+int sbpio_st_open_mem(const void *buf, size_t len, const char *name, sbpio_st_file **out,
+                      char *err, size_t errlen)
+{
+    *out = NULL;
+    return st_open_common(name, NULL, buf, len, out, err, errlen);
+}
+
+const char *sbpio_st_path(const sbpio_st_file *f) { return f->path; }
+int sbpio_st_count(const sbpio_st_file *f) { return f->n; }
+
+const sbpio_st_info *sbpio_st_at(const sbpio_st_file *f, int i)
+{
+    return i >= 0 && i < f->n ? &f->t[i] : NULL;
+}
+
+const sbpio_st_info *sbpio_st_find(const sbpio_st_file *f, const char *name)
+{
+    int lo = 0, hi = f->n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        int c = strcmp(name, f->t[f->by_name[mid]].name);
+        if (c == 0)
+            return &f->t[f->by_name[mid]];
+        if (c < 0)
+            hi = mid - 1;
+        else
+            lo = mid + 1;
+    }
+    return NULL;
+}
+
+int sbpio_st_get(const sbpio_st_file *f, const char *name, const sbpio_st_info **out, char *err,
+                 size_t errlen)
+{
+    *out = sbpio_st_find(f, name);
+    if (!*out)
+        return sbpio_errf(err, errlen, "%s: no tensor named '%s'", f->path, name);
+    return SBPIO_OK;
+}
+
+static int st_copy(const sbpio_st_file *f, const char *name, void *dst, int64_t n, bool f64,
+                   char *err, size_t errlen)
+{
+    const sbpio_st_info *t;
+    if (sbpio_st_get(f, name, &t, err, errlen) != SBPIO_OK)
+        return SBPIO_ERR;
+    if (!sbpio_dtype_is_float(t->dtype))
+        return sbpio_errf(err, errlen, "%s: tensor '%s' is %s, not floating point", f->path, name,
+                          sbpio_dtype_name(t->dtype));
+    if (n != t->numel)
+        return sbpio_errf(err, errlen, "%s: tensor '%s' has %" PRId64 " elements, caller expects %" PRId64,
+                          f->path, name, t->numel, n);
+    const unsigned char *p = t->data;
+    for (int64_t i = 0; i < n; i++) {
+        double v;
+        switch (t->dtype) {
+        case SBPIO_DT_F16: v = sbpio_f16_to_f32(sbpio_le16(p + 2 * i)); break;
+        case SBPIO_DT_BF16: v = sbpio_bf16_to_f32(sbpio_le16(p + 2 * i)); break;
+        case SBPIO_DT_F32: {
+            uint32_t b = sbpio_le32(p + 4 * i);
+            float x;
+            memcpy(&x, &b, 4);
+            v = x;
+            break;
+        }
+        default: {
+            uint64_t b = sbpio_le64(p + 8 * i);
+            memcpy(&v, &b, 8);
+            break;
+        }
+        }
+        if (f64)
+            ((double *)dst)[i] = v;
+        else
+            ((float *)dst)[i] = (float)v;
+    }
+    return SBPIO_OK;
+}
+
+int sbpio_st_copy_f64(const sbpio_st_file *f, const char *name, double *dst, int64_t n, char *err,
+                      size_t errlen)
+{
+    return st_copy(f, name, dst, n, true, err, errlen);
+}
+
+int sbpio_st_copy_f32(const sbpio_st_file *f, const char *name, float *dst, int64_t n, char *err,
+                      size_t errlen)
+{
+    return st_copy(f, name, dst, n, false, err, errlen);
+}
+
+const char *sbpio_st_meta(const sbpio_st_file *f, const char *key)
+{
+    for (int i = 0; i < f->nmeta; i++)
+        if (strcmp(f->meta[i].key, key) == 0)
+            return f->meta[i].value;
+    return NULL;
+}
+
+int sbpio_st_meta_count(const sbpio_st_file *f) { return f->nmeta; }
+
+const sbpio_kv *sbpio_st_meta_at(const sbpio_st_file *f, int i)
+{
+    return i >= 0 && i < f->nmeta ? &f->meta[i] : NULL;
+}

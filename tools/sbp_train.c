@@ -1,0 +1,991 @@
+/* sbp_train.c — sbp-train, the driver that trains with a compiled step.
+ *
+ *   sbp-train STEP.so --model MODEL.onnx (--input-ids X.npy --labels Y.npy | --data SHARD.bin)
+ *             [--steps N] [--lr F] [--optimizer sgd|adamw] [--weight-decay F] [--threads N]
+ *             [--dump-grads FILE.safetensors] [--save OUT.onnx]
+ *
+ * Approach: the step library (codegen/sbp_step.h) describes itself — dims, parameter table,
+ * workspace size — so this program only has to check that the user's files agree with that
+ * description, own the memory, and loop. In order:
+ *   1. dlopen the step, check its ABI version and that its parameter table is self-consistent;
+ *   2. import the ONNX model (ir_import_onnx, no passes) and check that every parameter of the
+ *      step is a float32 initializer of the same shape (a re-tied parameter only has to exist:
+ *      it has no storage, being the transpose of its owner);
+ *   3. read the inputs (.npy ids + labels, or an llm.c token shard) and check shapes, dtypes and
+ *      ranges against the step's B, T, V before anything runs;
+ *   4. one arena (sbprt_arena_alloc) holds, at SBPRT_ALIGN-aligned offsets: parameters,
+ *      gradients, AdamW's m and v, the step's workspace, the ids and labels of one batch;
+ *   5. per step: run the step, stop on a failed status or a non-finite loss (naming the step),
+ *      then update every trainable parameter with sbprt_adamw_update / sbprt_sgd_update;
+ *   6. optionally dump the first step's gradients (safetensors) and save the trained weights
+ *      into a copy of the model (ONNX); both are written atomically by sbpio.
+ *
+ * Runtime functions are taken from the step library when it exports them (a step links
+ * libsbprt in, so the context and the arena then belong to the backend the step was built for)
+ * and otherwise from the CPU runtime linked into this program; a step for another backend must
+ * export all of them. Every failure is a message "sbp-train: error: ..." and exit status 1;
+ * nothing here trusts the step's table or the user's files without checking.
+ */
+#include "ir.h"
+#include "sbp_step.h"
+#include "sbpio.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *prog = "sbp-train";
+
+/* True while a progress bar is drawn on stderr: messages clear its line first. */
+static bool bar_shown;
+
+static void clear_bar(void)
+{
+    if (bar_shown) {
+        fputs("\r\033[K", stderr);
+        bar_shown = false;
+    }
+}
+
+static int error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int error(const char *fmt, ...)
+{
+    va_list ap;
+    clear_bar();
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: error: ", prog);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return -1;
+}
+
+static void message(const char *kind, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void message(const char *kind, const char *fmt, ...)
+{
+    va_list ap;
+    clear_bar();
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: %s: ", prog, kind);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: sbp-train STEP.so --model MODEL.onnx (--input-ids X.npy --labels Y.npy |\n"
+            "                 --data SHARD.bin) [options]\n"
+            "\n"
+            "Trains with a step compiled by sbpc, starting from the model's weights.\n"
+            "\n"
+            "inputs:\n"
+            "  --model MODEL.onnx      the model the step was compiled from (its weights)\n"
+            "  --input-ids X.npy       token ids, int32 or int64 [B,T]; the same batch every step\n"
+            "  --labels Y.npy          the target of each position, int32 or int64 [B,T];\n"
+            "                          -100 = not scored\n"
+            "  --data SHARD.bin        an llm.c token shard: each step takes the next B*T+1\n"
+            "                          tokens, row b = tokens [b*T, b*T+T], labels = next tokens\n"
+            "options:\n"
+            "  --steps N               optimizer steps (default 1)\n"
+            "  --lr F                  learning rate (default 1e-3)\n"
+            "  --optimizer NAME        adamw (default; as torch.optim.AdamW, betas 0.9/0.999,\n"
+            "                          eps 1e-8) or sgd (no momentum)\n"
+            "  --weight-decay F        decoupled weight decay for adamw, L2 for sgd (default 0)\n"
+            "  --threads N             CPU threads (default: OMP_NUM_THREADS or all cores)\n"
+            "  --dump-grads FILE       write the first step's gradients as safetensors (float32,\n"
+            "                          keyed by initializer name; the loss in __metadata__)\n"
+            "  --save OUT.onnx         write the trained weights into a copy of the model\n"
+            "  -h, --help              this text\n"
+            "  --version               print the version\n"
+            "\n"
+            "Prints 'step N loss X tokens/s Y' per step and the peak memory at the end.\n");
+}
+
+/* ------------------------------------------------------------------ command line */
+
+typedef struct options {
+    const char *step_path;   /* STEP.so */
+    const char *model_path;  /* --model */
+    const char *ids_path;    /* --input-ids */
+    const char *labels_path; /* --labels */
+    const char *data_path;   /* --data */
+    const char *dump_grads;  /* --dump-grads, or NULL */
+    const char *save;        /* --save, or NULL */
+    int64_t steps;           /* --steps, >= 1 */
+    double lr;               /* --lr, >= 0 */
+    double weight_decay;     /* --weight-decay, >= 0 */
+    bool adamw;              /* --optimizer adamw (else sgd) */
+    int64_t threads;         /* --threads, 0 = the runtime's default */
+} options;
+
+/* A strict count: decimal digits only, in [lo, hi]. */
+static int parse_count(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    if (!*s)
+        return error("%s needs a value", flag);
+    for (const char *p = s; *p; p++)
+        if (*p < '0' || *p > '9')
+            return error("%s: '%s' is not a %s integer", flag, s,
+                         lo > 0 ? "positive" : "non-negative");
+    errno = 0;
+    long long v = strtoll(s, NULL, 10);
+    if (errno || v < lo || v > hi)
+        return error("%s: '%s' is out of range (%lld to %lld)", flag, s, (long long)lo,
+                     (long long)hi);
+    *out = v;
+    return 0;
+}
+
+/* A finite, non-negative real number, the whole string (strtod's syntax, no spaces). */
+static int parse_real(const char *flag, const char *s, double *out)
+{
+    if (!*s)
+        return error("%s needs a value", flag);
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || s[0] == ' ' || s[0] == '\t' || s[0] == '\n')
+        return error("%s: '%s' is not a number", flag, s);
+    if (!isfinite(v) || errno == ERANGE)
+        return error("%s: '%s' is out of range", flag, s);
+    if (v < 0)
+        return error("%s: '%s' must not be negative", flag, s);
+    *out = v;
+    return 0;
+}
+
+/* "--flag=value" or "--flag value"; advances *i in the second form; "" when the value is
+ * missing; NULL when argv[*i] is not this flag. */
+static const char *flag_value(int argc, char **argv, int *i, const char *flag)
+{
+    size_t n = strlen(flag);
+    if (strncmp(argv[*i], flag, n) == 0 && argv[*i][n] == '=')
+        return argv[*i] + n + 1;
+    if (strcmp(argv[*i], flag) == 0) {
+        if (*i + 1 >= argc)
+            return "";
+        return argv[++*i];
+    }
+    return NULL;
+}
+
+/* Returns 0 to go on, 1 for a clean exit (--help), -1 on an error. */
+static int parse_args(int argc, char **argv, options *o)
+{
+    *o = (options){.steps = 1, .lr = 1e-3, .adamw = true};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        const char **path = NULL;
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return 1;
+        } else if (strcmp(a, "--version") == 0) {
+            printf("sbp-train %s (step ABI %d)\n", SBP_VERSION, SBP_STEP_ABI_VERSION);
+            return 1;
+        } else if ((v = flag_value(argc, argv, &i, "--model"))) {
+            path = &o->model_path;
+        } else if ((v = flag_value(argc, argv, &i, "--input-ids"))) {
+            path = &o->ids_path;
+        } else if ((v = flag_value(argc, argv, &i, "--labels"))) {
+            path = &o->labels_path;
+        } else if ((v = flag_value(argc, argv, &i, "--data"))) {
+            path = &o->data_path;
+        } else if ((v = flag_value(argc, argv, &i, "--dump-grads"))) {
+            path = &o->dump_grads;
+        } else if ((v = flag_value(argc, argv, &i, "--save"))) {
+            path = &o->save;
+        } else if ((v = flag_value(argc, argv, &i, "--steps"))) {
+            if (parse_count("--steps", v, 1, (int64_t)1 << 30, &o->steps))
+                return -1;
+        } else if ((v = flag_value(argc, argv, &i, "--threads"))) {
+            if (parse_count("--threads", v, 1, 4096, &o->threads))
+                return -1;
+        } else if ((v = flag_value(argc, argv, &i, "--lr"))) {
+            if (parse_real("--lr", v, &o->lr))
+                return -1;
+        } else if ((v = flag_value(argc, argv, &i, "--weight-decay"))) {
+            if (parse_real("--weight-decay", v, &o->weight_decay))
+                return -1;
+        } else if ((v = flag_value(argc, argv, &i, "--optimizer"))) {
+            if (!*v)
+                return error("--optimizer needs a value");
+            if (strcmp(v, "adamw") == 0)
+                o->adamw = true;
+            else if (strcmp(v, "sgd") == 0)
+                o->adamw = false;
+            else
+                return error("--optimizer: unknown optimizer '%s' (adamw or sgd)", v);
+        } else if (a[0] == '-' && a[1]) {
+            return error("unknown option '%s' (see --help)", a);
+        } else if (o->step_path) {
+            return error("more than one step library given ('%s' and '%s')", o->step_path, a);
+        } else {
+            o->step_path = a;
+        }
+        if (path) {
+            if (!*v)
+                return error("%s needs a value", a);
+            *path = v;
+        }
+    }
+    if (!o->step_path) {
+        error("no step library given");
+        usage(stderr);
+        return -1;
+    }
+    if (!o->model_path)
+        return error("--model MODEL.onnx is required (the model the step was compiled from)");
+    if (o->data_path && (o->ids_path || o->labels_path))
+        return error("give either --data or --input-ids with --labels, not both");
+    if (!o->data_path && !o->ids_path && !o->labels_path)
+        return error("no training data: give --input-ids X.npy --labels Y.npy, or --data "
+                     "SHARD.bin");
+    if (!o->data_path && (!o->ids_path || !o->labels_path))
+        return error("%s needs %s too", o->ids_path ? "--input-ids" : "--labels",
+                     o->ids_path ? "--labels" : "--input-ids");
+    return 0;
+}
+
+/* ------------------------------------------------------------------ formatting helpers */
+
+static char *shape_str(char *buf, size_t n, int rank, const int64_t *dims)
+{
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < rank && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? "," : "", (long long)dims[i]);
+    if (k < n)
+        snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
+static char *bytes_str(char *buf, size_t n, double bytes)
+{
+    if (bytes >= 1024.0 * 1024 * 1024)
+        snprintf(buf, n, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+    else if (bytes >= 1024.0 * 1024)
+        snprintf(buf, n, "%.1f MiB", bytes / (1024.0 * 1024));
+    else
+        snprintf(buf, n, "%.1f KiB", bytes / 1024.0);
+    return buf;
+}
+
+/* NumPy's name for an element type, for messages about .npy files. */
+static const char *numpy_name(sbpio_dtype t)
+{
+    switch (t) {
+    case SBPIO_DT_BOOL: return "bool";
+    case SBPIO_DT_U8: return "uint8";
+    case SBPIO_DT_I8: return "int8";
+    case SBPIO_DT_U16: return "uint16";
+    case SBPIO_DT_I16: return "int16";
+    case SBPIO_DT_U32: return "uint32";
+    case SBPIO_DT_I32: return "int32";
+    case SBPIO_DT_U64: return "uint64";
+    case SBPIO_DT_I64: return "int64";
+    case SBPIO_DT_F16: return "float16";
+    case SBPIO_DT_BF16: return "bfloat16";
+    case SBPIO_DT_F32: return "float32";
+    case SBPIO_DT_F64: return "float64";
+    default: return "an unknown type";
+    }
+}
+
+/* The shortest decimal form of x that reads back as x (as Python's repr), at least 9
+ * significant digits so a float32 loss also survives the trip. */
+static void repr_double(char *buf, size_t n, double x)
+{
+    for (int prec = 9; prec <= 17; prec++) {
+        snprintf(buf, n, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x)
+            return;
+    }
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------ the step library */
+
+typedef int (*step_run_fn)(sbprt_ctx *, const sbp_step_args *);
+typedef const sbp_step_info *(*step_info_fn)(void);
+
+/* The runtime functions this program calls (see the file comment for where they come from). */
+typedef struct runtime {
+    const char *(*status_string)(int);
+    const char *(*backend_name)(void);
+    int (*ctx_create)(sbprt_ctx **, int);
+    void (*ctx_destroy)(sbprt_ctx *);
+    int (*sync)(sbprt_ctx *);
+    int (*arena_alloc)(sbprt_ctx *, void **, size_t);
+    void (*arena_free)(sbprt_ctx *, void *);
+    int (*copy)(sbprt_ctx *, void *, const void *, size_t, int);
+    int (*sgd_update)(sbprt_ctx *, float *, const float *, size_t, double, double);
+    int (*adamw_update)(sbprt_ctx *, float *, float *, float *, const float *, size_t, double,
+                        double, double, double, double, int);
+} runtime;
+
+/* Fills rt from the step library where it exports a function, else from the linked runtime.
+ * `target` is the step's; a step for another backend than the linked one must export all. */
+static int runtime_load(runtime *rt, void *lib, const char *step_path, const char *target)
+{
+    const char *missing = NULL;
+    bool foreign = target && strcmp(target, sbprt_backend_name()) != 0;
+#define RT_SYM(field, fn)                                                                        \
+    do {                                                                                         \
+        void *p_ = dlsym(lib, #fn);                                                              \
+        if (p_) {                                                                                \
+            *(void **)(&rt->field) = p_;                                                         \
+        } else {                                                                                 \
+            rt->field = fn;                                                                      \
+            missing = missing ? missing : #fn;                                                   \
+        }                                                                                        \
+    } while (0)
+    RT_SYM(status_string, sbprt_status_string);
+    RT_SYM(backend_name, sbprt_backend_name);
+    RT_SYM(ctx_create, sbprt_ctx_create);
+    RT_SYM(ctx_destroy, sbprt_ctx_destroy);
+    RT_SYM(sync, sbprt_sync);
+    RT_SYM(arena_alloc, sbprt_arena_alloc);
+    RT_SYM(arena_free, sbprt_arena_free);
+    RT_SYM(copy, sbprt_memcpy);
+    RT_SYM(sgd_update, sbprt_sgd_update);
+    RT_SYM(adamw_update, sbprt_adamw_update);
+#undef RT_SYM
+    if (foreign && missing)
+        return error("%s was compiled for the '%s' backend but does not export %s, and this "
+                     "sbp-train's own runtime is '%s'", step_path, target, missing,
+                     sbprt_backend_name());
+    return 0;
+}
+
+/* Checks that the step's self-description is usable: positive dims whose products fit the
+ * runtime's int sizes, and a parameter table whose shapes, offsets and ties are consistent. */
+static int validate_info(const sbp_step_info *in, const char *step_path)
+{
+    const char *bad = "the step's self-description is inconsistent";
+    if (in->batch < 1 || in->seq_len < 1 || in->vocab < 1 || in->batch > INT32_MAX ||
+        in->seq_len > INT32_MAX || in->vocab > INT32_MAX ||
+        in->batch * in->seq_len > INT32_MAX)
+        return error("%s: %s: batch %lld, sequence length %lld, vocabulary %lld", step_path, bad,
+                     (long long)in->batch, (long long)in->seq_len, (long long)in->vocab);
+    if (in->n_params < 0 || (in->n_params > 0 && !in->params))
+        return error("%s: %s: %d parameters but no table", step_path, bad, in->n_params);
+    if (in->param_elems > SIZE_MAX / 16 || in->workspace_bytes > SIZE_MAX / 4)
+        return error("%s: %s: absurd block sizes", step_path, bad);
+    for (int i = 0; i < in->n_params; i++) {
+        const sbp_step_param *p = &in->params[i];
+        if (!p->name || !p->name[0])
+            return error("%s: %s: parameter %d has no name", step_path, bad, i);
+        if (p->rank < 0 || p->rank > SBP_STEP_MAX_RANK)
+            return error("%s: %s: parameter '%s' has rank %d", step_path, bad, p->name, p->rank);
+        size_t numel = 1;
+        for (int d = 0; d < p->rank; d++) {
+            if (p->dims[d] < 0 || (p->dims[d] > 0 && numel > SIZE_MAX / 16 / (size_t)p->dims[d]))
+                return error("%s: %s: parameter '%s' has a bad dimension %lld", step_path, bad,
+                             p->name, (long long)p->dims[d]);
+            numel *= (size_t)p->dims[d];
+        }
+        if (numel != p->numel)
+            return error("%s: %s: parameter '%s' has numel %zu, but its shape holds %zu",
+                         step_path, bad, p->name, p->numel, numel);
+        for (int j = 0; j < i; j++)
+            if (strcmp(in->params[j].name, p->name) == 0)
+                return error("%s: %s: parameter '%s' is listed twice", step_path, bad, p->name);
+        if (p->tied_to >= 0) {
+            const sbp_step_param *o = p->tied_to < in->n_params ? &in->params[p->tied_to] : NULL;
+            if (!o || p->tied_to == i || o->tied_to >= 0 || o->rank != 2 || p->rank != 2 ||
+                o->dims[0] != p->dims[1] || o->dims[1] != p->dims[0])
+                return error("%s: %s: parameter '%s' is tied to %d, which is not a parameter "
+                             "whose transpose has its shape", step_path, bad, p->name,
+                             p->tied_to);
+        } else if (p->tied_to != -1 || p->offset > in->param_elems ||
+                   p->numel > in->param_elems - p->offset) {
+            return error("%s: %s: parameter '%s' (offset %zu, %zu elements) lies outside the "
+                         "parameter block of %zu elements", step_path, bad, p->name, p->offset,
+                         p->numel, in->param_elems);
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the model */
+
+/* The model's value for step parameter p, checked: a float32 initializer of p's shape. NULL
+ * (with a message) when it does not match. */
+static const ir_value *match_param(const ir_graph *g, const sbp_step_param *p, const char *model,
+                                   const char *step)
+{
+    char want[256], have[256];
+    const ir_value *v = ir_value_find(g, p->name);
+    if (!v || (v->kind != IR_VAL_PARAM && v->kind != IR_VAL_CONST)) {
+        error("%s does not match %s: the step's parameter '%s' is not an initializer of the "
+              "model", model, step, p->name);
+        return NULL;
+    }
+    if (v->dtype != IR_DT_FLOAT) {
+        error("%s does not match %s: initializer '%s' is %s, but the step trains it as f32",
+              model, step, p->name, ir_dtype_name(v->dtype));
+        return NULL;
+    }
+    bool same = v->rank == p->rank;
+    int64_t vd[IR_MAX_RANK];
+    for (int d = 0; d < v->rank && d < IR_MAX_RANK; d++) {
+        vd[d] = v->dims[d].value;
+        same = same && vd[d] == p->dims[d];
+    }
+    if (!same) {
+        error("%s does not match %s: initializer '%s' has shape %s but the step was compiled "
+              "for %s", model, step, p->name,
+              shape_str(have, sizeof have, v->rank < 0 ? 0 : v->rank, vd),
+              shape_str(want, sizeof want, p->rank, p->dims));
+        return NULL;
+    }
+    /* A re-tied copy has no storage in the step: its data is only compared with its owner's. */
+    if ((!v->data || v->nbytes != p->numel * sizeof(float)) && p->tied_to < 0) {
+        error("%s: initializer '%s' has no data (%zu bytes for %zu floats)", model, p->name,
+              v->nbytes, p->numel);
+        return NULL;
+    }
+    return v;
+}
+
+/* Checks the model against the step and copies its weights into the parameter block (host
+ * memory, [param_elems]). Every mismatch is reported, not only the first. */
+static int load_model(const options *o, const sbp_step_info *in, float *params)
+{
+    ir_diag diag;
+    ir_diag_init(&diag, o->model_path);
+    ir_graph *g = ir_import_onnx(o->model_path, &diag, NULL);
+    int rc = 0;
+    if (!g || diag.n_errors) {
+        ir_diag_print(&diag, stderr, prog);
+        rc = error("cannot read the model %s", o->model_path);
+        goto out;
+    }
+    ir_diag_print(&diag, stderr, prog); /* warnings, if any */
+
+    /* A model with fixed input dims must have the step's (a dynamic one may have any). Token
+     * inputs are [B,T]; a leading 1 is let through, as position_ids are often [1,T]. */
+    for (int i = 0; i < g->n_inputs; i++) {
+        const ir_value *x = g->inputs[i];
+        if (!ir_dtype_is_int(x->dtype) || x->rank != 2)
+            continue;
+        int64_t want[2] = {in->batch, in->seq_len}, have[2];
+        bool clash = false;
+        for (int d = 0; d < 2; d++) {
+            have[d] = x->dims[d].value;
+            clash |= !x->dims[d].sym && have[d] >= 0 && have[d] != want[d] &&
+                     !(d == 0 && have[d] == 1);
+        }
+        if (clash) {
+            char hs[64], ws[64];
+            rc = error("%s does not match %s: its input '%s' has the fixed shape %s, but the "
+                       "step was compiled for batch %lld and sequence length %lld (%s)",
+                       o->model_path, o->step_path, x->name, shape_str(hs, sizeof hs, 2, have),
+                       (long long)in->batch, (long long)in->seq_len,
+                       shape_str(ws, sizeof ws, 2, want));
+        }
+    }
+
+    const ir_value **vals = calloc((size_t)in->n_params + 1, sizeof *vals);
+    if (!vals) {
+        rc = error("out of memory");
+        goto out;
+    }
+    for (int i = 0; i < in->n_params; i++)
+        if (!(vals[i] = match_param(g, &in->params[i], o->model_path, o->step_path)))
+            rc = -1;
+    for (int i = 0; rc == 0 && i < in->n_params; i++) {
+        const sbp_step_param *p = &in->params[i];
+        if (p->tied_to < 0) {
+            memcpy(params + p->offset, vals[i]->data, p->numel * sizeof(float));
+            continue;
+        }
+        /* A re-tied copy: the step reads its owner; say so if the file's copy differs. */
+        const sbp_step_param *own = &in->params[p->tied_to];
+        const float *mine = vals[i]->data, *owner = vals[p->tied_to]->data;
+        int64_t r = own->dims[0], c = own->dims[1];
+        bool transposed = mine && vals[i]->nbytes == p->numel * sizeof(float);
+        for (int64_t a = 0; a < r && transposed; a++)
+            for (int64_t b = 0; b < c; b++)
+                if (memcmp(&mine[b * r + a], &owner[a * c + b], sizeof(float)) != 0) {
+                    transposed = false;
+                    break;
+                }
+        if (!transposed)
+            message("warning", "%s: initializer '%s' is not the transpose of '%s', but %s ties "
+                    "them: training starts from '%s' and '%s' follows it", o->model_path,
+                    p->name, own->name, o->step_path, own->name, p->name);
+    }
+    free(vals);
+out:
+    ir_graph_free(g);
+    ir_diag_free(&diag);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ inputs */
+
+/* Reads token ids or labels [B,T] from a .npy file into out, checking dtype, shape and range. */
+static int load_tokens(const char *path, bool labels, const sbp_step_info *in,
+                       const char *step_path, int32_t *out)
+{
+    const char *what = labels ? "labels" : "input_ids";
+    char err[512];
+    sbpio_array a;
+    if (sbpio_npy_read(path, &a, err, sizeof err) != SBPIO_OK)
+        return error("%s", err);
+    int rc = 0;
+    if (a.dtype != SBPIO_DT_I32 && a.dtype != SBPIO_DT_I64) {
+        rc = error("%s: %s must be int32 or int64, but the file holds %s", path, what,
+                   numpy_name(a.dtype));
+    } else if (a.rank != 2 || a.shape[0] != in->batch || a.shape[1] != in->seq_len) {
+        char hs[256], ws[64];
+        int64_t want[2] = {in->batch, in->seq_len};
+        rc = error("%s: %s have shape %s, but %s was compiled for batch %lld and sequence "
+                   "length %lld (%s): pass inputs of that shape or recompile the step with "
+                   "sbpc --batch and --seq-len", path, what,
+                   shape_str(hs, sizeof hs, a.rank, a.shape), step_path, (long long)in->batch,
+                   (long long)in->seq_len, shape_str(ws, sizeof ws, 2, want));
+    } else {
+        for (int64_t i = 0; i < a.numel && rc == 0; i++) {
+            int64_t v = a.dtype == SBPIO_DT_I32 ? ((const int32_t *)a.data)[i]
+                                                : ((const int64_t *)a.data)[i];
+            long long b = (long long)(i / in->seq_len), t = (long long)(i % in->seq_len);
+            if (labels && v != SBPRT_IGNORE_INDEX && (v < 0 || v >= in->vocab))
+                rc = error("%s: labels[%lld,%lld] = %lld is neither a token id in [0, %lld) nor "
+                           "-100 (not scored)", path, b, t, (long long)v, (long long)in->vocab);
+            else if (!labels && (v < 0 || v >= in->vocab))
+                rc = error("%s: input_ids[%lld,%lld] = %lld is out of range: %s was compiled for "
+                           "a vocabulary of %lld tokens (ids 0 to %lld)", path, b, t,
+                           (long long)v, step_path, (long long)in->vocab,
+                           (long long)in->vocab - 1);
+            else
+                out[i] = (int32_t)v;
+        }
+    }
+    sbpio_array_free(&a);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ outputs */
+
+/* Host copies of the gradient or weight of every parameter in its own layout: the block's
+ * slice for a parameter with storage, the owner's transposed for a re-tied one. `bufs` gets
+ * the transposed copies (to free); data[i] points at parameter i's values. */
+static int gather_views(const sbp_step_info *in, const float *block, const float **data,
+                        float **bufs)
+{
+    for (int i = 0; i < in->n_params; i++) {
+        const sbp_step_param *p = &in->params[i];
+        bufs[i] = NULL;
+        if (p->tied_to < 0) {
+            data[i] = block + p->offset;
+            continue;
+        }
+        const sbp_step_param *own = &in->params[p->tied_to];
+        int64_t r = own->dims[0], c = own->dims[1];
+        const float *src = block + own->offset;
+        float *t = malloc(p->numel * sizeof(float) + 1);
+        if (!t)
+            return error("out of memory");
+        for (int64_t a = 0; a < r; a++)
+            for (int64_t b = 0; b < c; b++)
+                t[b * r + a] = src[a * c + b];
+        bufs[i] = t;
+        data[i] = t;
+    }
+    return 0;
+}
+
+static int dump_grads(const options *o, const sbp_step_info *in, const float *grads, double loss)
+{
+    int n = in->n_params, rc = 0;
+    const float **data = calloc((size_t)n + 1, sizeof *data);
+    float **bufs = calloc((size_t)n + 1, sizeof *bufs);
+    sbpio_st_tensor *ts = calloc((size_t)n + 1, sizeof *ts);
+    if (!data || !bufs || !ts) {
+        rc = error("out of memory");
+        goto out;
+    }
+    if ((rc = gather_views(in, grads, data, bufs)))
+        goto out;
+    for (int i = 0; i < n; i++)
+        ts[i] = (sbpio_st_tensor){.name = in->params[i].name, .dtype = SBPIO_DT_F32,
+                                  .rank = in->params[i].rank, .shape = in->params[i].dims,
+                                  .data = data[i]};
+    char loss_s[64], err[512];
+    repr_double(loss_s, sizeof loss_s, loss);
+    sbpio_kv meta[] = {{"format", "pt"}, {"loss", loss_s}, {"step", "1"},
+                       {"producer", "sbp-train"}};
+    if (sbpio_st_write(o->dump_grads, n, ts, (int)(sizeof meta / sizeof meta[0]), meta, false,
+                       err, sizeof err) != SBPIO_OK)
+        rc = error("--dump-grads: %s", err);
+out:
+    for (int i = 0; bufs && i < n; i++)
+        free(bufs[i]);
+    free(bufs);
+    free(data);
+    free(ts);
+    return rc;
+}
+
+static int save_model(const options *o, const sbp_step_info *in, const float *params)
+{
+    int n = in->n_params, rc = 0;
+    const float **data = calloc((size_t)n + 1, sizeof *data);
+    float **bufs = calloc((size_t)n + 1, sizeof *bufs);
+    const char **names = calloc((size_t)n + 1, sizeof *names);
+    if (!data || !bufs || !names) {
+        rc = error("out of memory");
+        goto out;
+    }
+    if ((rc = gather_views(in, params, data, bufs)))
+        goto out;
+    for (int i = 0; i < n; i++)
+        names[i] = in->params[i].name;
+    char err[512];
+    if (sbpio_onnx_save_with_weights(o->model_path, o->save, n, names, data, err, sizeof err) !=
+        SBPIO_OK)
+        rc = error("--save: %s", err);
+out:
+    for (int i = 0; bufs && i < n; i++)
+        free(bufs[i]);
+    free(bufs);
+    free(data);
+    free(names);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ progress */
+
+static void draw_bar(int64_t s, int64_t total, double loss, double tps)
+{
+    enum { WIDTH = 30 };
+    char bar[WIDTH + 1];
+    int filled = (int)(s * WIDTH / total);
+    for (int i = 0; i < WIDTH; i++)
+        bar[i] = i < filled ? '=' : (i == filled ? '>' : ' ');
+    bar[WIDTH] = 0;
+    fprintf(stderr, "\r\033[K[%s] %lld/%lld  loss %.4f  %.0f tokens/s", bar, (long long)s,
+            (long long)total, loss, tps);
+    fflush(stderr);
+    bar_shown = true;
+}
+
+/* ------------------------------------------------------------------ main */
+
+static size_t align_up(size_t n) { return (n + SBPRT_ALIGN - 1) / SBPRT_ALIGN * SBPRT_ALIGN; }
+
+int main(int argc, char **argv)
+{
+    options o;
+    int prc = parse_args(argc, argv, &o);
+    if (prc)
+        return prc > 0 ? 0 : 1;
+
+    int rc = 1;
+    void *lib = NULL;
+    runtime rt = {0};
+    sbprt_ctx *ctx = NULL;
+    char *arena = NULL;
+    float *host_params = NULL, *host_grads = NULL; /* [param_elems] host views of the blocks */
+    bool own_host = false; /* host_params/host_grads were malloc'd (not the arena itself) */
+    int32_t *ids = NULL, *labels = NULL;
+    sbpio_shard shard = {0};
+    bool have_shard = false;
+    char err[512];
+
+    /* 1. the step */
+    char *so_path = NULL;
+    if (!strchr(o.step_path, '/')) { /* dlopen would search the library path instead */
+        so_path = malloc(strlen(o.step_path) + 3);
+        if (so_path)
+            sprintf(so_path, "./%s", o.step_path);
+    }
+    lib = dlopen(so_path ? so_path : o.step_path, RTLD_NOW | RTLD_LOCAL);
+    free(so_path);
+    if (!lib) {
+        const char *why = dlerror();
+        error("cannot load the step library %s: %s", o.step_path, why ? why : "dlopen failed");
+        goto out;
+    }
+    step_info_fn get_info;
+    step_run_fn run;
+    *(void **)(&get_info) = dlsym(lib, "sbp_step_get_info");
+    *(void **)(&run) = dlsym(lib, "sbp_step_run");
+    if (!get_info || !run) {
+        error("%s is not a compiled training step: it does not export %s", o.step_path,
+              !get_info ? "sbp_step_get_info" : "sbp_step_run");
+        goto out;
+    }
+    const sbp_step_info *in = get_info();
+    if (!in) {
+        error("%s: sbp_step_get_info() returned NULL", o.step_path);
+        goto out;
+    }
+    if (in->abi_version != SBP_STEP_ABI_VERSION) {
+        error("%s was built for step ABI version %d, but this sbp-train reads version %d: "
+              "recompile it with the matching sbpc", o.step_path, in->abi_version,
+              SBP_STEP_ABI_VERSION);
+        goto out;
+    }
+    if (validate_info(in, o.step_path) || runtime_load(&rt, lib, o.step_path, in->target))
+        goto out;
+    const int64_t B = in->batch, T = in->seq_len, V = in->vocab;
+    const size_t ntok = (size_t)(B * T);
+    const bool host_visible = strcmp(rt.backend_name(), "cpu") == 0;
+
+    /* 2. inputs (cheap to check, so first), 3. memory, 4. the model's weights */
+    ids = malloc(ntok * sizeof *ids);
+    labels = malloc(ntok * sizeof *labels);
+    if (!ids || !labels) {
+        error("out of memory");
+        goto out;
+    }
+    if (o.data_path) {
+        if (sbpio_shard_open(o.data_path, &shard, err, sizeof err) != SBPIO_OK) {
+            error("%s", err);
+            goto out;
+        }
+        have_shard = true;
+        if (shard.ntok < B * T + 1) {
+            error("%s holds %lld tokens, fewer than one batch of %s needs (batch %lld x "
+                  "sequence length %lld + 1 = %lld)", o.data_path, (long long)shard.ntok,
+                  o.step_path, (long long)B, (long long)T, (long long)(B * T + 1));
+            goto out;
+        }
+        if (sbpio_shard_check_vocab(&shard, V, err, sizeof err) != SBPIO_OK) {
+            error("%s (%s was compiled for a vocabulary of %lld tokens)", err, o.step_path,
+                  (long long)V);
+            goto out;
+        }
+    } else {
+        if (load_tokens(o.ids_path, false, in, o.step_path, ids) ||
+            load_tokens(o.labels_path, true, in, o.step_path, labels))
+            goto out;
+        size_t scored = 0;
+        for (size_t i = 0; i < ntok; i++)
+            scored += labels[i] != SBPRT_IGNORE_INDEX;
+        if (scored == 0) {
+            error("%s: every label is -100: no position is scored, there is nothing to train",
+                  o.labels_path);
+            goto out;
+        }
+    }
+
+    int st = rt.ctx_create(&ctx, (int)o.threads);
+    if (st) {
+        error("cannot create a runtime context: %s", rt.status_string(st));
+        goto out;
+    }
+    const size_t pbytes = in->param_elems * sizeof(float);
+    const size_t off_params = 0;
+    const size_t off_grads = off_params + align_up(pbytes);
+    const size_t off_m = off_grads + align_up(pbytes);
+    const size_t off_v = off_m + (o.adamw ? align_up(pbytes) : 0);
+    const size_t off_ws = off_v + (o.adamw ? align_up(pbytes) : 0);
+    const size_t off_ids = off_ws + align_up(in->workspace_bytes);
+    const size_t off_labels = off_ids + align_up(ntok * sizeof(int32_t));
+    const size_t arena_bytes = off_labels + align_up(ntok * sizeof(int32_t));
+    st = rt.arena_alloc(ctx, (void **)&arena, arena_bytes);
+    if (st) {
+        char b1[32];
+        error("cannot allocate %s for parameters, gradients, optimizer state and workspace: %s",
+              bytes_str(b1, sizeof b1, (double)arena_bytes), rt.status_string(st));
+        goto out;
+    }
+    float *d_params = (float *)(arena + off_params), *d_grads = (float *)(arena + off_grads);
+    float *d_m = (float *)(arena + off_m), *d_v = (float *)(arena + off_v);
+    int32_t *d_ids = (int32_t *)(arena + off_ids), *d_labels = (int32_t *)(arena + off_labels);
+    if (host_visible) {
+        host_params = d_params;
+        host_grads = d_grads;
+    } else {
+        own_host = true;
+        host_params = malloc(pbytes + 1);
+        host_grads = malloc(pbytes + 1);
+        if (!host_params || !host_grads) {
+            error("out of memory");
+            goto out;
+        }
+    }
+    memset(host_params, 0, pbytes);
+    if (load_model(&o, in, host_params))
+        goto out;
+    if (!host_visible &&
+        (st = rt.copy(ctx, d_params, host_params, pbytes, SBPRT_COPY_HOST_TO_DEVICE)))
+        goto copy_failed;
+    if (o.adamw) { /* zero m and v: through a zeroed host buffer, backend-neutral */
+        float *zeros = calloc(1, pbytes + 1);
+        if (!zeros) {
+            error("out of memory");
+            goto out;
+        }
+        st = rt.copy(ctx, d_m, zeros, pbytes, SBPRT_COPY_HOST_TO_DEVICE);
+        if (!st)
+            st = rt.copy(ctx, d_v, zeros, pbytes, SBPRT_COPY_HOST_TO_DEVICE);
+        free(zeros);
+        if (st)
+            goto copy_failed;
+    }
+
+    int64_t n_weights = 0;
+    for (int i = 0; i < in->n_params; i++)
+        n_weights += in->params[i].tied_to < 0 ? (int64_t)in->params[i].numel : 0;
+    printf("%s: %s (%s, %s, %s): batch %lld, seq-len %lld, vocab %lld; %d parameter tensors, "
+           "%lld weights; %s lr %g%s\n", prog, o.step_path, in->target ? in->target : "?",
+           in->strategy ? in->strategy : "?", in->objective ? in->objective : "?",
+           (long long)B, (long long)T, (long long)V, in->n_params, (long long)n_weights,
+           o.adamw ? "adamw" : "sgd", o.lr, o.weight_decay > 0 ? " (with weight decay)" : "");
+    fflush(stdout);
+
+    /* 5. the loop */
+    const bool bar = isatty(STDERR_FILENO);
+    const int64_t epoch0 = shard.epoch;
+    for (int64_t s = 1; s <= o.steps; s++) {
+        if (have_shard) {
+            int64_t epoch = shard.epoch;
+            if (sbpio_shard_next_batch(&shard, (int)B, (int)T, ids, labels, err, sizeof err)) {
+                error("step %lld: %s", (long long)s, err);
+                goto out;
+            }
+            if (shard.epoch != epoch && shard.epoch > epoch0)
+                message("note", "step %lld: %s is exhausted; starting over from its first "
+                        "token (pass %lld)", (long long)s, o.data_path,
+                        (long long)shard.epoch + 1);
+        }
+        double t0 = now_seconds();
+        if ((st = rt.copy(ctx, d_ids, ids, ntok * sizeof *ids, SBPRT_COPY_HOST_TO_DEVICE)) ||
+            (st = rt.copy(ctx, d_labels, labels, ntok * sizeof *labels,
+                          SBPRT_COPY_HOST_TO_DEVICE)))
+            goto copy_failed;
+        double loss = NAN;
+        int64_t scored = 0;
+        sbp_step_args args = {
+            .params = d_params,
+            .grads = d_grads,
+            .accumulate = 0,
+            .input_ids = d_ids,
+            .labels = d_labels,
+            .denominator = 0,
+            .workspace = arena + off_ws,
+            .loss = &loss,
+            .n_scored = &scored,
+        };
+        st = run(ctx, &args);
+        if (!st)
+            st = rt.sync(ctx);
+        if (st) {
+            error("step %lld: the step failed: %s%s", (long long)s, rt.status_string(st),
+                  st == SBPRT_ERR_RANGE ? " (a token id or label outside the vocabulary)" : "");
+            goto out;
+        }
+        if (!isfinite(loss)) {
+            error("step %lld: the loss is %s; stopping before the update%s", (long long)s,
+                  isnan(loss) ? "NaN" : "infinite",
+                  o.save ? " (nothing saved)" : "");
+            goto out;
+        }
+        double t_run = now_seconds() - t0;
+
+        if (s == 1 && o.dump_grads) {
+            if (!host_visible &&
+                (st = rt.copy(ctx, host_grads, d_grads, pbytes, SBPRT_COPY_DEVICE_TO_HOST)))
+                goto copy_failed;
+            if (dump_grads(&o, in, host_grads, loss))
+                goto out;
+        }
+
+        t0 = now_seconds();
+        for (int i = 0; i < in->n_params; i++) {
+            const sbp_step_param *p = &in->params[i];
+            if (p->tied_to >= 0 || !p->trainable || p->numel == 0)
+                continue;
+            size_t k = p->offset;
+            if (o.adamw)
+                st = rt.adamw_update(ctx, d_params + k, d_m + k, d_v + k, d_grads + k, p->numel,
+                                     o.lr, 0.9, 0.999, 1e-8, o.weight_decay,
+                                     s > INT32_MAX ? INT32_MAX : (int)s);
+            else
+                st = rt.sgd_update(ctx, d_params + k, d_grads + k, p->numel, o.lr,
+                                   o.weight_decay);
+            if (st) {
+                error("step %lld: the %s update of '%s' failed: %s", (long long)s,
+                      o.adamw ? "adamw" : "sgd", p->name, rt.status_string(st));
+                goto out;
+            }
+        }
+        if ((st = rt.sync(ctx))) {
+            error("step %lld: %s", (long long)s, rt.status_string(st));
+            goto out;
+        }
+        double dt = t_run + (now_seconds() - t0);
+        double tps = dt > 0 ? (double)ntok / dt : 0;
+        clear_bar();
+        printf("step %lld loss %.6f tokens/s %.1f\n", (long long)s, loss, tps);
+        fflush(stdout);
+        if (bar)
+            draw_bar(s, o.steps, loss, tps);
+    }
+    clear_bar();
+
+    /* 6. outputs */
+    if (o.save) {
+        if (!host_visible &&
+            (st = rt.copy(ctx, host_params, d_params, pbytes, SBPRT_COPY_DEVICE_TO_HOST)))
+            goto copy_failed;
+        if (save_model(&o, in, host_params))
+            goto out;
+        printf("saved the trained weights to %s\n", o.save);
+    }
+    if (o.dump_grads)
+        printf("wrote the first step's gradients to %s\n", o.dump_grads);
+
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    size_t opt_state = o.adamw ? 2 * pbytes : 0;
+    char b1[32], b2[32], b3[32], b4[32];
+    printf("peak memory: planned %s (step %s + optimizer state %s), actual %s (peak RSS)\n",
+           bytes_str(b1, sizeof b1, (double)in->planned_peak_bytes + (double)opt_state),
+           bytes_str(b2, sizeof b2, (double)in->planned_peak_bytes),
+           bytes_str(b3, sizeof b3, (double)opt_state),
+           bytes_str(b4, sizeof b4, (double)ru.ru_maxrss * 1024.0));
+    rc = 0;
+    goto out;
+
+copy_failed:
+    error("copying between host and %s memory failed: %s", rt.backend_name(),
+          rt.status_string(st));
+out:
+    clear_bar();
+    if (own_host) {
+        free(host_params);
+        free(host_grads);
+    }
+    if (ctx) {
+        rt.arena_free(ctx, arena);
+        rt.ctx_destroy(ctx);
+    }
+    free(ids);
+    free(labels);
+    if (have_shard)
+        sbpio_shard_close(&shard);
+    if (lib)
+        dlclose(lib);
+    return rc;
+}
