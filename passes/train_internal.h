@@ -76,7 +76,9 @@ typedef struct grad_rule {
 /* The rule of op, or NULL when the op cannot be lowered at all. */
 const grad_rule *train_rule(ir_op op);
 
-/* Layout planners the rules use. */
+/* Layout planners the rules use. Natural: every input natural (relayout copies where not),
+ * outputs natural. View: output 0 joins input 0's alias group when that is stored naturally. */
+int plan_natural(tctx *t, const ir_node *n);
 int plan_view(tctx *t, const ir_node *n);
 /* Row-wise: float inputs of the output's rank share input 0's layout; outputs get it too. */
 int plan_rowwise(tctx *t, const ir_node *n);

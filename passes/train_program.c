@@ -491,7 +491,7 @@ static int bind_inputs(tctx *t)
 
 /* ------------------------------------------------------------------ 3. plan */
 
-static int plan_default(tctx *t, const ir_node *n)
+int plan_natural(tctx *t, const ir_node *n)
 {
     tn *r = tx_node(t, n);
     for (int i = 0; i < n->n_in && i < TN_MAX_IN; i++)
@@ -536,7 +536,12 @@ int plan_rowwise(tctx *t, const ir_node *n)
     return IR_OK;
 }
 
-static bool slot_diff(const grad_rule *r, int slot) { return slot < 32 && (r->diff >> slot) & 1; }
+/* Whether a gradient flows to input `slot`; an op without a rule is taken to be differentiable
+ * in every input, so that a missing rule on the loss's path is reported as such. */
+static bool slot_diff(const grad_rule *r, int slot)
+{
+    return !r || (slot < 32 && (r->diff >> slot) & 1);
+}
 
 static int plan(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
 {
@@ -546,11 +551,6 @@ static int plan(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
         ir_node *n = nodes[k];
         tn *r = &t->n[k];
         const grad_rule *rule = train_rule(n->op);
-        if (!rule) {
-            rc = tx_error(t, n, "op %s has no training-step lowering (node '%s')",
-                          ir_op_name(n->op), n->name);
-            continue;
-        }
         if (n->n_in > TN_MAX_IN) {
             rc = tx_error(t, n, "more than %d inputs are not supported", TN_MAX_IN);
             continue;
@@ -561,7 +561,7 @@ static int plan(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
                                     "--seq-len)", n->out[i]->name);
                 goto next;
             }
-        if ((rule->plan ? rule->plan(t, n) : plan_default(t, n)) != IR_OK) {
+        if (rule && (rule->plan ? rule->plan(t, n) : plan_natural(t, n)) != IR_OK) {
             rc = IR_ERR;
             continue;
         }
@@ -597,6 +597,15 @@ static int plan(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
         for (int s = 0; s < n->n_in; s++)
             if (n->in[s] && slot_diff(rule, s) && t->v[n->in[s]->id].needs_grad)
                 any = true;
+        if (!rule) {
+            if (live && any)
+                rc = tx_error(t, n, "no gradient rule for op %s (node '%s')", ir_op_name(n->op),
+                              n->name);
+            else
+                rc = tx_error(t, n, "op %s (node '%s') cannot run in a training step (no "
+                                    "lowering)", ir_op_name(n->op), n->name);
+            continue;
+        }
         if (live && any) {
             if (!rule->bwd && !t->n[k].view) {
                 rc = tx_error(t, n, "no gradient rule for op %s (node '%s')", ir_op_name(n->op),

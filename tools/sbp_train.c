@@ -463,25 +463,37 @@ static const ir_value *match_param(const ir_graph *g, const sbp_step_param *p, c
     return v;
 }
 
-/* Checks the model against the step and copies its weights into the parameter block (host
- * memory, [param_elems]). Every mismatch is reported, not only the first. */
-static int load_model(const options *o, const sbp_step_info *in, float *params)
-{
+/* The imported model and, for each step parameter, its initializer. */
+typedef struct model {
     ir_diag diag;
-    ir_diag_init(&diag, o->model_path);
-    ir_graph *g = ir_import_onnx(o->model_path, &diag, NULL);
+    ir_graph *g;            /* owns the initializer data */
+    const ir_value **vals;  /* [n_params] */
+} model;
+
+static void model_free(model *m)
+{
+    free(m->vals);
+    ir_graph_free(m->g);
+    ir_diag_free(&m->diag);
+    memset(m, 0, sizeof *m);
+}
+
+/* Imports the model and checks it against the step. Every mismatch is reported, not only the
+ * first. */
+static int model_open(model *m, const options *o, const sbp_step_info *in)
+{
+    memset(m, 0, sizeof *m);
+    ir_diag_init(&m->diag, o->model_path);
+    m->g = ir_import_onnx(o->model_path, &m->diag, NULL);
+    ir_diag_print(&m->diag, stderr, prog); /* errors, or warnings if any */
+    if (!m->g || m->diag.n_errors)
+        return error("cannot read the model %s", o->model_path);
     int rc = 0;
-    if (!g || diag.n_errors) {
-        ir_diag_print(&diag, stderr, prog);
-        rc = error("cannot read the model %s", o->model_path);
-        goto out;
-    }
-    ir_diag_print(&diag, stderr, prog); /* warnings, if any */
 
     /* A model with fixed input dims must have the step's (a dynamic one may have any). Token
      * inputs are [B,T]; a leading 1 is let through, as position_ids are often [1,T]. */
-    for (int i = 0; i < g->n_inputs; i++) {
-        const ir_value *x = g->inputs[i];
+    for (int i = 0; i < m->g->n_inputs; i++) {
+        const ir_value *x = m->g->inputs[i];
         if (!ir_dtype_is_int(x->dtype) || x->rank != 2)
             continue;
         int64_t want[2] = {in->batch, in->seq_len}, have[2];
@@ -501,25 +513,30 @@ static int load_model(const options *o, const sbp_step_info *in, float *params)
         }
     }
 
-    const ir_value **vals = calloc((size_t)in->n_params + 1, sizeof *vals);
-    if (!vals) {
-        rc = error("out of memory");
-        goto out;
-    }
+    m->vals = calloc((size_t)in->n_params + 1, sizeof *m->vals);
+    if (!m->vals)
+        return error("out of memory");
     for (int i = 0; i < in->n_params; i++)
-        if (!(vals[i] = match_param(g, &in->params[i], o->model_path, o->step_path)))
+        if (!(m->vals[i] = match_param(m->g, &in->params[i], o->model_path, o->step_path)))
             rc = -1;
-    for (int i = 0; rc == 0 && i < in->n_params; i++) {
+    return rc;
+}
+
+/* Copies the model's weights into the parameter block (host memory, [param_elems]); warns
+ * where a re-tied copy in the file is not the transpose of its owner. */
+static void model_copy_weights(const model *m, const options *o, const sbp_step_info *in,
+                               float *params)
+{
+    for (int i = 0; i < in->n_params; i++) {
         const sbp_step_param *p = &in->params[i];
         if (p->tied_to < 0) {
-            memcpy(params + p->offset, vals[i]->data, p->numel * sizeof(float));
+            memcpy(params + p->offset, m->vals[i]->data, p->numel * sizeof(float));
             continue;
         }
-        /* A re-tied copy: the step reads its owner; say so if the file's copy differs. */
         const sbp_step_param *own = &in->params[p->tied_to];
-        const float *mine = vals[i]->data, *owner = vals[p->tied_to]->data;
+        const float *mine = m->vals[i]->data, *owner = m->vals[p->tied_to]->data;
         int64_t r = own->dims[0], c = own->dims[1];
-        bool transposed = mine && vals[i]->nbytes == p->numel * sizeof(float);
+        bool transposed = mine && m->vals[i]->nbytes == p->numel * sizeof(float);
         for (int64_t a = 0; a < r && transposed; a++)
             for (int64_t b = 0; b < c; b++)
                 if (memcmp(&mine[b * r + a], &owner[a * c + b], sizeof(float)) != 0) {
@@ -531,11 +548,6 @@ static int load_model(const options *o, const sbp_step_info *in, float *params)
                     "them: training starts from '%s' and '%s' follows it", o->model_path,
                     p->name, own->name, o->step_path, own->name, p->name);
     }
-    free(vals);
-out:
-    ir_graph_free(g);
-    ir_diag_free(&diag);
-    return rc;
 }
 
 /* ------------------------------------------------------------------ inputs */
@@ -708,6 +720,7 @@ int main(int argc, char **argv)
     int32_t *ids = NULL, *labels = NULL;
     sbpio_shard shard = {0};
     bool have_shard = false;
+    model mdl = {0};
     char err[512];
 
     /* 1. the step */
@@ -750,7 +763,7 @@ int main(int argc, char **argv)
     const size_t ntok = (size_t)(B * T);
     const bool host_visible = strcmp(rt.backend_name(), "cpu") == 0;
 
-    /* 2. inputs (cheap to check, so first), 3. memory, 4. the model's weights */
+    /* 2. inputs (cheap to check, so first), 3. the model, 4. memory and initial weights */
     ids = malloc(ntok * sizeof *ids);
     labels = malloc(ntok * sizeof *labels);
     if (!ids || !labels) {
@@ -787,6 +800,9 @@ int main(int argc, char **argv)
             goto out;
         }
     }
+
+    if (model_open(&mdl, &o, in))
+        goto out;
 
     int st = rt.ctx_create(&ctx, (int)o.threads);
     if (st) {
@@ -825,8 +841,8 @@ int main(int argc, char **argv)
         }
     }
     memset(host_params, 0, pbytes);
-    if (load_model(&o, in, host_params))
-        goto out;
+    model_copy_weights(&mdl, &o, in, host_params);
+    model_free(&mdl); /* the weights are in the block now; the file's copy is not needed */
     if (!host_visible &&
         (st = rt.copy(ctx, d_params, host_params, pbytes, SBPRT_COPY_HOST_TO_DEVICE)))
         goto copy_failed;
@@ -985,6 +1001,7 @@ out:
     free(labels);
     if (have_shard)
         sbpio_shard_close(&shard);
+    model_free(&mdl);
     if (lib)
         dlclose(lib);
     return rc;

@@ -1,13 +1,19 @@
 /* sbpc.c — the compiler driver.
  *
  *   sbpc MODEL.onnx [--batch N] [--seq-len N] [--no-retie] [--dump-ir[=PASS]]
+ *        [-o train_step.c|train_step.so] [--strategy store|checkpoint]
+ *        [--objective sft|graph-loss] [--freeze REGEX]...
  *
  * Reads the model, runs the canonicalisation pipeline (passes/pipeline.c) and prints the IR or a
- * summary. This is the only place where diagnostics become exit codes: library code records them,
- * the driver prints them compiler-style and exits 1.
+ * summary; with -o it also builds the training program (passes/train.h: objective, freeze,
+ * autodiff, strategy) and writes it as C (codegen/), compiled into a shared object for .so.
+ * This is the only place where diagnostics become exit codes: library code records them, the
+ * driver prints them compiler-style and exits 1.
  */
+#include "codegen.h"
 #include "ir.h"
 #include "passes.h"
+#include "train.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -28,6 +34,14 @@ static void usage(FILE *f)
             "  --no-retie         keep a tied weight that the exporter duplicated as two\n"
             "                     separate parameters\n"
             "  --dump-ir[=PASS]   print the IR after PASS (default: the last pass)\n"
+            "  -o FILE            write the training step: FILE.c (with FILE.h), or FILE.so\n"
+            "                     (the C files next to it, compiled with $CC, else clang)\n"
+            "  --strategy S       store (keep every activation; default) or checkpoint\n"
+            "                     (keep each layer's input, recompute the layer in the backward)\n"
+            "  --objective O      sft (default: mean cross-entropy of the logits over labels\n"
+            "                     != -100; a graph that ends in a loss keeps it) or graph-loss\n"
+            "  --freeze REGEX     do not train parameters whose name matches (POSIX extended;\n"
+            "                     may be repeated)\n"
             "  -h, --help         this text\n"
             "  --version          print the version\n"
             "\n"
@@ -89,11 +103,17 @@ static void summary(const ir_graph *g)
            g->n_nodes, nparams, (long long)params, ir_graph_count_op(g, IR_OP_ATTENTION));
 }
 
+#define MAX_FREEZE 32
+
 int main(int argc, char **argv)
 {
-    const char *model = NULL, *dump_pass = NULL;
+    const char *model = NULL, *dump_pass = NULL, *out = NULL;
+    const char *freeze[MAX_FREEZE];
+    int n_freeze = 0;
     bool dump = false;
     sbp_pass_options opt = {.verify = true};
+    sbp_train_options topt = {.strategy = SBP_STRATEGY_STORE};
+    sbp_objective objective = SBP_OBJECTIVE_SFT;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -109,6 +129,40 @@ int main(int argc, char **argv)
         } else if ((v = flag_value(argc, argv, &i, "--seq-len"))) {
             if (parse_count("--seq-len", v, &opt.seq_len))
                 return 1;
+        } else if ((v = flag_value(argc, argv, &i, "-o")) ||
+                   (v = flag_value(argc, argv, &i, "--output"))) {
+            if (!*v) {
+                fprintf(stderr, "%s: error: -o needs a file name\n", prog);
+                return 1;
+            }
+            out = v;
+        } else if ((v = flag_value(argc, argv, &i, "--strategy"))) {
+            if (strcmp(v, "store") == 0) {
+                topt.strategy = SBP_STRATEGY_STORE;
+            } else if (strcmp(v, "checkpoint") == 0) {
+                topt.strategy = SBP_STRATEGY_CHECKPOINT;
+            } else {
+                fprintf(stderr, "%s: error: --strategy: '%s' is not store or checkpoint\n", prog,
+                        v);
+                return 1;
+            }
+        } else if ((v = flag_value(argc, argv, &i, "--objective"))) {
+            if (strcmp(v, "sft") == 0) {
+                objective = SBP_OBJECTIVE_SFT;
+            } else if (strcmp(v, "graph-loss") == 0) {
+                objective = SBP_OBJECTIVE_GRAPH_LOSS;
+            } else {
+                fprintf(stderr, "%s: error: --objective: '%s' is not sft or graph-loss\n", prog,
+                        v);
+                return 1;
+            }
+        } else if ((v = flag_value(argc, argv, &i, "--freeze"))) {
+            if (!*v || n_freeze == MAX_FREEZE) {
+                fprintf(stderr, "%s: error: --freeze needs a regular expression (at most %d)\n",
+                        prog, MAX_FREEZE);
+                return 1;
+            }
+            freeze[n_freeze++] = v;
         } else if (strcmp(a, "--no-retie") == 0) {
             opt.no_retie = true;
         } else if (strcmp(a, "--dump-ir") == 0) {
@@ -143,12 +197,32 @@ int main(int argc, char **argv)
         rc = 1;
     }
     ir_diag_print(&diag, stderr, prog);
-    if (rc == 0) {
-        if (dump)
-            ir_print(g, stdout);
-        else
-            summary(g);
+    int printed = diag.n;
+    if (rc == 0 && dump)
+        ir_print(g, stdout);
+    else if (rc == 0 && !out)
+        summary(g);
+    if (rc == 0 && out) {
+        if (dump_pass && strcmp(dump_pass, sbp_pass_list[sbp_n_passes - 1].name) != 0) {
+            ir_diag_error(&diag, "-o needs the whole pipeline (not --dump-ir=%s)", dump_pass);
+            rc = 1;
+        }
+        sbp_objective chosen = objective;
+        if (rc == 0 && sbp_pass_objective(g, objective, &chosen) != IR_OK)
+            rc = 1;
+        for (int k = 0; rc == 0 && k < n_freeze; k++)
+            if (sbp_freeze_params(g, freeze[k], NULL) != IR_OK)
+                rc = 1;
+        sbp_train_program *p = rc == 0 ? sbp_train_build(g, chosen, &topt) : NULL;
+        if (!p)
+            rc = 1;
+        else if (sbp_codegen_write(p, out, model, NULL, &diag) != IR_OK)
+            rc = 1;
     }
+    ir_diag rest = diag; /* only what the code generation added */
+    rest.entries += printed;
+    rest.n -= printed;
+    ir_diag_print(&rest, stderr, prog);
     ir_graph_free(g);
     ir_diag_free(&diag);
     return rc;

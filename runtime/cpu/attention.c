@@ -22,11 +22,11 @@
  * is summed in an order fixed by the tiling alone, so results do not depend on threads.
  *
  * Inner loops: a task copies its key tile (and, in the backward, its value tile) transposed
- * into [d, ATT_BC] scratch, so a row's scores are d contiguous axpys over the tile's keys
- * rather than one reduction per key; with the P·V and gradient updates (axpys over d) every
- * hot loop is elementwise and vectorises without reassociating a sum.  A row's arithmetic
- * never depends on which other rows share its tile, which is why a chunk's rows come out
- * bitwise equal to the same rows of an unchunked call.
+ * into [d, ATT_BC] scratch, so a row's scores for 16 keys at once accumulate over d in
+ * vector registers instead of one horizontal reduction per key; with the P·V and gradient
+ * updates (axpys over d) every hot loop vectorises without reassociating a sum.  A row's
+ * arithmetic never depends on which other rows share its tile or where its chunk starts,
+ * which is why a chunk's rows come out bitwise equal to the same rows of an unchunked call.
  */
 #include <math.h>
 #include <string.h>
@@ -64,6 +64,7 @@ static void att_row_scores(float *restrict s, const float *restrict x, const flo
         for (int c = 0; c < d; c++) {
             const float xc = x[c];
             const float *tc = tile + (size_t)c * ATT_BC + jj;
+#pragma GCC unroll 16 /* fully unrolled, a[] becomes registers */
             for (int l = 0; l < 16; l++)
                 a[l] += xc * tc[l];
         }
@@ -192,9 +193,9 @@ int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
     const int group = hq / hkv;
     const size_t kv_row = (size_t)hkv * d;
     const size_t nrows = (size_t)b * hq * t; /* delta has one entry per (b, h, i), as lse */
-    /* per thread: kt, vt [d, ATT_BC]; s, ds [ATT_BC]; then acc [ATT_BR, d] (pass 1) or
+    /* per thread: kt, vt [d, ATT_BC]; s, dp [ATT_BC]; then acc [ATT_BR, d] (pass 1) or
      * dkacc, dvacc [ATT_BC, d] (pass 2) */
-    const size_t acc_len = (size_t)2 * ATT_BC > ATT_BR ? (size_t)2 * ATT_BC * d : (size_t)ATT_BR * d;
+    const size_t acc_len = (size_t)(2 * ATT_BC > ATT_BR ? 2 * ATT_BC : ATT_BR) * d;
     const size_t per_thread = att_round16((size_t)2 * d * ATT_BC + 2 * ATT_BC + acc_len);
     float *scratch;
     st = cpu_scratch(ctx, (att_round16(nrows) + per_thread * ctx->nthreads) * sizeof(float),

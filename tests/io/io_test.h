@@ -20,7 +20,6 @@
 #include <cmocka.h>
 
 #include <dirent.h>
-#include <ftw.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,7 +35,7 @@
 
 static char io_tmpdir[4096];
 
-static int io_setup(void **state)
+static inline int io_setup(void **state)
 {
     (void)state;
     const char *t = getenv("TMPDIR");
@@ -44,22 +43,38 @@ static int io_setup(void **state)
     return mkdtemp(io_tmpdir) ? 0 : -1;
 }
 
-static int io_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+/* rm -r without following symlinks. */
+static inline void io_rm_tree(const char *path)
 {
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return;
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        if (d) {
+            for (struct dirent *e; (e = readdir(d));) {
+                if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                    continue;
+                char sub[4400];
+                snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+                io_rm_tree(sub);
+            }
+            closedir(d);
+        }
+    }
+    remove(path);
 }
 
-static int io_teardown(void **state)
+static inline int io_teardown(void **state)
 {
     (void)state;
     if (io_tmpdir[0])
-        nftw(io_tmpdir, io_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        io_rm_tree(io_tmpdir);
     return 0;
 }
 
 /* "<tmpdir>/<name>" in a rotating static buffer (8 live results). */
-static const char *io_path(const char *name)
+static inline const char *io_path(const char *name)
 {
     static char bufs[8][4200];
     static int k;
@@ -68,7 +83,7 @@ static const char *io_path(const char *name)
     return b;
 }
 
-static const char *io_data(const char *name)
+static inline const char *io_data(const char *name)
 {
     static char bufs[8][4200];
     static int k;
@@ -77,7 +92,7 @@ static const char *io_data(const char *name)
     return b;
 }
 
-static const char *io_fixture(const char *name)
+static inline const char *io_fixture(const char *name)
 {
     static char bufs[8][4200];
     static int k;
@@ -86,7 +101,7 @@ static const char *io_fixture(const char *name)
     return b;
 }
 
-static void io_write_file(const char *path, const void *data, size_t n)
+static inline void io_write_file(const char *path, const void *data, size_t n)
 {
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
@@ -95,7 +110,7 @@ static void io_write_file(const char *path, const void *data, size_t n)
     assert_int_equal(fclose(f), 0);
 }
 
-static unsigned char *io_read_file(const char *path, size_t *n)
+static inline unsigned char *io_read_file(const char *path, size_t *n)
 {
     FILE *f = fopen(path, "rb");
     assert_non_null(f);
@@ -110,14 +125,14 @@ static unsigned char *io_read_file(const char *path, size_t *n)
     return b;
 }
 
-static bool io_exists(const char *path)
+static inline bool io_exists(const char *path)
 {
     struct stat st;
     return stat(path, &st) == 0;
 }
 
 /* Number of entries in the scratch directory whose name contains `part` (temporaries: ".tmp."). */
-static int io_count_entries(const char *part)
+static inline int io_count_entries(const char *part)
 {
     DIR *d = opendir(io_tmpdir);
     assert_non_null(d);
@@ -130,7 +145,7 @@ static int io_count_entries(const char *part)
 }
 
 /* Asserts that err contains every one of the given substrings (NULL-terminated list). */
-static void io_assert_msg(const char *err, ...)
+static inline void io_assert_msg(const char *err, ...)
 {
     va_list ap;
     va_start(ap, err);
@@ -145,14 +160,16 @@ static void io_assert_msg(const char *err, ...)
 }
 #define IO_ASSERT_MSG(err, ...) io_assert_msg(err, __VA_ARGS__, (const char *)NULL)
 
-/* A Python interpreter that can `import module`: $SBP_PYTHON, python3, /usr/bin/python3; NULL if
- * none. The result is a static string. */
-static const char *io_python_with(const char *module)
+/* A Python interpreter that can `import module`: $SBP_PYTHON when set (only that one, so
+ * SBP_PYTHON=none turns the cross-checks off), else python3 on PATH, else /usr/bin/python3; NULL
+ * if none. The result is a static string. */
+static inline const char *io_python_with(const char *module)
 {
     static char found[256];
-    const char *cands[] = {getenv("SBP_PYTHON"), "python3", "/usr/bin/python3"};
+    const char *env = getenv("SBP_PYTHON");
+    const char *cands[] = {env && *env ? env : "python3", env && *env ? NULL : "/usr/bin/python3"};
     for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
-        if (!cands[i] || !*cands[i])
+        if (!cands[i])
             continue;
         char cmd[600];
         snprintf(cmd, sizeof cmd, "'%s' -c 'import %s' >/dev/null 2>&1", cands[i], module);
@@ -164,9 +181,52 @@ static const char *io_python_with(const char *module)
     return NULL;
 }
 
+/* splitmix64: a fixed-seed generator for the mutation tests. */
+static inline uint64_t io_rand(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* A mutated copy of src[0..n) in dst (capacity n + 16): a few random byte changes, sometimes a
+ * truncation or an inserted byte, biased towards the first `hot` bytes (the header). Returns the
+ * new length. Parsers run on these under ASan/UBSan must fail cleanly or succeed. */
+static inline size_t io_mutate(uint64_t *rng, const unsigned char *src, size_t n, size_t hot,
+                               unsigned char *dst)
+{
+    memcpy(dst, src, n);
+    size_t len = n;
+    int edits = 1 + (int)(io_rand(rng) % 4);
+    for (int e = 0; e < edits && len; e++) {
+        uint64_t r = io_rand(rng);
+        size_t span = (r & 1) && hot && hot < len ? hot : len;
+        size_t at = (size_t)((r >> 8) % span);
+        switch ((r >> 4) % 8) {
+        case 0: len = at; break; /* truncate */
+        case 1: /* insert */
+            if (len < n + 8) {
+                memmove(dst + at + 1, dst + at, len - at);
+                dst[at] = (unsigned char)(r >> 40);
+                len++;
+            }
+            break;
+        case 2: { /* a syntax character */
+            static const char syn[] = "{}[]\":,0-9e\\ '()TF";
+            dst[at] = (unsigned char)syn[(r >> 40) % (sizeof syn - 1)];
+            break;
+        }
+        case 3: dst[at] = 0xff; break;
+        default: dst[at] ^= (unsigned char)(1u << ((r >> 40) % 8)); break;
+        }
+    }
+    return len;
+}
+
 /* Runs python script text with the given interpreter and arguments; returns its exit status. */
-static int io_run_python(const char *python, const char *script_name, const char *script,
-                         const char *args)
+static inline int io_run_python(const char *python, const char *script_name, const char *script,
+                                const char *args)
 {
     const char *sp = io_path(script_name);
     io_write_file(sp, script, strlen(script));

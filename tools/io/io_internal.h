@@ -18,7 +18,8 @@
 /* ---------------------------------------------------------------- util.c */
 
 /* Formats into err (if err && errlen) and returns SBPIO_ERR. */
-int sbpio_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int sbpio_errf(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 static inline bool sbpio_host_is_le(void)
 {
@@ -106,13 +107,13 @@ typedef enum {
 typedef struct sbpio_json sbpio_json;
 struct sbpio_json {
     sbpio_json_kind kind;
-    size_t offset;       /* byte offset of the value in the text, for messages */
-    bool b;              /* BOOL */
-    char *str;           /* STRING: decoded UTF-8 (no NUL inside); NUMBER: the literal text */
-    size_t len;          /* strlen(str) */
-    int n;               /* ARRAY / OBJECT: number of elements / members */
-    sbpio_json **items;  /* [n] elements or member values */
-    char **keys;         /* [n] member names (OBJECT), decoded */
+    size_t offset;      /* byte offset of the value in the text, for messages */
+    bool b;             /* BOOL */
+    char *str;          /* STRING: decoded UTF-8 (no NUL inside); NUMBER: the literal text */
+    size_t len;         /* strlen(str) */
+    int n;              /* ARRAY / OBJECT: number of elements / members */
+    sbpio_json **items; /* [n] elements or member values */
+    char **keys;        /* [n] member names (OBJECT), decoded */
 };
 
 typedef struct sbpio_json_doc sbpio_json_doc; /* owns every node and string */

@@ -235,8 +235,7 @@ static char *parse_string(parser *p, size_t *len_out)
             n += put_utf8(out + n, cp);
             break;
         }
-        default:
-            return fail(p, at, "bad escape '\\%c'", c >= 0x20 && c < 0x7f ? (char)c : '?');
+        default: return fail(p, at, "bad escape '\\%c'", c >= 0x20 && c < 0x7f ? (char)c : '?');
         }
     }
     p->s = q + 1;
@@ -451,8 +450,13 @@ sbpio_json_doc *sbpio_json_parse(const char *text, size_t len, const sbpio_json 
         sbpio_errf(err, errlen, "out of memory");
         return NULL;
     }
-    parser p = {(const unsigned char *)text, (const unsigned char *)text + len,
-                (const unsigned char *)text, doc, err, errlen, false};
+    parser p = {(const unsigned char *)text,
+                (const unsigned char *)text + len,
+                (const unsigned char *)text,
+                doc,
+                err,
+                errlen,
+                false};
     sbpio_json *v = parse_value(&p, 0);
     if (v) {
         skip_ws(&p);
@@ -497,7 +501,8 @@ bool sbpio_json_u64(const sbpio_json *v, uint64_t *out)
 
 const char *sbpio_json_kind_name(sbpio_json_kind k)
 {
-    static const char *names[] = {"null", "a boolean", "a number", "a string", "an array", "an object"};
+    static const char *names[] = {"null",     "a boolean", "a number",
+                                  "a string", "an array",  "an object"};
     return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
 }
 

@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,10 +45,14 @@ typedef struct {
     size_t errlen;
 } hdr;
 
-static int hdr_fail(hdr *h, const char *fmt, const char *what)
+static int hdr_fail(hdr *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int hdr_fail(hdr *h, const char *fmt, ...)
 {
     char msg[160];
-    snprintf(msg, sizeof msg, fmt, what);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
     return sbpio_errf(h->err, h->errlen, "%s: .npy header: %s (at header offset %zu)", h->name, msg,
                       (size_t)(h->s - h->start));
 }
@@ -63,6 +68,11 @@ static int hdr_string(hdr *h, char *out, size_t outn)
 {
     char q = *h->s++;
     size_t n = 0;
+    const char *close = h->s;
+    while (close < h->end && *close != q)
+        close += (*close == '\\' && close + 1 < h->end) ? 2 : 1;
+    if (close >= h->end)
+        return hdr_fail(h, "%s", "unterminated string literal");
     while (h->s < h->end && *h->s != q) {
         char c = *h->s++;
         if (c == '\\') {
@@ -135,10 +145,13 @@ static int parse_descr(hdr *h, const char *d, npy_meta *m)
     const char *why = NULL;
     switch (kind) {
     case 'O': why = "object dtype"; break;
-    case 'U': case 'S': case 'a': why = "string dtype"; break;
+    case 'U':
+    case 'S':
+    case 'a': why = "string dtype"; break;
     case 'V': why = "void/structured dtype"; break;
     case 'c': why = "complex dtype"; break;
-    case 'M': case 'm': why = "datetime dtype"; break;
+    case 'M':
+    case 'm': why = "datetime dtype"; break;
     default: break;
     }
     char msg[96];
@@ -151,12 +164,18 @@ static int parse_descr(hdr *h, const char *d, npy_meta *m)
         switch (kind) {
         case 'b': t = size == 1 ? SBPIO_DT_BOOL : t; break;
         case 'i':
-            t = size == 1 ? SBPIO_DT_I8 : size == 2 ? SBPIO_DT_I16 : size == 4 ? SBPIO_DT_I32
-              : size == 8 ? SBPIO_DT_I64 : t;
+            t = size == 1   ? SBPIO_DT_I8
+                : size == 2 ? SBPIO_DT_I16
+                : size == 4 ? SBPIO_DT_I32
+                : size == 8 ? SBPIO_DT_I64
+                            : t;
             break;
         case 'u':
-            t = size == 1 ? SBPIO_DT_U8 : size == 2 ? SBPIO_DT_U16 : size == 4 ? SBPIO_DT_U32
-              : size == 8 ? SBPIO_DT_U64 : t;
+            t = size == 1   ? SBPIO_DT_U8
+                : size == 2 ? SBPIO_DT_U16
+                : size == 4 ? SBPIO_DT_U32
+                : size == 8 ? SBPIO_DT_U64
+                            : t;
             break;
         case 'f':
             t = size == 2 ? SBPIO_DT_F16 : size == 4 ? SBPIO_DT_F32 : size == 8 ? SBPIO_DT_F64 : t;
@@ -251,7 +270,9 @@ static int parse_dict(hdr *h, npy_meta *m)
         return hdr_fail(h, "%s", "unexpected text after the dict");
     if (!have_descr || !have_fortran || !have_shape)
         return hdr_fail(h, "missing key '%s'",
-                        !have_descr ? "descr" : !have_fortran ? "fortran_order" : "shape");
+                        !have_descr     ? "descr"
+                        : !have_fortran ? "fortran_order"
+                                        : "shape");
     if (fortran) {
         int big_dims = 0;
         for (int i = 0; i < m->rank; i++)
@@ -290,8 +311,9 @@ static int npy_parse(const unsigned char *buf, size_t avail, uint64_t file_size,
     if (major < 3) { /* latin-1: NumPy only writes ASCII there */
         for (uint64_t i = 0; i < hlen; i++)
             if ((unsigned char)text[i] >= 0x80 || text[i] == '\0')
-                return sbpio_errf(err, errlen, "%s: .npy header has a non-ASCII byte at offset %" PRIu64,
-                                  name, i);
+                return sbpio_errf(err, errlen,
+                                  "%s: .npy header has a non-ASCII byte at offset %" PRIu64, name,
+                                  i);
     } else if (!sbpio_utf8_valid((const unsigned char *)text, (size_t)hlen)) {
         return sbpio_errf(err, errlen, "%s: .npy 3.0 header is not valid UTF-8", name);
     }
@@ -306,11 +328,10 @@ static int npy_parse(const unsigned char *buf, size_t avail, uint64_t file_size,
                           sbpio_dtype_name(m->dtype));
     uint64_t have = file_size - m->data_offset;
     if (have != m->nbytes)
-        return sbpio_errf(err, errlen,
-                          "%s: .npy data is %" PRIu64 " bytes but shape %s of %s needs %zu%s", name,
-                          have, sbpio_shape_str(m->rank, m->shape, sh, sizeof sh),
-                          sbpio_dtype_name(m->dtype), m->nbytes,
-                          have < m->nbytes ? " (truncated file)" : " (trailing bytes)");
+        return sbpio_errf(
+            err, errlen, "%s: .npy data is %" PRIu64 " bytes but shape %s of %s needs %zu%s", name,
+            have, sbpio_shape_str(m->rank, m->shape, sh, sizeof sh), sbpio_dtype_name(m->dtype),
+            m->nbytes, have < m->nbytes ? " (truncated file)" : " (trailing bytes)");
     return SBPIO_OK;
 }
 
@@ -353,7 +374,8 @@ int sbpio_npy_read(const char *path, sbpio_array *out, char *err, size_t errlen)
     if (size < 0) {
         int e = errno;
         fclose(f);
-        return sbpio_errf(err, errlen, "%s: %s", path, e == EINVAL ? "not a regular file" : strerror(e));
+        return sbpio_errf(err, errlen, "%s: %s", path,
+                          e == EINVAL ? "not a regular file" : strerror(e));
     }
     /* Read the prelude, then exactly the header it announces. */
     unsigned char pre[12];
@@ -393,7 +415,8 @@ int sbpio_npy_read(const char *path, sbpio_array *out, char *err, size_t errlen)
             sbpio_errf(err, errlen, "%s: out of memory (%zu bytes)", path, m.nbytes);
             goto done;
         }
-        if (fseeko(f, (off_t)m.data_offset, SEEK_SET) != 0 || !sbpio_read_exact(f, data, m.nbytes)) {
+        if (fseeko(f, (off_t)m.data_offset, SEEK_SET) != 0 ||
+            !sbpio_read_exact(f, data, m.nbytes)) {
             sbpio_errf(err, errlen, "%s: read error in the data section", path);
             goto done;
         }
@@ -417,7 +440,8 @@ void sbpio_array_free(sbpio_array *a)
 
 /* ---------------------------------------------------------------- conversion */
 
-/* Element i of an integer array as sign (*neg) and magnitude (*mag), so U64 needs no special case. */
+/* Element i of an integer array as sign (*neg) and magnitude (*mag), so that U64 needs no
+ * special case. */
 static void int_elem(const sbpio_array *a, int64_t i, bool *neg, uint64_t *mag)
 {
     int64_t v = 0;
@@ -425,14 +449,55 @@ static void int_elem(const sbpio_array *a, int64_t i, bool *neg, uint64_t *mag)
     bool is_u = false;
     const void *p = (const unsigned char *)a->data + (size_t)i * sbpio_dtype_size(a->dtype);
     switch (a->dtype) {
-    case SBPIO_DT_BOOL: case SBPIO_DT_U8: { uint8_t x; memcpy(&x, p, 1); u = x; is_u = true; break; }
-    case SBPIO_DT_I8: { int8_t x; memcpy(&x, p, 1); v = x; break; }
-    case SBPIO_DT_U16: { uint16_t x; memcpy(&x, p, 2); u = x; is_u = true; break; }
-    case SBPIO_DT_I16: { int16_t x; memcpy(&x, p, 2); v = x; break; }
-    case SBPIO_DT_U32: { uint32_t x; memcpy(&x, p, 4); u = x; is_u = true; break; }
-    case SBPIO_DT_I32: { int32_t x; memcpy(&x, p, 4); v = x; break; }
-    case SBPIO_DT_U64: { memcpy(&u, p, 8); is_u = true; break; }
-    case SBPIO_DT_I64: { memcpy(&v, p, 8); break; }
+    case SBPIO_DT_BOOL:
+    case SBPIO_DT_U8: {
+        uint8_t x;
+        memcpy(&x, p, 1);
+        u = x;
+        is_u = true;
+        break;
+    }
+    case SBPIO_DT_I8: {
+        int8_t x;
+        memcpy(&x, p, 1);
+        v = x;
+        break;
+    }
+    case SBPIO_DT_U16: {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        u = x;
+        is_u = true;
+        break;
+    }
+    case SBPIO_DT_I16: {
+        int16_t x;
+        memcpy(&x, p, 2);
+        v = x;
+        break;
+    }
+    case SBPIO_DT_U32: {
+        uint32_t x;
+        memcpy(&x, p, 4);
+        u = x;
+        is_u = true;
+        break;
+    }
+    case SBPIO_DT_I32: {
+        int32_t x;
+        memcpy(&x, p, 4);
+        v = x;
+        break;
+    }
+    case SBPIO_DT_U64: {
+        memcpy(&u, p, 8);
+        is_u = true;
+        break;
+    }
+    case SBPIO_DT_I64: {
+        memcpy(&v, p, 8);
+        break;
+    }
     default: break;
     }
     if (is_u) {
@@ -463,12 +528,37 @@ static void store_int(sbpio_dtype t, void *p, bool neg, uint64_t mag)
 {
     int64_t v = neg ? (int64_t)(0 - mag) : (int64_t)mag; /* in range by construction */
     switch (t) {
-    case SBPIO_DT_BOOL: case SBPIO_DT_U8: { uint8_t x = (uint8_t)mag; memcpy(p, &x, 1); break; }
-    case SBPIO_DT_I8: { int8_t x = (int8_t)v; memcpy(p, &x, 1); break; }
-    case SBPIO_DT_U16: { uint16_t x = (uint16_t)mag; memcpy(p, &x, 2); break; }
-    case SBPIO_DT_I16: { int16_t x = (int16_t)v; memcpy(p, &x, 2); break; }
-    case SBPIO_DT_U32: { uint32_t x = (uint32_t)mag; memcpy(p, &x, 4); break; }
-    case SBPIO_DT_I32: { int32_t x = (int32_t)v; memcpy(p, &x, 4); break; }
+    case SBPIO_DT_BOOL:
+    case SBPIO_DT_U8: {
+        uint8_t x = (uint8_t)mag;
+        memcpy(p, &x, 1);
+        break;
+    }
+    case SBPIO_DT_I8: {
+        int8_t x = (int8_t)v;
+        memcpy(p, &x, 1);
+        break;
+    }
+    case SBPIO_DT_U16: {
+        uint16_t x = (uint16_t)mag;
+        memcpy(p, &x, 2);
+        break;
+    }
+    case SBPIO_DT_I16: {
+        int16_t x = (int16_t)v;
+        memcpy(p, &x, 2);
+        break;
+    }
+    case SBPIO_DT_U32: {
+        uint32_t x = (uint32_t)mag;
+        memcpy(p, &x, 4);
+        break;
+    }
+    case SBPIO_DT_I32: {
+        int32_t x = (int32_t)v;
+        memcpy(p, &x, 4);
+        break;
+    }
     case SBPIO_DT_U64: memcpy(p, &mag, 8); break;
     default: memcpy(p, &v, 8); break;
     }
@@ -476,12 +566,29 @@ static void store_int(sbpio_dtype t, void *p, bool neg, uint64_t mag)
 
 static double float_elem(const sbpio_array *a, int64_t i)
 {
-    const unsigned char *p = (const unsigned char *)a->data + (size_t)i * sbpio_dtype_size(a->dtype);
+    const unsigned char *p =
+        (const unsigned char *)a->data + (size_t)i * sbpio_dtype_size(a->dtype);
     switch (a->dtype) {
-    case SBPIO_DT_F16: { uint16_t h; memcpy(&h, p, 2); return sbpio_f16_to_f32(h); }
-    case SBPIO_DT_BF16: { uint16_t h; memcpy(&h, p, 2); return sbpio_bf16_to_f32(h); }
-    case SBPIO_DT_F32: { float f; memcpy(&f, p, 4); return f; }
-    default: { double d; memcpy(&d, p, 8); return d; }
+    case SBPIO_DT_F16: {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        return sbpio_f16_to_f32(h);
+    }
+    case SBPIO_DT_BF16: {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        return sbpio_bf16_to_f32(h);
+    }
+    case SBPIO_DT_F32: {
+        float f;
+        memcpy(&f, p, 4);
+        return f;
+    }
+    default: {
+        double d;
+        memcpy(&d, p, 8);
+        return d;
+    }
     }
 }
 

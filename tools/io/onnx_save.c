@@ -45,12 +45,12 @@ typedef enum {
 typedef struct {
     Onnx__TensorProto *t;
     src_kind kind;
-    const void *caller;     /* SRC_CALLER: [numel] floats, host order */
-    char *ext_path;         /* SRC_EXTERNAL: resolved path, malloc'd */
+    const void *caller; /* SRC_CALLER: [numel] floats, host order */
+    char *ext_path;     /* SRC_EXTERNAL: resolved path, malloc'd */
     uint64_t ext_offset;
-    size_t nbytes;          /* the tensor's data size */
-    void *owned;            /* inline bytes we allocated (external data read in, swapped floats) */
-    bool external_out;      /* goes to <out>.data */
+    size_t nbytes;     /* the tensor's data size */
+    void *owned;       /* inline bytes we allocated (external data read in, swapped floats) */
+    bool external_out; /* goes to <out>.data */
     /* the external_data entries of the output (location, offset, length) */
     Onnx__StringStringEntryProto ent[3];
     Onnx__StringStringEntryProto *entp[3];
@@ -82,11 +82,21 @@ static void fb_append(ProtobufCBuffer *b, size_t len, const uint8_t *data)
 static size_t onnx_dtype_size(int32_t t)
 {
     switch (t) {
-    case 2: case 3: case 9: return 1;           /* UINT8 INT8 BOOL */
-    case 4: case 5: case 10: case 16: return 2; /* UINT16 INT16 FLOAT16 BFLOAT16 */
-    case 1: case 6: case 12: return 4;          /* FLOAT INT32 UINT32 */
-    case 7: case 11: case 13: case 14: return 8; /* INT64 DOUBLE UINT64 COMPLEX64 */
-    case 15: return 16;                         /* COMPLEX128 */
+    case 2:
+    case 3:
+    case 9: return 1; /* UINT8 INT8 BOOL */
+    case 4:
+    case 5:
+    case 10:
+    case 16: return 2; /* UINT16 INT16 FLOAT16 BFLOAT16 */
+    case 1:
+    case 6:
+    case 12: return 4; /* FLOAT INT32 UINT32 */
+    case 7:
+    case 11:
+    case 13:
+    case 14: return 8;  /* INT64 DOUBLE UINT64 COMPLEX64 */
+    case 15: return 16; /* COMPLEX128 */
     default: return 0;
     }
 }
@@ -97,8 +107,8 @@ static bool tensor_bytes(const Onnx__TensorProto *t, size_t *nbytes)
     for (size_t i = 0; i < t->n_dims; i++)
         if (t->dims[i] < 0)
             return false;
-    return t->n_dims <= INT_MAX &&
-           sbpio_shape_bytes((int)t->n_dims, t->dims, onnx_dtype_size(t->data_type), &numel, nbytes);
+    return t->n_dims <= INT_MAX && sbpio_shape_bytes((int)t->n_dims, t->dims,
+                                                     onnx_dtype_size(t->data_type), &numel, nbytes);
 }
 
 static bool parse_u64(const char *s, uint64_t *out)
@@ -147,27 +157,32 @@ static int resolve_external(init_rec *r, const char *in_model, const char *in_di
                           in_model, t->name, loc);
     if (have_length && length != r->nbytes)
         return sbpio_errf(err, errlen,
-                          "%s: initializer '%s': external length %" PRIu64 " but dims need %zu bytes",
+                          "%s: initializer '%s': external length %" PRIu64
+                          " but dims need %zu bytes",
                           in_model, t->name, length, r->nbytes);
     size_t plen = strlen(in_dir) + strlen(loc) + 2;
     char *joined = malloc(plen);
     if (!joined)
         return sbpio_errf(err, errlen, "%s: out of memory", in_model);
     snprintf(joined, plen, "%s/%s", in_dir, loc);
-    char *real = realpath(joined, NULL), *realdir = realpath(in_dir, NULL);
+    char *real = realpath(joined, NULL);
+    int real_errno = errno;
+    char *realdir = realpath(in_dir, NULL);
     int rc = SBPIO_OK;
     if (!real) {
         rc = sbpio_errf(err, errlen, "%s: initializer '%s': external data '%s': %s", in_model,
-                        t->name, joined, strerror(errno));
+                        t->name, joined, strerror(real_errno));
     } else if (!realdir) {
         rc = sbpio_errf(err, errlen, "%s: %s: %s", in_model, in_dir, strerror(errno));
     } else {
         size_t dl = strlen(realdir);
-        bool inside = strncmp(real, realdir, dl) == 0 && (real[dl] == '/' || strcmp(realdir, "/") == 0);
+        bool inside =
+            strncmp(real, realdir, dl) == 0 && (real[dl] == '/' || strcmp(realdir, "/") == 0);
         if (!inside)
-            rc = sbpio_errf(err, errlen,
-                            "%s: initializer '%s': external location '%s' leaves the model's directory",
-                            in_model, t->name, loc);
+            rc = sbpio_errf(
+                err, errlen,
+                "%s: initializer '%s': external location '%s' leaves the model's directory",
+                in_model, t->name, loc);
     }
     if (rc == SBPIO_OK) {
         FILE *f = fopen(real, "rb");
@@ -179,8 +194,8 @@ static int resolve_external(init_rec *r, const char *in_model, const char *in_di
                             t->name, joined, strerror(errno));
         else if (offset > (uint64_t)size || (uint64_t)size - offset < r->nbytes)
             rc = sbpio_errf(err, errlen,
-                            "%s: initializer '%s': external range [%" PRIu64 ", +%zu) is beyond the %"
-                            PRId64 "-byte file '%s'",
+                            "%s: initializer '%s': external range [%" PRIu64
+                            ", +%zu) is beyond the %" PRId64 "-byte file '%s'",
                             in_model, t->name, offset, r->nbytes, size, joined);
     }
     free(joined);
@@ -335,7 +350,8 @@ static Onnx__ModelProto *load_model(const char *path, char *err, size_t errlen)
     unsigned char *buf = NULL;
     Onnx__ModelProto *m = NULL;
     if (size < 0)
-        sbpio_errf(err, errlen, "%s: %s", path, errno == EINVAL ? "not a regular file" : strerror(errno));
+        sbpio_errf(err, errlen, "%s: %s", path,
+                   errno == EINVAL ? "not a regular file" : strerror(errno));
     else if ((uint64_t)size > SIZE_MAX || !(buf = malloc(size ? (size_t)size : 1)))
         sbpio_errf(err, errlen, "%s: out of memory (%" PRId64 " bytes)", path, size);
     else if (!sbpio_read_exact(f, buf, (size_t)size))
@@ -369,20 +385,20 @@ static int check_node_attributes(const Onnx__GraphProto *g, const char *in_model
                 return sbpio_errf(err, errlen,
                                   "%s: node '%s' (%s): attribute '%s' holds external data, which "
                                   "is not supported",
-                                  in_model, nd->name ? nd->name : "", nd->op_type ? nd->op_type : "",
-                                  a->name ? a->name : "");
+                                  in_model, nd->name ? nd->name : "",
+                                  nd->op_type ? nd->op_type : "", a->name ? a->name : "");
         }
     }
     return SBPIO_OK;
 }
 
-int sbpio_onnx_save_ex(const char *in_model, const char *out_model, int n,
-                       const char *const *names, const float *const *data,
+int sbpio_onnx_save_ex(const char *in_model, const char *out_model, int n, const char *const *names,
+                       const float *const *data, const int64_t *numel,
                        const sbpio_onnx_save_opts *opts, char *err, size_t errlen)
 {
     uint64_t limit = opts && opts->inline_limit ? opts->inline_limit : ONNX_DEFAULT_INLINE_LIMIT;
-    uint64_t min_ext = opts && opts->external_min_bytes ? opts->external_min_bytes
-                                                        : ONNX_DEFAULT_EXTERNAL_MIN;
+    uint64_t min_ext =
+        opts && opts->external_min_bytes ? opts->external_min_bytes : ONNX_DEFAULT_EXTERNAL_MIN;
     if (limit > INT32_MAX)
         limit = INT32_MAX; /* protobuf's hard limit */
     if (n < 0 || (n && (!names || !data)))
@@ -440,6 +456,11 @@ int sbpio_onnx_save_ex(const char *in_model, const char *out_model, int n,
             sbpio_errf(err, errlen, "%s: no initializer named '%s'", in_model, names[i]);
             goto done;
         }
+        if (lo + 1 < ni && strcmp(inits[lo + 1].name, names[i]) == 0) {
+            sbpio_errf(err, errlen, "%s: the model has two initializers named '%s'", in_model,
+                       names[i]);
+            goto done;
+        }
         init_rec *r = &rec[hit->idx];
         if (r->t->data_type != ONNX_FLOAT) {
             sbpio_errf(err, errlen, "%s: initializer '%s' has data type %d, not FLOAT", in_model,
@@ -449,6 +470,11 @@ int sbpio_onnx_save_ex(const char *in_model, const char *out_model, int n,
         if (!tensor_bytes(r->t, &r->nbytes)) {
             sbpio_errf(err, errlen, "%s: initializer '%s' has negative or overflowing dims",
                        in_model, names[i]);
+            goto done;
+        }
+        if (numel && (numel[i] < 0 || (uint64_t)numel[i] != r->nbytes / 4)) {
+            sbpio_errf(err, errlen, "%s: weight '%s' has %" PRId64 " elements, the model's has %zu",
+                       in_model, names[i], numel[i], r->nbytes / 4);
             goto done;
         }
         if (r->nbytes && !data[i]) {
@@ -464,9 +490,11 @@ int sbpio_onnx_save_ex(const char *in_model, const char *out_model, int n,
         if (r->kind != SRC_KEEP)
             continue;
         Onnx__TensorProto *t = r->t;
-        if (t->has_data_location && t->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
+        if (t->has_data_location &&
+            t->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
             if (!tensor_bytes(t, &r->nbytes) || onnx_dtype_size(t->data_type) == 0) {
-                sbpio_errf(err, errlen, "%s: external initializer '%s' has an unsupported type or dims",
+                sbpio_errf(err, errlen,
+                           "%s: external initializer '%s' has an unsupported type or dims",
                            in_model, t->name ? t->name : "");
                 goto done;
             }
@@ -511,13 +539,15 @@ int sbpio_onnx_save_ex(const char *in_model, const char *out_model, int n,
             init_rec *r = &rec[i];
             if (r->kind == SRC_KEEP || r->nbytes < min_ext)
                 continue;
-            uint64_t aligned = (off + ONNX_EXTERNAL_ALIGN - 1) / ONNX_EXTERNAL_ALIGN * ONNX_EXTERNAL_ALIGN;
+            uint64_t aligned =
+                (off + ONNX_EXTERNAL_ALIGN - 1) / ONNX_EXTERNAL_ALIGN * ONNX_EXTERNAL_ALIGN;
             for (; off < aligned; off++)
                 if (fputc(0, data_file.f) == EOF)
                     break;
             int wrc = SBPIO_OK;
             if (off != aligned) {
-                wrc = sbpio_errf(err, errlen, "%s: write error: %s", data_file.path, strerror(errno));
+                wrc =
+                    sbpio_errf(err, errlen, "%s: write error: %s", data_file.path, strerror(errno));
             } else if (r->kind == SRC_CALLER) {
                 if (!sbpio_write_le(data_file.f, r->caller, r->nbytes / 4, 4))
                     wrc = sbpio_errf(err, errlen, "%s: write error: %s", data_file.path,
@@ -559,7 +589,8 @@ int sbpio_onnx_save_ex(const char *in_model, const char *out_model, int n,
     }
     packed = onnx__model_proto__get_packed_size(m);
     if (packed > INT32_MAX) {
-        sbpio_errf(err, errlen, "%s: the model is %zu bytes even with external data, over protobuf's 2 GB limit",
+        sbpio_errf(err, errlen,
+                   "%s: the model is %zu bytes even with external data, over protobuf's 2 GB limit",
                    out_model, packed);
         goto done;
     }
@@ -598,5 +629,5 @@ int sbpio_onnx_save_with_weights(const char *in_model, const char *out_model, in
                                  const char *const *names, const float *const *data, char *err,
                                  size_t errlen)
 {
-    return sbpio_onnx_save_ex(in_model, out_model, n, names, data, NULL, err, errlen);
+    return sbpio_onnx_save_ex(in_model, out_model, n, names, data, NULL, NULL, err, errlen);
 }

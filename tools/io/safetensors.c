@@ -29,13 +29,13 @@
 
 struct sbpio_st_file {
     char *path;
-    sbpio_json_doc *doc;     /* owns the names, metadata keys and values */
-    unsigned char *data;     /* the data section, [data_size] */
+    sbpio_json_doc *doc; /* owns the names, metadata keys and values */
+    unsigned char *data; /* the data section, [data_size] */
     uint64_t data_size;
-    sbpio_st_info *t;        /* [n] in header order */
+    sbpio_st_info *t; /* [n] in header order */
     int n;
-    int *by_name;            /* [n] indices into t, sorted by name */
-    sbpio_kv *meta;          /* [nmeta] in header order */
+    int *by_name;   /* [n] indices into t, sorted by name */
+    sbpio_kv *meta; /* [nmeta] in header order */
     int nmeta;
 };
 
@@ -134,7 +134,8 @@ int sbpio_st_write(const char *path, int n, const sbpio_st_tensor *tensors, int 
                 sbpio_sb_append(&h, ",", 1);
             if (!meta[i].key || !meta[i].value || !sbpio_sb_json_string(&h, meta[i].key) ||
                 (sbpio_sb_append(&h, ":", 1), !sbpio_sb_json_string(&h, meta[i].value))) {
-                sbpio_errf(err, errlen, "%s: metadata entry %d is NULL or not valid UTF-8", path, i);
+                sbpio_errf(err, errlen, "%s: metadata entry %d is NULL or not valid UTF-8", path,
+                           i);
                 goto done;
             }
         }
@@ -216,7 +217,9 @@ static int parse_entry(sbpio_st_file *f, const char *name, const sbpio_json *v, 
                      *of = sbpio_json_get(v, "data_offsets");
     if (!dt || !sh || !of)
         return sbpio_errf(err, errlen, "%s: tensor '%s': missing \"%s\"", path, name,
-                          !dt ? "dtype" : !sh ? "shape" : "data_offsets");
+                          !dt   ? "dtype"
+                          : !sh ? "shape"
+                                : "data_offsets");
     if (dt->kind != SBPIO_JSON_STRING)
         return sbpio_errf(err, errlen, "%s: tensor '%s': \"dtype\" is not a string", path, name);
     t->name = name;
@@ -234,7 +237,8 @@ static int parse_entry(sbpio_st_file *f, const char *name, const sbpio_json *v, 
         uint64_t x;
         if (!sbpio_json_u64(sh->items[d], &x) || x > INT64_MAX)
             return sbpio_errf(err, errlen,
-                              "%s: tensor '%s': shape[%d] is not a non-negative integer", path, name, d);
+                              "%s: tensor '%s': shape[%d] is not a non-negative integer", path,
+                              name, d);
         t->shape[d] = (int64_t)x;
     }
     if (!sbpio_shape_bytes(t->rank, t->shape, sbpio_dtype_size(t->dtype), &t->numel, &t->nbytes))
@@ -242,11 +246,13 @@ static int parse_entry(sbpio_st_file *f, const char *name, const sbpio_json *v, 
     if (of->kind != SBPIO_JSON_ARRAY || of->n != 2 || !sbpio_json_u64(of->items[0], &t->begin) ||
         !sbpio_json_u64(of->items[1], &t->end))
         return sbpio_errf(err, errlen,
-                          "%s: tensor '%s': \"data_offsets\" must be two non-negative integers", path,
-                          name);
+                          "%s: tensor '%s': \"data_offsets\" must be two non-negative integers",
+                          path, name);
     if (t->begin > t->end)
-        return sbpio_errf(err, errlen, "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
-                          "] end before they begin", path, name, t->begin, t->end);
+        return sbpio_errf(err, errlen,
+                          "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
+                          "] end before they begin",
+                          path, name, t->begin, t->end);
     if (t->end > f->data_size)
         return sbpio_errf(err, errlen,
                           "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
@@ -255,7 +261,8 @@ static int parse_entry(sbpio_st_file *f, const char *name, const sbpio_json *v, 
     if (t->end - t->begin != t->nbytes) {
         char sb[256];
         return sbpio_errf(err, errlen,
-                          "%s: tensor '%s': data_offsets span %" PRIu64 " bytes but %s shape %s needs %zu",
+                          "%s: tensor '%s': data_offsets span %" PRIu64
+                          " bytes but %s shape %s needs %zu",
                           path, name, t->end - t->begin, sbpio_dtype_name(t->dtype),
                           sbpio_shape_str(t->rank, t->shape, sb, sizeof sb), t->nbytes);
     }
@@ -342,7 +349,9 @@ static int st_load(sbpio_st_file *f, FILE *fp, const unsigned char *mem, uint64_
     const char *path = f->path;
     unsigned char len8[8];
     if (size < 8)
-        return sbpio_errf(err, errlen, "%s: file is %" PRIu64 " bytes, too short for a safetensors header", path, size);
+        return sbpio_errf(err, errlen,
+                          "%s: file is %" PRIu64 " bytes, too short for a safetensors header", path,
+                          size);
     if (!fp)
         memcpy(len8, mem, 8);
     else if (!sbpio_read_exact(fp, len8, 8))
@@ -353,10 +362,12 @@ static int st_load(sbpio_st_file *f, FILE *fp, const unsigned char *mem, uint64_
                           path, hlen, ST_MAX_HEADER);
     if (hlen > size - 8)
         return sbpio_errf(err, errlen,
-                          "%s: safetensors header size %" PRIu64 " runs past the end of the %" PRIu64
-                          "-byte file", path, hlen, size);
+                          "%s: safetensors header size %" PRIu64
+                          " runs past the end of the %" PRIu64 "-byte file",
+                          path, hlen, size);
     if (hlen < 2)
-        return sbpio_errf(err, errlen, "%s: safetensors header size %" PRIu64 " is too small", path, hlen);
+        return sbpio_errf(err, errlen, "%s: safetensors header size %" PRIu64 " is too small", path,
+                          hlen);
     char *text = malloc((size_t)hlen);
     f->data_size = size - 8 - hlen;
     if (f->data_size > SIZE_MAX)
@@ -410,15 +421,16 @@ int sbpio_st_open(const char *path, sbpio_st_file **out, char *err, size_t errle
     int64_t size = sbpio_file_size(fp);
     int rc;
     if (size < 0)
-        rc = sbpio_errf(err, errlen, "%s: %s", path, errno == EINVAL ? "not a regular file" : strerror(errno));
+        rc = sbpio_errf(err, errlen, "%s: %s", path,
+                        errno == EINVAL ? "not a regular file" : strerror(errno));
     else
         rc = st_open_common(path, fp, NULL, (uint64_t)size, out, err, errlen);
     fclose(fp);
     return rc;
 }
 
-int sbpio_st_open_mem(const void *buf, size_t len, const char *name, sbpio_st_file **out,
-                      char *err, size_t errlen)
+int sbpio_st_open_mem(const void *buf, size_t len, const char *name, sbpio_st_file **out, char *err,
+                      size_t errlen)
 {
     *out = NULL;
     return st_open_common(name, NULL, buf, len, out, err, errlen);
@@ -467,7 +479,8 @@ static int st_copy(const sbpio_st_file *f, const char *name, void *dst, int64_t 
         return sbpio_errf(err, errlen, "%s: tensor '%s' is %s, not floating point", f->path, name,
                           sbpio_dtype_name(t->dtype));
     if (n != t->numel)
-        return sbpio_errf(err, errlen, "%s: tensor '%s' has %" PRId64 " elements, caller expects %" PRId64,
+        return sbpio_errf(err, errlen,
+                          "%s: tensor '%s' has %" PRId64 " elements, caller expects %" PRId64,
                           f->path, name, t->numel, n);
     const unsigned char *p = t->data;
     for (int64_t i = 0; i < n; i++) {

@@ -66,11 +66,11 @@ bool sbpio_dtype_is_int(sbpio_dtype t);   /* BOOL, U8..U64, I8..I64 */
 /* A dense row-major array in host byte order. */
 typedef struct sbpio_array {
     sbpio_dtype dtype;
-    int rank;                        /* 0 for a scalar */
-    int64_t shape[SBPIO_MAX_RANK];   /* [rank] */
-    int64_t numel;                   /* product of shape (1 for a scalar) */
-    size_t nbytes;                   /* numel * sbpio_dtype_size(dtype) */
-    void *data;                      /* [numel] elements, malloc'd, owned; NULL when nbytes == 0 */
+    int rank;                      /* 0 for a scalar */
+    int64_t shape[SBPIO_MAX_RANK]; /* [rank] */
+    int64_t numel;                 /* product of shape (1 for a scalar) */
+    size_t nbytes;                 /* numel * sbpio_dtype_size(dtype) */
+    void *data;                    /* [numel] elements, malloc'd, owned; NULL when nbytes == 0 */
 } sbpio_array;
 
 void sbpio_array_free(sbpio_array *a); /* frees data and zeroes *a; NULL-safe */
@@ -80,8 +80,7 @@ void sbpio_array_free(sbpio_array *a); /* frees data and zeroes *a; NULL-safe */
  *     error names the first element that does not fit by its multi-index and value;
  *   to F32/F64: from F16, BF16, F32, F64 (a finite F64 that overflows F32 is an error).
  * Integer <-> float conversions are refused. `what` (e.g. the file name) prefixes the message. */
-int sbpio_array_convert(sbpio_array *a, sbpio_dtype to, const char *what, char *err,
-                        size_t errlen);
+int sbpio_array_convert(sbpio_array *a, sbpio_dtype to, const char *what, char *err, size_t errlen);
 
 /* Reads a .npy file (format versions 1.0, 2.0 and 3.0). Supported descrs: b1, u1, i1, u2, i2, u4,
  * i4, u8, i8, f2, f4, f8 with '<', '>' (byte-swapped), '=' or '|' (one-byte types) byte order.
@@ -127,13 +126,13 @@ static inline int sbpio_npy_write_array(const char *path, const sbpio_array *a, 
 #define SBPIO_SHARD_VERSION_U32 7
 
 typedef struct sbpio_shard {
-    char *path;          /* strdup'd, for messages */
-    int version;         /* 1 (uint16 tokens) or 7 (uint32 tokens) */
-    size_t token_size;   /* 2 or 4 */
-    int64_t ntok;        /* number of tokens (header[2]) */
-    unsigned char *raw;  /* [ntok * token_size] little-endian tokens, malloc'd */
-    int64_t pos;         /* first token of the next batch */
-    int64_t epoch;       /* how many times the batches wrapped to the start */
+    char *path;         /* strdup'd, for messages */
+    int version;        /* 1 (uint16 tokens) or 7 (uint32 tokens) */
+    size_t token_size;  /* 2 or 4 */
+    int64_t ntok;       /* number of tokens (header[2]) */
+    unsigned char *raw; /* [ntok * token_size] little-endian tokens, malloc'd */
+    int64_t pos;        /* first token of the next batch */
+    int64_t epoch;      /* how many times the batches wrapped to the start */
 } sbpio_shard;
 
 /* Opens and fully reads a shard; validates magic, version and file size == 1024 + ntok * size.
@@ -155,10 +154,10 @@ int sbpio_shard_seek(sbpio_shard *s, int64_t pos, char *err, size_t errlen);
 
 /* One tensor to write. data: numel * dtype_size bytes in host order (may be NULL if numel 0). */
 typedef struct sbpio_st_tensor {
-    const char *name;      /* any UTF-8 string except "__metadata__"; JSON-escaped on output */
+    const char *name; /* any UTF-8 string except "__metadata__"; JSON-escaped on output */
     sbpio_dtype dtype;
-    int rank;              /* 0..SBPIO_MAX_RANK */
-    const int64_t *shape;  /* [rank] */
+    int rank;             /* 0..SBPIO_MAX_RANK */
+    const int64_t *shape; /* [rank] */
     const void *data;
 } sbpio_st_tensor;
 
@@ -185,8 +184,8 @@ typedef struct sbpio_st_info {
     int64_t shape[SBPIO_MAX_RANK]; /* [rank] */
     int64_t numel;
     size_t nbytes;
-    uint64_t begin, end;           /* data_offsets, relative to the data section */
-    const void *data;              /* [nbytes], little-endian as stored */
+    uint64_t begin, end; /* data_offsets, relative to the data section */
+    const void *data;    /* [nbytes], little-endian as stored */
 } sbpio_st_info;
 
 typedef struct sbpio_st_file sbpio_st_file; /* opaque */
@@ -219,8 +218,8 @@ int sbpio_st_meta_count(const sbpio_st_file *f);
 const sbpio_kv *sbpio_st_meta_at(const sbpio_st_file *f, int i);
 /* Parses a safetensors image held in memory (the whole file); `name` stands for the file in
  * messages. The buffer is copied. */
-int sbpio_st_open_mem(const void *buf, size_t len, const char *name, sbpio_st_file **out,
-                      char *err, size_t errlen);
+int sbpio_st_open_mem(const void *buf, size_t len, const char *name, sbpio_st_file **out, char *err,
+                      size_t errlen);
 
 /* ---------------------------------------------------------------- ONNX (onnx_save.c) */
 
@@ -246,17 +245,20 @@ typedef struct sbpio_onnx_save_opts {
     uint64_t external_min_bytes;
 } sbpio_onnx_save_opts;
 
-/* sbpio_onnx_save_with_weights with options (opts may be NULL for the defaults). */
+/* sbpio_onnx_save_with_weights with two additions: numel (may be NULL) gives the number of
+ * floats data[i] holds, which must equal the initializer's element count (a guard against
+ * writing into a model whose shapes differ from the ones the caller's buffers were made for);
+ * opts may be NULL for the defaults. */
 int sbpio_onnx_save_ex(const char *in_model, const char *out_model, int n,
-                       const char *const *names, const float *const *data,
+                       const char *const *names, const float *const *data, const int64_t *numel,
                        const sbpio_onnx_save_opts *opts, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- atomic files (util.c) */
 
 typedef struct sbpio_atomic {
-    FILE *f;      /* write here */
-    char *path;   /* the target */
-    char *tmp;    /* the temporary, same directory */
+    FILE *f;    /* write here */
+    char *path; /* the target */
+    char *tmp;  /* the temporary, same directory */
 } sbpio_atomic;
 
 /* Creates the temporary file next to path and opens it for writing. */

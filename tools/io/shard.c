@@ -26,7 +26,8 @@ int sbpio_shard_open(const char *path, sbpio_shard *s, char *err, size_t errlen)
     unsigned char hdr[SBPIO_SHARD_HEADER_INTS * 4];
     int64_t size = sbpio_file_size(f);
     if (size < 0) {
-        sbpio_errf(err, errlen, "%s: %s", path, errno == EINVAL ? "not a regular file" : strerror(errno));
+        sbpio_errf(err, errlen, "%s: %s", path,
+                   errno == EINVAL ? "not a regular file" : strerror(errno));
         goto done;
     }
     if (size < (int64_t)sizeof hdr) {
@@ -45,7 +46,8 @@ int sbpio_shard_open(const char *path, sbpio_shard *s, char *err, size_t errlen)
     if (magic == SBPIO_SHARD_MAGIC_U16) {
         if (version != SBPIO_SHARD_VERSION_U16) {
             sbpio_errf(err, errlen,
-                       "%s: unsupported version %" PRId32 " for magic %d (uint16 tokens need version %d)",
+                       "%s: unsupported version %" PRId32
+                       " for magic %d (uint16 tokens need version %d)",
                        path, version, SBPIO_SHARD_MAGIC_U16, SBPIO_SHARD_VERSION_U16);
             goto done;
         }
@@ -53,7 +55,8 @@ int sbpio_shard_open(const char *path, sbpio_shard *s, char *err, size_t errlen)
     } else if (magic == SBPIO_SHARD_MAGIC_U32) {
         if (version != SBPIO_SHARD_VERSION_U32) {
             sbpio_errf(err, errlen,
-                       "%s: unsupported version %" PRId32 " for magic %d (uint32 tokens need version %d)",
+                       "%s: unsupported version %" PRId32
+                       " for magic %d (uint32 tokens need version %d)",
                        path, version, SBPIO_SHARD_MAGIC_U32, SBPIO_SHARD_VERSION_U32);
             goto done;
         }
@@ -136,7 +139,8 @@ int sbpio_shard_check_vocab(const sbpio_shard *s, int64_t vocab, char *err, size
 int sbpio_shard_seek(sbpio_shard *s, int64_t pos, char *err, size_t errlen)
 {
     if (pos < 0 || pos >= s->ntok)
-        return sbpio_errf(err, errlen, "%s: position %" PRId64 " outside the shard's %" PRId64 " tokens",
+        return sbpio_errf(err, errlen,
+                          "%s: position %" PRId64 " outside the shard's %" PRId64 " tokens",
                           s->path, pos, s->ntok);
     s->pos = pos;
     return SBPIO_OK;
@@ -161,8 +165,9 @@ int sbpio_shard_next_batch(sbpio_shard *s, int B, int T, int32_t *input_ids, int
         uint32_t x = sbpio_shard_token(s, s->pos + i), y = sbpio_shard_token(s, s->pos + i + 1);
         if (x > INT32_MAX || y > INT32_MAX) {
             int64_t at = x > INT32_MAX ? s->pos + i : s->pos + i + 1;
-            return sbpio_errf(err, errlen, "%s: token %" PRIu32 " at position %" PRId64
-                              " does not fit int32", s->path, x > INT32_MAX ? x : y, at);
+            return sbpio_errf(err, errlen,
+                              "%s: token %" PRIu32 " at position %" PRId64 " does not fit int32",
+                              s->path, x > INT32_MAX ? x : y, at);
         }
         input_ids[i] = (int32_t)x;
         labels[i] = (int32_t)y;

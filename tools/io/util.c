@@ -32,11 +32,11 @@ static const struct {
     const char *name; /* safetensors */
     size_t size;
 } dtype_table[SBPIO_DT_COUNT] = {
-    [SBPIO_DT_INVALID] = {"?", 0},   [SBPIO_DT_BOOL] = {"BOOL", 1}, [SBPIO_DT_U8] = {"U8", 1},
-    [SBPIO_DT_I8] = {"I8", 1},       [SBPIO_DT_U16] = {"U16", 2},   [SBPIO_DT_I16] = {"I16", 2},
-    [SBPIO_DT_U32] = {"U32", 4},     [SBPIO_DT_I32] = {"I32", 4},   [SBPIO_DT_U64] = {"U64", 8},
-    [SBPIO_DT_I64] = {"I64", 8},     [SBPIO_DT_F16] = {"F16", 2},   [SBPIO_DT_BF16] = {"BF16", 2},
-    [SBPIO_DT_F32] = {"F32", 4},     [SBPIO_DT_F64] = {"F64", 8},
+    [SBPIO_DT_INVALID] = {"?", 0}, [SBPIO_DT_BOOL] = {"BOOL", 1}, [SBPIO_DT_U8] = {"U8", 1},
+    [SBPIO_DT_I8] = {"I8", 1},     [SBPIO_DT_U16] = {"U16", 2},   [SBPIO_DT_I16] = {"I16", 2},
+    [SBPIO_DT_U32] = {"U32", 4},   [SBPIO_DT_I32] = {"I32", 4},   [SBPIO_DT_U64] = {"U64", 8},
+    [SBPIO_DT_I64] = {"I64", 8},   [SBPIO_DT_F16] = {"F16", 2},   [SBPIO_DT_BF16] = {"BF16", 2},
+    [SBPIO_DT_F32] = {"F32", 4},   [SBPIO_DT_F64] = {"F64", 8},
 };
 
 size_t sbpio_dtype_size(sbpio_dtype t)
@@ -152,10 +152,7 @@ int64_t sbpio_file_size(FILE *f)
     return (int64_t)st.st_size;
 }
 
-bool sbpio_read_exact(FILE *f, void *buf, size_t n)
-{
-    return n == 0 || fread(buf, 1, n, f) == n;
-}
+bool sbpio_read_exact(FILE *f, void *buf, size_t n) { return n == 0 || fread(buf, 1, n, f) == n; }
 
 bool sbpio_write_le(FILE *f, const void *data, size_t n, size_t size)
 {

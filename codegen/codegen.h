@@ -1,0 +1,48 @@
+/* codegen.h — the C code generator: a training program (passes/train.h) to train_step.c + .h,
+ * and the compiler call that turns them into a shared object (train_step.so).
+ *
+ * The emitted C implements codegen/sbp_step.h exactly: sbp_step_get_info() describes the step
+ * (dims, strategy, objective, parameter table, workspace size) and sbp_step_run() runs one
+ * forward + backward on the caller's memory. It is meant to be read: named buffers with their
+ * shapes, workspace offsets as named macros, one static function per program block (the
+ * forward, then the backward of each segment, last first), and before each group of runtime
+ * calls a comment naming the IR node and the ONNX nodes it came from. It compiles without
+ * warnings under -Wall -Wextra with gcc and clang.
+ *
+ * Fingerprint (sbp_step_info.model_fingerprint): FNV-1a 64 over, for each parameter in table
+ * order, its name's bytes, one 0 byte, the ONNX dtype code as one byte (1 = float), the rank as
+ * one byte, and each dim as 8 bytes little-endian.
+ *
+ * Errors: functions return IR_OK / IR_ERR with a diagnostic; nothing exits.
+ */
+#ifndef SBP_CODEGEN_H
+#define SBP_CODEGEN_H
+
+#include <stdio.h>
+
+#include "ir.h"
+#include "train.h"
+
+typedef struct sbp_codegen_options {
+    const char *header_name; /* how the .c includes its header ("train_step.h") */
+    const char *model_path;  /* recorded in the info struct and the file comment */
+} sbp_codegen_options;
+
+uint64_t sbp_codegen_fingerprint(const sbp_train_program *p);
+
+/* Writes the C file to c and its header to h. */
+int sbp_codegen_emit(const sbp_train_program *p, const sbp_codegen_options *o, FILE *c, FILE *h,
+                     ir_diag *d);
+
+/* Writes PATH.c and PATH.h for out_path "PATH.c"; for "PATH.so" writes them next to it and
+ * compiles them (sbp_codegen_compile_so). extra_cflags may be NULL. */
+int sbp_codegen_write(const sbp_train_program *p, const char *out_path, const char *model_path,
+                      const char *extra_cflags, ir_diag *d);
+
+/* Compiles c_path into the shared object so_path with $CC (else clang, else cc) and links it
+ * against libsbprt and its dependencies (paths fixed when sbpc was built). extra_cflags: more
+ * flags, split at spaces (e.g. "-Werror"), may be NULL. */
+int sbp_codegen_compile_so(const char *c_path, const char *so_path, const char *extra_cflags,
+                           ir_diag *d);
+
+#endif

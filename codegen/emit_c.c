@@ -1,0 +1,581 @@
+/* emit_c.c — prints a training program as C.
+ *
+ * The file is laid out top-down the way a reader meets it: the header comment (model, dims,
+ * memory), the constants, the parameter table and sbp_step_get_info(), the workspace offsets,
+ * one static function per program block, and sbp_step_run() calling the blocks in order.
+ * Inside a block function, the buffers it touches are declared first (each with its shape),
+ * then the runtime calls, grouped per IR node under a comment naming the node, the phase
+ * (forward / recompute / gradient) and the ONNX nodes it came from. A call is printed from the
+ * kernel's template in passes/train_kernels.def.
+ */
+#include "codegen.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef SBP_VERSION
+#define SBP_VERSION "?"
+#endif
+
+/* ------------------------------------------------------------------ small printers */
+
+/* Text inside a C comment: no comment terminator, no control characters. */
+static void put_comment_text(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '*' && s[1] == '/')
+            fputs("* ", f);
+        else if (c < 0x20 || c == 0x7f)
+            fputc('?', f);
+        else
+            fputc(c, f);
+    }
+}
+
+/* A C string literal. */
+static void put_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; s && *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c == '?')
+            fputs("\\?", f); /* never a trigraph */
+        else if (c < 0x20 || c >= 0x7f)
+            fprintf(f, "\\%03o", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+/* A float literal that reads back as the same float. */
+static void put_float(FILE *f, double x)
+{
+    float v = (float)x;
+    if (isnan(v)) {
+        fputs("NAN", f);
+        return;
+    }
+    if (isinf(v)) {
+        fputs(v < 0 ? "-INFINITY" : "INFINITY", f);
+        return;
+    }
+    char buf[48];
+    snprintf(buf, sizeof buf, "%.9g", (double)v);
+    if (!strpbrk(buf, ".e"))
+        strcat(buf, ".0");
+    fprintf(f, "%sf", buf);
+}
+
+static void put_dims(FILE *f, const tp_buf *b, bool stored)
+{
+    fputc('[', f);
+    for (int i = 0; i < b->rank; i++) {
+        int k = i;
+        if (stored && b->swapped && b->rank == 4 && (i == 1 || i == 2))
+            k = 3 - i;
+        fprintf(f, "%s%lld", i ? "," : "", (long long)b->dims[k]);
+    }
+    fputc(']', f);
+}
+
+/* "f32[2,64,16]"; a buffer stored with axes 1 and 2 exchanged adds its stored order. */
+static void put_type(FILE *f, const tp_buf *b)
+{
+    fputs(b->is_int ? "i32" : "f32", f);
+    put_dims(f, b, false);
+    if (b->swapped) {
+        fputs(" stored as ", f);
+        put_dims(f, b, true);
+    }
+}
+
+static const char *ws_macro(const tp_buf *b)
+{
+    static char buf[160];
+    snprintf(buf, sizeof buf, "WS_%s", b->name);
+    return buf;
+}
+
+/* ------------------------------------------------------------------ fingerprint */
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *s = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= s[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+uint64_t sbp_codegen_fingerprint(const sbp_train_program *p)
+{
+    uint64_t h = 14695981039346656037ull;
+    for (int i = 0; i < p->n_params; i++) {
+        const ir_value *v = p->params[i].value;
+        h = fnv(h, v->name, strlen(v->name) + 1);
+        unsigned char b[2] = {(unsigned char)v->dtype, (unsigned char)v->rank};
+        h = fnv(h, b, 2);
+        for (int k = 0; k < v->rank; k++) {
+            uint64_t d = (uint64_t)v->dims[k].value;
+            unsigned char le[8];
+            for (int j = 0; j < 8; j++)
+                le[j] = (unsigned char)(d >> (8 * j));
+            h = fnv(h, le, 8);
+        }
+    }
+    return h;
+}
+
+/* ------------------------------------------------------------------ pieces of the .c */
+
+static void emit_header_comment(const sbp_train_program *p, const sbp_codegen_options *o,
+                                FILE *f, const char *cname)
+{
+    fprintf(f, "/* %s — a training step compiled by sbpc %s; regenerate rather than edit.\n",
+            cname, SBP_VERSION);
+    fputs(" *\n * model       ", f);
+    put_comment_text(f, o->model_path ? o->model_path : "?");
+    fprintf(f, "\n * step        B = %lld, T = %lld, V = %lld; objective %s; strategy %s\n",
+            (long long)p->batch, (long long)p->seq_len, (long long)p->vocab,
+            sbp_objective_name(p->objective), sbp_strategy_name(p->strategy));
+    int trainable = 0;
+    for (int i = 0; i < p->n_params; i++)
+        trainable += p->params[i].trainable && p->params[i].tied_to < 0;
+    fprintf(f, " * parameters  %d tensors (%d trained), %zu floats in the parameter block and "
+               "as many in the gradient block\n",
+            p->n_params, trainable, p->param_elems);
+    fprintf(f, " * workspace   %zu bytes: persistent activations %zu, persistent gradients %zu, "
+               "segment overlay %zu\n",
+            p->workspace_bytes, p->persist_act_bytes, p->persist_grad_bytes, p->overlay_bytes);
+    fprintf(f, " * segments   ");
+    for (int s = 0; s < p->n_segments; s++)
+        fprintf(f, " %s", p->segments[s].name);
+    fputs("\n *\n"
+          " * The interface is codegen/sbp_step.h. Every call is a libsbprt kernel\n"
+          " * (runtime/sbprt.h): forward kernels write their outputs, backward kernels add into\n"
+          " * their gradient buffers, which are zeroed before the first contribution. Buffers\n"
+          " * are named after the ONNX values they hold: w_ parameters, dw_ their gradients\n"
+          " * (parameter and gradient blocks), a_ activations, d_ activation gradients, s_ saved\n"
+          " * statistics and scratch (workspace), c_ constants.\n",
+          f);
+    if (p->strategy == SBP_STRATEGY_CHECKPOINT)
+        fputs(" * Checkpointing: only values crossing a segment boundary persist; the rest of a\n"
+              " * segment lives in the overlay, which each segment reuses, and a segment's\n"
+              " * backward first recomputes the forward values its gradient rules read.\n",
+              f);
+    fputs(" */\n", f);
+}
+
+static void emit_constants(const sbp_train_program *p, FILE *f)
+{
+    bool any = false;
+    for (int i = 0; i < p->n_bufs; i++) {
+        const tp_buf *b = p->bufs[i];
+        if (b->kind != TP_BUF_CONST)
+            continue;
+        if (!any)
+            fputs("\n/* ---------------------------------------------------------------- "
+                  "constants */\n",
+                  f);
+        any = true;
+        size_t n = b->numel ? b->numel : 1;
+        fprintf(f, "\n/* ");
+        put_type(f, b);
+        fputs(": ", f);
+        put_comment_text(f, b->value ? b->value->name : (b->what ? b->what : ""));
+        fprintf(f, " */\nstatic const %s %s[%zu] = {", b->is_int ? "int32_t" : "float", b->name,
+                n);
+        for (size_t k = 0; k < n; k++) {
+            fputs(k % 8 ? " " : "\n    ", f);
+            if (!b->numel)
+                fputs("0", f);
+            else if (b->is_int)
+                fprintf(f, "%d", (int)((const int32_t *)b->data)[k]);
+            else
+                put_float(f, ((const float *)b->data)[k]);
+            fputc(',', f);
+        }
+        fputs("\n};\n", f);
+    }
+}
+
+static void emit_info(const sbp_train_program *p, const sbp_codegen_options *o, FILE *f)
+{
+    fputs("\n/* ---------------------------------------------------------------- parameters */\n"
+          "\n/* name, rank, dims, numel, element offset, trainable, tied_to (the parameter it\n"
+          " * is the transpose of: no storage of its own) */\n",
+          f);
+    fprintf(f, "static const sbp_step_param step_params[%d] = {\n", p->n_params ? p->n_params : 1);
+    for (int i = 0; i < p->n_params; i++) {
+        const tp_param *q = &p->params[i];
+        const ir_value *v = q->value;
+        fputs("    {", f);
+        put_string(f, v->name);
+        fprintf(f, ", %d, {", v->rank);
+        for (int k = 0; k < v->rank; k++)
+            fprintf(f, "%s%lld", k ? ", " : "", (long long)v->dims[k].value);
+        fprintf(f, "}, %zu, %zu, %d, %d},\n", q->numel, q->offset, q->trainable ? 1 : 0,
+                q->tied_to);
+    }
+    if (!p->n_params)
+        fputs("    {0},\n", f);
+    fputs("};\n", f);
+    size_t peak = 2 * p->param_elems * sizeof(float) + p->workspace_bytes;
+    fputs("\nstatic const sbp_step_info step_info = {\n"
+          "    .abi_version = SBP_STEP_ABI_VERSION,\n"
+          "    .target = \"cpu\",\n",
+          f);
+    fprintf(f, "    .strategy = \"%s\",\n    .objective = \"%s\",\n    .model_path = ",
+            sbp_strategy_name(p->strategy), sbp_objective_name(p->objective));
+    put_string(f, o->model_path ? o->model_path : "");
+    fprintf(f,
+            ",\n    .model_fingerprint = 0x%016llxull,\n"
+            "    .batch = %lld,\n    .seq_len = %lld,\n    .vocab = %lld,\n"
+            "    .n_params = %d,\n    .params = step_params,\n"
+            "    .param_elems = %zu,\n    .workspace_bytes = %zu,\n"
+            "    .planned_peak_bytes = %zu, /* parameters + gradients + workspace */\n};\n",
+            (unsigned long long)sbp_codegen_fingerprint(p), (long long)p->batch,
+            (long long)p->seq_len, (long long)p->vocab, p->n_params, p->param_elems,
+            p->workspace_bytes, peak);
+    fputs("\nconst sbp_step_info *sbp_step_get_info(void) { return &step_info; }\n", f);
+}
+
+static void emit_offsets(const sbp_train_program *p, FILE *f)
+{
+    fputs("\n/* ---------------------------------------------------------------- workspace */\n"
+          "\n/* Byte offsets in the workspace (bump layout; the regions are listed in the file's\n"
+          " * header comment). Overlay buffers of different segments share addresses. */\n",
+          f);
+    for (int r = -1; r < p->n_segments; r++) {
+        for (int pass = 0; pass < 2; pass++) {
+            bool header = false;
+            for (int i = 0; i < p->n_bufs; i++) {
+                const tp_buf *b = p->bufs[i];
+                if (b->kind != TP_BUF_WS || b->region != r || b->is_grad != (pass == 1) ||
+                    b->span)
+                    continue;
+                if (!header) {
+                    fprintf(f, "/* %s %s */\n",
+                            r < 0 ? "persistent" : p->segments[r].name,
+                            pass ? "gradients" : "activations");
+                    header = true;
+                }
+                fprintf(f, "#define %-60s %zu /* ", ws_macro(b), b->offset);
+                put_type(f, b);
+                fputs(" */\n", f);
+            }
+        }
+    }
+    for (int i = 0; i < p->n_bufs; i++) {
+        const tp_buf *b = p->bufs[i];
+        if (b->kind == TP_BUF_WS && b->span)
+            fprintf(f, "#define %-60s %zu /* %zu bytes: every gradient buffer of %s */\n",
+                    ws_macro(b), b->offset, b->numel * 4,
+                    b->region < 0 ? "the persistent region" : p->segments[b->region].name);
+    }
+    fprintf(f, "/* end of the workspace: %zu bytes */\n", p->workspace_bytes);
+}
+
+/* An operand as C. */
+static void put_operand(const sbp_train_program *p, FILE *f, int id)
+{
+    if (id < 0) {
+        fputs("NULL", f);
+        return;
+    }
+    fputs(p->bufs[id]->name, f);
+}
+
+static void put_arg(FILE *f, const tp_arg *a)
+{
+    switch (a->kind) {
+    case TP_ARG_INT: fprintf(f, "%lld", (long long)a->i); break;
+    case TP_ARG_FLOAT: put_float(f, a->f); break;
+    case TP_ARG_EXPR: fputs(a->expr, f); break;
+    case TP_ARG_INTS:
+        fputs("(const int[]){", f);
+        for (int i = 0; i < a->n; i++)
+            fprintf(f, "%s%lld", i ? ", " : "", (long long)a->ints[i]);
+        fputc('}', f);
+        break;
+    }
+}
+
+static void put_call(const sbp_train_program *p, FILE *f, const tp_inst *in)
+{
+    const char *s = tp_kernel_table[in->k].call;
+    for (; *s; s++) {
+        if ((*s == '@' || *s == '#') && isdigit((unsigned char)s[1])) {
+            int k = s[1] - '0';
+            if (*s == '@')
+                put_operand(p, f, in->buf[k]);
+            else
+                put_arg(f, &in->arg[k]);
+            s++;
+        } else {
+            fputc(*s, f);
+        }
+    }
+}
+
+/* The comment above a node's calls. */
+static void put_node_comment(FILE *f, const tp_inst *in)
+{
+    const ir_node *n = in->node;
+    fputs("\n    /* ", f);
+    if (!n) {
+        put_comment_text(f, in->what ? in->what : "");
+        fputs(" */\n", f);
+        return;
+    }
+    fprintf(f, "%s ", ir_op_name(n->op));
+    put_comment_text(f, n->name);
+    fprintf(f, " (%s)", in->what ? in->what : "");
+    if (n->n_origin > 0) {
+        fputs(" <- ", f);
+        int shown = n->n_origin < 4 ? n->n_origin : 4;
+        for (int i = 0; i < shown; i++) {
+            if (i)
+                fputs(", ", f);
+            put_comment_text(f, n->origin[i]);
+        }
+        if (n->n_origin > shown)
+            fprintf(f, " and %d more", n->n_origin - shown);
+    }
+    fputs(" */\n", f);
+}
+
+static const char *const block_params[] = {"P", "G", "ws", "ids", "labels", "scale"};
+
+static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
+{
+    bool *used = calloc((size_t)p->n_bufs + 1, sizeof *used);
+    bool uses[6] = {false, false, false, false, false, false};
+    for (int i = 0; i < blk->n_insts; i++) {
+        const tp_inst *in = &blk->insts[i];
+        for (int j = 0; j < TP_MAX_BUFS; j++)
+            if (in->buf[j] >= 0)
+                used[in->buf[j]] = true;
+        for (int j = 0; j < tp_kernel_table[in->k].n_arg; j++)
+            if (in->arg[j].kind == TP_ARG_EXPR && strcmp(in->arg[j].expr, "scale") == 0)
+                uses[5] = true;
+    }
+    for (int i = 0; i < p->n_bufs; i++) {
+        if (!used || !used[i])
+            continue;
+        switch (p->bufs[i]->kind) {
+        case TP_BUF_PARAM: uses[0] = true; break;
+        case TP_BUF_GRAD: uses[1] = true; break;
+        case TP_BUF_WS: uses[2] = true; break;
+        case TP_BUF_IDS: uses[3] = true; break;
+        case TP_BUF_LABELS: uses[4] = true; break;
+        default: break;
+        }
+    }
+    fputs("\n/* ", f);
+    put_comment_text(f, blk->comment ? blk->comment : blk->name);
+    fprintf(f, " */\nstatic int %s(sbprt_ctx *ctx, const float *P, float *G, unsigned char *ws,\n"
+               "    const int32_t *ids, const int32_t *labels, float scale)\n{\n",
+            blk->name);
+    for (int k = 0; k < 6; k++)
+        if (!uses[k])
+            fprintf(f, "    (void)%s;\n", block_params[k]);
+    for (int i = 0; i < p->n_bufs && used; i++) {
+        if (!used[i])
+            continue;
+        const tp_buf *b = p->bufs[i];
+        switch (b->kind) {
+        case TP_BUF_PARAM:
+            fprintf(f, "    const float *const %s = P + %zu; /* ", b->name, b->offset);
+            put_type(f, b);
+            fputs(" ", f);
+            put_comment_text(f, b->value->name);
+            fputs(" */\n", f);
+            break;
+        case TP_BUF_GRAD:
+            fprintf(f, "    float *const %s = G + %zu; /* ", b->name, b->offset);
+            put_type(f, b);
+            fputs(" gradient of ", f);
+            put_comment_text(f, b->value->name);
+            fputs(" */\n", f);
+            break;
+        case TP_BUF_WS:
+            fprintf(f, "    %s *const %s = (%s *)(ws + %s); /* ", b->is_int ? "int32_t" : "float",
+                    b->name, b->is_int ? "int32_t" : "float", ws_macro(b));
+            if (b->span)
+                fputs("every gradient buffer of the region", f);
+            else
+                put_type(f, b);
+            if (b->value && !b->span) {
+                fputs(b->is_grad ? " gradient of " : " ", f);
+                put_comment_text(f, b->value->name);
+            } else if (b->what && !b->span) {
+                fputs(" ", f);
+                put_comment_text(f, b->what);
+            }
+            fputs(" */\n", f);
+            break;
+        default: break;
+        }
+    }
+    const ir_node *prev = NULL;
+    const char *prev_what = NULL;
+    for (int i = 0; i < blk->n_insts; i++) {
+        const tp_inst *in = &blk->insts[i];
+        if (i == 0 || in->node != prev || in->what != prev_what || !in->node)
+            put_node_comment(f, in);
+        prev = in->node;
+        prev_what = in->what;
+        fputs("    TRY(", f);
+        put_call(p, f, in);
+        fputs(");\n", f);
+    }
+    fputs("    return SBPRT_OK;\n}\n", f);
+    free(used);
+}
+
+static void emit_run(const sbp_train_program *p, FILE *f)
+{
+    size_t bt = (size_t)(p->batch * p->seq_len);
+    fputs("\n/* ---------------------------------------------------------------- the step */\n"
+          "\n/* One forward + backward (codegen/sbp_step.h). The scored positions are counted "
+          "here,\n * on the host: the CPU backend's labels are host memory. */\n"
+          "int sbp_step_run(sbprt_ctx *ctx, const sbp_step_args *args)\n{\n"
+          "    if (!ctx || !args || !args->params || !args->grads || !args->input_ids ||\n"
+          "        !args->labels || !args->workspace || !args->loss ||\n"
+          "        (uintptr_t)args->workspace % SBPRT_ALIGN != 0 || args->denominator < 0)\n"
+          "        return SBPRT_ERR_INVALID;\n"
+          "    const float *P = args->params;\n"
+          "    float *G = args->grads;\n"
+          "    unsigned char *ws = (unsigned char *)args->workspace;\n"
+          "    const int32_t *ids = args->input_ids, *labels = args->labels;\n\n",
+          f);
+    fprintf(f,
+            "    int64_t n_scored = 0;\n"
+            "    for (size_t i = 0; i < %zu; i++)\n"
+            "        n_scored += labels[i] != SBPRT_IGNORE_INDEX;\n"
+            "    if (args->n_scored)\n"
+            "        *args->n_scored = n_scored;\n",
+            bt);
+    if (p->loss_is_mean)
+        fputs("    /* the mean's divisor: the caller's (gradient accumulation over several\n"
+              "     * batches), else this batch's scored positions */\n"
+              "    const double denom = args->denominator > 0 ? args->denominator : "
+              "(double)n_scored;\n"
+              "    const float scale = denom > 0 ? (float)(1.0 / denom) : 0.0f;\n\n",
+              f);
+    else
+        fputs("    const double denom = 1.0; /* the graph's loss is a sum */\n"
+              "    const float scale = 1.0f;\n\n",
+              f);
+    fputs("    if (!args->accumulate)\n"
+          "        TRY(sbprt_memset_zero(ctx, G, sizeof(float) * STEP_PARAM_ELEMS));\n",
+          f);
+    for (int i = 0; i < p->n_blocks; i++)
+        fprintf(f, "    TRY(%s(ctx, P, G, ws, ids, labels, scale));\n", p->blocks[i]->name);
+    if (p->loss_buf >= 0)
+        fprintf(f,
+                "\n    float loss_sum = 0;\n"
+                "    TRY(sbprt_memcpy(ctx, &loss_sum, ws + %s, sizeof loss_sum,\n"
+                "                     SBPRT_COPY_DEVICE_TO_HOST));\n"
+                "    *args->loss = denom > 0 ? (double)loss_sum / denom : 0.0;\n",
+                ws_macro(p->bufs[p->loss_buf]));
+    fputs("    return SBPRT_OK;\n}\n", f);
+}
+
+static void header_guard(const char *header_name, char *out, size_t n)
+{
+    const char *base = strrchr(header_name, '/');
+    base = base ? base + 1 : header_name;
+    size_t k = 0;
+    for (; *base && k + 2 < n; base++)
+        out[k++] = isalnum((unsigned char)*base) ? (char)toupper((unsigned char)*base) : '_';
+    out[k] = 0;
+    if (k == 0 || isdigit((unsigned char)out[0])) {
+        memmove(out + 1, out, k + 1);
+        out[0] = 'S';
+    }
+}
+
+static void emit_h(const sbp_train_program *p, const sbp_codegen_options *o, FILE *h)
+{
+    char guard[128];
+    header_guard(o->header_name, guard, sizeof guard);
+    const char *base = strrchr(o->header_name, '/');
+    base = base ? base + 1 : o->header_name;
+    fprintf(h, "/* %s — the training step compiled by sbpc %s from ", base, SBP_VERSION);
+    put_comment_text(h, o->model_path ? o->model_path : "?");
+    fputs(".\n *\n * The step's interface is codegen/sbp_step.h (sbp_step_get_info, "
+          "sbp_step_run); the\n * numbers below repeat what sbp_step_get_info() reports, "
+          "for callers that size\n * their buffers at compile time.\n */\n",
+          h);
+    fprintf(h, "#ifndef %s\n#define %s\n\n#include \"sbp_step.h\"\n\n", guard, guard);
+    fprintf(h,
+            "#define STEP_BATCH %lld\n#define STEP_SEQ_LEN %lld\n#define STEP_VOCAB %lld\n"
+            "#define STEP_N_PARAMS %d\n"
+            "#define STEP_PARAM_ELEMS ((size_t)%zu) /* floats: parameter block = gradient "
+            "block */\n"
+            "#define STEP_WORKSPACE_BYTES ((size_t)%zu)\n\n",
+            (long long)p->batch, (long long)p->seq_len, (long long)p->vocab, p->n_params,
+            p->param_elems, p->workspace_bytes);
+    fputs("/* Parameters: index, ONNX initializer name, shape, element offset in the blocks.\n",
+          h);
+    for (int i = 0; i < p->n_params; i++) {
+        const tp_param *q = &p->params[i];
+        char ty[160];
+        fprintf(h, " * %4d  ", i);
+        put_comment_text(h, q->value->name);
+        fprintf(h, "  %s  @%zu", ir_value_type_str(q->value, ty, sizeof ty), q->offset);
+        if (q->tied_to >= 0)
+            fprintf(h, "  (transpose of %d, no storage)", q->tied_to);
+        else if (!q->trainable)
+            fputs("  (frozen)", h);
+        fputc('\n', h);
+    }
+    fputs(" */\n\n#endif\n", h);
+}
+
+int sbp_codegen_emit(const sbp_train_program *p, const sbp_codegen_options *o, FILE *c, FILE *h,
+                     ir_diag *d)
+{
+    const char *hname = o->header_name ? o->header_name : "train_step.h";
+    sbp_codegen_options oo = *o;
+    oo.header_name = hname;
+    char cname[256];
+    snprintf(cname, sizeof cname, "%s", hname);
+    char *dot = strrchr(cname, '.');
+    if (dot && strcmp(dot, ".h") == 0)
+        strcpy(dot, ".c");
+    const char *base = strrchr(cname, '/');
+
+    emit_header_comment(p, &oo, c, base ? base + 1 : cname);
+    fputs("#include ", c);
+    put_string(c, hname);
+    fputs("\n\n#include <math.h>\n#include <stddef.h>\n#include <stdint.h>\n\n"
+          "/* A runtime error ends the step; the caller gets the status. */\n"
+          "#define TRY(call)                                                              \\\n"
+          "    do {                                                                       \\\n"
+          "        int rc_ = (call);                                                      \\\n"
+          "        if (rc_ != SBPRT_OK)                                                   \\\n"
+          "            return rc_;                                                        \\\n"
+          "    } while (0)\n",
+          c);
+    emit_constants(p, c);
+    emit_info(p, &oo, c);
+    emit_offsets(p, c);
+    fputs("\n/* ---------------------------------------------------------------- blocks */\n", c);
+    for (int i = 0; i < p->n_blocks; i++)
+        emit_block(p, p->blocks[i], c);
+    emit_run(p, c);
+    emit_h(p, &oo, h);
+    if (ferror(c) || ferror(h))
+        return ir_diag_error(d, "writing the generated code failed");
+    return IR_OK;
+}

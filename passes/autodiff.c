@@ -1,0 +1,929 @@
+/* autodiff.c — the gradient rule table: for every op a training step can contain, its layout
+ * plan, its forward lowering to runtime calls and its gradient rule.
+ *
+ * Reverse mode over the canonical IR: train_program.c walks the nodes backwards and calls each
+ * node's gradient rule, which reads the node's saved forward values and the gradient of its
+ * outputs and ACCUMULATES into the gradients of its inputs (the runtime's backward kernels
+ * add, and every gradient buffer is zeroed once), so a value with several uses gets the sum of
+ * their contributions without any bookkeeping here. An op with no row, or whose row has no
+ * gradient rule while a gradient must flow through it, is a compile error naming the node.
+ *
+ * The `diff` column lists the input slots a gradient flows to: weights, activations; never
+ * token ids, labels, RoPE tables or shape operands.
+ *
+ * Conventions of the rules below: x/y/g... are program buffer ids (-1: none, printed as NULL);
+ * a rule emits nothing for a gradient nobody wants. Shapes come from the IR (all known after
+ * bind-dims); row-wise ops treat their operand as [rows, last dim] whatever its layout.
+ */
+#include "train_internal.h"
+
+#include <string.h>
+
+#define BUFS(...) ((const int[]){__VA_ARGS__})
+#define ARGS(...) ((const tp_arg[]){__VA_ARGS__})
+
+static int64_t dim(const ir_value *v, int i) { return v->dims[i < 0 ? v->rank + i : i].value; }
+static int64_t numel(const ir_value *v) { return (int64_t)tx_numel(v); }
+static int64_t rows_of(const ir_value *v)
+{
+    int64_t d = v->rank > 0 ? dim(v, -1) : 1;
+    return d > 0 ? numel(v) / d : 0;
+}
+
+static bool same_dims(const ir_value *a, const ir_value *b)
+{
+    if (a->rank != b->rank)
+        return false;
+    for (int i = 0; i < a->rank; i++)
+        if (a->dims[i].value != b->dims[i].value)
+            return false;
+    return true;
+}
+
+/* Checks that every count a kernel takes as `int` fits. */
+static int fits_int(tctx *t, const ir_node *n, int64_t x)
+{
+    if (x < 0 || x > INT32_MAX)
+        return tx_error(t, n, "an extent of %lld does not fit the runtime's int sizes",
+                        (long long)x);
+    return IR_OK;
+}
+
+/* Physical dims of input slot as stored (axes 1 and 2 exchanged when swapped). */
+static void stored_dims(tctx *t, const ir_node *n, int slot, int64_t *d)
+{
+    const ir_value *v = n->in[slot];
+    for (int i = 0; i < v->rank; i++)
+        d[i] = v->dims[i].value;
+    if (t->v[v->id].layout == TL_SWAP) {
+        int64_t x = d[1];
+        d[1] = d[2];
+        d[2] = x;
+    }
+}
+
+static const int64_t swap12[4] = {0, 2, 1, 3};
+
+/* ------------------------------------------------------------------ views */
+
+static int plan_cast(tctx *t, const ir_node *n)
+{
+    ir_dtype a = n->in[0]->dtype, b = n->out[0]->dtype;
+    if (!((ir_dtype_is_float(a) && ir_dtype_is_float(b)) ||
+          (ir_dtype_is_int(a) && ir_dtype_is_int(b))))
+        return tx_error(t, n, "Cast from %s to %s at run time is not supported in a training "
+                              "step", ir_dtype_name(a), ir_dtype_name(b));
+    return plan_view(t, n);
+}
+
+/* A view op whose input is stored swapped: put the data in logical order. */
+static int view_fwd(tctx *t, const ir_node *n)
+{
+    int64_t d[4];
+    stored_dims(t, n, 0, d);
+    tx_emit(t, TP_K_PERMUTE_FWD, BUFS(tx_out(t, n, 0), tx_in(t, n, 0)),
+            ARGS(A_I(4), A_IS(t, d, 4), A_IS(t, swap12, 4)));
+    return IR_OK;
+}
+
+static int view_bwd(tctx *t, const ir_node *n)
+{
+    int gx = tx_gin(t, n, 0), gy = tx_gout(t, n, 0);
+    if (gx < 0 || gy < 0)
+        return IR_OK;
+    int64_t d[4];
+    stored_dims(t, n, 0, d);
+    tx_emit(t, TP_K_PERMUTE_BWD, BUFS(gx, gy), ARGS(A_I(4), A_IS(t, d, 4), A_IS(t, swap12, 4)));
+    return IR_OK;
+}
+
+/* ------------------------------------------------------------------ Transpose */
+
+/* The permutation to apply to the input as stored: out axis i is stored-input axis q[i]. */
+static int transpose_perm(tctx *t, const ir_node *n, int64_t *q)
+{
+    const ir_value *x = n->in[0];
+    int r = x->rank;
+    const ir_attr *a = ir_attr_get(n, "perm");
+    int64_t p[IR_MAX_RANK];
+    for (int i = 0; i < r; i++)
+        p[i] = a ? (i < a->n ? a->ints[i] : -1) : r - 1 - i;
+    for (int i = 0; i < r; i++)
+        if (p[i] < 0 || p[i] >= r)
+            return tx_error(t, n, "invalid perm");
+    bool swapped = t->v[x->id].layout == TL_SWAP;
+    for (int i = 0; i < r; i++)
+        q[i] = swapped ? swap12[p[i]] : p[i];
+    return IR_OK;
+}
+
+static int plan_transpose(tctx *t, const ir_node *n)
+{
+    tn *r = tx_node(t, n);
+    int64_t q[IR_MAX_RANK];
+    int rank = n->in[0]->rank;
+    if (transpose_perm(t, n, q) != IR_OK)
+        return IR_ERR;
+    bool ident = true, is_swap = rank == 4;
+    for (int i = 0; i < rank; i++) {
+        ident = ident && q[i] == i;
+        if (rank == 4)
+            is_swap = is_swap && q[i] == swap12[i];
+    }
+    r->view = ident || is_swap;
+    r->out_layout = is_swap ? TL_SWAP : TL_NAT;
+    return IR_OK;
+}
+
+static int transpose_fwd(tctx *t, const ir_node *n)
+{
+    int64_t q[IR_MAX_RANK], d[IR_MAX_RANK];
+    int rank = n->in[0]->rank;
+    transpose_perm(t, n, q);
+    stored_dims(t, n, 0, d);
+    tx_emit(t, TP_K_PERMUTE_FWD, BUFS(tx_out(t, n, 0), tx_in(t, n, 0)),
+            ARGS(A_I(rank), A_IS(t, d, rank), A_IS(t, q, rank)));
+    return IR_OK;
+}
+
+static int transpose_bwd(tctx *t, const ir_node *n)
+{
+    int gx = tx_gin(t, n, 0), gy = tx_gout(t, n, 0);
+    if (gx < 0 || gy < 0)
+        return IR_OK;
+    int64_t q[IR_MAX_RANK], d[IR_MAX_RANK];
+    int rank = n->in[0]->rank;
+    transpose_perm(t, n, q);
+    stored_dims(t, n, 0, d);
+    tx_emit(t, TP_K_PERMUTE_BWD, BUFS(gx, gy), ARGS(A_I(rank), A_IS(t, d, rank), A_IS(t, q, rank)));
+    return IR_OK;
+}
+
+/* ------------------------------------------------------------------ Embedding / Gather */
+
+static int plan_embedding(tctx *t, const ir_node *n)
+{
+    const ir_value *table = n->in[0], *ids = n->in[1];
+    if (table->rank != 2 || !ir_dtype_is_int(ids->dtype))
+        return tx_error(t, n, "an embedding needs a [V,D] table and integer ids");
+    if (n->op == IR_OP_GATHER && ir_attr_int(n, "axis", 0) != 0)
+        return tx_error(t, n, "Gather along axis %lld is not supported in a training step",
+                        (long long)ir_attr_int(n, "axis", 0));
+    if (fits_int(t, n, numel(ids)) || fits_int(t, n, dim(table, 0)) || fits_int(t, n, dim(table, 1)))
+        return IR_ERR;
+    tx_node(t, n)->out_layout = TL_NAT;
+    return IR_OK;
+}
+
+static int embedding_fwd(tctx *t, const ir_node *n)
+{
+    const ir_value *table = n->in[0], *ids = n->in[1];
+    tx_emit(t, TP_K_EMBEDDING_FWD, BUFS(tx_out(t, n, 0), tx_in(t, n, 0), tx_in(t, n, 1)),
+            ARGS(A_I(numel(ids)), A_I(dim(table, 0)), A_I(dim(table, 1))));
+    return IR_OK;
+}
+
+static int embedding_bwd(tctx *t, const ir_node *n)
+{
+    const ir_value *table = n->in[0], *ids = n->in[1];
+    int gt = tx_gin(t, n, 0), gy = tx_gout(t, n, 0);
+    if (gt < 0 || gy < 0)
+        return IR_OK;
+    tx_emit(t, TP_K_EMBEDDING_BWD, BUFS(gt, gy, tx_in(t, n, 1)),
+            ARGS(A_I(numel(ids)), A_I(dim(table, 0)), A_I(dim(table, 1))));
+    return IR_OK;
+}
+
+/* ------------------------------------------------------------------ Linear */
+
+static int plan_linear(tctx *t, const ir_node *n)
+{
+    const ir_value *x = n->in[0], *w = n->in[1], *y = n->out[0];
+    if (w->rank != 2 || x->rank < 1)
+        return tx_error(t, n, "Linear needs a 2-D weight");
+    int64_t k = dim(x, -1), nn = dim(y, -1);
+    bool tw = ir_attr_int(n, "trans_w", 0) != 0;
+    if ((tw ? dim(w, 1) : dim(w, 0)) != k || (tw ? dim(w, 0) : dim(w, 1)) != nn)
+        return tx_error(t, n, "Linear weight shape does not match its input and output");
+    if (fits_int(t, n, rows_of(x)) || fits_int(t, n, k) || fits_int(t, n, nn))
+        return IR_ERR;
+    return plan_rowwise(t, n);
+}
+
+static int linear_fwd(tctx *t, const ir_node *n)
+{
+    const ir_value *x = n->in[0], *y = n->out[0];
+    int64_t R = rows_of(x), K = dim(x, -1), N = dim(y, -1);
+    int64_t tw = ir_attr_int(n, "trans_w", 0) != 0;
+    int out = tx_out(t, n, 0);
+    tx_emit(t, TP_K_GEMM, BUFS(out, tx_in(t, n, 0), tx_in(t, n, 1)),
+            ARGS(A_I(0), A_I(tw), A_I(R), A_I(N), A_I(K), A_F(1), A_F(0)));
+    if (n->n_in > 2 && n->in[2])
+        tx_emit(t, TP_K_BIAS_ADD, BUFS(out, tx_in(t, n, 2)), ARGS(A_I(R), A_I(N)));
+    return IR_OK;
+}
+
+static int linear_bwd(tctx *t, const ir_node *n)
+{
+    const ir_value *x = n->in[0], *y = n->out[0];
+    int64_t R = rows_of(x), K = dim(x, -1), N = dim(y, -1);
+    bool tw = ir_attr_int(n, "trans_w", 0) != 0;
+    int gy = tx_gout(t, n, 0), gx = tx_gin(t, n, 0), gw = tx_gin(t, n, 1), gb = tx_gin(t, n, 2);
+    int xb = tx_in(t, n, 0), wb = tx_in(t, n, 1);
+    if (gy < 0)
+        return IR_OK;
+    if (gw >= 0) {
+        if (tw) /* dW[N,K] += dYᵀ X */
+            tx_emit(t, TP_K_GEMM, BUFS(gw, gy, xb),
+                    ARGS(A_I(1), A_I(0), A_I(N), A_I(K), A_I(R), A_F(1), A_F(1)));
+        else /* dW[K,N] += Xᵀ dY */
+            tx_emit(t, TP_K_GEMM, BUFS(gw, xb, gy),
+                    ARGS(A_I(1), A_I(0), A_I(K), A_I(N), A_I(R), A_F(1), A_F(1)));
+    }
+    if (gb >= 0)
+        tx_emit(t, TP_K_BIAS_BACKWARD, BUFS(gb, gy), ARGS(A_I(R), A_I(N)));
+    if (gx >= 0) /* dX[R,K] += dY op(W)ᵀ */
+        tx_emit(t, TP_K_GEMM, BUFS(gx, gy, wb),
+                ARGS(A_I(0), A_I(tw ? 0 : 1), A_I(R), A_I(K), A_I(N), A_F(1), A_F(1)));
+    return IR_OK;
+}
+
+/* ------------------------------------------------------------------ norms */
+
+static int plan_norm(tctx *t, const ir_node *n)
+{
+    const ir_value *x = n->in[0];
+    if (x->rank < 1 || fits_int(t, n, rows_of(x)) || fits_int(t, n, dim(x, -1)))
+        return IR_ERR;
+    for (int i = 1; i < n->n_in; i++)
+        if (n->in[i] && numel(n->in[i]) != dim(x, -1))
+            return tx_error(t, n, "norm weight %d must have %lld elements", i,
+                            (long long)dim(x, -1));
+    return plan_rowwise(t, n);
+}
+
+static int layernorm_fwd(tctx *t, const ir_node *n)
+{
+    const ir_value *x = n->in[0];
+    int64_t R = rows_of(x), D = dim(x, -1);
+    int mean = tx_aux(t, n, 0, (size_t)R, false, false, "mean");
+    int rstd = tx_aux(t, n, 1, (size_t)R, false, false, "rstd");
+    tx_emit(t, TP_K_LAYERNORM_FWD,
+            BUFS(tx_out(t, n, 0), mean, rstd, tx_in(t, n, 0), tx_in(t, n, 1), tx_in(t, n, 2)),
+            ARGS(A_I(R), A_I(D), A_F(ir_attr_float(n, "epsilon", 1e-5))));
+    return IR_OK;
+}
+
+static int layernorm_bwd(tctx *t, const ir_node *n)
+{
+    const ir_value *x = n->in[0];
+    int64_t R = rows_of(x), D = dim(x, -1);
+    int gy = tx_gout(t, n, 0), gx = tx_gin(t, n, 0), gg = tx_gin(t, n, 1), gb = tx_gin(t, n, 2);
+    if (gy < 0 || (gx < 0 && gg < 0 && gb < 0))
+        return IR_OK;
+    tx_emit(t, TP_K_LAYERNORM_BWD,
+            BUFS(gx, gg, gb, gy, tx_in(t, n, 0), tx_in(t, n, 1), tx_node(t, n)->aux[0],
+                 tx_node(t, n)->aux[1]),
+            ARGS(A_I(R), A_I(D)));
+    return IR_OK;
+}
+
+static int rms_gamma(tctx *t, const ir_node *n)
+{
+    return n->n_in > 1 && n->in[1] ? tx_in(t, n, 1) : tx_ones(t, dim(n->in[0], -1));
+}
+
+static int rmsnorm_fwd(tctx *t, const ir_node *n)
+{
+    const ir_value *x = n->in[0];
+    int64_t R = rows_of(x), D = dim(x, -1);
+    int rstd = tx_aux(t, n, 0, (size_t)R, false, false, "rstd");
+    tx_emit(t, TP_K_RMSNORM_FWD, BUFS(tx_out(t, n, 0), rstd, tx_in(t, n, 0), rms_gamma(t, n)),
+            ARGS(A_I(R), A_I(D), A_F(ir_attr_float(n, "epsilon", 1e-5))));
+    return IR_OK;
+}
+
+static int rmsnorm_bwd(tctx *t, const ir_node *n)
+{
+    const ir_value *x = n->in[0];
+    int64_t R = rows_of(x), D = dim(x, -1);
+    int gy = tx_gout(t, n, 0), gx = tx_gin(t, n, 0), gg = tx_gin(t, n, 1);
+    if (gy < 0 || (gx < 0 && gg < 0))
+        return IR_OK;
+    tx_emit(t, TP_K_RMSNORM_BWD,
+            BUFS(gx, gg, gy, tx_in(t, n, 0), rms_gamma(t, n), tx_node(t, n)->aux[0]),
+            ARGS(A_I(R), A_I(D)));
+    return IR_OK;
+}
+
+/* ------------------------------------------------------------------ activations */
+
+static bool gelu_tanh(const ir_node *n)
+{
+    return strcmp(ir_attr_string(n, "approximate", "none"), "tanh") == 0;
+}
+
+static int gelu_fwd(tctx *t, const ir_node *n)
+{
+    tx_emit(t, gelu_tanh(n) ? TP_K_GELU_TANH_FWD : TP_K_GELU_ERF_FWD,
+            BUFS(tx_out(t, n, 0), tx_in(t, n, 0)), ARGS(A_I(numel(n->in[0]))));
+    return IR_OK;
+}
+
+static int gelu_bwd(tctx *t, const ir_node *n)
+{
+    int gx = tx_gin(t, n, 0), gy = tx_gout(t, n, 0);
+    if (gx >= 0 && gy >= 0)
+        tx_emit(t, gelu_tanh(n) ? TP_K_GELU_TANH_BWD : TP_K_GELU_ERF_BWD,
+                BUFS(gx, gy, tx_in(t, n, 0)), ARGS(A_I(numel(n->in[0]))));
+    return IR_OK;
+}
+
+static int silu_fwd(tctx *t, const ir_node *n)
+{
+    tx_emit(t, TP_K_SILU_FWD, BUFS(tx_out(t, n, 0), tx_in(t, n, 0)), ARGS(A_I(numel(n->in[0]))));
+    return IR_OK;
+}
+
+static int silu_bwd(tctx *t, const ir_node *n)
+{
+    int gx = tx_gin(t, n, 0), gy = tx_gout(t, n, 0);
+    if (gx >= 0 && gy >= 0)
+        tx_emit(t, TP_K_SILU_BWD, BUFS(gx, gy, tx_in(t, n, 0)), ARGS(A_I(numel(n->in[0]))));
+    return IR_OK;
+}
+
+static int plan_swiglu(tctx *t, const ir_node *n)
+{
+    if (!same_dims(n->in[0], n->in[1]))
+        return tx_error(t, n, "SwiGLU operands must have the same shape");
+    return plan_rowwise(t, n);
+}
+
+static int swiglu_fwd(tctx *t, const ir_node *n)
+{
+    tx_emit(t, TP_K_SWIGLU_FWD, BUFS(tx_out(t, n, 0), tx_in(t, n, 0), tx_in(t, n, 1)),
+            ARGS(A_I(numel(n->in[0]))));
+    return IR_OK;
+}
+
+static int swiglu_bwd(tctx *t, const ir_node *n)
+{
+    int gg = tx_gin(t, n, 0), gu = tx_gin(t, n, 1), gy = tx_gout(t, n, 0);
+    if (gy >= 0 && (gg >= 0 || gu >= 0))
+        tx_emit(t, TP_K_SWIGLU_BWD, BUFS(gg, gu, gy, tx_in(t, n, 0), tx_in(t, n, 1)),
+                ARGS(A_I(numel(n->in[0]))));
+    return IR_OK;
+}
+
+/* ------------------------------------------------------------------ Rope */
+
+/* Rows, heads and positions of the kernel call: x [..., T, hd] stored naturally is rows of one
+ * head each at position r % T; stored swapped ([B,T,H,hd]) it is B*T rows of H heads. */
+static int rope_args(tctx *t, const ir_node *n, tp_arg *a, int *pos)
+{
+    const ir_value *x = n->in[0], *cs = n->in[1];
+    int64_t T = dim(cs, 0), rot = dim(cs, 1), hd = dim(x, -1), rows, heads;
+    if (tx_layout(t, n, 0) == TL_SWAP) {
+        rows = dim(x, 0) * dim(x, 2);
+        heads = dim(x, 1);
+    } else {
+        rows = rows_of(x);
+        heads = 1;
+    }
+    *pos = tx_positions(t, rows, T);
+    a[0] = A_I(rows);
+    a[1] = A_I(heads);
+    a[2] = A_I(hd);
+    a[3] = A_I(rot);
+    a[4] = A_I(T);
+    return IR_OK;
+}
+
+static int plan_rope(tctx *t, const ir_node *n)
+{
+    const ir_value *x = n->in[0], *c = n->in[1], *s = n->in[2];
+    if (x->rank < 2 || c->rank != 2 || !same_dims(c, s))
+        return tx_error(t, n, "Rope needs x [..., T, hd] and cos/sin tables [T, rot]");
+    if (dim(x, -2) != dim(c, 0) || dim(c, 1) > dim(x, -1) || dim(c, 1) % 2)
+        return tx_error(t, n, "Rope tables [%lld,%lld] do not fit x's [T=%lld, hd=%lld]",
+                        (long long)dim(c, 0), (long long)dim(c, 1), (long long)dim(x, -2),
+                        (long long)dim(x, -1));
+    if (!ir_value_is_const(c) || !ir_value_is_const(s))
+        return tx_error(t, n, "Rope tables must be constants");
+    if (fits_int(t, n, rows_of(x)))
+        return IR_ERR;
+    return plan_rowwise(t, n);
+}
+
+static int rope_fwd(tctx *t, const ir_node *n)
+{
+    tp_arg a[5];
+    int pos;
+    rope_args(t, n, a, &pos);
+    tx_emit(t, TP_K_ROPE_FWD,
+            BUFS(tx_out(t, n, 0), tx_in(t, n, 0), pos, tx_in(t, n, 1), tx_in(t, n, 2)), a);
+    return IR_OK;
+}
+
+static int rope_bwd(tctx *t, const ir_node *n)
+{
+    int gx = tx_gin(t, n, 0), gy = tx_gout(t, n, 0);
+    if (gx < 0 || gy < 0)
+        return IR_OK;
+    tp_arg a[5];
+    int pos;
+    rope_args(t, n, a, &pos);
+    tx_emit(t, TP_K_ROPE_BWD, BUFS(gx, gy, pos, tx_in(t, n, 1), tx_in(t, n, 2)), a);
+    return IR_OK;
+}
+
+/* ------------------------------------------------------------------ Attention */
+
+static int plan_attention(tctx *t, const ir_node *n)
+{
+    const ir_value *q = n->in[0], *k = n->in[1], *v = n->in[2];
+    if (q->rank != 4 || k->rank != 4 || !same_dims(k, v) || dim(q, 0) != dim(k, 0) ||
+        dim(q, 3) != dim(k, 3) || dim(q, 2) != dim(k, 2) || dim(k, 1) <= 0 ||
+        dim(q, 1) % dim(k, 1) != 0)
+        return tx_error(t, n, "Attention needs q [B,Hq,T,hd] and k, v [B,Hkv,T,hd] with Hq a "
+                              "multiple of Hkv");
+    if (ir_attr_int(n, "causal", 1) != 1)
+        return tx_error(t, n, "only causal attention is supported");
+    tn *r = tx_node(t, n);
+    for (int i = 0; i < 3; i++)
+        if (t->v[n->in[i]->id].layout != TL_SWAP)
+            r->relayout[i] = TL_SWAP;
+    r->out_layout = TL_SWAP;
+    return IR_OK;
+}
+
+static void attention_args(const ir_node *n, tp_arg *a)
+{
+    const ir_value *q = n->in[0], *k = n->in[1];
+    a[0] = A_I(dim(q, 0));
+    a[1] = A_I(dim(q, 2));
+    a[2] = A_I(dim(k, 2));
+    a[3] = A_I(dim(q, 1));
+    a[4] = A_I(dim(k, 1));
+    a[5] = A_I(dim(q, 3));
+    a[6] = A_I(0);
+    a[7] = A_F(ir_attr_float(n, "scale", 1.0));
+}
+
+static int attention_fwd(tctx *t, const ir_node *n)
+{
+    const ir_value *q = n->in[0];
+    int lse = tx_aux(t, n, 0, (size_t)(dim(q, 0) * dim(q, 1) * dim(q, 2)), false, false, "lse");
+    tp_arg a[8];
+    attention_args(n, a);
+    tx_emit(t, TP_K_ATTENTION_FWD,
+            BUFS(tx_out(t, n, 0), lse, tx_in(t, n, 0), tx_in(t, n, 1), tx_in(t, n, 2)), a);
+    return IR_OK;
+}
+
+static int attention_bwd(tctx *t, const ir_node *n)
+{
+    int gy = tx_gout(t, n, 0), gq = tx_gin(t, n, 0), gk = tx_gin(t, n, 1), gv = tx_gin(t, n, 2);
+    if (gy < 0 || (gq < 0 && gk < 0 && gv < 0))
+        return IR_OK;
+    /* the kernel computes dk and dv together: a scratch for the one nobody wants */
+    if (gk < 0 && gv >= 0)
+        gk = tx_aux(t, n, 1, tx_numel(n->in[1]), false, true, "unused_dk");
+    if (gv < 0 && gk >= 0)
+        gv = tx_aux(t, n, 2, tx_numel(n->in[2]), false, true, "unused_dv");
+    tp_arg a[8];
+    attention_args(n, a);
+    tx_emit(t, TP_K_ATTENTION_BWD,
+            BUFS(gq, gk, gv, gy, tx_in(t, n, 0), tx_in(t, n, 1), tx_in(t, n, 2), tx_out(t, n, 0),
+                 tx_node(t, n)->aux[0]),
+            a);
+    return IR_OK;
+}
+
+/* ------------------------------------------------------------------ elementwise binary */
+
+static int binop_code(ir_op op)
+{
+    switch (op) {
+    case IR_OP_ADD: return 0;
+    case IR_OP_SUB: return 1;
+    case IR_OP_MUL: return 2;
+    default: return 3;
+    }
+}
+static const char *const binop_names[] = {"SBPRT_BIN_ADD", "SBPRT_BIN_SUB", "SBPRT_BIN_MUL",
+                                          "SBPRT_BIN_DIV"};
+
+static int plan_binary(tctx *t, const ir_node *n)
+{
+    const ir_value *a = n->in[0], *b = n->in[1], *y = n->out[0];
+    if (!ir_dtype_is_float(y->dtype) || !ir_dtype_is_float(a->dtype) ||
+        !ir_dtype_is_float(b->dtype))
+        return tx_error(t, n, "%s on %s values at run time is not supported in a training step",
+                        ir_op_name(n->op), ir_dtype_name(y->dtype));
+    if (y->rank > 8 || a->rank > y->rank || b->rank > y->rank)
+        return tx_error(t, n, "unsupported broadcast");
+    if (same_dims(a, y) && same_dims(b, y))
+        return plan_rowwise(t, n);
+    return plan_natural(t, n);
+}
+
+/* Operand dims right-aligned to the output's rank (numpy broadcasting). */
+static void aligned_dims(const ir_value *v, int rank, int64_t *d)
+{
+    for (int i = 0; i < rank; i++) {
+        int j = i - (rank - v->rank);
+        d[i] = j >= 0 ? v->dims[j].value : 1;
+    }
+}
+
+static void binary_args(tctx *t, const ir_node *n, tp_arg *a)
+{
+    const ir_value *y = n->out[0];
+    int64_t dy[IR_MAX_RANK], da[IR_MAX_RANK], db[IR_MAX_RANK];
+    int r = y->rank;
+    aligned_dims(y, r, dy);
+    aligned_dims(n->in[0], r, da);
+    aligned_dims(n->in[1], r, db);
+    a[0] = A_E(binop_names[binop_code(n->op)]);
+    a[1] = A_I(r);
+    a[2] = A_IS(t, dy, r);
+    a[3] = A_IS(t, da, r);
+    a[4] = A_IS(t, db, r);
+}
+
+static bool plain_add(const ir_node *n)
+{
+    return n->op == IR_OP_ADD && same_dims(n->in[0], n->out[0]) &&
+           same_dims(n->in[1], n->out[0]);
+}
+
+static int binary_fwd(tctx *t, const ir_node *n)
+{
+    int y = tx_out(t, n, 0), a = tx_in(t, n, 0), b = tx_in(t, n, 1);
+    if (plain_add(n)) {
+        tx_emit(t, TP_K_ADD, BUFS(y, a, b), ARGS(A_I(numel(n->out[0]))));
+        return IR_OK;
+    }
+    tp_arg args[5];
+    binary_args(t, n, args);
+    tx_emit(t, TP_K_BROADCAST_FWD, BUFS(y, a, b), args);
+    return IR_OK;
+}
+
+static int binary_bwd(tctx *t, const ir_node *n)
+{
+    int gy = tx_gout(t, n, 0), ga = tx_gin(t, n, 0), gb = tx_gin(t, n, 1);
+    if (gy < 0 || (ga < 0 && gb < 0))
+        return IR_OK;
+    if (plain_add(n)) {
+        int64_t c = numel(n->out[0]);
+        if (ga >= 0)
+            tx_emit(t, TP_K_ACCUMULATE, BUFS(ga, gy), ARGS(A_I(c)));
+        if (gb >= 0)
+            tx_emit(t, TP_K_ACCUMULATE, BUFS(gb, gy), ARGS(A_I(c)));
+        return IR_OK;
+    }
+    tp_arg args[5];
+    binary_args(t, n, args);
+    tx_emit(t, TP_K_BROADCAST_BWD, BUFS(ga, gb, gy, tx_in(t, n, 0), tx_in(t, n, 1)), args);
+    return IR_OK;
+}
+
+/* ------------------------------------------------------------------ Expand */
+
+static int plan_expand(tctx *t, const ir_node *n)
+{
+    if (!ir_dtype_is_float(n->out[0]->dtype))
+        return tx_error(t, n, "Expand of %s values at run time is not supported",
+                        ir_dtype_name(n->out[0]->dtype));
+    return plan_natural(t, n);
+}
+
+static void expand_args(tctx *t, const ir_node *n, tp_arg *a)
+{
+    const ir_value *y = n->out[0];
+    int r = y->rank;
+    int64_t dy[IR_MAX_RANK], dx[IR_MAX_RANK], d1[IR_MAX_RANK];
+    aligned_dims(y, r, dy);
+    aligned_dims(n->in[0], r, dx);
+    for (int i = 0; i < r; i++)
+        d1[i] = 1;
+    a[0] = A_E(binop_names[0]);
+    a[1] = A_I(r);
+    a[2] = A_IS(t, dy, r);
+    a[3] = A_IS(t, dx, r);
+    a[4] = A_IS(t, d1, r);
+}
+
+static int expand_fwd(tctx *t, const ir_node *n)
+{
+    tp_arg a[5];
+    expand_args(t, n, a);
+    tx_emit(t, TP_K_BROADCAST_FWD, BUFS(tx_out(t, n, 0), tx_in(t, n, 0), tx_zero(t)), a);
+    return IR_OK;
+}
+
+static int expand_bwd(tctx *t, const ir_node *n)
+{
+    int gx = tx_gin(t, n, 0), gy = tx_gout(t, n, 0);
+    if (gx < 0 || gy < 0)
+        return IR_OK;
+    tp_arg a[5];
+    expand_args(t, n, a);
+    tx_emit(t, TP_K_BROADCAST_BWD, BUFS(gx, -1, gy, tx_in(t, n, 0), tx_zero(t)), a);
+    return IR_OK;
+}
+
+/* ------------------------------------------------------------------ Split / Slice / Concat */
+
+/* A tensor seen as [outer, extent of axis, inner]. */
+static void axis_split(const ir_value *v, int axis, int64_t *outer, int64_t *inner)
+{
+    *outer = 1;
+    *inner = 1;
+    for (int i = 0; i < axis; i++)
+        *outer *= v->dims[i].value;
+    for (int i = axis + 1; i < v->rank; i++)
+        *inner *= v->dims[i].value;
+}
+
+static int norm_axis(const ir_node *n, const ir_value *v)
+{
+    int64_t a = ir_attr_int(n, "axis", 0);
+    return (int)(a < 0 ? a + v->rank : a);
+}
+
+static int plan_axis_op(tctx *t, const ir_node *n, int axis, const ir_value *ref)
+{
+    if (axis < 0 || axis >= ref->rank)
+        return tx_error(t, n, "axis out of range");
+    for (int i = 0; i < n->n_in; i++)
+        if (n->in[i] && !ir_dtype_is_float(n->in[i]->dtype) && (n->op == IR_OP_CONCAT || i == 0))
+            return tx_error(t, n, "%s of %s values at run time is not supported",
+                            ir_op_name(n->op), ir_dtype_name(n->in[i]->dtype));
+    if (numel(ref) > INT32_MAX)
+        return tx_error(t, n, "tensor too large");
+    return axis == ref->rank - 1 ? plan_rowwise(t, n) : plan_natural(t, n);
+}
+
+static int plan_split(tctx *t, const ir_node *n)
+{
+    return plan_axis_op(t, n, norm_axis(n, n->in[0]), n->in[0]);
+}
+
+static int split_fwd(tctx *t, const ir_node *n)
+{
+    const ir_value *x = n->in[0];
+    int axis = norm_axis(n, x);
+    int64_t outer, inner, off = 0;
+    axis_split(x, axis, &outer, &inner);
+    int64_t ld = x->dims[axis].value * inner;
+    for (int i = 0; i < n->n_out; i++) {
+        if (!n->out[i])
+            continue;
+        int64_t w = n->out[i]->dims[axis].value * inner;
+        tx_emit(t, TP_K_COPY_COLS, BUFS(tx_out(t, n, i), tx_in(t, n, 0)),
+                ARGS(A_I(outer), A_I(w), A_I(w), A_I(0), A_I(ld), A_I(off), A_I(0)));
+        off += w;
+    }
+    return IR_OK;
+}
+
+static int split_bwd(tctx *t, const ir_node *n)
+{
+    const ir_value *x = n->in[0];
+    int gx = tx_gin(t, n, 0);
+    if (gx < 0)
+        return IR_OK;
+    int axis = norm_axis(n, x);
+    int64_t outer, inner, off = 0;
+    axis_split(x, axis, &outer, &inner);
+    int64_t ld = x->dims[axis].value * inner;
+    for (int i = 0; i < n->n_out; i++) {
+        if (!n->out[i])
+            continue;
+        int64_t w = n->out[i]->dims[axis].value * inner;
+        int gy = tx_gout(t, n, i);
+        if (gy >= 0)
+            tx_emit(t, TP_K_COPY_COLS, BUFS(gx, gy),
+                    ARGS(A_I(outer), A_I(w), A_I(ld), A_I(off), A_I(w), A_I(0), A_I(1)));
+        off += w;
+    }
+    return IR_OK;
+}
+
+/* The one sliced axis of a Slice with step 1 and its start; -1 when unsupported. */
+static int slice_axis(const ir_node *n, int64_t *start)
+{
+    const ir_value *x = n->in[0], *y = n->out[0];
+    if (x->rank != y->rank)
+        return -1;
+    int axis = -1;
+    for (int i = 0; i < x->rank; i++)
+        if (x->dims[i].value != y->dims[i].value) {
+            if (axis >= 0)
+                return -1;
+            axis = i;
+        }
+    if (axis < 0)
+        axis = x->rank - 1; /* a full slice: any axis, start 0 */
+    *start = 0;
+    const ir_value *starts = n->in[1], *axes = n->n_in > 3 ? n->in[3] : NULL;
+    const ir_value *steps = n->n_in > 4 ? n->in[4] : NULL;
+    if (!ir_value_is_const(starts) || (axes && !ir_value_is_const(axes)) ||
+        (steps && !ir_value_is_const(steps)))
+        return -1;
+    for (int64_t j = 0; j < (int64_t)tx_numel(starts); j++) {
+        int64_t a = axes ? ir_const_i64(axes, j) : j;
+        if (a < 0)
+            a += x->rank;
+        if (steps && ir_const_i64(steps, j) != 1)
+            return -1;
+        if (a != axis)
+            continue;
+        int64_t s = ir_const_i64(starts, j), d = x->dims[axis].value;
+        if (s < 0)
+            s += d;
+        *start = s < 0 ? 0 : s > d ? d : s;
+    }
+    return axis;
+}
+
+static int plan_slice(tctx *t, const ir_node *n)
+{
+    int64_t start;
+    int axis = slice_axis(n, &start);
+    if (axis < 0)
+        return tx_error(t, n, "only a Slice of one axis with step 1 and constant bounds is "
+                              "supported");
+    return plan_axis_op(t, n, axis, n->in[0]);
+}
+
+static int slice_fwd(tctx *t, const ir_node *n)
+{
+    int64_t start, outer, inner;
+    int axis = slice_axis(n, &start);
+    axis_split(n->in[0], axis, &outer, &inner);
+    int64_t ld = n->in[0]->dims[axis].value * inner, w = n->out[0]->dims[axis].value * inner;
+    tx_emit(t, TP_K_COPY_COLS, BUFS(tx_out(t, n, 0), tx_in(t, n, 0)),
+            ARGS(A_I(outer), A_I(w), A_I(w), A_I(0), A_I(ld), A_I(start * inner), A_I(0)));
+    return IR_OK;
+}
+
+static int slice_bwd(tctx *t, const ir_node *n)
+{
+    int gx = tx_gin(t, n, 0), gy = tx_gout(t, n, 0);
+    if (gx < 0 || gy < 0)
+        return IR_OK;
+    int64_t start, outer, inner;
+    int axis = slice_axis(n, &start);
+    axis_split(n->in[0], axis, &outer, &inner);
+    int64_t ld = n->in[0]->dims[axis].value * inner, w = n->out[0]->dims[axis].value * inner;
+    tx_emit(t, TP_K_COPY_COLS, BUFS(gx, gy),
+            ARGS(A_I(outer), A_I(w), A_I(ld), A_I(start * inner), A_I(w), A_I(0), A_I(1)));
+    return IR_OK;
+}
+
+static int plan_concat(tctx *t, const ir_node *n)
+{
+    return plan_axis_op(t, n, norm_axis(n, n->out[0]), n->out[0]);
+}
+
+static int concat_fwd(tctx *t, const ir_node *n)
+{
+    const ir_value *y = n->out[0];
+    int axis = norm_axis(n, y);
+    int64_t outer, inner, off = 0;
+    axis_split(y, axis, &outer, &inner);
+    int64_t ld = y->dims[axis].value * inner;
+    for (int i = 0; i < n->n_in; i++) {
+        int64_t w = n->in[i]->dims[axis].value * inner;
+        tx_emit(t, TP_K_COPY_COLS, BUFS(tx_out(t, n, 0), tx_in(t, n, i)),
+                ARGS(A_I(outer), A_I(w), A_I(ld), A_I(off), A_I(w), A_I(0), A_I(0)));
+        off += w;
+    }
+    return IR_OK;
+}
+
+static int concat_bwd(tctx *t, const ir_node *n)
+{
+    const ir_value *y = n->out[0];
+    int gy = tx_gout(t, n, 0);
+    if (gy < 0)
+        return IR_OK;
+    int axis = norm_axis(n, y);
+    int64_t outer, inner, off = 0;
+    axis_split(y, axis, &outer, &inner);
+    int64_t ld = y->dims[axis].value * inner;
+    for (int i = 0; i < n->n_in; i++) {
+        int64_t w = n->in[i]->dims[axis].value * inner;
+        int gx = tx_gin(t, n, i);
+        if (gx >= 0)
+            tx_emit(t, TP_K_COPY_COLS, BUFS(gx, gy),
+                    ARGS(A_I(outer), A_I(w), A_I(w), A_I(0), A_I(ld), A_I(off), A_I(1)));
+        off += w;
+    }
+    return IR_OK;
+}
+
+/* ------------------------------------------------------------------ the loss */
+
+static int plan_loss(tctx *t, const ir_node *n)
+{
+    const ir_value *logits = n->in[0], *labels = n->in[1];
+    if (n->op == IR_OP_SOFTMAX_CE_LOSS && n->n_in > 2 && n->in[2])
+        return tx_error(t, n, "class weights are not supported");
+    if (n->n_out > 1 && n->out[1] && ir_value_use_count(t->g, n->out[1]) > 0)
+        return tx_error(t, n, "the log-probability output of the loss is not supported");
+    const ir_attr *ig = ir_attr_get(n, "ignore_index");
+    if (ig && ig->i != -100)
+        return tx_error(t, n, "ignore_index %lld is not supported (only -100)",
+                        (long long)ig->i);
+    const char *red = ir_attr_string(n, "reduction", "mean");
+    if (strcmp(red, "mean") != 0 && strcmp(red, "sum") != 0)
+        return tx_error(t, n, "reduction '%s' does not give a scalar loss", red);
+    if (!ir_dtype_is_int(labels->dtype) || logits->rank < 1 ||
+        numel(logits) != numel(labels) * dim(logits, -1))
+        return tx_error(t, n, "the loss needs logits [N..,V] and integer labels [N..]");
+    if (fits_int(t, n, numel(labels)) || fits_int(t, n, dim(logits, -1)))
+        return IR_ERR;
+    return plan_natural(t, n);
+}
+
+static int loss_fwd(tctx *t, const ir_node *n)
+{
+    int loss = tx_out(t, n, 0);
+    tx_emit(t, TP_K_MEMSET_ZERO, BUFS(loss), ARGS(A_I(4)));
+    tx_emit(t, TP_K_CROSS_ENTROPY, BUFS(loss, -1, tx_in(t, n, 0), tx_in(t, n, 1)),
+            ARGS(A_I(numel(n->in[1])), A_I(dim(n->in[0], -1)), A_E("scale")));
+    return IR_OK;
+}
+
+/* The fused kernel WRITES dlogits. That is an accumulation into the zeroed gradient as long
+ * as no other reader of the logits runs its gradient rule before this one, i.e. the loss is
+ * their last reader; otherwise it writes a scratch that is then added. */
+static int loss_bwd(tctx *t, const ir_node *n)
+{
+    int gl = tx_gin(t, n, 0);
+    if (gl < 0)
+        return IR_OK;
+    int64_t N = numel(n->in[1]), V = dim(n->in[0], -1);
+    int again = tx_aux(t, n, 0, 1, false, false, "loss_again");
+    bool last_reader = tx_node(t, n)->relayout[0] >= 0 ||
+                       tx_root(t, n->in[0])->last_use == tx_index(t, n);
+    int dst = last_reader ? gl : tx_aux(t, n, 1, (size_t)(N * V), false, true, "dlogits");
+    tx_emit(t, TP_K_CROSS_ENTROPY, BUFS(again, dst, tx_in(t, n, 0), tx_in(t, n, 1)),
+            ARGS(A_I(N), A_I(V), A_E("scale")));
+    if (!last_reader)
+        tx_emit(t, TP_K_ACCUMULATE, BUFS(gl, dst), ARGS(A_I(N * V)));
+    return IR_OK;
+}
+
+/* ------------------------------------------------------------------ the table */
+
+#define D0 1u
+#define D01 3u
+#define D012 7u
+#define DALL 0xffffffffu
+
+static const grad_rule rules[] = {
+    /* op                  diff  plan             forward        gradient */
+    {IR_OP_EMBEDDING,      D0,   plan_embedding,  embedding_fwd, embedding_bwd},
+    {IR_OP_GATHER,         D0,   plan_embedding,  embedding_fwd, embedding_bwd},
+    {IR_OP_LINEAR,         D012, plan_linear,     linear_fwd,    linear_bwd},
+    {IR_OP_LAYER_NORM,     D012, plan_norm,       layernorm_fwd, layernorm_bwd},
+    {IR_OP_RMS_NORM,       D01,  plan_norm,       rmsnorm_fwd,   rmsnorm_bwd},
+    {IR_OP_GELU,           D0,   plan_rowwise,    gelu_fwd,      gelu_bwd},
+    {IR_OP_SILU,           D0,   plan_rowwise,    silu_fwd,      silu_bwd},
+    {IR_OP_SWIGLU,         D01,  plan_swiglu,     swiglu_fwd,    swiglu_bwd},
+    {IR_OP_ROPE,           D0,   plan_rope,       rope_fwd,      rope_bwd},
+    {IR_OP_ATTENTION,      D012, plan_attention,  attention_fwd, attention_bwd},
+    {IR_OP_CROSS_ENTROPY,  D0,   plan_loss,       loss_fwd,      loss_bwd},
+    {IR_OP_SOFTMAX_CE_LOSS, D0,  plan_loss,       loss_fwd,      loss_bwd},
+    {IR_OP_ADD,            D01,  plan_binary,     binary_fwd,    binary_bwd},
+    {IR_OP_SUB,            D01,  plan_binary,     binary_fwd,    binary_bwd},
+    {IR_OP_MUL,            D01,  plan_binary,     binary_fwd,    binary_bwd},
+    {IR_OP_DIV,            D01,  plan_binary,     binary_fwd,    binary_bwd},
+    {IR_OP_EXPAND,         D0,   plan_expand,     expand_fwd,    expand_bwd},
+    {IR_OP_SPLIT,          D0,   plan_split,      split_fwd,     split_bwd},
+    {IR_OP_SLICE,          D0,   plan_slice,      slice_fwd,     slice_bwd},
+    {IR_OP_CONCAT,         DALL, plan_concat,     concat_fwd,    concat_bwd},
+    {IR_OP_TRANSPOSE,      D0,   plan_transpose,  transpose_fwd, transpose_bwd},
+    /* views: no instructions unless the input is stored swapped */
+    {IR_OP_RESHAPE,        D0,   plan_view,       view_fwd,      view_bwd},
+    {IR_OP_FLATTEN,        D0,   plan_view,       view_fwd,      view_bwd},
+    {IR_OP_SQUEEZE,        D0,   plan_view,       view_fwd,      view_bwd},
+    {IR_OP_UNSQUEEZE,      D0,   plan_view,       view_fwd,      view_bwd},
+    {IR_OP_IDENTITY,       D0,   plan_view,       view_fwd,      view_bwd},
+    {IR_OP_CAST,           D0,   plan_cast,       view_fwd,      view_bwd},
+};
+
+const grad_rule *train_rule(ir_op op)
+{
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
+        if (rules[i].op == op)
+            return &rules[i];
+    return NULL;
+}
