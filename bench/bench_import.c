@@ -50,7 +50,7 @@ int main(int argc, char **argv)
                 return 1;
             }
             n_raw = g->n_nodes;
-            sbp_pass_options opt = {.batch = 1, .seq_len = 1024, .verify = true};
+            sbp_pass_options opt = {.batch = 2, .seq_len = 64, .verify = true};
             if (sbp_canonicalize(g, &opt, NULL) != IR_OK) {
                 ir_diag_print(&d, stderr, "bench_import");
                 return 1;

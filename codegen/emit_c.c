@@ -384,6 +384,8 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
     fprintf(f, " */\nstatic int %s(sbprt_ctx *ctx, const float *P, float *G, unsigned char *ws,\n"
                "    const int32_t *ids, const int32_t *labels, float scale)\n{\n",
             blk->name);
+    if (blk->n_insts == 0)
+        fputs("    (void)ctx;\n", f);
     for (int k = 0; k < 6; k++)
         if (!uses[k])
             fprintf(f, "    (void)%s;\n", block_params[k]);

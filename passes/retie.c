@@ -36,14 +36,6 @@ static bool is_transpose(const ir_value *a, const ir_value *b)
     return true;
 }
 
-static bool gathered(const ir_graph *g, const ir_value *v)
-{
-    for (int i = 0; i < g->n_nodes; i++)
-        if (!g->nodes[i]->dead && g->nodes[i]->op == IR_OP_GATHER && g->nodes[i]->in[0] == v)
-            return true;
-    return false;
-}
-
 static bool candidate(const ir_value *v)
 {
     return v->kind == IR_VAL_PARAM && v->rank == 2 && ir_value_shape_known(v) && v->data &&
@@ -52,18 +44,36 @@ static bool candidate(const ir_value *v)
 
 int sbp_pass_retie(ir_graph *g)
 {
-    int nv = g->n_values;
-    for (int bi = 0; bi < nv; bi++) {
-        ir_value *b = g->values[bi];
+    /* Use lists once: the pass is O(params^2) shape comparisons at worst, never O(nodes) per
+     * pair (import + canonicalisation must stay linear in depth). */
+    ir_uses u = ir_uses_build(g);
+    if (!u.n_uses)
+        return ir_diag_error(g->diag, "out of memory building use lists");
+    int nv = g->n_values, nc = 0;
+    ir_value **cand = ir_arena_calloc(g->arena, (size_t)nv + 1, sizeof *cand);
+    bool *gathered = ir_arena_calloc(g->arena, (size_t)nv + 1, sizeof *gathered);
+    if (!cand || !gathered)
+        return ir_diag_error(g->diag, "out of memory re-tying");
+    for (int i = 0; i < nv; i++) {
+        ir_value *v = g->values[i];
+        if (!candidate(v) || (u.n_uses[i] == 0 && !v->is_output))
+            continue;
+        cand[nc++] = v;
+        for (int k = 0; k < u.n_uses[i]; k++)
+            if (u.uses[i][k].node->op == IR_OP_GATHER && u.uses[i][k].slot == 0)
+                gathered[i] = true;
+    }
+    for (int bi = 0; bi < nc; bi++) {
+        ir_value *b = cand[bi];
         /* An embedding table (read by Gather) is always the owner, never the copy: with a
          * square pair either could be called the transpose of the other. */
-        if (!candidate(b) || ir_value_use_count(g, b) == 0 || all_equal(b) || gathered(g, b))
+        if (b->tied_to || gathered[b->id] || all_equal(b))
             continue;
-        for (int ai = 0; ai < nv; ai++) {
-            ir_value *a = g->values[ai];
-            if (a == b || !candidate(a) || a->dtype != b->dtype ||
+        for (int ai = 0; ai < nc; ai++) {
+            ir_value *a = cand[ai];
+            if (a == b || a->tied_to || a->dtype != b->dtype ||
                 a->dims[0].value != b->dims[1].value || a->dims[1].value != b->dims[0].value ||
-                ir_value_use_count(g, a) == 0 || !is_transpose(a, b))
+                !is_transpose(a, b))
                 continue;
             ir_value *in[1] = {a};
             ir_node *t = ir_node_new(g, IR_OP_TRANSPOSE, NULL, 1, in, 1);
@@ -75,7 +85,6 @@ int sbp_pass_retie(ir_graph *g)
                 return IR_ERR;
             ir_node_move_after(g, t, NULL);
             ir_replace_uses(g, b, t->out[0]);
-            t->in[0] = a; /* ir_replace_uses never touches it, but be explicit */
             b->tied_to = a;
             ir_diag_note(g->diag, "re-tied '%s' to the transpose of '%s' (the exporter had "
                          "folded a tied weight into a copy; --no-retie keeps them apart)",

@@ -1021,6 +1021,8 @@ static int emit_blocks(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
                 return ir_diag_error(t->g->diag, "out of memory");
             blk->insts[blk->n_insts++] = grads.insts[i];
         }
+        if (blk->n_insts == 0) /* nothing to do (e.g. every parameter before it frozen) */
+            p->n_blocks--;
     }
     return IR_OK;
 }

@@ -9,12 +9,12 @@
  * data section, and every tensor of 8-byte-multiple size before it, is 8-aligned), and streams
  * header and data into an atomic file.
  *
- * Reader: reads the header and the data section into two allocations (so the data section is
- * 16-byte aligned whatever the header length), parses the header with json.c, and validates every
- * entry before anything is returned: dtype known, shape non-negative and its byte size free of
- * overflow, offsets ordered, inside the data section and matching the byte size, names unique,
- * and — after sorting by offset — no two byte ranges overlapping. Lookup by name is a binary
- * search over a sorted index.
+ * Reader: reads the header, parses it with json.c and validates every entry — dtype known, shape
+ * non-negative and its byte size free of overflow, offsets ordered, inside the data section (whose
+ * size the file size gives) and matching the byte size, names unique, and, after sorting by
+ * offset, no two byte ranges overlapping — before the data section is read into its own
+ * allocation (16-byte aligned whatever the header length). Lookup by name is a binary search over
+ * a sorted index.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -266,7 +266,6 @@ static int parse_entry(sbpio_st_file *f, const char *name, const sbpio_json *v, 
                           path, name, t->end - t->begin, sbpio_dtype_name(t->dtype),
                           sbpio_shape_str(t->rank, t->shape, sb, sizeof sb), t->nbytes);
     }
-    t->data = f->data + t->begin;
     return SBPIO_OK;
 }
 
@@ -368,32 +367,36 @@ static int st_load(sbpio_st_file *f, FILE *fp, const unsigned char *mem, uint64_
     if (hlen < 2)
         return sbpio_errf(err, errlen, "%s: safetensors header size %" PRIu64 " is too small", path,
                           hlen);
-    char *text = malloc((size_t)hlen);
     f->data_size = size - 8 - hlen;
     if (f->data_size > SIZE_MAX)
         return sbpio_errf(err, errlen, "%s: too large for this platform", path);
-    f->data = malloc(f->data_size ? (size_t)f->data_size : 1);
-    if (!text || !f->data) {
-        free(text);
+    /* The header first: a bad file is refused before its data section is read. */
+    char *text = malloc((size_t)hlen);
+    if (!text)
         return sbpio_errf(err, errlen, "%s: out of memory", path);
-    }
-    if (fp) {
-        if (!sbpio_read_exact(fp, text, (size_t)hlen) ||
-            !sbpio_read_exact(fp, f->data, (size_t)f->data_size)) {
-            free(text);
-            return sbpio_errf(err, errlen, "%s: read error", path);
-        }
-    } else {
+    if (!fp)
         memcpy(text, mem + 8, (size_t)hlen);
-        memcpy(f->data, mem + 8 + hlen, (size_t)f->data_size);
+    else if (!sbpio_read_exact(fp, text, (size_t)hlen)) {
+        free(text);
+        return sbpio_errf(err, errlen, "%s: read error", path);
     }
     int rc = SBPIO_OK;
     if (text[0] != '{')
         rc = sbpio_errf(err, errlen, "%s: safetensors header does not start with '{'", path);
     else
         rc = st_parse(f, text, (size_t)hlen, err, errlen);
-    free(text);
-    return rc;
+    free(text); /* the parsed document holds copies of every string */
+    if (rc != SBPIO_OK)
+        return rc;
+    if (!(f->data = malloc(f->data_size ? (size_t)f->data_size : 1)))
+        return sbpio_errf(err, errlen, "%s: out of memory (%" PRIu64 " bytes)", path, f->data_size);
+    if (!fp)
+        memcpy(f->data, mem + 8 + hlen, (size_t)f->data_size);
+    else if (!sbpio_read_exact(fp, f->data, (size_t)f->data_size))
+        return sbpio_errf(err, errlen, "%s: read error in the data section", path);
+    for (int i = 0; i < f->n; i++)
+        f->t[i].data = f->data + f->t[i].begin;
+    return SBPIO_OK;
 }
 
 static int st_open_common(const char *name, FILE *fp, const unsigned char *mem, uint64_t size,

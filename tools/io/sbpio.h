@@ -249,8 +249,8 @@ typedef struct sbpio_onnx_save_opts {
  * floats data[i] holds, which must equal the initializer's element count (a guard against
  * writing into a model whose shapes differ from the ones the caller's buffers were made for);
  * opts may be NULL for the defaults. */
-int sbpio_onnx_save_ex(const char *in_model, const char *out_model, int n,
-                       const char *const *names, const float *const *data, const int64_t *numel,
+int sbpio_onnx_save_ex(const char *in_model, const char *out_model, int n, const char *const *names,
+                       const float *const *data, const int64_t *numel,
                        const sbpio_onnx_save_opts *opts, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- atomic files (util.c) */
