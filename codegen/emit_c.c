@@ -173,12 +173,25 @@ static void emit_header_comment(const sbp_train_program *p, const sbp_codegen_op
     fputs(" */\n", f);
 }
 
+/* used[i]: buffer i is an operand somewhere in the program. */
+static bool *used_buffers(const sbp_train_program *p)
+{
+    bool *used = calloc((size_t)p->n_bufs + 1, sizeof *used);
+    for (int bi = 0; used && bi < p->n_blocks; bi++)
+        for (int i = 0; i < p->blocks[bi]->n_insts; i++)
+            for (int j = 0; j < TP_MAX_BUFS; j++)
+                if (p->blocks[bi]->insts[i].buf[j] >= 0)
+                    used[p->blocks[bi]->insts[i].buf[j]] = true;
+    return used;
+}
+
 static void emit_constants(const sbp_train_program *p, FILE *f)
 {
     bool any = false;
+    bool *used = used_buffers(p);
     for (int i = 0; i < p->n_bufs; i++) {
         const tp_buf *b = p->bufs[i];
-        if (b->kind != TP_BUF_CONST)
+        if (b->kind != TP_BUF_CONST || (used && !used[i]))
             continue;
         if (!any)
             fputs("\n/* ---------------------------------------------------------------- "
@@ -204,6 +217,7 @@ static void emit_constants(const sbp_train_program *p, FILE *f)
         }
         fputs("\n};\n", f);
     }
+    free(used);
 }
 
 static void emit_info(const sbp_train_program *p, const sbp_codegen_options *o, FILE *f)
@@ -300,6 +314,10 @@ static void put_arg(FILE *f, const tp_arg *a)
     case TP_ARG_FLOAT: put_float(f, a->f); break;
     case TP_ARG_EXPR: fputs(a->expr, f); break;
     case TP_ARG_INTS:
+        if (a->n == 0) { /* a scalar's dims: C has no empty array */
+            fputs("NULL", f);
+            break;
+        }
         fputs("(const int[]){", f);
         for (int i = 0; i < a->n; i++)
             fprintf(f, "%s%lld", i ? ", " : "", (long long)a->ints[i]);
@@ -443,8 +461,13 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
     free(used);
 }
 
-static void emit_run(const sbp_train_program *p, FILE *f)
+static void header_guard(const char *header_name, char *out, size_t n);
+
+static void emit_run(const sbp_train_program *p, const sbp_codegen_options *o, FILE *f)
 {
+    char prefix[128];
+    header_guard(o->header_name, prefix, sizeof prefix);
+    prefix[strlen(prefix) - 2] = 0; /* the guard without its _H */
     size_t bt = (size_t)(p->batch * p->seq_len);
     fputs("\n/* ---------------------------------------------------------------- the step */\n"
           "\n/* One forward + backward (codegen/sbp_step.h). The scored positions are counted "
@@ -477,9 +500,9 @@ static void emit_run(const sbp_train_program *p, FILE *f)
         fputs("    const double denom = 1.0; /* the graph's loss is a sum */\n"
               "    const float scale = 1.0f;\n\n",
               f);
-    fputs("    if (!args->accumulate)\n"
-          "        TRY(sbprt_memset_zero(ctx, G, sizeof(float) * STEP_PARAM_ELEMS));\n",
-          f);
+    fprintf(f, "    if (!args->accumulate)\n"
+               "        TRY(sbprt_memset_zero(ctx, G, sizeof(float) * %s_PARAM_ELEMS));\n",
+            prefix);
     for (int i = 0; i < p->n_blocks; i++)
         fprintf(f, "    TRY(%s(ctx, P, G, ws, ids, labels, scale));\n", p->blocks[i]->name);
     if (p->loss_buf >= 0)
@@ -492,6 +515,8 @@ static void emit_run(const sbp_train_program *p, FILE *f)
     fputs("    return SBPRT_OK;\n}\n", f);
 }
 
+/* The header's include guard, from its file name: "train_step.h" gives TRAIN_STEP_H (always
+ * ending in _H); its stem is the prefix of the header's macros. */
 static void header_guard(const char *header_name, char *out, size_t n)
 {
     const char *base = strrchr(header_name, '/');
@@ -503,7 +528,10 @@ static void header_guard(const char *header_name, char *out, size_t n)
     if (k == 0 || isdigit((unsigned char)out[0])) {
         memmove(out + 1, out, k + 1);
         out[0] = 'S';
+        k++;
     }
+    if (k < 2 || strcmp(out + k - 2, "_H") != 0)
+        snprintf(out + k, n - k, "_H");
 }
 
 static void emit_h(const sbp_train_program *p, const sbp_codegen_options *o, FILE *h)
@@ -519,14 +547,17 @@ static void emit_h(const sbp_train_program *p, const sbp_codegen_options *o, FIL
           "for callers that size\n * their buffers at compile time.\n */\n",
           h);
     fprintf(h, "#ifndef %s\n#define %s\n\n#include \"sbp_step.h\"\n\n", guard, guard);
+    char px[128];
+    snprintf(px, sizeof px, "%s", guard);
+    px[strlen(px) - 2] = 0;
     fprintf(h,
-            "#define STEP_BATCH %lld\n#define STEP_SEQ_LEN %lld\n#define STEP_VOCAB %lld\n"
-            "#define STEP_N_PARAMS %d\n"
-            "#define STEP_PARAM_ELEMS ((size_t)%zu) /* floats: parameter block = gradient "
+            "#define %s_BATCH %lld\n#define %s_SEQ_LEN %lld\n#define %s_VOCAB %lld\n"
+            "#define %s_N_PARAMS %d\n"
+            "#define %s_PARAM_ELEMS ((size_t)%zu) /* floats: parameter block = gradient "
             "block */\n"
-            "#define STEP_WORKSPACE_BYTES ((size_t)%zu)\n\n",
-            (long long)p->batch, (long long)p->seq_len, (long long)p->vocab, p->n_params,
-            p->param_elems, p->workspace_bytes);
+            "#define %s_WORKSPACE_BYTES ((size_t)%zu)\n\n",
+            px, (long long)p->batch, px, (long long)p->seq_len, px, (long long)p->vocab, px,
+            p->n_params, px, p->param_elems, px, p->workspace_bytes);
     fputs("/* Parameters: index, ONNX initializer name, shape, element offset in the blocks.\n",
           h);
     for (int i = 0; i < p->n_params; i++) {
@@ -575,7 +606,7 @@ int sbp_codegen_emit(const sbp_train_program *p, const sbp_codegen_options *o, F
     fputs("\n/* ---------------------------------------------------------------- blocks */\n", c);
     for (int i = 0; i < p->n_blocks; i++)
         emit_block(p, p->blocks[i], c);
-    emit_run(p, c);
+    emit_run(p, &oo, c);
     emit_h(p, &oo, h);
     if (ferror(c) || ferror(h))
         return ir_diag_error(d, "writing the generated code failed");

@@ -55,7 +55,6 @@ typedef struct tctx {
     tp_block *cur;                /* instructions are appended here */
     const ir_node *cur_node;
     const char *cur_what;
-    int cur_seg;                  /* segment of the node being lowered */
     int64_t B, T;
     int rope_pos_cache[8][3];     /* (rows, T) -> const buffer */
     int n_rope_pos;

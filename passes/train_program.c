@@ -841,7 +841,6 @@ static int lower_forward(tctx *t, const ir_node *n, const char *what)
         return IR_OK;
     t->cur_node = n;
     t->cur_what = what;
-    t->cur_seg = r->seg;
     for (int s = 0; s < n->n_in && s < TN_MAX_IN; s++) {
         if (r->relayout[s] < 0)
             continue;
@@ -891,7 +890,6 @@ static int lower_backward(tctx *t, const ir_node *n)
         return IR_OK;
     t->cur_node = n;
     t->cur_what = "gradient";
-    t->cur_seg = r->seg;
     if (rule->bwd(t, n) != IR_OK)
         return IR_ERR;
     for (int s = 0; s < n->n_in && s < TN_MAX_IN; s++) {

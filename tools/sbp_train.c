@@ -68,6 +68,21 @@ static int error(const char *fmt, ...)
     return -1;
 }
 
+/* An error that is printed only when `report` (the first few of a long list). */
+static void mismatch(bool report, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void mismatch(bool report, const char *fmt, ...)
+{
+    if (!report)
+        return;
+    va_list ap;
+    clear_bar();
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: error: ", prog);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
 static void message(const char *kind, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void message(const char *kind, const char *fmt, ...)
 {
@@ -425,20 +440,20 @@ static int validate_info(const sbp_step_info *in, const char *step_path)
 /* ------------------------------------------------------------------ the model */
 
 /* The model's value for step parameter p, checked: a float32 initializer of p's shape. NULL
- * (with a message) when it does not match. */
+ * (with a message when `report`) when it does not match. */
 static const ir_value *match_param(const ir_graph *g, const sbp_step_param *p, const char *model,
-                                   const char *step)
+                                   const char *step, bool report)
 {
     char want[256], have[256];
     const ir_value *v = ir_value_find(g, p->name);
     if (!v || (v->kind != IR_VAL_PARAM && v->kind != IR_VAL_CONST)) {
-        error("%s does not match %s: the step's parameter '%s' is not an initializer of the "
-              "model", model, step, p->name);
+        mismatch(report, "%s does not match %s: the step's parameter '%s' is not an initializer "
+                 "of the model", model, step, p->name);
         return NULL;
     }
     if (v->dtype != IR_DT_FLOAT) {
-        error("%s does not match %s: initializer '%s' is %s, but the step trains it as f32",
-              model, step, p->name, ir_dtype_name(v->dtype));
+        mismatch(report, "%s does not match %s: initializer '%s' is %s, but the step trains it "
+                 "as f32", model, step, p->name, ir_dtype_name(v->dtype));
         return NULL;
     }
     bool same = v->rank == p->rank;
@@ -448,16 +463,16 @@ static const ir_value *match_param(const ir_graph *g, const sbp_step_param *p, c
         same = same && vd[d] == p->dims[d];
     }
     if (!same) {
-        error("%s does not match %s: initializer '%s' has shape %s but the step was compiled "
-              "for %s", model, step, p->name,
-              shape_str(have, sizeof have, v->rank < 0 ? 0 : v->rank, vd),
-              shape_str(want, sizeof want, p->rank, p->dims));
+        mismatch(report, "%s does not match %s: initializer '%s' has shape %s but the step was "
+                 "compiled for %s", model, step, p->name,
+                 shape_str(have, sizeof have, v->rank < 0 ? 0 : v->rank, vd),
+                 shape_str(want, sizeof want, p->rank, p->dims));
         return NULL;
     }
     /* A re-tied copy has no storage in the step: its data is only compared with its owner's. */
     if ((!v->data || v->nbytes != p->numel * sizeof(float)) && p->tied_to < 0) {
-        error("%s: initializer '%s' has no data (%zu bytes for %zu floats)", model, p->name,
-              v->nbytes, p->numel);
+        mismatch(report, "%s: initializer '%s' has no data (%zu bytes for %zu floats)", model,
+                 p->name, v->nbytes, p->numel);
         return NULL;
     }
     return v;
@@ -516,10 +531,18 @@ static int model_open(model *m, const options *o, const sbp_step_info *in)
     m->vals = calloc((size_t)in->n_params + 1, sizeof *m->vals);
     if (!m->vals)
         return error("out of memory");
+    enum { MAX_REPORTED = 8 }; /* a wholly different model would list every parameter */
+    int bad = 0;
     for (int i = 0; i < in->n_params; i++)
-        if (!(m->vals[i] = match_param(m->g, &in->params[i], o->model_path, o->step_path)))
-            rc = -1;
-    return rc;
+        if (!(m->vals[i] = match_param(m->g, &in->params[i], o->model_path, o->step_path,
+                                       bad < MAX_REPORTED)))
+            bad++;
+    if (bad > MAX_REPORTED)
+        error("... and %d more of the step's %d parameters do not match", bad - MAX_REPORTED,
+              in->n_params);
+    if (bad && in->model_path)
+        message("note", "%s was compiled from %s", o->step_path, in->model_path);
+    return bad ? -1 : rc;
 }
 
 /* Copies the model's weights into the parameter block (host memory, [param_elems]); warns

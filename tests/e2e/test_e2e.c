@@ -530,6 +530,11 @@ static void test_warnings(void **state)
             sbp_train_program *p = sbp_train_build(g, chosen, &to);
             assert_non_null(p);
             char c[1024];
+            snprintf(c, sizeof c, "%s/warn_%zu_%d.txt", SBP_E2E_OUT, m, st);
+            FILE *listing = fopen(c, "w"); /* the program listing, for reading */
+            assert_non_null(listing);
+            sbp_train_print(p, listing);
+            fclose(listing);
             snprintf(c, sizeof c, "%s/warn_%zu_%d.c", SBP_E2E_OUT, m, st);
             assert_int_equal(sbp_codegen_write(p, c, models[m], NULL, &d), IR_OK);
             for (int k = 0; k < 2; k++) {

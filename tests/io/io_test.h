@@ -56,8 +56,8 @@ static inline void io_rm_tree(const char *path)
                 if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
                     continue;
                 char sub[4400];
-                snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-                io_rm_tree(sub);
+                if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) < (int)sizeof sub)
+                    io_rm_tree(sub);
             }
             closedir(d);
         }
@@ -231,7 +231,8 @@ static inline int io_run_python(const char *python, const char *script_name, con
     const char *sp = io_path(script_name);
     io_write_file(sp, script, strlen(script));
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' '%s' %s", python, sp, args);
+    if (snprintf(cmd, sizeof cmd, "'%s' '%s' %s", python, sp, args) >= (int)sizeof cmd)
+        return -1;
     int rc = system(cmd);
     return rc == -1 ? -1 : WEXITSTATUS(rc);
 }

@@ -3,7 +3,8 @@
 #                "sbp-train: error: ";
 #   otherwise:   exit status 0 and stdout+stderr matching REGEX; then, when given, CHECK (a
 #                command, ;-list) must exit 0, and with DECREASE=X the last "step N loss L"
-#                line must show a loss below both the first step's and X.
+#                line must show a loss below both the first step's and X. With OUTFILE the
+#                standard output is also written there (before CHECK runs, so it can read it).
 execute_process(COMMAND ${PROG} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message("${out}${err}")
 if(EXPECT STREQUAL "fail")
@@ -38,6 +39,9 @@ if(DECREASE)
   if(NOT last LESS first OR NOT last LESS DECREASE)
     message(FATAL_ERROR "the loss did not decrease enough: ${first} -> ${last}")
   endif()
+endif()
+if(OUTFILE)
+  file(WRITE "${OUTFILE}" "${out}")
 endif()
 if(CHECK)
   execute_process(COMMAND ${CHECK} RESULT_VARIABLE crc)

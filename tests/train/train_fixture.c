@@ -7,11 +7,17 @@
  *       compares sbp-train --dump-grads output with a float64 reference computed here;
  *   train_fixture check-saved SAVED.onnx KIND sgd|adamw LR WD IDS.npy LABELS.npy
  *       re-imports a --save output (after one step) and checks every weight against the
- *       optimizer update applied to the float64 reference gradient.
+ *       optimizer update applied to the float64 reference gradient;
+ *   train_fixture check-ref GRADS.safetensors REF.safetensors [LOG ADAMW.json]
+ *       for steps compiled by sbpc from tests/fixtures: the dumped gradients against the
+ *       PyTorch float64 ones, and the "step N loss X" lines of LOG against the AdamW losses;
+ *   train_fixture check-sgd-save MODEL.onnx SAVED.onnx GRADS.safetensors LR
+ *       after one SGD step: every saved initializer with a gradient is original - lr * grad,
+ *       every other one unchanged.
  *
  * KIND is "bigram" (logits = W[ids], W: [V,V]) or "tied" (logits = E[ids] @ head + bias with
- * head = Eᵀ re-tied and bias frozen), V = 16, D = 4 — the models of test_step.c. The weights are
- * a fixed pseudo-random function of the kind, so the checks regenerate them rather than trust
+ * head = Eᵀ re-tied and bias frozen), V = 16, D = 4 — the models of test_step.c. The weights
+ * are a fixed pseudo-random function of the kind, so the checks regenerate them rather than trust
  * any file. ONNX files are written with the protobuf-c bindings the importer uses (no Python
  * needed); the reference is written independently of the runtime's kernels.
  */
@@ -261,7 +267,10 @@ static int write_model(const char *path, model_kind kind)
 /* ------------------------------------------------------------------ token data */
 
 /* A token stream with structure a bigram model can learn: mostly tok' = (5 tok + 3) mod V. */
-static int32_t next_token(int32_t t) { return rng_u32() % 8 == 0 ? (int32_t)(rng_u32() % V) : (5 * t + 3) % V; }
+static int32_t next_token(int32_t t)
+{
+    return rng_u32() % 8 == 0 ? (int32_t)(rng_u32() % V) : (5 * t + 3) % V;
+}
 
 static void write_npy_i(const char *dir, const char *name, sbpio_dtype dt, int b, int t,
                         const int64_t *vals)
@@ -628,6 +637,271 @@ static int cmd_check_saved(const char *file, const char *kind, const char *opt,
     return failures ? 1 : 0;
 }
 
+/* ------------------------------------------------------------------ steps compiled by sbpc */
+
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fail("cannot open %s", path);
+        return NULL;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fail("cannot read %s", path);
+        free(buf);
+        fclose(f);
+        return NULL;
+    }
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+/* sbp-train's "step N loss X" lines (in LOG) against the float64 AdamW losses of a
+ * ref/<family>_adamw.json (a JSON array, the loss before each step). */
+static void check_losses(const char *log_path, const char *json_path)
+{
+    char *log = read_text(log_path), *json = read_text(json_path);
+    if (!log || !json) {
+        free(log);
+        free(json);
+        return;
+    }
+    double ref[256];
+    int n_ref = 0;
+    char *p = strchr(json, '[');
+    while (p && *p && *p != ']' && n_ref < 256) {
+        p++;
+        char *end;
+        double x = strtod(p, &end);
+        if (end == p)
+            break;
+        ref[n_ref++] = x;
+        p = end;
+        while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')
+            p++;
+    }
+    int n = 0;
+    double worst = 0;
+    for (char *line = log, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        long long step;
+        double loss;
+        if (sscanf(line, "step %lld loss %lf", &step, &loss) != 2)
+            continue;
+        n++;
+        if (step != n || step > n_ref) {
+            fail("unexpected line 'step %lld' (%d reference losses)", step, n_ref);
+            break;
+        }
+        double e = fabs(loss - ref[step - 1]) / fabs(ref[step - 1]);
+        worst = fmax(worst, e);
+        if (e > 1e-4)
+            fail("step %lld: loss %.6f, the reference says %.9g", step, loss, ref[step - 1]);
+    }
+    printf("%d losses against %s: worst relative error %.3g\n", n, json_path, worst);
+    if (n < 2)
+        fail("fewer than 2 'step N loss X' lines in %s", log_path);
+    free(log);
+    free(json);
+}
+
+/* Every tensor of a --dump-grads file against ref/<family>_grads.safetensors (F64, same names,
+ * same layouts): ||g - ref|| / ||ref|| <= 1e-4 per tensor, the loss to 1e-5. */
+static int cmd_check_ref(const char *grads, const char *ref, const char *log, const char *json)
+{
+    char err[512];
+    sbpio_st_file *g = NULL, *r = NULL;
+    if (sbpio_st_open(grads, &g, err, sizeof err) || sbpio_st_open(ref, &r, err, sizeof err)) {
+        fail("%s", err);
+        sbpio_st_close(g);
+        return 1;
+    }
+    const char *gl = sbpio_st_meta(g, "loss"), *rl = sbpio_st_meta(r, "loss");
+    if (!gl || !rl) {
+        fail("no loss in the metadata");
+    } else {
+        double e = fabs(strtod(gl, NULL) - strtod(rl, NULL)) / fabs(strtod(rl, NULL));
+        printf("loss %s, reference %s: relative error %.3g\n", gl, rl, e);
+        if (e > 1e-5)
+            fail("the loss is off");
+    }
+    double worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < sbpio_st_count(r); i++) {
+        const sbpio_st_info *ri = sbpio_st_at(r, i);
+        const sbpio_st_info *gi = sbpio_st_find(g, ri->name);
+        if (!gi) {
+            fail("%s has no gradient for '%s'", grads, ri->name);
+            continue;
+        }
+        bool same = gi->dtype == SBPIO_DT_F32 && gi->rank == ri->rank;
+        for (int d = 0; same && d < ri->rank; d++)
+            same = gi->shape[d] == ri->shape[d];
+        if (!same) {
+            fail("'%s': the dumped gradient is not F32 of the reference's shape", ri->name);
+            continue;
+        }
+        double *a = malloc((size_t)ri->numel * sizeof(double) + 8);
+        double *b = malloc((size_t)ri->numel * sizeof(double) + 8);
+        if (!sbpio_st_copy_f64(g, ri->name, a, ri->numel, err, sizeof err) &&
+            !sbpio_st_copy_f64(r, ri->name, b, ri->numel, err, sizeof err)) {
+            double d2 = 0, r2 = 0;
+            for (int64_t k = 0; k < ri->numel; k++) {
+                d2 += (a[k] - b[k]) * (a[k] - b[k]);
+                r2 += b[k] * b[k];
+            }
+            double e = sqrt(d2) / fmax(sqrt(r2), 1e-30);
+            if (e > worst) {
+                worst = e;
+                worst_name = ri->name;
+            }
+            if (e > 1e-4)
+                fail("gradient of '%s': relative error %.3g", ri->name, e);
+        } else {
+            fail("%s", err);
+        }
+        free(a);
+        free(b);
+    }
+    for (int i = 0; i < sbpio_st_count(g); i++)
+        if (!sbpio_st_find(r, sbpio_st_at(g, i)->name))
+            fail("'%s' is not a float initializer of the reference", sbpio_st_at(g, i)->name);
+    printf("%d gradients against %s: worst relative error %.3g ('%s')\n", sbpio_st_count(r), ref,
+           worst, worst_name);
+    sbpio_st_close(g);
+    sbpio_st_close(r);
+    if (log && json)
+        check_losses(log, json);
+    return failures ? 1 : 0;
+}
+
+/* After one SGD step without weight decay, every initializer in GRADS must be saved as
+ * original - lr * gradient (tied copies included, each in its own layout), and every other
+ * initializer must be unchanged. */
+static int cmd_check_sgd_save(const char *orig_path, const char *saved_path, const char *grads,
+                              const char *lr_s)
+{
+    double lr = strtod(lr_s, NULL);
+    char err[512];
+    ir_diag d0, d1;
+    ir_diag_init(&d0, orig_path);
+    ir_diag_init(&d1, saved_path);
+    ir_graph *g0 = ir_import_onnx(orig_path, &d0, NULL);
+    ir_graph *g1 = ir_import_onnx(saved_path, &d1, NULL);
+    sbpio_st_file *gf = NULL;
+    if (!g0 || !g1 || d0.n_errors || d1.n_errors) {
+        ir_diag_print(&d0, stderr, "train_fixture");
+        ir_diag_print(&d1, stderr, "train_fixture");
+        fail("cannot import the models");
+    } else if (sbpio_st_open(grads, &gf, err, sizeof err)) {
+        fail("%s", err);
+    } else {
+        int n_changed = 0, n_same = 0;
+        double worst = 0;
+        for (int i = 0; i < g0->n_values; i++) {
+            const ir_value *v0 = g0->values[i];
+            if (v0->kind != IR_VAL_PARAM && v0->kind != IR_VAL_CONST)
+                continue;
+            const ir_value *v1 = ir_value_find(g1, v0->name);
+            if (!v1 || v1->dtype != v0->dtype || v1->nbytes != v0->nbytes) {
+                fail("saved model: '%s' is missing or changed type", v0->name);
+                continue;
+            }
+            const sbpio_st_info *t = sbpio_st_find(gf, v0->name);
+            if (!t) {
+                if (memcmp(v0->data, v1->data, v0->nbytes) != 0)
+                    fail("'%s' has no gradient but changed", v0->name);
+                n_same++;
+                continue;
+            }
+            if (t->dtype != SBPIO_DT_F32 || (size_t)t->numel * 4 != v0->nbytes) {
+                fail("'%s': gradient of another size", v0->name);
+                continue;
+            }
+            const float *w0 = v0->data, *w1 = v1->data, *gr = t->data;
+            for (int64_t k = 0; k < t->numel; k++) {
+                double want = (double)w0[k] - lr * gr[k];
+                double e = fabs(w1[k] - want) / (1e-6 + fabs(want));
+                worst = fmax(worst, e);
+            }
+            n_changed++;
+        }
+        printf("%d updated initializers (worst relative error %.3g), %d unchanged\n", n_changed,
+               worst, n_same);
+        if (worst > 1e-5)
+            fail("the saved weights are not original - lr * gradient");
+        if (n_changed != sbpio_st_count(gf))
+            fail("%d gradients but %d updated initializers", sbpio_st_count(gf), n_changed);
+    }
+    sbpio_st_close(gf);
+    ir_graph_free(g0);
+    ir_graph_free(g1);
+    ir_diag_free(&d0);
+    ir_diag_free(&d1);
+    return failures ? 1 : 0;
+}
+
+/* After a step with parameters frozen (sbpc --freeze): every gradient tensor whose name
+ * contains `frozen` is all zero and its weight saved unchanged (weight decay included); every
+ * other one changed. */
+static int cmd_check_frozen(const char *orig_path, const char *saved_path, const char *grads,
+                            const char *frozen)
+{
+    char err[512];
+    ir_diag d0, d1;
+    ir_diag_init(&d0, orig_path);
+    ir_diag_init(&d1, saved_path);
+    ir_graph *g0 = ir_import_onnx(orig_path, &d0, NULL);
+    ir_graph *g1 = ir_import_onnx(saved_path, &d1, NULL);
+    sbpio_st_file *gf = NULL;
+    int n_frozen = 0, n_trained = 0;
+    if (!g0 || !g1 || d0.n_errors || d1.n_errors) {
+        fail("cannot import the models");
+    } else if (sbpio_st_open(grads, &gf, err, sizeof err)) {
+        fail("%s", err);
+    } else {
+        for (int i = 0; i < sbpio_st_count(gf); i++) {
+            const sbpio_st_info *t = sbpio_st_at(gf, i);
+            const ir_value *v0 = ir_value_find(g0, t->name), *v1 = ir_value_find(g1, t->name);
+            if (!v0 || !v1 || v0->nbytes != v1->nbytes || !v0->data || !v1->data) {
+                fail("'%s' is missing from a model", t->name);
+                continue;
+            }
+            bool same = memcmp(v0->data, v1->data, v0->nbytes) == 0;
+            if (strstr(t->name, frozen)) {
+                n_frozen++;
+                const float *gr = t->data;
+                for (int64_t k = 0; k < t->numel; k++)
+                    if (gr[k] != 0) {
+                        fail("frozen '%s' has a nonzero gradient", t->name);
+                        break;
+                    }
+                if (!same)
+                    fail("frozen '%s' changed", t->name);
+            } else {
+                n_trained++;
+                if (same)
+                    fail("trainable '%s' did not change", t->name);
+            }
+        }
+    }
+    printf("%d frozen parameters unchanged with zero gradients, %d trained\n", n_frozen,
+           n_trained);
+    if (n_frozen == 0 || n_trained == 0)
+        fail("expected both frozen and trained parameters");
+    sbpio_st_close(gf);
+    ir_graph_free(g0);
+    ir_graph_free(g1);
+    ir_diag_free(&d0);
+    ir_diag_free(&d1);
+    return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "all") == 0)
@@ -636,9 +910,22 @@ int main(int argc, char **argv)
         return cmd_check_grads(argv[2], argv[3], argv[4], argv[5]);
     if (argc == 9 && strcmp(argv[1], "check-saved") == 0)
         return cmd_check_saved(argv[2], argv[3], argv[4], argv[5], argv[6], argv[7], argv[8]);
+    if ((argc == 4 || argc == 6) && strcmp(argv[1], "check-ref") == 0)
+        return cmd_check_ref(argv[2], argv[3], argc == 6 ? argv[4] : NULL,
+                             argc == 6 ? argv[5] : NULL);
+    if (argc == 6 && strcmp(argv[1], "check-frozen") == 0)
+        return cmd_check_frozen(argv[2], argv[3], argv[4], argv[5]);
+    if (argc == 6 && strcmp(argv[1], "check-sgd-save") == 0)
+        return cmd_check_sgd_save(argv[2], argv[3], argv[4], argv[5]);
     fprintf(stderr, "usage: train_fixture all DIR\n"
                     "       train_fixture check-grads GRADS.safetensors KIND IDS.npy LABELS.npy\n"
                     "       train_fixture check-saved SAVED.onnx KIND OPT LR WD IDS.npy "
-                    "LABELS.npy\n");
+                    "LABELS.npy\n"
+                    "       train_fixture check-ref GRADS.safetensors REF.safetensors [LOG "
+                    "ADAMW.json]\n"
+                    "       train_fixture check-sgd-save MODEL.onnx SAVED.onnx GRADS.safetensors "
+                    "LR\n"
+                    "       train_fixture check-frozen MODEL.onnx SAVED.onnx GRADS.safetensors "
+                    "SUBSTRING\n");
     return 2;
 }

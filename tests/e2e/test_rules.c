@@ -1,0 +1,393 @@
+/* test_rules.c — gradient rules and layouts the fixture models do not reach, checked by
+ * central finite differences of the compiled step's own loss.
+ *
+ * Small graphs are built with the IR builder (V = 11, B = 2, T = 5, D = 8, 2 heads of 4) so
+ * that they exercise: attention inputs stored naturally (relayout copies into the runtime's
+ * [B,T,H,hd] and their gradients permuted back), a Reshape of a value stored swapped (a
+ * materialising permute), RoPE over naturally stored heads, broadcasting Mul / Sub / Div with
+ * constants and parameters, Slice and Concat on the last and on an inner axis, Split, Expand,
+ * erf-GELU, SiLU, LayerNorm without beta, RMSNorm without gamma, a generic Transpose, and a
+ * value read by several nodes. Each graph is compiled for both strategies through C into a
+ * shared object; every gradient element is compared with (L(w+h) - L(w-h)) / 2h, h = 1e-2,
+ * per tensor by relative norm (float32 losses: tolerance 2e-2, far below what a wrong layout
+ * or rule gives).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "codegen.h"
+#include "ir.h"
+#include "passes.h"
+#include "sbp_step.h"
+#include "sbprt.h"
+#include "train.h"
+
+#define V 11
+#define B 2
+#define T 5
+#define D 8
+#define H 2
+#define HD 4
+#define FD_H 1e-2
+#define FD_TOL 2e-2
+
+static sbprt_ctx *ctx;
+static unsigned rng_state = 12345;
+
+static float frand(void)
+{
+    rng_state = rng_state * 1103515245u + 12345u;
+    return ((float)((rng_state >> 8) & 0xffff) / 65536.0f - 0.5f);
+}
+
+/* ------------------------------------------------------------------ graph building */
+
+typedef struct gb {
+    ir_diag d;
+    ir_graph *g;
+    ir_value *ids;
+    int n;
+} gb;
+
+static void gb_init(gb *b)
+{
+    memset(b, 0, sizeof *b);
+    ir_diag_init(&b->d, "handmade");
+    b->g = ir_graph_new(&b->d, "handmade");
+    ir_dim dims[2] = {{B, NULL}, {T, NULL}};
+    b->ids = ir_value_new(b->g, "input_ids", IR_VAL_INPUT, IR_DT_INT64, 2, dims);
+    b->g->inputs = ir_arena_calloc(b->g->arena, 1, sizeof *b->g->inputs);
+    b->g->inputs[0] = b->ids;
+    b->g->n_inputs = 1;
+}
+
+static ir_value *param(gb *b, const char *name, int rank, const int64_t *dims, float scale,
+                       float offset)
+{
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++)
+        n *= dims[i];
+    float *w = malloc((size_t)n * sizeof *w);
+    for (int64_t i = 0; i < n; i++)
+        w[i] = offset + scale * frand();
+    ir_value *v = ir_const_new(b->g, name, IR_DT_FLOAT, rank, dims, w);
+    free(w);
+    v->kind = IR_VAL_PARAM;
+    return v;
+}
+
+static ir_value *cfloat(gb *b, const char *name, int rank, const int64_t *dims, float scale,
+                        float offset)
+{
+    ir_value *v = param(b, name, rank, dims, scale, offset);
+    v->kind = IR_VAL_CONST;
+    return v;
+}
+
+static ir_value *cints(gb *b, const char *name, int n, const int64_t *vals)
+{
+    return ir_const_new(b->g, name, IR_DT_INT64, 1, (const int64_t[]){n}, vals);
+}
+
+static void dump_diag(const gb *b)
+{
+    for (int i = 0; i < b->d.n; i++)
+        print_message("%s: %s\n", b->d.entries[i].node ? b->d.entries[i].node : "",
+                      b->d.entries[i].msg);
+}
+
+/* A node whose outputs are typed by infer() once its attributes are set. */
+static ir_node *node(gb *b, ir_op op, int n_in, ir_value **in, int n_out)
+{
+    char name[32];
+    snprintf(name, sizeof name, "n%d_%s", b->n++, ir_op_name(op));
+    ir_value *out[4];
+    for (int i = 0; i < n_out; i++) {
+        char vn[48];
+        snprintf(vn, sizeof vn, "%s_out%d", name, i);
+        out[i] = ir_value_new(b->g, vn, IR_VAL_NODE, IR_DT_UNDEFINED, -1, NULL);
+    }
+    ir_node *n = ir_node_new_with_outputs(b->g, op, name, NULL, n_in, in, n_out, out);
+    if (!n)
+        dump_diag(b);
+    assert_non_null(n);
+    return n;
+}
+
+static ir_value *infer(gb *b, ir_node *n)
+{
+    if (ir_infer_node(b->g, n) != IR_OK)
+        dump_diag(b);
+    assert_int_equal(ir_infer_node(b->g, n), IR_OK);
+    for (int i = 0; i < n->n_out; i++)
+        assert_true(ir_value_shape_known(n->out[i]));
+    return n->out[0];
+}
+
+static ir_value *op1(gb *b, ir_op op, ir_value *x) { return infer(b, node(b, op, 1, &x, 1)); }
+static ir_value *op2(gb *b, ir_op op, ir_value *x, ir_value *y)
+{
+    return infer(b, node(b, op, 2, (ir_value *[]){x, y}, 1));
+}
+
+static ir_value *reshape(gb *b, ir_value *x, int n, const int64_t *shape)
+{
+    return op2(b, IR_OP_RESHAPE, x, cints(b, "shape", n, shape));
+}
+
+static ir_value *transpose(gb *b, ir_value *x, int n, const int64_t *perm)
+{
+    ir_node *t = node(b, IR_OP_TRANSPOSE, 1, &x, 1);
+    ir_attr_set_ints(b->g, t, "perm", perm, n);
+    return infer(b, t);
+}
+
+static ir_value *linear(gb *b, ir_value *x, ir_value *w, ir_value *bias, int trans_w)
+{
+    ir_value *in[3] = {x, w, bias};
+    ir_node *n = node(b, IR_OP_LINEAR, bias ? 3 : 2, in, 1);
+    if (trans_w)
+        ir_attr_set_int(b->g, n, "trans_w", 1);
+    return infer(b, n);
+}
+
+static ir_value *slice(gb *b, ir_value *x, int64_t axis, int64_t start, int64_t end)
+{
+    ir_value *in[4] = {x, cints(b, "starts", 1, &start), cints(b, "ends", 1, &end),
+                       cints(b, "axes", 1, &axis)};
+    return infer(b, node(b, IR_OP_SLICE, 4, in, 1));
+}
+
+static ir_value *concat(gb *b, int64_t axis, ir_value *x, ir_value *y)
+{
+    ir_node *n = node(b, IR_OP_CONCAT, 2, (ir_value *[]){x, y}, 1);
+    ir_attr_set_int(b->g, n, "axis", axis);
+    return infer(b, n);
+}
+
+static void set_output(gb *b, ir_value *logits)
+{
+    b->g->outputs = ir_arena_calloc(b->g->arena, 1, sizeof *b->g->outputs);
+    b->g->outputs[0] = logits;
+    b->g->n_outputs = 1;
+    logits->is_output = true;
+    if (ir_verify(b->g) != IR_OK)
+        for (int i = 0; i < b->d.n; i++)
+            print_message("%s\n", b->d.entries[i].msg);
+    assert_int_equal(ir_verify(b->g), IR_OK);
+}
+
+/* Attention with heads re-laid out: q stored naturally (a broadcast Mul forces it), k through
+ * RoPE over naturally stored heads, v the usual view; the output reshaped without transposing
+ * back (a view of a swapped value). */
+static void build_attention_layouts(gb *b)
+{
+    /* large enough weights that the attention is far from uniform (a strong q/k signal) */
+    ir_value *table = param(b, "table", 2, (const int64_t[]){V, D}, 2.0f, 0);
+    ir_value *x = op2(b, IR_OP_EMBEDDING, table, b->ids); /* [B,T,D] */
+    ir_value *wq = param(b, "wq", 2, (const int64_t[]){D, D}, 2.0f, 0);
+    ir_value *wk = param(b, "wk", 2, (const int64_t[]){D, D}, 2.0f, 0);
+    ir_value *wv = param(b, "wv", 2, (const int64_t[]){D, D}, 0.6f, 0);
+    const int64_t bthd[4] = {B, T, H, HD}, bhtd[4] = {B, H, T, HD}, p0213[4] = {0, 2, 1, 3};
+    ir_value *q = transpose(b, reshape(b, linear(b, x, wq, NULL, 0), 4, bthd), 4, p0213);
+    ir_value *hs = param(b, "head_scale", 4, (const int64_t[]){1, H, 1, 1}, 0.5f, 1.0f);
+    q = op2(b, IR_OP_MUL, q, hs); /* broadcast: natural layout */
+    ir_value *k = reshape(b, linear(b, x, wk, NULL, 0), 4, bhtd); /* natural [B,H,T,hd] */
+    ir_value *cs = cfloat(b, "cos", 2, (const int64_t[]){T, HD}, 1.0f, 0);
+    ir_value *sn = cfloat(b, "sin", 2, (const int64_t[]){T, HD}, 1.0f, 0);
+    k = infer(b, node(b, IR_OP_ROPE, 3, (ir_value *[]){k, cs, sn}, 1));
+    ir_value *v = transpose(b, reshape(b, linear(b, x, wv, NULL, 0), 4, bthd), 4, p0213);
+    ir_node *an = node(b, IR_OP_ATTENTION, 3, (ir_value *[]){q, k, v}, 1);
+    ir_attr_set_float(b->g, an, "scale", 0.5);
+    ir_attr_set_int(b->g, an, "causal", 1);
+    ir_attr_set_int(b->g, an, "kv_heads", H);
+    ir_value *o = infer(b, an); /* stored swapped */
+    ir_value *flat = reshape(b, o, 3, (const int64_t[]){B, T, D}); /* materialising view */
+    ir_value *h = op2(b, IR_OP_ADD, x, flat);
+    ir_value *wo = param(b, "wo", 2, (const int64_t[]){V, D}, 0.6f, 0);
+    set_output(b, linear(b, h, wo, NULL, 1));
+}
+
+/* Elementwise and shape ops: broadcasting Sub/Div/Mul, Slice/Concat on the last and an inner
+ * axis, Split, Expand, a generic Transpose, erf-GELU, SiLU, LayerNorm without beta, RMSNorm
+ * without gamma, a value read several times. */
+static void build_elementwise(gb *b)
+{
+    ir_value *table = param(b, "table", 2, (const int64_t[]){V, D}, 1.0f, 0);
+    ir_value *x = op2(b, IR_OP_EMBEDDING, table, b->ids); /* [B,T,D] */
+    ir_value *gamma = param(b, "gamma", 1, (const int64_t[]){D}, 0.3f, 1.0f);
+    ir_node *ln = node(b, IR_OP_LAYER_NORM, 2, (ir_value *[]){x, gamma}, 1);
+    ir_attr_set_float(b->g, ln, "epsilon", 1e-5);
+    ir_value *y = infer(b, ln);
+    ir_value *shift = param(b, "shift", 1, (const int64_t[]){D}, 0.5f, 0);
+    y = op2(b, IR_OP_SUB, y, shift);
+    ir_value *den = cfloat(b, "den", 3, (const int64_t[]){1, T, 1}, 0.5f, 1.5f);
+    y = op2(b, IR_OP_DIV, y, den);
+    ir_value *dd = param(b, "divisor", 1, (const int64_t[]){1}, 0.2f, 2.0f);
+    y = op2(b, IR_OP_DIV, y, dd);
+    /* swap the halves of the last axis, and the first two rows of the time axis */
+    y = concat(b, -1, slice(b, y, 2, 4, 8), slice(b, y, 2, 0, 4));
+    y = concat(b, 1, slice(b, y, 1, 2, T), slice(b, y, 1, 0, 2));
+    ir_node *gl = node(b, IR_OP_GELU, 1, &y, 1);
+    ir_attr_set_string(b->g, gl, "approximate", "none");
+    ir_value *a = infer(b, gl);
+    ir_node *sp = node(b, IR_OP_SPLIT, 1, &a, 2);
+    ir_attr_set_int(b->g, sp, "axis", 2);
+    infer(b, sp);
+    ir_value *s0 = sp->out[0], *s1 = sp->out[1]; /* [B,T,4] each */
+    ir_value *m = op2(b, IR_OP_MUL, op1(b, IR_OP_SILU, s0), s1);
+    ir_value *bias = param(b, "bias3", 3, (const int64_t[]){1, 1, 4}, 0.5f, 0);
+    ir_value *e = op2(b, IR_OP_EXPAND, bias, cints(b, "eshape", 3, (const int64_t[]){B, T, 4}));
+    m = op2(b, IR_OP_ADD, m, e);
+    m = op2(b, IR_OP_MUL, m, m); /* one value, two reads */
+    /* a transpose that is not a layout change: [B,T,4] -> [T,B,4] -> back */
+    m = transpose(b, transpose(b, m, 3, (const int64_t[]){1, 0, 2}), 3,
+                  (const int64_t[]){1, 0, 2});
+    ir_value *r = op1(b, IR_OP_RMS_NORM, m);
+    ir_value *cat = concat(b, 2, r, s1); /* [B,T,8] */
+    ir_value *hid = linear(b, cat, param(b, "w_cat", 2, (const int64_t[]){8, 4}, 0.8f, 0), NULL, 0);
+    ir_value *w = param(b, "w_out", 2, (const int64_t[]){4, V}, 0.8f, 0);
+    ir_value *bo = param(b, "b_out", 1, (const int64_t[]){V}, 0.3f, 0);
+    set_output(b, linear(b, hid, w, bo, 0));
+}
+
+/* ------------------------------------------------------------------ compile and check */
+
+typedef struct step {
+    void *lib;
+    const sbp_step_info *info;
+    int (*run)(sbprt_ctx *, const sbp_step_args *);
+} step;
+
+static void compile(gb *b, sbp_strategy st, const char *tag, step *s)
+{
+    sbp_objective chosen;
+    assert_int_equal(sbp_pass_objective(b->g, SBP_OBJECTIVE_SFT, &chosen), IR_OK);
+    sbp_train_options to = {.strategy = st};
+    sbp_train_program *p = sbp_train_build(b->g, chosen, &to);
+    for (int i = 0; i < b->d.n; i++)
+        if (b->d.entries[i].sev == IR_SEV_ERROR)
+            print_message("%s: %s\n", b->d.entries[i].node ? b->d.entries[i].node : "",
+                          b->d.entries[i].msg);
+    assert_non_null(p);
+    char so[1024];
+    snprintf(so, sizeof so, "%s/%s.so", SBP_E2E_OUT, tag);
+    assert_int_equal(sbp_codegen_write(p, so, "handmade", "-Werror", &b->d), IR_OK);
+    s->lib = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    assert_non_null(s->lib);
+    const sbp_step_info *(*get_info)(void);
+    *(void **)&get_info = dlsym(s->lib, "sbp_step_get_info");
+    *(void **)&s->run = dlsym(s->lib, "sbp_step_run");
+    assert_true(get_info && s->run);
+    s->info = get_info();
+}
+
+static double loss_and_grads(const step *s, const float *params, float *grads)
+{
+    static int32_t ids[B * T], labels[B * T];
+    for (int i = 0; i < B * T; i++) {
+        ids[i] = (i * 7 + 3) % V;
+        labels[i] = i == 3 ? SBPRT_IGNORE_INDEX : (i * 5 + 1) % V;
+    }
+    void *ws = aligned_alloc(SBPRT_ALIGN, (s->info->workspace_bytes + 63) / 64 * 64);
+    float *g = grads ? grads : malloc(s->info->param_elems * sizeof(float));
+    double loss = NAN;
+    sbp_step_args a = {.params = params, .grads = g, .input_ids = ids, .labels = labels,
+                       .workspace = ws, .loss = &loss};
+    assert_int_equal(s->run(ctx, &a), SBPRT_OK);
+    if (!grads)
+        free(g);
+    free(ws);
+    return loss;
+}
+
+/* Builds the graph afresh for each strategy (the objective pass rewrites it), compiles it and
+ * compares every gradient element with central differences of the step's loss. */
+static void check_fd(void (*build)(gb *), unsigned seed, const char *tag)
+{
+    const sbp_strategy sts[2] = {SBP_STRATEGY_STORE, SBP_STRATEGY_CHECKPOINT};
+    for (int k = 0; k < 2; k++) {
+        gb b;
+        rng_state = seed;
+        gb_init(&b);
+        build(&b);
+        step s;
+        char t[128];
+        snprintf(t, sizeof t, "%s_%s", tag, sbp_strategy_name(sts[k]));
+        compile(&b, sts[k], t, &s);
+        float *params = calloc(s.info->param_elems, sizeof *params);
+        float *grads = calloc(s.info->param_elems, sizeof *grads);
+        for (int i = 0; i < s.info->n_params; i++) {
+            const ir_value *v = ir_value_find(b.g, s.info->params[i].name);
+            memcpy(params + s.info->params[i].offset, v->data, v->nbytes);
+        }
+        double loss = loss_and_grads(&s, params, grads);
+        assert_true(isfinite(loss));
+        double worst = 0;
+        for (int i = 0; i < s.info->n_params; i++) {
+            const sbp_step_param *q = &s.info->params[i];
+            assert_int_equal(q->trainable, 1);
+            double num = 0, den = 0;
+            for (size_t e = q->offset; e < q->offset + q->numel; e++) {
+                float keep = params[e];
+                params[e] = keep + (float)FD_H;
+                double lp = loss_and_grads(&s, params, NULL);
+                params[e] = keep - (float)FD_H;
+                double lm = loss_and_grads(&s, params, NULL);
+                params[e] = keep;
+                double fd = (lp - lm) / (2 * FD_H);
+                num += (fd - grads[e]) * (fd - grads[e]);
+                den += fd * fd;
+            }
+            double rel = sqrt(num / (den > 0 ? den : 1));
+            if (!(rel <= FD_TOL))
+                print_message("  %s %s: rel err %.3e (|fd| %.3e)\n", t, q->name, rel, sqrt(den));
+            assert_true(rel <= FD_TOL);
+            worst = rel > worst ? rel : worst;
+        }
+        print_message("  %s: loss %.6f, %d parameters, max rel err vs finite differences "
+                      "%.2e\n",
+                      t, loss, s.info->n_params, worst);
+        free(params);
+        free(grads);
+        dlclose(s.lib);
+        ir_graph_free(b.g);
+        ir_diag_free(&b.d);
+    }
+}
+
+static void test_attention_layouts(void **state)
+{
+    (void)state;
+    check_fd(build_attention_layouts, 12345, "rules_attention");
+}
+
+static void test_elementwise(void **state)
+{
+    (void)state;
+    check_fd(build_elementwise, 777, "rules_elementwise");
+}
+
+int main(void)
+{
+    setenv("CC", SBP_TEST_CC, 1);
+    mkdir(SBP_E2E_OUT, 0777);
+    if (sbprt_ctx_create(&ctx, 1) != SBPRT_OK)
+        return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attention_layouts),
+        cmocka_unit_test(test_elementwise),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    sbprt_ctx_destroy(ctx);
+    return rc;
+}
