@@ -16,8 +16,12 @@
  * Arithmetic is done in the tensor's own type, so results equal what an fp32 runtime computes
  * for the exported graph: float32 math in float (expf, sqrtf, ...), integer division truncating
  * toward zero, Mod with ONNX's fmod semantics, Range by repeated addition as the ONNX spec
- * defines it. Results above FOLD_MAX_ELEMS elements stay as nodes (a big table is cheaper to
- * compute than to store). Half-precision math is not folded (data movement of it is).
+ * defines it. Results above FOLD_MAX_ELEMS elements (or the cap given to sbp_pass_fold_max) stay
+ * as nodes: a big table is cheaper to compute than to store. The cap is checked on the inferred
+ * output shapes before anything is allocated or evaluated, so an unfolded T x T causal-mask chain
+ * costs O(rank) per node here, not O(T^2); the attention recogniser verifies such a chain lazily
+ * (recognize_attention.c) and dce drops it once attention is recognised. Half-precision math is
+ * not folded (data movement of it is).
  */
 #include "passes.h"
 
@@ -1073,8 +1077,9 @@ static bool foldable(const ir_node *n)
     return true;
 }
 
-/* Evaluates an already-inferred candidate node. */
-static int eval_inferred(ir_graph *g, ir_node *n, bool *folded)
+/* Evaluates an already-inferred candidate node whose outputs have at most max_elems elements
+ * each (it is left as a node otherwise). */
+static int eval_inferred(ir_graph *g, ir_node *n, int64_t max_elems, bool *folded)
 {
     *folded = false;
     if (n->n_in > 64 || n->n_out > 64 || n->op >= IR_OP_COUNT || ir_op_is_semantic(n->op))
@@ -1085,14 +1090,17 @@ static int eval_inferred(ir_graph *g, ir_node *n, bool *folded)
     for (int i = 0; i < n->n_in; i++)
         if (!tens_of_value(n->in[i], &in[i]))
             return IR_OK;
+    /* Every output's size is checked before any is allocated: a refused node costs nothing. */
     for (int i = 0; i < n->n_out; i++) {
         ir_value *v = n->out[i];
         if (!tens_of_value(v, &out[i]))
             return IR_OK;
-        if (!v)
-            continue;
-        if (out[i].es == 0 || out[i].numel > FOLD_MAX_ELEMS)
+        if (v && (out[i].es == 0 || out[i].numel > max_elems))
             return IR_OK;
+    }
+    for (int i = 0; i < n->n_out; i++) {
+        if (!n->out[i])
+            continue;
         out[i].data = ir_arena_alloc(g->arena, (size_t)out[i].numel * out[i].es);
         if (!out[i].data)
             return ir_diag_add(g->diag, IR_SEV_ERROR, n->name, n->op_type, "out of memory folding");
@@ -1186,7 +1194,7 @@ int sbp_eval_node(ir_graph *g, ir_node *n, bool *folded)
         return IR_OK;
     if (ir_infer_node(g, n) != IR_OK)
         return IR_ERR;
-    return eval_inferred(g, n, folded);
+    return eval_inferred(g, n, FOLD_MAX_ELEMS, folded);
 }
 
 /* ------------------------------------------------------------------ bypasses */
@@ -1264,8 +1272,12 @@ static bool bypass(ir_graph *g, ir_node *n, ir_value *x)
     return true;
 }
 
-int sbp_pass_fold(ir_graph *g)
+int sbp_pass_fold(ir_graph *g) { return sbp_pass_fold_max(g, 0); }
+
+int sbp_pass_fold_max(ir_graph *g, int64_t max_elems)
 {
+    if (max_elems <= 0)
+        max_elems = FOLD_MAX_ELEMS;
     int rc = IR_OK;
     for (int i = 0; i < g->n_nodes; i++) {
         ir_node *n = g->nodes[i];
@@ -1283,7 +1295,7 @@ int sbp_pass_fold(ir_graph *g)
         if (!foldable(n))
             continue;
         bool folded;
-        if (eval_inferred(g, n, &folded) != IR_OK)
+        if (eval_inferred(g, n, max_elems, &folded) != IR_OK)
             rc = IR_ERR;
     }
     ir_graph_compact(g);

@@ -29,12 +29,16 @@ typedef struct sbp_pass_options {
     int64_t seq_len; /* --seq-len N, 0 if not given */
     bool no_retie;   /* --no-retie */
     bool verify;     /* run ir_verify after every pass (always on in tests and debug) */
+    int64_t fold_max_elems; /* 0: default 16 Mi */
 } sbp_pass_options;
 
 /* bind_dims.c */
 int sbp_pass_bind_dims(ir_graph *g, int64_t batch, int64_t seq_len);
 /* fold.c */
 int sbp_pass_fold(ir_graph *g);
+/* The same with a cap on the elements of one folded result (0: the default, 16 Mi); bigger
+ * results stay as nodes. The pipeline passes sbp_pass_options.fold_max_elems. */
+int sbp_pass_fold_max(ir_graph *g, int64_t max_elems);
 /* Evaluates one node whose inputs are all constants into constant outputs (used by fold).
  * Returns IR_OK and sets *folded when it could, IR_OK with *folded = false when the op is not
  * evaluable here (left as is), IR_ERR on an invalid node. */

@@ -11,7 +11,10 @@ static int run_bind(ir_graph *g, const sbp_pass_options *o)
 {
     return sbp_pass_bind_dims(g, o->batch, o->seq_len);
 }
-static int run_fold(ir_graph *g, const sbp_pass_options *o) { (void)o; return sbp_pass_fold(g); }
+static int run_fold(ir_graph *g, const sbp_pass_options *o)
+{
+    return sbp_pass_fold_max(g, o->fold_max_elems);
+}
 static int run_dce(ir_graph *g, const sbp_pass_options *o) { (void)o; return sbp_pass_dce(g); }
 static int run_retie(ir_graph *g, const sbp_pass_options *o)
 {
@@ -24,8 +27,7 @@ static int run_recognize(ir_graph *g, const sbp_pass_options *o)
 }
 static int run_cleanup(ir_graph *g, const sbp_pass_options *o)
 {
-    (void)o;
-    if (sbp_pass_fold(g) != IR_OK)
+    if (sbp_pass_fold_max(g, o->fold_max_elems) != IR_OK)
         return IR_ERR;
     return sbp_pass_dce(g);
 }

@@ -22,9 +22,10 @@
  *
  * Runtime functions are taken from the step library when it exports them (a step links
  * libsbprt in, so the context and the arena then belong to the backend the step was built for)
- * and otherwise from the CPU runtime linked into this program; a step for another backend must
- * export all of them. Every failure is a message "sbp-train: error: ..." and exit status 1;
- * nothing here trusts the step's table or the user's files without checking.
+ * and otherwise from the CPU runtime linked into this program, each copy with its own context
+ * (see `runtime`); a step for another backend must export all of them. Every failure is a
+ * message "sbp-train: error: ..." and exit status 1; nothing here trusts the step's table or
+ * the user's files without checking.
  */
 #include "ir.h"
 #include "sbp_step.h"
@@ -338,7 +339,15 @@ static double now_seconds(void)
 typedef int (*step_run_fn)(sbprt_ctx *, const sbp_step_args *);
 typedef const sbp_step_info *(*step_info_fn)(void);
 
-/* The runtime functions this program calls (see the file comment for where they come from). */
+/* The runtime functions this program calls, each with the context it must be given.
+ *
+ * A step links libsbprt in, so two copies of the runtime may be at hand: the step's and the
+ * one linked into this program. A context is only ever passed to functions of the copy that
+ * made it: when the step exports sbprt_ctx_create, `step_ctx` is made by the step's copy and
+ * every function the step also exports is taken from it; functions it does not export (a
+ * static link keeps only what the step calls, typically not the optimizers) come from this
+ * program's copy with a context of their own, `own_ctx`. Both copies then share memory, so
+ * that is only allowed when the step's backend is this program's (the CPU). */
 typedef struct runtime {
     const char *(*status_string)(int);
     const char *(*backend_name)(void);
@@ -351,40 +360,107 @@ typedef struct runtime {
     int (*sgd_update)(sbprt_ctx *, float *, const float *, size_t, double, double);
     int (*adamw_update)(sbprt_ctx *, float *, float *, float *, const float *, size_t, double,
                         double, double, double, double, int);
+    /* which context each group of functions takes: &step_ctx or &own_ctx */
+    sbprt_ctx **sync_ctx, **arena_ctx, **copy_ctx, **sgd_ctx, **adamw_ctx;
+    sbprt_ctx *step_ctx;     /* made by ctx_create; the one sbp_step_run gets */
+    sbprt_ctx *own_ctx;      /* made by this program's runtime, or NULL when not needed */
+    bool ctx_from_step;      /* ctx_create/ctx_destroy are the step's */
+    const char *own_missing; /* a function the step does not export, or NULL */
 } runtime;
 
-/* Fills rt from the step library where it exports a function, else from the linked runtime.
+/* Calls runtime function fn with the context it belongs with. */
+#define RT(rt, fn, ctxf, ...) ((rt).fn(*(rt).ctxf, __VA_ARGS__))
+
+/* Fills rt: from the step library where it can (see above), else from the linked runtime.
  * `target` is the step's; a step for another backend than the linked one must export all. */
 static int runtime_load(runtime *rt, void *lib, const char *step_path, const char *target)
 {
-    const char *missing = NULL;
-    bool foreign = target && strcmp(target, sbprt_backend_name()) != 0;
-#define RT_SYM(field, fn)                                                                        \
-    do {                                                                                         \
-        void *p_ = dlsym(lib, #fn);                                                              \
-        if (p_) {                                                                                \
-            *(void **)(&rt->field) = p_;                                                         \
-        } else {                                                                                 \
-            rt->field = fn;                                                                      \
-            missing = missing ? missing : #fn;                                                   \
-        }                                                                                        \
+    memset(rt, 0, sizeof *rt);
+    void *create = dlsym(lib, "sbprt_ctx_create"), *destroy = dlsym(lib, "sbprt_ctx_destroy");
+    rt->ctx_from_step = create && destroy;
+    if (rt->ctx_from_step) {
+        *(void **)(&rt->ctx_create) = create;
+        *(void **)(&rt->ctx_destroy) = destroy;
+    } else {
+        rt->ctx_create = sbprt_ctx_create;
+        rt->ctx_destroy = sbprt_ctx_destroy;
+    }
+    /* A function from the step when the step made the context and exports it; else ours. */
+#define RT_PICK(field, fn, ctxf)                                                                  \
+    do {                                                                                          \
+        void *p_ = rt->ctx_from_step ? dlsym(lib, #fn) : NULL;                                    \
+        if (p_) {                                                                                 \
+            *(void **)(&rt->field) = p_;                                                          \
+            rt->ctxf = &rt->step_ctx;                                                             \
+        } else {                                                                                  \
+            rt->field = fn;                                                                       \
+            rt->ctxf = &rt->own_ctx;                                                              \
+            if (!rt->own_missing)                                                                 \
+                rt->own_missing = #fn;                                                            \
+        }                                                                                         \
     } while (0)
-    RT_SYM(status_string, sbprt_status_string);
-    RT_SYM(backend_name, sbprt_backend_name);
-    RT_SYM(ctx_create, sbprt_ctx_create);
-    RT_SYM(ctx_destroy, sbprt_ctx_destroy);
-    RT_SYM(sync, sbprt_sync);
-    RT_SYM(arena_alloc, sbprt_arena_alloc);
-    RT_SYM(arena_free, sbprt_arena_free);
-    RT_SYM(copy, sbprt_memcpy);
-    RT_SYM(sgd_update, sbprt_sgd_update);
-    RT_SYM(adamw_update, sbprt_adamw_update);
-#undef RT_SYM
-    if (foreign && missing)
+    RT_PICK(sync, sbprt_sync, sync_ctx);
+    RT_PICK(copy, sbprt_memcpy, copy_ctx);
+    RT_PICK(sgd_update, sbprt_sgd_update, sgd_ctx);
+    RT_PICK(adamw_update, sbprt_adamw_update, adamw_ctx);
+    RT_PICK(arena_alloc, sbprt_arena_alloc, arena_ctx);
+#undef RT_PICK
+    /* alloc and free must be one copy's pair */
+    void *afree = rt->arena_ctx == &rt->step_ctx ? dlsym(lib, "sbprt_arena_free") : NULL;
+    if (afree) {
+        *(void **)(&rt->arena_free) = afree;
+    } else {
+        rt->arena_alloc = sbprt_arena_alloc;
+        rt->arena_free = sbprt_arena_free;
+        rt->arena_ctx = &rt->own_ctx;
+    }
+    void *name = rt->ctx_from_step ? dlsym(lib, "sbprt_backend_name") : NULL;
+    void *status = dlsym(lib, "sbprt_status_string");
+    if (name)
+        *(void **)(&rt->backend_name) = name;
+    else
+        rt->backend_name = sbprt_backend_name;
+    if (status)
+        *(void **)(&rt->status_string) = status;
+    else
+        rt->status_string = sbprt_status_string;
+
+    bool foreign = target && strcmp(target, sbprt_backend_name()) != 0;
+    if (foreign && (!rt->ctx_from_step || rt->own_missing || rt->arena_ctx == &rt->own_ctx))
         return error("%s was compiled for the '%s' backend but does not export %s, and this "
-                     "sbp-train's own runtime is '%s'", step_path, target, missing,
+                     "sbp-train's own runtime is '%s'", step_path, target,
+                     !rt->ctx_from_step ? "sbprt_ctx_create"
+                     : rt->own_missing  ? rt->own_missing
+                                        : "sbprt_arena_free",
                      sbprt_backend_name());
     return 0;
+}
+
+/* Creates the contexts: the step's, and ours where some function comes from our runtime. */
+static int runtime_start(runtime *rt, int nthreads)
+{
+    int st = rt->ctx_create(&rt->step_ctx, nthreads);
+    if (st)
+        return error("cannot create a runtime context: %s", rt->status_string(st));
+    if (!rt->ctx_from_step) {
+        rt->own_ctx = rt->step_ctx; /* one copy, one context */
+        return 0;
+    }
+    bool need_own = rt->sync_ctx == &rt->own_ctx || rt->copy_ctx == &rt->own_ctx ||
+                    rt->sgd_ctx == &rt->own_ctx || rt->adamw_ctx == &rt->own_ctx ||
+                    rt->arena_ctx == &rt->own_ctx;
+    if (need_own && (st = sbprt_ctx_create(&rt->own_ctx, nthreads)))
+        return error("cannot create a runtime context: %s", sbprt_status_string(st));
+    return 0;
+}
+
+static void runtime_stop(runtime *rt)
+{
+    if (rt->own_ctx && rt->own_ctx != rt->step_ctx)
+        sbprt_ctx_destroy(rt->own_ctx);
+    if (rt->step_ctx)
+        rt->ctx_destroy(rt->step_ctx);
+    rt->own_ctx = rt->step_ctx = NULL;
 }
 
 /* Checks that the step's self-description is usable: positive dims whose products fit the
@@ -736,7 +812,6 @@ int main(int argc, char **argv)
     int rc = 1;
     void *lib = NULL;
     runtime rt = {0};
-    sbprt_ctx *ctx = NULL;
     char *arena = NULL;
     float *host_params = NULL, *host_grads = NULL; /* [param_elems] host views of the blocks */
     bool own_host = false; /* host_params/host_grads were malloc'd (not the arena itself) */
@@ -827,11 +902,9 @@ int main(int argc, char **argv)
     if (model_open(&mdl, &o, in))
         goto out;
 
-    int st = rt.ctx_create(&ctx, (int)o.threads);
-    if (st) {
-        error("cannot create a runtime context: %s", rt.status_string(st));
+    if (runtime_start(&rt, (int)o.threads))
         goto out;
-    }
+    int st;
     const size_t pbytes = in->param_elems * sizeof(float);
     const size_t off_params = 0;
     const size_t off_grads = off_params + align_up(pbytes);
@@ -841,7 +914,7 @@ int main(int argc, char **argv)
     const size_t off_ids = off_ws + align_up(in->workspace_bytes);
     const size_t off_labels = off_ids + align_up(ntok * sizeof(int32_t));
     const size_t arena_bytes = off_labels + align_up(ntok * sizeof(int32_t));
-    st = rt.arena_alloc(ctx, (void **)&arena, arena_bytes);
+    st = RT(rt, arena_alloc, arena_ctx, (void **)&arena, arena_bytes);
     if (st) {
         char b1[32];
         error("cannot allocate %s for parameters, gradients, optimizer state and workspace: %s",
@@ -867,7 +940,7 @@ int main(int argc, char **argv)
     model_copy_weights(&mdl, &o, in, host_params);
     model_free(&mdl); /* the weights are in the block now; the file's copy is not needed */
     if (!host_visible &&
-        (st = rt.copy(ctx, d_params, host_params, pbytes, SBPRT_COPY_HOST_TO_DEVICE)))
+        (st = RT(rt, copy, copy_ctx, d_params, host_params, pbytes, SBPRT_COPY_HOST_TO_DEVICE)))
         goto copy_failed;
     if (o.adamw) { /* zero m and v: through a zeroed host buffer, backend-neutral */
         float *zeros = calloc(1, pbytes + 1);
@@ -875,9 +948,9 @@ int main(int argc, char **argv)
             error("out of memory");
             goto out;
         }
-        st = rt.copy(ctx, d_m, zeros, pbytes, SBPRT_COPY_HOST_TO_DEVICE);
+        st = RT(rt, copy, copy_ctx, d_m, zeros, pbytes, SBPRT_COPY_HOST_TO_DEVICE);
         if (!st)
-            st = rt.copy(ctx, d_v, zeros, pbytes, SBPRT_COPY_HOST_TO_DEVICE);
+            st = RT(rt, copy, copy_ctx, d_v, zeros, pbytes, SBPRT_COPY_HOST_TO_DEVICE);
         free(zeros);
         if (st)
             goto copy_failed;
@@ -909,9 +982,10 @@ int main(int argc, char **argv)
                         (long long)shard.epoch + 1);
         }
         double t0 = now_seconds();
-        if ((st = rt.copy(ctx, d_ids, ids, ntok * sizeof *ids, SBPRT_COPY_HOST_TO_DEVICE)) ||
-            (st = rt.copy(ctx, d_labels, labels, ntok * sizeof *labels,
-                          SBPRT_COPY_HOST_TO_DEVICE)))
+        if ((st = RT(rt, copy, copy_ctx, d_ids, ids, ntok * sizeof *ids,
+                     SBPRT_COPY_HOST_TO_DEVICE)) ||
+            (st = RT(rt, copy, copy_ctx, d_labels, labels, ntok * sizeof *labels,
+                     SBPRT_COPY_HOST_TO_DEVICE)))
             goto copy_failed;
         double loss = NAN;
         int64_t scored = 0;
@@ -926,9 +1000,9 @@ int main(int argc, char **argv)
             .loss = &loss,
             .n_scored = &scored,
         };
-        st = run(ctx, &args);
+        st = run(rt.step_ctx, &args);
         if (!st)
-            st = rt.sync(ctx);
+            st = rt.sync(*rt.sync_ctx);
         if (st) {
             error("step %lld: the step failed: %s%s", (long long)s, rt.status_string(st),
                   st == SBPRT_ERR_RANGE ? " (a token id or label outside the vocabulary)" : "");
@@ -944,7 +1018,8 @@ int main(int argc, char **argv)
 
         if (s == 1 && o.dump_grads) {
             if (!host_visible &&
-                (st = rt.copy(ctx, host_grads, d_grads, pbytes, SBPRT_COPY_DEVICE_TO_HOST)))
+                (st = RT(rt, copy, copy_ctx, host_grads, d_grads, pbytes,
+                         SBPRT_COPY_DEVICE_TO_HOST)))
                 goto copy_failed;
             if (dump_grads(&o, in, host_grads, loss))
                 goto out;
@@ -957,19 +1032,19 @@ int main(int argc, char **argv)
                 continue;
             size_t k = p->offset;
             if (o.adamw)
-                st = rt.adamw_update(ctx, d_params + k, d_m + k, d_v + k, d_grads + k, p->numel,
-                                     o.lr, 0.9, 0.999, 1e-8, o.weight_decay,
-                                     s > INT32_MAX ? INT32_MAX : (int)s);
+                st = RT(rt, adamw_update, adamw_ctx, d_params + k, d_m + k, d_v + k,
+                        d_grads + k, p->numel, o.lr, 0.9, 0.999, 1e-8, o.weight_decay,
+                        s > INT32_MAX ? INT32_MAX : (int)s);
             else
-                st = rt.sgd_update(ctx, d_params + k, d_grads + k, p->numel, o.lr,
-                                   o.weight_decay);
+                st = RT(rt, sgd_update, sgd_ctx, d_params + k, d_grads + k, p->numel, o.lr,
+                        o.weight_decay);
             if (st) {
                 error("step %lld: the %s update of '%s' failed: %s", (long long)s,
                       o.adamw ? "adamw" : "sgd", p->name, rt.status_string(st));
                 goto out;
             }
         }
-        if ((st = rt.sync(ctx))) {
+        if ((st = rt.sync(*rt.sync_ctx))) {
             error("step %lld: %s", (long long)s, rt.status_string(st));
             goto out;
         }
@@ -986,7 +1061,8 @@ int main(int argc, char **argv)
     /* 6. outputs */
     if (o.save) {
         if (!host_visible &&
-            (st = rt.copy(ctx, host_params, d_params, pbytes, SBPRT_COPY_DEVICE_TO_HOST)))
+            (st = RT(rt, copy, copy_ctx, host_params, d_params, pbytes,
+                     SBPRT_COPY_DEVICE_TO_HOST)))
             goto copy_failed;
         if (save_model(&o, in, host_params))
             goto out;
@@ -1016,10 +1092,9 @@ out:
         free(host_params);
         free(host_grads);
     }
-    if (ctx) {
-        rt.arena_free(ctx, arena);
-        rt.ctx_destroy(ctx);
-    }
+    if (arena)
+        rt.arena_free(*rt.arena_ctx, arena);
+    runtime_stop(&rt);
     free(ids);
     free(labels);
     if (have_shard)
