@@ -90,8 +90,13 @@ void ir_diag_note(ir_diag *d, const char *fmt, ...)
 
 void ir_diag_print(const ir_diag *d, FILE *f, const char *prog)
 {
+    ir_diag_print_from(d, 0, f, prog);
+}
+
+void ir_diag_print_from(const ir_diag *d, int first, FILE *f, const char *prog)
+{
     static const char *sevname[] = {"note", "warning", "error"};
-    for (int i = 0; i < d->n; i++) {
+    for (int i = first < 0 ? 0 : first; i < d->n; i++) {
         const ir_diag_entry *e = &d->entries[i];
         if (prog)
             fprintf(f, "%s: ", prog);

@@ -79,6 +79,8 @@ int ir_diag_error(ir_diag *d, const char *fmt, ...) __attribute__((format(printf
 void ir_diag_note(ir_diag *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prints each entry compiler-style:  "PROG: FILE: node 'N' (Op): error: MSG" */
 void ir_diag_print(const ir_diag *d, FILE *f, const char *prog);
+/* Prints entries [first, d->n) only: for tools that print diagnostics in stages. */
+void ir_diag_print_from(const ir_diag *d, int first, FILE *f, const char *prog);
 
 /* ---------------------------------------------------------------- dtypes */
 

@@ -31,6 +31,7 @@
 #include "recognize.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -177,18 +178,888 @@ static bool elem_add(const attn_match *m, int64_t i, int64_t j, int64_t e)
     return j <= i ? x == 0.0 : masked_enough(x, m->post_scale);
 }
 
+/* ---------------------------------------------------------------- lazily verified masks
+ *
+ * Fold refuses results above its cap (16 Mi elements), so for long sequences the mask chain an
+ * exporter emits stays as nodes computed only from constants, e.g. Llama's
+ *
+ *     Slice(Expand(Unsqueeze(Unsqueeze(Trilu(ConstantOfShape([T,T], min), k=1)))), axis 3, 0:T)
+ *
+ * and it must be verified without being materialised. Two tools do that:
+ *
+ * mask_at evaluates ONE element of such a value by walking its producers (index remapping for
+ * Unsqueeze/Squeeze/pure-re-view Reshape/Expand/Slice/Transpose and broadcasting; arithmetic for
+ * the elementwise ops; ConstantOfShape's fill, Trilu's (row, col) test, Range's progression and
+ * constants' data at the leaves). Indices are carried as a view: per axis, an offset plus a step
+ * times the query index i or the key index j (or fixed), so one walk serves all (i, j).
+ *
+ * mask_shape proves, from the structure alone, what the mask's value at output (b, h, i, j) can
+ * depend on: nothing (UNIFORM), an affine function of i and j with small integer coefficients
+ * (AFFINE: Range, an arithmetic-progression constant along one of the two axes, and sums of
+ * those), or d = j - i alone, piecewise constant with the jumps confined to a few known d
+ * (STEP: a Trilu's row/column test, a comparison of AFFINE operands whose difference depends on
+ * d only, a T x T constant checked to be a function of j - i, and any elementwise combination of
+ * STEP and UNIFORM operands). Nothing may depend on the batch and head indices: constants read
+ * along those axes must be the same along them, and Trilu's two axes must be the query and key
+ * axes themselves (after the remaps). A graph input or parameter anywhere upstream, or an op not
+ * listed, fails the proof. Causality of a STEP mask then needs only O(breakpoints) element
+ * evaluations: F(d) is checked at both ends of every interval between jumps over
+ * d in [-(T-1), T-1] (plus a few fixed probes), each a short chain walk: O(1) in T, so T = 32k
+ * costs what T = 64 does.
+ */
+
+#define LZ_MAX_DEPTH 48      /* producer chain length */
+#define LZ_BUDGET 100000     /* node visits per mask, proof and evaluations together */
+#define LZ_MAX_BP 48         /* jump candidates of a STEP value */
+#define LZ_EXACT 16777216.0  /* 2^24: AFFINE values stay integers below this (exact in f32) */
+#define LZ_SPAN ((int64_t)1 << 40) /* offsets, steps and indices beyond this are refused */
+
+enum { AX_FIX, AX_I, AX_J, AX_LEAD };
+
+/* index = off + step * (i | j | some batch/head index | nothing) */
+typedef struct lz_axis {
+    int src;
+    int64_t off, step;
+} lz_axis;
+
+typedef struct lz_view {
+    int rank;
+    lz_axis ax[IR_MAX_RANK];
+} lz_view;
+
+typedef struct lz_ctx {
+    int64_t T;   /* query and key extent */
+    long budget; /* node visits left */
+} lz_ctx;
+
+typedef struct lz_desc {
+    enum { LZ_UNIFORM, LZ_AFFINE, LZ_STEP } kind;
+    int n_bp;
+    int64_t bp[LZ_MAX_BP]; /* STEP: F(d-1) may differ from F(d) only for d in bp */
+} lz_desc;
+
+static bool lz_dtype_ok(ir_dtype t)
+{
+    return t == IR_DT_FLOAT || t == IR_DT_DOUBLE || t == IR_DT_BOOL || ir_dtype_is_int(t);
+}
+
+/* A value of known shape and supported type. */
+static bool lz_value_ok(const ir_value *v)
+{
+    return v && v->rank >= 0 && v->rank <= IR_MAX_RANK && ir_value_shape_known(v) &&
+           lz_dtype_ok(v->dtype);
+}
+
+static bool lz_tick(lz_ctx *c, int depth) { return depth < LZ_MAX_DEPTH && --c->budget >= 0; }
+
+/* A CONST integer vector (or scalar) of at most max elements. */
+static int lz_const_ints(const ir_value *v, int64_t *out, int max)
+{
+    if (!ir_value_is_const(v) || !ir_dtype_is_int(v->dtype) || v->rank > 1)
+        return -1;
+    int64_t n = ir_value_numel(v);
+    if (n < 0 || n > max)
+        return -1;
+    for (int64_t i = 0; i < n; i++)
+        out[i] = ir_const_i64(v, i);
+    return (int)n;
+}
+
+/* x rounded to dtype t the way an ONNX runtime stores it; false where that is not exact
+ * enough to reason about (NaN into an integer, integers beyond 2^53). */
+static bool lz_round(ir_dtype t, double x, double *out)
+{
+    switch (t) {
+    case IR_DT_FLOAT: *out = (double)(float)x; return true;
+    case IR_DT_DOUBLE: *out = x; return true;
+    case IR_DT_BOOL: *out = x != 0; return true;
+    default: break;
+    }
+    if (!(fabs(x) < 9007199254740992.0))
+        return false;
+    int64_t v = (int64_t)x;
+    switch (t) {
+    case IR_DT_INT32: v = (int32_t)(uint32_t)(uint64_t)v; break;
+    case IR_DT_INT16: v = (int16_t)(uint16_t)(uint64_t)v; break;
+    case IR_DT_INT8: v = (int8_t)(uint8_t)(uint64_t)v; break;
+    case IR_DT_UINT32: v = (uint32_t)(uint64_t)v; break;
+    case IR_DT_UINT16: v = (uint16_t)(uint64_t)v; break;
+    case IR_DT_UINT8: v = (uint8_t)(uint64_t)v; break;
+    case IR_DT_UINT64:
+        if (v < 0)
+            return false;
+        break;
+    default: break;
+    }
+    *out = (double)v;
+    return true;
+}
+
+static int64_t lz_index(const lz_axis *a, int64_t i, int64_t j)
+{
+    return a->off + a->step * (a->src == AX_I ? i : a->src == AX_J ? j : 0);
+}
+
+static bool lz_axis_ok(const lz_axis *a)
+{
+    return a->off > -LZ_SPAN && a->off < LZ_SPAN && a->step > -LZ_SPAN && a->step < LZ_SPAN;
+}
+
+/* ---- views of an input, from the view of a node's output */
+
+static bool is_elementwise(ir_op op)
+{
+    switch (op) {
+    case IR_OP_IDENTITY:
+    case IR_OP_CAST:
+    case IR_OP_ADD:
+    case IR_OP_SUB:
+    case IR_OP_MUL:
+    case IR_OP_DIV:
+    case IR_OP_MIN:
+    case IR_OP_MAX:
+    case IR_OP_EQUAL:
+    case IR_OP_LESS:
+    case IR_OP_LESS_OR_EQUAL:
+    case IR_OP_GREATER:
+    case IR_OP_GREATER_OR_EQUAL:
+    case IR_OP_AND:
+    case IR_OP_OR:
+    case IR_OP_NOT:
+    case IR_OP_WHERE:
+    case IR_OP_NEG:
+    case IR_OP_ABS: return true;
+    default: return false;
+    }
+}
+
+static bool is_compare(ir_op op)
+{
+    return op == IR_OP_EQUAL || op == IR_OP_LESS || op == IR_OP_LESS_OR_EQUAL ||
+           op == IR_OP_GREATER || op == IR_OP_GREATER_OR_EQUAL;
+}
+
+/* numpy broadcasting of x into y (Expand and the elementwise ops) */
+static bool map_bcast(const ir_value *x, const ir_value *y, const lz_view *o, lz_view *in)
+{
+    if (x->rank > y->rank)
+        return false;
+    in->rank = x->rank;
+    for (int a = 0; a < x->rank; a++) {
+        int b = a + y->rank - x->rank;
+        int64_t d = x->dims[a].value;
+        if (d == 1)
+            in->ax[a] = (lz_axis){AX_FIX, 0, 0};
+        else if (d == y->dims[b].value)
+            in->ax[a] = o->ax[b];
+        else
+            return false;
+    }
+    return true;
+}
+
+/* Unsqueeze/Squeeze axes from the second input (opset >= 13) or the attribute; -1: none. */
+static int squeeze_axes(const ir_node *n, int64_t *ax)
+{
+    if (n->n_in > 1 && n->in[1])
+        return lz_const_ints(n->in[1], ax, IR_MAX_RANK);
+    const ir_attr *a = ir_attr_get(n, "axes");
+    if (!a)
+        return -1;
+    if (a->kind != IR_ATTR_INTS || a->n > IR_MAX_RANK)
+        return -2;
+    memcpy(ax, a->ints, (size_t)a->n * sizeof *ax);
+    return a->n;
+}
+
+static bool map_unsqueeze(const ir_node *n, const ir_value *x, const ir_value *y,
+                          const lz_view *o, lz_view *in)
+{
+    int64_t ax[IR_MAX_RANK];
+    int na = squeeze_axes(n, ax);
+    if (na < 0 || x->rank + na != y->rank)
+        return false;
+    bool ins[IR_MAX_RANK] = {false};
+    for (int k = 0; k < na; k++) {
+        int64_t a = ax[k] < 0 ? ax[k] + y->rank : ax[k];
+        if (a < 0 || a >= y->rank || ins[a])
+            return false;
+        ins[a] = true;
+    }
+    in->rank = x->rank;
+    for (int b = 0, a = 0; b < y->rank; b++)
+        if (!ins[b])
+            in->ax[a++] = o->ax[b];
+    return true;
+}
+
+static bool map_squeeze(const ir_node *n, const ir_value *x, const ir_value *y,
+                        const lz_view *o, lz_view *in)
+{
+    int64_t ax[IR_MAX_RANK];
+    int na = squeeze_axes(n, ax);
+    if (na < -1)
+        return false;
+    bool sq[IR_MAX_RANK] = {false};
+    for (int a = 0; a < x->rank; a++)
+        sq[a] = na < 0 && x->dims[a].value == 1;
+    for (int k = 0; k < na; k++) {
+        int64_t a = ax[k] < 0 ? ax[k] + x->rank : ax[k];
+        if (a < 0 || a >= x->rank || x->dims[a].value != 1)
+            return false;
+        sq[a] = true;
+    }
+    in->rank = x->rank;
+    int b = 0;
+    for (int a = 0; a < x->rank; a++)
+        in->ax[a] = sq[a] ? (lz_axis){AX_FIX, 0, 0} : o->ax[b++];
+    return b == y->rank;
+}
+
+/* Reshape that only inserts or drops axes of extent 1 (a pure re-view); anything that merges
+ * or splits axes is refused. */
+static bool map_reshape(const ir_value *x, const ir_value *y, const lz_view *o, lz_view *in)
+{
+    in->rank = x->rank;
+    int b = 0;
+    for (int a = 0; a < x->rank; a++) {
+        if (x->dims[a].value == 1) {
+            in->ax[a] = (lz_axis){AX_FIX, 0, 0};
+            continue;
+        }
+        while (b < y->rank && y->dims[b].value == 1)
+            b++;
+        if (b >= y->rank || y->dims[b].value != x->dims[a].value)
+            return false;
+        in->ax[a] = o->ax[b++];
+    }
+    while (b < y->rank && y->dims[b].value == 1)
+        b++;
+    return b == y->rank;
+}
+
+static bool map_transpose(const ir_node *n, const ir_value *x, const lz_view *o, lz_view *in)
+{
+    const ir_attr *p = ir_attr_get(n, "perm");
+    if (p && (p->kind != IR_ATTR_INTS || p->n != x->rank))
+        return false;
+    bool seen[IR_MAX_RANK] = {false};
+    in->rank = x->rank;
+    for (int a = 0; a < x->rank; a++) {
+        int64_t q = p ? p->ints[a] : x->rank - 1 - a;
+        if (q < 0)
+            q += x->rank;
+        if (q < 0 || q >= x->rank || seen[q])
+            return false;
+        seen[q] = true;
+        in->ax[q] = o->ax[a];
+    }
+    return true;
+}
+
+/* Slice with constant starts/ends/axes/steps (clamped as ONNX does): input index = start +
+ * step * output index on each sliced axis. */
+static bool map_slice(const ir_node *n, const ir_value *x, const ir_value *y, const lz_view *o,
+                      lz_view *in)
+{
+    int64_t st[IR_MAX_RANK], en[IR_MAX_RANK], ax[IR_MAX_RANK], sp[IR_MAX_RANK];
+    int ns = lz_const_ints(n->in[1], st, IR_MAX_RANK);
+    int ne = lz_const_ints(n->in[2], en, IR_MAX_RANK);
+    if (ns < 0 || ne != ns)
+        return false;
+    if (n->n_in > 3 && n->in[3]) {
+        if (lz_const_ints(n->in[3], ax, IR_MAX_RANK) != ns)
+            return false;
+    } else {
+        for (int k = 0; k < ns; k++)
+            ax[k] = k;
+    }
+    if (n->n_in > 4 && n->in[4]) {
+        if (lz_const_ints(n->in[4], sp, IR_MAX_RANK) != ns)
+            return false;
+    } else {
+        for (int k = 0; k < ns; k++)
+            sp[k] = 1;
+    }
+    *in = *o;
+    bool done[IR_MAX_RANK] = {false};
+    for (int k = 0; k < ns; k++) {
+        int64_t a = ax[k] < 0 ? ax[k] + x->rank : ax[k];
+        if (a < 0 || a >= x->rank || done[a] || sp[k] == 0 || sp[k] <= -LZ_SPAN ||
+            sp[k] >= LZ_SPAN)
+            return false;
+        done[a] = true;
+        int64_t d = x->dims[a].value, s = st[k], e = en[k], step = sp[k], len;
+        if (s < 0)
+            s += d;
+        if (e < 0)
+            e += d;
+        if (step > 0) {
+            s = s < 0 ? 0 : s > d ? d : s;
+            e = e < 0 ? 0 : e > d ? d : e;
+            len = e > s ? (e - s - 1) / step + 1 : 0;
+        } else {
+            s = s < 0 ? 0 : s > d - 1 ? d - 1 : s;
+            e = e < -1 ? -1 : e > d - 1 ? d - 1 : e;
+            len = s > e ? (s - e - 1) / (-step) + 1 : 0;
+        }
+        if (len != y->dims[a].value)
+            return false;
+        const lz_axis *oa = &o->ax[a];
+        in->ax[a] = (lz_axis){oa->src, s + step * oa->off, oa->src == AX_FIX ? 0 : step * oa->step};
+        if (!lz_axis_ok(&in->ax[a]))
+            return false;
+    }
+    return true;
+}
+
+/* The view of input `slot` of n that the output view o reads (data movement and broadcasting);
+ * false for inputs that are not data (shapes, axes, Trilu's k, ...) and for other ops. */
+static bool lz_map(const ir_node *n, int slot, const lz_view *o, lz_view *in)
+{
+    const ir_value *x = n->in[slot], *y = n->out[0];
+    if (!lz_value_ok(x) || !lz_value_ok(y) || o->rank != y->rank)
+        return false;
+    if (is_elementwise(n->op))
+        return map_bcast(x, y, o, in);
+    if (slot != 0)
+        return false;
+    switch (n->op) {
+    case IR_OP_EXPAND: return map_bcast(x, y, o, in);
+    case IR_OP_UNSQUEEZE: return map_unsqueeze(n, x, y, o, in);
+    case IR_OP_SQUEEZE: return map_squeeze(n, x, y, o, in);
+    case IR_OP_RESHAPE: return map_reshape(x, y, o, in);
+    case IR_OP_TRANSPOSE: return map_transpose(n, x, o, in);
+    case IR_OP_SLICE: return map_slice(n, x, y, o, in);
+    default: return false;
+    }
+}
+
+/* ---- evaluation of one element */
+
+static bool mask_at(lz_ctx *c, const ir_value *v, const lz_view *w, int64_t i, int64_t j,
+                    int depth, double *out);
+
+/* A value of one element (Trilu's k, Range's start and delta). */
+static bool lz_scalar(lz_ctx *c, const ir_value *v, int depth, double *out)
+{
+    if (!lz_value_ok(v) || ir_value_numel(v) != 1)
+        return false;
+    lz_view w = {.rank = v->rank};
+    for (int a = 0; a < v->rank; a++)
+        w.ax[a] = (lz_axis){AX_FIX, 0, 0};
+    return mask_at(c, v, &w, 0, 0, depth, out);
+}
+
+static bool lz_binary(ir_op op, ir_dtype in_t, double a, double b, double *r)
+{
+    bool fl = in_t == IR_DT_FLOAT || in_t == IR_DT_DOUBLE;
+    switch (op) {
+    case IR_OP_ADD: *r = a + b; return true;
+    case IR_OP_SUB: *r = a - b; return true;
+    case IR_OP_MUL: *r = a * b; return true;
+    case IR_OP_DIV:
+        if (fl) {
+            *r = a / b;
+            return true;
+        }
+        if (b == 0)
+            return false;
+        *r = trunc(a / b); /* exact: both below 2^53 */
+        return true;
+    case IR_OP_MIN: *r = a != a || b != b ? NAN : a < b ? a : b; return true;
+    case IR_OP_MAX: *r = a != a || b != b ? NAN : a > b ? a : b; return true;
+    case IR_OP_EQUAL: *r = a == b; return true;
+    case IR_OP_LESS: *r = a < b; return true;
+    case IR_OP_LESS_OR_EQUAL: *r = a <= b; return true;
+    case IR_OP_GREATER: *r = a > b; return true;
+    case IR_OP_GREATER_OR_EQUAL: *r = a >= b; return true;
+    case IR_OP_AND: *r = a != 0 && b != 0; return true;
+    case IR_OP_OR: *r = a != 0 || b != 0; return true;
+    default: return false;
+    }
+}
+
+/* The element of v (of view w) at query i, key j; batch/head axes at their view offsets. */
+static bool mask_at(lz_ctx *c, const ir_value *v, const lz_view *w, int64_t i, int64_t j,
+                    int depth, double *out)
+{
+    if (!lz_tick(c, depth) || !lz_value_ok(v) || w->rank != v->rank)
+        return false;
+    if (v->kind == IR_VAL_CONST) {
+        int64_t off = 0;
+        for (int a = 0; a < v->rank; a++) {
+            int64_t x = lz_index(&w->ax[a], i, j), d = v->dims[a].value;
+            if (x < 0 || x >= d)
+                return false;
+            off = off * d + x;
+        }
+        *out = v->dtype == IR_DT_FLOAT || v->dtype == IR_DT_DOUBLE ? ir_const_f64(v, off)
+                                                                    : (double)ir_const_i64(v, off);
+        return true;
+    }
+    const ir_node *n = v->producer;
+    if (v->kind != IR_VAL_NODE || !n || n->dead || n->n_out != 1)
+        return false;
+    lz_view iw;
+    double a, b, r;
+    switch (n->op) {
+    case IR_OP_CONSTANT_OF_SHAPE: {
+        const ir_attr *va = ir_attr_get(n, "value");
+        if (!va) {
+            r = 0;
+        } else {
+            const ir_value *t = va->t;
+            if (va->kind != IR_ATTR_TENSOR || !t || !t->data || !lz_dtype_ok(t->dtype) ||
+                ir_value_numel(t) != 1)
+                return false;
+            r = ir_const_f64(t, 0);
+        }
+        return lz_round(v->dtype, r, out);
+    }
+    case IR_OP_TRILU: {
+        if (v->rank < 2)
+            return false;
+        double k = 0;
+        if (n->n_in > 1 && n->in[1] && !lz_scalar(c, n->in[1], depth + 1, &k))
+            return false;
+        int64_t row = lz_index(&w->ax[v->rank - 2], i, j), col = lz_index(&w->ax[v->rank - 1], i, j);
+        bool keep = ir_attr_int(n, "upper", 1) ? (double)(col - row) >= k : (double)(col - row) <= k;
+        if (!keep) {
+            *out = 0;
+            return true;
+        }
+        return lz_map(n, 0, w, &iw) && mask_at(c, n->in[0], &iw, i, j, depth + 1, out);
+    }
+    case IR_OP_RANGE: {
+        double s, d;
+        if (v->rank != 1 || !lz_scalar(c, n->in[0], depth + 1, &s) ||
+            !lz_scalar(c, n->in[2], depth + 1, &d))
+            return false;
+        int64_t x = lz_index(&w->ax[0], i, j);
+        if (x < 0 || x >= v->dims[0].value)
+            return false;
+        if (v->dtype == IR_DT_FLOAT) { /* ONNX: repeated addition, in the output type */
+            float acc = (float)s;
+            if (s == floor(s) && d == floor(d) && fabs(s) + fabs(d) * (double)x < LZ_EXACT)
+                acc = (float)(s + d * (double)x); /* exact either way */
+            else
+                for (int64_t t = 0; t < x; t++)
+                    acc += (float)d;
+            *out = acc;
+            return true;
+        }
+        return lz_round(v->dtype, s + d * (double)x, out);
+    }
+    case IR_OP_WHERE:
+        if (!lz_map(n, 0, w, &iw) || !mask_at(c, n->in[0], &iw, i, j, depth + 1, &a))
+            return false;
+        if (!lz_map(n, a != 0 ? 1 : 2, w, &iw) ||
+            !mask_at(c, n->in[a != 0 ? 1 : 2], &iw, i, j, depth + 1, &r))
+            return false;
+        return lz_round(v->dtype, r, out);
+    default: break;
+    }
+    if (!lz_map(n, 0, w, &iw) || !mask_at(c, n->in[0], &iw, i, j, depth + 1, &a))
+        return false;
+    if (!is_elementwise(n->op)) /* data movement */
+        return lz_round(v->dtype, a, out);
+    switch (n->op) {
+    case IR_OP_IDENTITY:
+    case IR_OP_CAST: r = a; break;
+    case IR_OP_NOT: r = a == 0; break;
+    case IR_OP_NEG: r = -a; break;
+    case IR_OP_ABS: r = fabs(a); break;
+    default:
+        if (n->n_in != 2 || !lz_map(n, 1, w, &iw) ||
+            !mask_at(c, n->in[1], &iw, i, j, depth + 1, &b) ||
+            !lz_binary(n->op, n->in[0]->dtype, a, b, &r))
+            return false;
+        break;
+    }
+    return lz_round(v->dtype, r, out);
+}
+
+/* ---- the structural proof */
+
+static bool bp_add(lz_desc *d, int64_t x)
+{
+    for (int k = 0; k < d->n_bp; k++)
+        if (d->bp[k] == x)
+            return true;
+    if (d->n_bp >= LZ_MAX_BP)
+        return false;
+    d->bp[d->n_bp++] = x;
+    return true;
+}
+
+/* Jump candidates around t (generous: the exact side of a threshold is settled by evaluation). */
+static bool bp_around(lz_ctx *c, lz_desc *d, double t)
+{
+    if (!isfinite(t))
+        return true;
+    double lim = (double)c->T + 4;
+    t = t < -lim ? -lim : t > lim ? lim : t;
+    int64_t f = (int64_t)floor(t);
+    d->kind = LZ_STEP;
+    for (int64_t x = f - 1; x <= f + 2; x++)
+        if (!bp_add(d, x))
+            return false;
+    return true;
+}
+
+static bool bp_union(lz_desc *d, const lz_desc *e)
+{
+    for (int k = 0; k < e->n_bp; k++)
+        if (!bp_add(d, e->bp[k]))
+            return false;
+    return true;
+}
+
+/* v (view w) as c0 + ci i + cj j: integer coefficients, checked at the corners, every value an
+ * integer of magnitude below 2^24 (so f32 arithmetic on it is exact). co = {c0, ci, cj}. */
+static bool lz_affine(lz_ctx *c, const ir_value *v, const lz_view *w, int depth, double *co)
+{
+    const int64_t T1 = c->T - 1;
+    double f00, f;
+    if (!mask_at(c, v, w, 0, 0, depth, &f00))
+        return false;
+    co[0] = f00;
+    co[1] = co[2] = 0;
+    if (T1 > 0) {
+        if (!mask_at(c, v, w, 1, 0, depth, &f))
+            return false;
+        co[1] = f - f00;
+        if (!mask_at(c, v, w, 0, 1, depth, &f))
+            return false;
+        co[2] = f - f00;
+    }
+    const int64_t pts[4][2] = {{0, 0}, {T1, 0}, {0, T1}, {T1, T1}};
+    for (int k = 0; k < 4; k++) {
+        if (!mask_at(c, v, w, pts[k][0], pts[k][1], depth, &f))
+            return false;
+        double want = co[0] + co[1] * (double)pts[k][0] + co[2] * (double)pts[k][1];
+        if (!(fabs(f) < LZ_EXACT) || f != floor(f) || f != want)
+            return false;
+    }
+    return co[1] == floor(co[1]) && co[2] == floor(co[2]);
+}
+
+/* A constant read through view w: uniform, affine along one of i/j, or a function of j - i. */
+static bool shape_const(lz_ctx *c, const ir_value *v, const lz_view *w, lz_desc *d)
+{
+    const int64_t T = c->T, n = ir_value_numel(v);
+    const size_t es = ir_dtype_size(v->dtype);
+    const char *p = v->data;
+    if (n < 1 || !p || v->nbytes != (size_t)n * es)
+        return false;
+    d->kind = LZ_UNIFORM;
+    if (n == 1 || memcmp(p, p + es, (size_t)(n - 1) * es) == 0)
+        return true; /* every element the same */
+    /* strides, and the offset of (i, j) = base + i si + j sj; each axis's extreme indices in
+     * range */
+    int64_t str[IR_MAX_RANK], s = 1, base = 0, si = 0, sj = 0;
+    bool lead = false;
+    for (int a = v->rank - 1; a >= 0; a--) {
+        str[a] = s;
+        s *= v->dims[a].value;
+    }
+    for (int a = 0; a < v->rank; a++) {
+        const lz_axis *x = &w->ax[a];
+        int64_t dim = v->dims[a].value, hi = x->src == AX_I || x->src == AX_J ? x->off + x->step * (T - 1) : x->off;
+        if (x->off < 0 || x->off >= dim || hi < 0 || hi >= dim)
+            return false;
+        base += x->off * str[a];
+        if (x->src == AX_I)
+            si += x->step * str[a];
+        else if (x->src == AX_J)
+            sj += x->step * str[a];
+        else if (x->src == AX_LEAD && dim > 1)
+            lead = true;
+    }
+    /* Independent of the batch/head indices: equal along every such axis (whole constant). */
+    if (lead) {
+        for (int64_t e = 0; e < n; e++) {
+            int64_t e0 = 0, r = e;
+            for (int a = v->rank - 1; a >= 0; a--) {
+                int64_t x = r % v->dims[a].value;
+                r /= v->dims[a].value;
+                if (w->ax[a].src != AX_LEAD)
+                    e0 += x * str[a];
+            }
+            if (memcmp(p + e * (int64_t)es, p + e0 * (int64_t)es, es) != 0)
+                return false;
+        }
+    }
+#define AT(ii, jj) (p + (base + (ii) * si + (jj) * sj) * (int64_t)es)
+    if (si == 0 && sj == 0)
+        return true;
+    if (si == 0 || sj == 0) { /* one axis: constant, or an exact integer progression */
+        int64_t st = si ? si : sj;
+        double f0 = ir_const_f64(v, base), f1 = T > 1 ? ir_const_f64(v, base + st) : f0;
+        bool same = true, prog = f1 == floor(f1);
+        for (int64_t t = 0; t < T; t++) {
+            double f = ir_const_f64(v, base + t * st);
+            same = same && f == f0;
+            prog = prog && f == f0 + (f1 - f0) * (double)t && fabs(f) < LZ_EXACT && f == floor(f);
+        }
+        if (!same && !prog)
+            return false;
+        d->kind = same ? LZ_UNIFORM : LZ_AFFINE;
+        return true;
+    }
+    /* two axes: g(i, j) == g(i-1, j-1) everywhere makes it F(j - i); then find F's jumps */
+    for (int64_t i = 1; i < T; i++) {
+        if (sj == 1) {
+            if (memcmp(AT(i, 1), AT(i - 1, 0), (size_t)(T - 1) * es) != 0)
+                return false;
+        } else {
+            for (int64_t j = 1; j < T; j++)
+                if (memcmp(AT(i, j), AT(i - 1, j - 1), es) != 0)
+                    return false;
+        }
+    }
+    d->kind = LZ_STEP;
+    d->n_bp = 0;
+    for (int64_t x = -(T - 1) + 1; x <= T - 1; x++) {
+        const char *cur = x >= 0 ? AT(0, x) : AT(-x, 0);
+        const char *prev = x - 1 >= 0 ? AT(0, x - 1) : AT(-(x - 1), 0);
+        if (memcmp(cur, prev, es) != 0 && !bp_add(d, x))
+            return false;
+    }
+#undef AT
+    if (d->n_bp == 0)
+        d->kind = LZ_UNIFORM;
+    return true;
+}
+
+/* What v, read through view w, depends on (see the top of this section); false when that
+ * cannot be shown: an input or parameter upstream, an op or remap not handled, a constant that
+ * varies over the batch/head axes or in a way that is neither affine nor a function of j - i. */
+static bool mask_shape(lz_ctx *c, const ir_value *v, const lz_view *w, int depth, lz_desc *d)
+{
+    memset(d, 0, sizeof *d);
+    d->kind = LZ_UNIFORM;
+    fprintf(stderr, "DBG  shape %s %s\n", v->name, v->producer ? ir_op_name(v->producer->op) : "-");
+    if (!lz_tick(c, depth) || !lz_value_ok(v) || w->rank != v->rank)
+        return false;
+    for (int a = 0; a < w->rank; a++)
+        if (!lz_axis_ok(&w->ax[a]))
+            return false;
+    if (v->kind == IR_VAL_CONST)
+        return shape_const(c, v, w, d);
+    const ir_node *n = v->producer;
+    if (v->kind != IR_VAL_NODE || !n || n->dead || n->n_out != 1)
+        return false;
+    lz_view iw[3];
+    double co[3], co2[3], k;
+    switch (n->op) {
+    case IR_OP_CONSTANT_OF_SHAPE: return true;
+    case IR_OP_RANGE: {
+        double s, dl;
+        if (v->rank != 1 || !lz_scalar(c, n->in[0], depth + 1, &s) ||
+            !lz_scalar(c, n->in[2], depth + 1, &dl) || w->ax[0].src == AX_LEAD)
+            return false;
+        if (w->ax[0].src == AX_FIX)
+            return true;
+        d->kind = LZ_AFFINE;
+        return lz_affine(c, v, w, depth, co);
+    }
+    case IR_OP_TRILU: {
+        const int r = v->rank;
+        k = 0;
+        if (r < 2 || (n->n_in > 1 && n->in[1] && !lz_scalar(c, n->in[1], depth + 1, &k)) ||
+            k != floor(k) || fabs(k) > (double)LZ_SPAN)
+            return false;
+        if (!lz_map(n, 0, w, &iw[0]) || !mask_shape(c, n->in[0], &iw[0], depth + 1, d) ||
+            d->kind == LZ_AFFINE)
+            return false;
+        const lz_axis *ra = &w->ax[r - 2], *ca = &w->ax[r - 1];
+        if (ra->src == AX_FIX && ca->src == AX_FIX)
+            return true; /* one fixed (row, col): the same test everywhere */
+        /* col - row must be +-(j - i) + delta: the two axes are query and key, same unit step */
+        if (!((ra->src == AX_I && ca->src == AX_J) || (ra->src == AX_J && ca->src == AX_I)) ||
+            ra->step != ca->step || (ra->step != 1 && ra->step != -1))
+            return false;
+        const int64_t sigma = (ca->src == AX_J ? 1 : -1) * ra->step, delta = ca->off - ra->off;
+        return bp_around(c, d, (double)sigma * (k - (double)delta));
+    }
+    default: break;
+    }
+    if (!is_elementwise(n->op)) { /* data movement: the same element function, remapped */
+        return lz_map(n, 0, w, &iw[0]) && mask_shape(c, n->in[0], &iw[0], depth + 1, d);
+    }
+    if (n->n_in < 1 || n->n_in > 3)
+        return false;
+    lz_desc e[3];
+    bool aff = false, step = false;
+    for (int s = 0; s < n->n_in; s++) {
+        if (!n->in[s] || !lz_map(n, s, w, &iw[s]) || !mask_shape(c, n->in[s], &iw[s], depth + 1, &e[s]))
+            return false;
+        aff = aff || e[s].kind == LZ_AFFINE;
+        step = step || e[s].kind == LZ_STEP;
+    }
+    if (!aff) { /* any elementwise function of STEP and UNIFORM operands */
+        for (int s = 0; s < n->n_in; s++)
+            if (!bp_union(d, &e[s]))
+                return false;
+        d->kind = step ? LZ_STEP : LZ_UNIFORM;
+        return true;
+    }
+    if (step)
+        return false;
+    if (is_compare(n->op)) {
+        /* a - b = c0 + ci i + cj j: a function of j - i when ci == -cj; the test flips near
+         * d = -c0 / cj */
+        double *cc[2] = {co, co2};
+        for (int s = 0; s < 2; s++) {
+            if (e[s].kind == LZ_AFFINE) {
+                if (!lz_affine(c, n->in[s], &iw[s], depth + 1, cc[s]))
+                    return false;
+            } else {
+                if (!mask_at(c, n->in[s], &iw[s], 0, 0, depth + 1, &cc[s][0]))
+                    return false;
+                cc[s][1] = cc[s][2] = 0;
+            }
+        }
+        double d0 = co[0] - co2[0], di = co[1] - co2[1], dj = co[2] - co2[2];
+        if (di != -dj)
+            return false;
+        if (dj == 0)
+            return true;
+        return bp_around(c, d, -d0 / dj);
+    }
+    switch (n->op) {
+    case IR_OP_ADD:
+    case IR_OP_SUB:
+    case IR_OP_NEG:
+    case IR_OP_IDENTITY: break;
+    case IR_OP_MUL:
+        if (e[0].kind == LZ_AFFINE && e[1].kind == LZ_AFFINE)
+            return false;
+        break;
+    case IR_OP_CAST:
+        if (v->dtype == IR_DT_BOOL)
+            return false;
+        break;
+    default: return false;
+    }
+    d->kind = LZ_AFFINE;
+    return lz_affine(c, v, w, depth, co);
+}
+
+/* One mask element at (i, j) says what a causal mask must: keep j <= i, mask j > i. */
+static bool lz_elem_ok(const attn_match *m, int64_t i, int64_t j, double x)
+{
+    if (m->mask_kind == MASK_ADD)
+        return j <= i ? x == 0.0 : masked_enough(x, m->post_scale);
+    bool keep = x != 0;
+    if (m->mask_kind == MASK_WHERE_INV)
+        keep = !keep;
+    return keep == (j <= i);
+}
+
+/* A mask computed from constants only, not materialised: proved to be a step function of
+ * d = j - i that depends on nothing else, then checked at both ends of every interval between
+ * its possible jumps (and at fixed probes). */
+static bool mask_lazy_causal(const attn_match *m, const int64_t *sd)
+{
+    const ir_value *mk = m->mask;
+    if (!lz_value_ok(mk) || mk->rank > 4 || sd[2] != sd[3] || sd[2] < 1)
+        return false;
+    const int64_t T = sd[2];
+    lz_view w = {.rank = mk->rank};
+    for (int a = 0; a < mk->rank; a++) {
+        int s = a + 4 - mk->rank;
+        int64_t md = mk->dims[a].value;
+        if (md != 1 && md != sd[s])
+            return false;
+        if (s >= 2 && md != sd[s]) /* no broadcast over query or key */
+            return false;
+        w.ax[a] = s == 2 ? (lz_axis){AX_I, 0, 1}
+                  : s == 3 ? (lz_axis){AX_J, 0, 1}
+                  : md == 1 ? (lz_axis){AX_FIX, 0, 0}
+                            : (lz_axis){AX_LEAD, 0, 1};
+    }
+    if (mk->rank < 2)
+        return false;
+    lz_ctx c = {.T = T, .budget = LZ_BUDGET};
+    lz_desc d;
+    if (!mask_shape(&c, mk, &w, 0, &d) || d.kind == LZ_AFFINE) {
+        fprintf(stderr, "DBG shape fail %s kind %d\n", mk->name, d.kind);
+        return false;
+    }
+    fprintf(stderr, "DBG shape ok %s kind %d nbp %d\n", mk->name, d.kind, d.n_bp);
+    /* probes: (i, j) for each d, twice (from the first row/column and from the last) */
+    int64_t ds[2 * LZ_MAX_BP + 8];
+    int nd = 0;
+    ds[nd++] = -(T - 1);
+    ds[nd++] = T - 1;
+    ds[nd++] = 0;
+    if (T > 1)
+        ds[nd++] = 1;
+    for (int k = 0; k < d.n_bp; k++)
+        for (int64_t x = d.bp[k] - 1; x <= d.bp[k]; x++)
+            if (x > -T && x < T)
+                ds[nd++] = x;
+    for (int k = 0; k < nd; k++) {
+        const int64_t x = ds[k];
+        const int64_t pi[2] = {x >= 0 ? 0 : -x, x >= 0 ? T - 1 - x : T - 1};
+        for (int r = 0; r < 2; r++) {
+            double v;
+            if (!mask_at(&c, mk, &w, pi[r], pi[r] + x, 0, &v) || !lz_elem_ok(m, pi[r], pi[r] + x, v))
+                return false;
+        }
+    }
+    const int64_t fixed[7][2] = {{0, 0}, {T - 1, 0}, {T - 1, T - 1}, {5, 3},
+                                 {0, 1}, {0, T - 1}, {T - 2, T - 1}};
+    for (int k = 0; k < 7; k++) {
+        int64_t i = fixed[k][0], j = fixed[k][1];
+        double v;
+        if (i < 0 || j < 0 || i >= T || j >= T)
+            continue;
+        if (!mask_at(&c, mk, &w, i, j, 0, &v) || !lz_elem_ok(m, i, j, v))
+            return false;
+    }
+    return true;
+}
+
+/* v is computed from constants only (no graph input or parameter upstream), within a budget. */
+static bool const_derived(const ir_value *v, int depth, long *budget)
+{
+    if (!v || --*budget < 0 || depth > LZ_MAX_DEPTH)
+        return false;
+    if (v->kind == IR_VAL_CONST)
+        return true;
+    if (v->kind != IR_VAL_NODE || !v->producer || v->producer->dead)
+        return false;
+    const ir_node *n = v->producer;
+    for (int i = 0; i < n->n_in; i++)
+        if (n->in[i] && !const_derived(n->in[i], depth + 1, budget))
+            return false;
+    return true;
+}
+
+static bool is_const_derived(const ir_value *v)
+{
+    long budget = 4096;
+    return const_derived(v, 0, &budget);
+}
+
 static bool mask_is_causal(const attn_match *m, const int64_t *sd)
 {
+    fprintf(stderr, "DBG causal? %s kind %d\n", m->mask->name, m->mask_kind);
+    const bool lazy = !ir_value_is_const(m->mask);
     switch (m->mask_kind) {
     case MASK_WHERE:
     case MASK_WHERE_INV:
         if (m->mask->dtype != IR_DT_BOOL || !masked_enough(m->fill, m->post_scale))
             return false;
-        return mask_walk(m, m->mask, sd, elem_where);
+        return lazy ? mask_lazy_causal(m, sd) : mask_walk(m, m->mask, sd, elem_where);
     case MASK_ADD:
         if (m->mask->dtype != IR_DT_FLOAT && m->mask->dtype != IR_DT_DOUBLE)
             return false;
-        return mask_walk(m, m->mask, sd, elem_add);
+        return lazy ? mask_lazy_causal(m, sd) : mask_walk(m, m->mask, sd, elem_add);
     default:
         return false;
     }
@@ -278,8 +1149,14 @@ static ir_node *match_scores(const ir_uses *u, attn_match *m, ir_value *s, const
             add_node(m, n);
             s = n->in[slot];
         } else if (n->op == IR_OP_ADD && m->mask_kind == MASK_NONE) {
-            int slot = ir_value_is_const(n->in[1]) ? 0 : ir_value_is_const(n->in[0]) ? 1 : -1;
-            if (slot < 0 || !n->in[slot] || ir_value_is_const(n->in[slot]))
+            /* the mask is the operand computed from constants alone: a constant, or (above
+             * fold's cap) the unfolded chain that mask_lazy_causal verifies */
+            int slot = ir_value_is_const(n->in[1])   ? 0
+                       : ir_value_is_const(n->in[0]) ? 1
+                       : is_const_derived(n->in[1]) ? 0
+                       : is_const_derived(n->in[0]) ? 1
+                                                    : -1;
+            if (slot < 0 || !n->in[slot] || is_const_derived(n->in[slot]))
                 return NULL;
             m->mask_kind = MASK_ADD;
             m->mask = n->in[1 - slot];

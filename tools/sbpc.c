@@ -219,10 +219,7 @@ int main(int argc, char **argv)
         else if (sbp_codegen_write(p, out, model, NULL, &diag) != IR_OK)
             rc = 1;
     }
-    ir_diag rest = diag; /* only what the code generation added */
-    rest.entries += printed;
-    rest.n -= printed;
-    ir_diag_print(&rest, stderr, prog);
+    ir_diag_print_from(&diag, printed, stderr, prog); /* what code generation added */
     ir_graph_free(g);
     ir_diag_free(&diag);
     return rc;
