@@ -45,4 +45,24 @@ int sbp_codegen_write(const sbp_train_program *p, const char *out_path, const ch
 int sbp_codegen_compile_so(const char *c_path, const char *so_path, const char *extra_cflags,
                            ir_diag *d);
 
+/* ---------------------------------------------------------------- report.c */
+
+/* One column of a memory report: a strategy's planned program (passes/memplan.h), or NULL with
+ * the reason it could not be built. */
+typedef struct sbp_report_entry {
+    const char *name;              /* the strategy: "store", "checkpoint", "stream" */
+    const sbp_train_program *p;    /* NULL: not built */
+    const char *why;               /* p == NULL: why (may be NULL) */
+} sbp_report_entry;
+
+/* `sbpc --report`: a table with, per strategy, parameters, gradients, optimizer state (AdamW m
+ * and v), the planned workspace, its liveness lower bound and what is live at its peak (logits,
+ * K/V, layer checkpoints, per-chunk scratch, activation gradients, other activations), all in
+ * bytes; then, for e[main_index] (-1: none), the largest buffers with offsets and lifetimes. */
+int sbp_report_write(FILE *f, const sbp_report_entry *e, int n, int main_index, ir_diag *d);
+
+/* `sbpc --memory-plot FILE.svg`: workspace bytes live at each schedule position, one polyline
+ * per strategy (with its planned arena dashed), axis labels and a legend; a standalone SVG. */
+int sbp_report_plot_svg(FILE *f, const sbp_report_entry *e, int n, ir_diag *d);
+
 #endif

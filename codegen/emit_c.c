@@ -170,6 +170,17 @@ static void emit_header_comment(const sbp_train_program *p, const sbp_codegen_op
               " * segment lives in the overlay, which each segment reuses, and a segment's\n"
               " * backward first recomputes the forward values its gradient rules read.\n",
               f);
+    if (p->strategy == SBP_STRATEGY_STREAM)
+        fprintf(f,
+                " * StreamBP: only the residual stream between layers persists. Each layer runs\n"
+                " * its K/V path once on the whole sequence and the rest chunk by chunk (%lld\n"
+                " * rows of each sequence; attention of a query chunk reads keys 0..end of the\n"
+                " * chunk), in the forward and again in the backward, where weight gradients and\n"
+                " * dK/dV accumulate over the chunks. The LM head and the loss run over chunks of\n"
+                " * %lld token rows, forward and backward fused: the full logits never exist.\n"
+                " * Inside a chunk loop, r0 = b * T + t0 is the chunk's first row; operands\n"
+                " * holding every token's rows are passed at the chunk's rows.\n",
+                (long long)p->chunk, (long long)p->logits_chunk);
     fputs(" */\n", f);
 }
 
@@ -297,14 +308,25 @@ static void emit_offsets(const sbp_train_program *p, FILE *f)
     fprintf(f, "/* end of the workspace: %zu bytes */\n", p->workspace_bytes);
 }
 
-/* An operand as C. */
-static void put_operand(const sbp_train_program *p, FILE *f, int id)
+/* An operand as C: the buffer, or inside a chunk loop its slice at the chunk. */
+static void put_operand(const sbp_train_program *p, FILE *f, const tp_inst *in, int j)
 {
+    int id = in->buf[j];
     if (id < 0) {
         fputs("NULL", f);
         return;
     }
-    fputs(p->bufs[id]->name, f);
+    const tp_off *o = &in->off[j];
+    if (!o->per_row && !o->per_batch) {
+        fputs(p->bufs[id]->name, f);
+        return;
+    }
+    fprintf(f, "(%s", p->bufs[id]->name);
+    if (o->per_row)
+        fprintf(f, " + %lld * r0", (long long)o->per_row);
+    if (o->per_batch)
+        fprintf(f, " + %lld * b", (long long)o->per_batch);
+    fputc(')', f);
 }
 
 static void put_arg(FILE *f, const tp_arg *a)
@@ -313,6 +335,12 @@ static void put_arg(FILE *f, const tp_arg *a)
     case TP_ARG_INT: fprintf(f, "%lld", (long long)a->i); break;
     case TP_ARG_FLOAT: put_float(f, a->f); break;
     case TP_ARG_EXPR: fputs(a->expr, f); break;
+    case TP_ARG_T0:
+        if (a->i)
+            fprintf(f, "(int)(t0 + %lld)", (long long)a->i);
+        else
+            fputs("(int)t0", f);
+        break;
     case TP_ARG_INTS:
         if (a->n == 0) { /* a scalar's dims: C has no empty array */
             fputs("NULL", f);
@@ -333,7 +361,7 @@ static void put_call(const sbp_train_program *p, FILE *f, const tp_inst *in)
         if ((*s == '@' || *s == '#') && isdigit((unsigned char)s[1])) {
             int k = s[1] - '0';
             if (*s == '@')
-                put_operand(p, f, in->buf[k]);
+                put_operand(p, f, in, k);
             else
                 put_arg(f, &in->arg[k]);
             s++;
@@ -344,10 +372,10 @@ static void put_call(const sbp_train_program *p, FILE *f, const tp_inst *in)
 }
 
 /* The comment above a node's calls. */
-static void put_node_comment(FILE *f, const tp_inst *in)
+static void put_node_comment(FILE *f, const tp_inst *in, const char *indent)
 {
     const ir_node *n = in->node;
-    fputs("\n    /* ", f);
+    fprintf(f, "\n%s/* ", indent);
     if (!n) {
         put_comment_text(f, in->what ? in->what : "");
         fputs(" */\n", f);
@@ -371,6 +399,44 @@ static void put_node_comment(FILE *f, const tp_inst *in)
 }
 
 static const char *const block_params[] = {"P", "G", "ws", "ids", "labels", "scale"};
+
+/* The header of a chunk loop (the body follows, indented by the returned string): b runs over
+ * the sequences, t0 over the chunk starts, r0 = b * seq + t0 is the chunk's first row. */
+static const char *put_loop_open(FILE *f, const tp_block *blk, const tp_loop *l)
+{
+    bool use_b = false, use_r0 = false;
+    for (int i = l->first; i < l->end; i++)
+        for (int j = 0; j < TP_MAX_BUFS; j++) {
+            use_b |= blk->insts[i].off[j].per_batch != 0;
+            use_r0 |= blk->insts[i].off[j].per_row != 0;
+        }
+    fputs("\n    /* chunk loop: ", f);
+    put_comment_text(f, l->what ? l->what : "");
+    int64_t last = l->begin + (l->stop - l->begin - 1) / l->step * l->step;
+    fprintf(f, ": rows [t0, t0 + %lld) of %s, t0 = %lld", (long long)l->len,
+            l->batch > 1 ? "each sequence" : "the token rows", (long long)l->begin);
+    if (last > l->begin)
+        fprintf(f, ", %lld, ..., %lld", (long long)(l->begin + l->step), (long long)last);
+    fputs(" */\n", f);
+    const char *ind = "        ";
+    if (l->batch > 1) {
+        fprintf(f, "    for (int64_t b = 0; b < %lld; b++) {\n", (long long)l->batch);
+        ind = "            ";
+        fprintf(f, "        for (int64_t t0 = %lld; t0 < %lld; t0 += %lld) {\n",
+                (long long)l->begin, (long long)l->stop, (long long)l->step);
+    } else {
+        fprintf(f, "    for (int64_t t0 = %lld; t0 < %lld; t0 += %lld) {\n", (long long)l->begin,
+                (long long)l->stop, (long long)l->step);
+        if (use_b)
+            fprintf(f, "%sconst int64_t b = 0;\n", ind);
+    }
+    if (use_r0 && l->batch > 1)
+        fprintf(f, "%sconst int64_t r0 = b * %lld + t0; /* the chunk's first row */\n", ind,
+                (long long)l->seq);
+    else if (use_r0)
+        fprintf(f, "%sconst int64_t r0 = t0; /* the chunk's first row */\n", ind);
+    return ind;
+}
 
 static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
 {
@@ -447,15 +513,28 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
     }
     const ir_node *prev = NULL;
     const char *prev_what = NULL;
+    const char *indent = "    ";
+    int li = 0;
     for (int i = 0; i < blk->n_insts; i++) {
         const tp_inst *in = &blk->insts[i];
+        const tp_loop *l = li < blk->n_loops ? &blk->loops[li] : NULL;
+        if (l && l->first == i) {
+            indent = put_loop_open(f, blk, l);
+            prev = NULL;
+        }
         if (i == 0 || in->node != prev || in->what != prev_what || !in->node)
-            put_node_comment(f, in);
+            put_node_comment(f, in, indent);
         prev = in->node;
         prev_what = in->what;
-        fputs("    TRY(", f);
+        fprintf(f, "%sTRY(", indent);
         put_call(p, f, in);
         fputs(");\n", f);
+        if (l && l->end == i + 1) {
+            fputs(l->batch > 1 ? "        }\n    }\n" : "    }\n", f);
+            indent = "    ";
+            prev = NULL;
+            li++;
+        }
     }
     fputs("    return SBPRT_OK;\n}\n", f);
     free(used);

@@ -391,7 +391,9 @@ static int rope_args(tctx *t, const ir_node *n, tp_arg *a, int *pos)
         rows = rows_of(x);
         heads = 1;
     }
-    *pos = tx_positions(t, rows, T);
+    /* in a chunk body rows is the chunk's: its positions are the chunk's rows of the table of
+     * every token (sliced by the loop) */
+    *pos = tx_positions(t, t->chunk ? t->B * t->T : rows, T);
     a[0] = A_I(rows);
     a[1] = A_I(heads);
     a[2] = A_I(hd);
@@ -458,17 +460,30 @@ static int plan_attention(tctx *t, const ir_node *n)
     return IR_OK;
 }
 
-static void attention_args(const ir_node *n, tp_arg *a)
+/* In a chunk body (stream) the call is one query chunk of one sequence: batch 1, t = the
+ * chunk's rows, q_start = t0, and k, v (and dk, dv) are the whole layer's [B, T, Hkv, hd]
+ * buffers at sequence b (tp_off.per_batch); keys past the chunk's last row are never read. */
+static void attention_args(tctx *t, const ir_node *n, tp_arg *a)
 {
     const ir_value *q = n->in[0], *k = n->in[1];
     a[0] = A_I(dim(q, 0));
     a[1] = A_I(dim(q, 2));
-    a[2] = A_I(dim(k, 2));
+    a[2] = A_I(t->chunk ? t->T : dim(k, 2));
     a[3] = A_I(dim(q, 1));
     a[4] = A_I(dim(k, 1));
     a[5] = A_I(dim(q, 3));
-    a[6] = A_I(0);
+    a[6] = t->chunk ? A_T0(0) : A_I(0);
     a[7] = A_F(ir_attr_float(n, "scale", 1.0));
+}
+
+/* Chunk body: operands ops[0..n) are whole-layer K/V buffers, at sequence b. */
+static void kv_at_batch(tctx *t, const ir_node *n, tp_inst *in, const int *ops, int nops)
+{
+    if (!t->chunk || !in)
+        return;
+    const ir_value *k = n->in[1];
+    for (int i = 0; i < nops; i++)
+        in->off[ops[i]].per_batch = t->T * dim(k, 1) * dim(k, 3);
 }
 
 static int attention_fwd(tctx *t, const ir_node *n)
@@ -476,10 +491,30 @@ static int attention_fwd(tctx *t, const ir_node *n)
     const ir_value *q = n->in[0];
     int lse = tx_aux(t, n, 0, (size_t)(dim(q, 0) * dim(q, 1) * dim(q, 2)), false, false, "lse");
     tp_arg a[8];
-    attention_args(n, a);
-    tx_emit(t, TP_K_ATTENTION_FWD,
-            BUFS(tx_out(t, n, 0), lse, tx_in(t, n, 0), tx_in(t, n, 1), tx_in(t, n, 2)), a);
+    attention_args(t, n, a);
+    tp_inst *in = tx_emit(t, TP_K_ATTENTION_FWD,
+                          BUFS(tx_out(t, n, 0), lse, tx_in(t, n, 0), tx_in(t, n, 1),
+                               tx_in(t, n, 2)),
+                          a);
+    kv_at_batch(t, n, in, (const int[]){3, 4}, 2);
     return IR_OK;
+}
+
+/* A whole-layer scratch for the dk or dv nobody wants (in a chunk body it still spans every
+ * token: the kernel indexes it like k). */
+static int unused_kv_grad(tctx *t, const ir_node *n, int slot, int idx, const char *what)
+{
+    size_t numel = tx_numel(n->in[slot]);
+    if (t->chunk)
+        numel = (size_t)(t->B * t->T * dim(n->in[slot], 1) * dim(n->in[slot], 3));
+    int b = tx_aux(t, n, idx, numel, false, true, what);
+    if (b >= 0 && t->chunk) {
+        tp_buf *buf = t->p->bufs[b];
+        buf->chunk_local = false;
+        buf->rows = t->B * t->T;
+        buf->row_elems = dim(n->in[slot], 1) * dim(n->in[slot], 3);
+    }
+    return b;
 }
 
 static int attention_bwd(tctx *t, const ir_node *n)
@@ -489,15 +524,19 @@ static int attention_bwd(tctx *t, const ir_node *n)
         return IR_OK;
     /* the kernel computes dk and dv together: a scratch for the one nobody wants */
     if (gk < 0 && gv >= 0)
-        gk = tx_aux(t, n, 1, tx_numel(n->in[1]), false, true, "unused_dk");
+        gk = unused_kv_grad(t, n, 1, 1, "unused_dk");
     if (gv < 0 && gk >= 0)
-        gv = tx_aux(t, n, 2, tx_numel(n->in[2]), false, true, "unused_dv");
+        gv = unused_kv_grad(t, n, 2, 2, "unused_dv");
     tp_arg a[8];
-    attention_args(n, a);
-    tx_emit(t, TP_K_ATTENTION_BWD,
-            BUFS(gq, gk, gv, gy, tx_in(t, n, 0), tx_in(t, n, 1), tx_in(t, n, 2), tx_out(t, n, 0),
-                 tx_node(t, n)->aux[0]),
-            a);
+    attention_args(t, n, a);
+    tp_inst *in = tx_emit(t, TP_K_ATTENTION_BWD,
+                          BUFS(gq, gk, gv, gy, tx_in(t, n, 0), tx_in(t, n, 1), tx_in(t, n, 2),
+                               tx_out(t, n, 0), tx_node(t, n)->aux[0]),
+                          a);
+    if (gk >= 0)
+        kv_at_batch(t, n, in, (const int[]){1, 2, 5, 6}, 4);
+    else
+        kv_at_batch(t, n, in, (const int[]){5, 6}, 2);
     return IR_OK;
 }
 
@@ -867,10 +906,18 @@ static int loss_fwd(tctx *t, const ir_node *n)
 static int loss_bwd(tctx *t, const ir_node *n)
 {
     int gl = tx_gin(t, n, 0);
+    int64_t N = numel(n->in[1]), V = dim(n->in[0], -1);
+    /* fused (a stream head chunk): this call is the loss's forward too; it adds the chunk's
+     * token losses to the loss sum */
+    bool fused = t->chunk && t->chunk->fused_loss;
+    if (fused && gl < 0) {
+        tx_emit(t, TP_K_CROSS_ENTROPY, BUFS(tx_out(t, n, 0), -1, tx_in(t, n, 0), tx_in(t, n, 1)),
+                ARGS(A_I(N), A_I(V), A_E("scale")));
+        return IR_OK;
+    }
     if (gl < 0)
         return IR_OK;
-    int64_t N = numel(n->in[1]), V = dim(n->in[0], -1);
-    int again = tx_aux(t, n, 0, 1, false, false, "loss_again");
+    int again = fused ? tx_out(t, n, 0) : tx_aux(t, n, 0, 1, false, false, "loss_again");
     bool last_reader = tx_node(t, n)->relayout[0] >= 0 ||
                        tx_root(t, n->in[0])->last_use == tx_index(t, n);
     int dst = last_reader ? gl : tx_aux(t, n, 1, (size_t)(N * V), false, true, "dlogits");

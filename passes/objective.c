@@ -20,7 +20,8 @@
 
 const char *sbp_strategy_name(sbp_strategy s)
 {
-    return s == SBP_STRATEGY_CHECKPOINT ? "checkpoint" : "store";
+    return s == SBP_STRATEGY_CHECKPOINT ? "checkpoint" : s == SBP_STRATEGY_STREAM ? "stream"
+                                                                                 : "store";
 }
 
 const char *sbp_objective_name(sbp_objective o)

@@ -5,33 +5,40 @@
  *     s = MatMul(q, kT)                              q [B,Hq,T,hd], kT [B,Hq,hd,T]
  *     s = Div(s, c) | Mul(s, c)                      scale (or none; q and k may instead each
  *                                                    carry a scalar Mul before the MatMul)
- *     s = Where(tril, s, fill) | Add(s, mask)        the causal mask, a constant
+ *     s = Where(tril, s, fill) | Add(s, mask)        the causal mask, computed from constants
  *     p = Softmax(s, axis -1)
  *     o = MatMul(p, v)                               v [B,Hq,T,hd]
  *
  * with float-to-float Casts anywhere on the s/p chain (the softmax up-cast), the scale before
  * or after the mask, and kT either Transpose(k, [0,1,3,2]) or a Transpose of the un-split heads
  * (GPT-2's [0,2,3,1] of [B,T,H,hd]); any other kT gets a new Transpose. The matcher starts at
- * the second MatMul and walks back. The mask is verified element by element over the whole
- * T x T (and every broadcast B/H slice): a bool condition must be exactly lower-triangular
+ * the second MatMul and walks back. The mask must say: a bool condition exactly lower-triangular
  * (j <= i; or exactly strictly upper when the scores are the Where's else-branch) with a fill
- * <= -1e4 after any later scaling; an additive mask must be 0 on and below the diagonal and
- * <= -1e4 (or -inf) above it. Padded, sliding-window, non-constant or otherwise non-causal
- * masks are left as ONNX ops without a diagnostic: the op then simply stays unrecognised.
+ * <= -1e4 after any later scaling; an additive mask 0 on and below the diagonal and <= -1e4 (or
+ * -inf) above it; the same for every broadcast B/H slice. A mask that fold made a constant is
+ * checked element by element over the whole T x T. Above fold's cap (long sequences) the mask
+ * is still the exporter's chain of nodes computed from constants only (Llama's ConstantOfShape ->
+ * Trilu -> Unsqueeze -> Expand -> Slice, GPT-2's Slice of its [1,1,P,P] bool buffer, the older
+ * arange comparison): that is proved causal without being built, from its structure plus a few
+ * element evaluations (see "lazily verified masks" below). The Add's mask operand is
+ * the one computed from constants alone. Padded, sliding-window, input-dependent or otherwise
+ * non-causal masks are left as ONNX ops without a diagnostic: the op then simply stays
+ * unrecognised, and once it is recognised the mask chain is unused and dce removes it, so
+ * nothing T x T is left in the graph.
  *
  * GQA: repeat_kv = Reshape(Expand(Unsqueeze(kv, 2), [B,Hkv,n_rep,T,hd]), [B,Hkv*n_rep,T,hd]) on
  * k and v is stripped (checked from the inferred shapes), so Attention reads [B,Hkv,T,hd] with
  * kv_heads = Hkv, query head h reading kv head h / n_rep — the order repeat_kv produces. If only
  * one of k and v carries the repeat, neither is stripped (kv_heads = Hq).
  *
- * requires: bound dims (all shapes known), fold (the mask and scale are constants), dce.
+ * requires: bound dims (all shapes known), fold (the scale and the mask's shape arithmetic are
+ *           constants; the mask itself may be left unfolded), dce.
  * produces: Attention(q, k, v) attrs scale (the multiplier on q.k), causal = 1, kv_heads, in
  * place of the second MatMul; the head split/merge Reshape/Transposes stay as ONNX ops.
  */
 #include "recognize.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -204,15 +211,19 @@ static bool elem_add(const attn_match *m, int64_t i, int64_t j, int64_t e)
  * axes themselves (after the remaps). A graph input or parameter anywhere upstream, or an op not
  * listed, fails the proof. Causality of a STEP mask then needs only O(breakpoints) element
  * evaluations: F(d) is checked at both ends of every interval between jumps over
- * d in [-(T-1), T-1] (plus a few fixed probes), each a short chain walk: O(1) in T, so T = 32k
- * costs what T = 64 does.
+ * d in [-(T-1), T-1] (plus a few fixed probes), each a short chain walk. Cost: O(1) in T for
+ * chains generated from ConstantOfShape/Trilu/Range (T = 20000 takes well under a millisecond),
+ * O(T) for index vectors that fold made constants, and one pass over a constant leaf that
+ * varies over both axes (GPT-2's bool buffer: data that exists already, compared row by row).
+ * Nothing T x T is ever allocated.
  */
 
 #define LZ_MAX_DEPTH 48      /* producer chain length */
 #define LZ_BUDGET 100000     /* node visits per mask, proof and evaluations together */
 #define LZ_MAX_BP 48         /* jump candidates of a STEP value */
 #define LZ_EXACT 16777216.0  /* 2^24: AFFINE values stay integers below this (exact in f32) */
-#define LZ_SPAN ((int64_t)1 << 40) /* offsets, steps and indices beyond this are refused */
+#define LZ_SPAN ((int64_t)1 << 31) /* T, dims, offsets and steps beyond this are refused: */
+                                   /* off + step * i then cannot overflow */
 
 enum { AX_FIX, AX_I, AX_J, AX_LEAD };
 
@@ -246,8 +257,13 @@ static bool lz_dtype_ok(ir_dtype t)
 /* A value of known shape and supported type. */
 static bool lz_value_ok(const ir_value *v)
 {
-    return v && v->rank >= 0 && v->rank <= IR_MAX_RANK && ir_value_shape_known(v) &&
-           lz_dtype_ok(v->dtype);
+    if (!v || v->rank < 0 || v->rank > IR_MAX_RANK || !ir_value_shape_known(v) ||
+        !lz_dtype_ok(v->dtype) || ir_value_numel(v) < 0)
+        return false;
+    for (int a = 0; a < v->rank; a++)
+        if (v->dims[a].value >= LZ_SPAN)
+            return false;
+    return true;
 }
 
 static bool lz_tick(lz_ctx *c, int depth) { return depth < LZ_MAX_DEPTH && --c->budget >= 0; }
@@ -525,7 +541,8 @@ static bool lz_map(const ir_node *n, int slot, const lz_view *o, lz_view *in)
     if (slot != 0)
         return false;
     switch (n->op) {
-    case IR_OP_EXPAND: return map_bcast(x, y, o, in);
+    case IR_OP_EXPAND:
+    case IR_OP_TRILU: return map_bcast(x, y, o, in); /* Trilu: same shape, same element */
     case IR_OP_UNSQUEEZE: return map_unsqueeze(n, x, y, o, in);
     case IR_OP_SQUEEZE: return map_squeeze(n, x, y, o, in);
     case IR_OP_RESHAPE: return map_reshape(x, y, o, in);
@@ -565,7 +582,8 @@ static bool lz_binary(ir_op op, ir_dtype in_t, double a, double b, double *r)
         }
         if (b == 0)
             return false;
-        *r = trunc(a / b); /* exact: both below 2^53 */
+        /* integers below 2^53 (lz_round saw to it): C's truncating division, as ONNX's */
+        *r = (double)((int64_t)a / (int64_t)b);
         return true;
     case IR_OP_MIN: *r = a != a || b != b ? NAN : a < b ? a : b; return true;
     case IR_OP_MAX: *r = a != a || b != b ? NAN : a > b ? a : b; return true;
@@ -623,8 +641,9 @@ static bool mask_at(lz_ctx *c, const ir_value *v, const lz_view *w, int64_t i, i
         double k = 0;
         if (n->n_in > 1 && n->in[1] && !lz_scalar(c, n->in[1], depth + 1, &k))
             return false;
-        int64_t row = lz_index(&w->ax[v->rank - 2], i, j), col = lz_index(&w->ax[v->rank - 1], i, j);
-        bool keep = ir_attr_int(n, "upper", 1) ? (double)(col - row) >= k : (double)(col - row) <= k;
+        const int64_t row = lz_index(&w->ax[v->rank - 2], i, j);
+        const double cr = (double)(lz_index(&w->ax[v->rank - 1], i, j) - row); /* col - row */
+        const bool keep = ir_attr_int(n, "upper", 1) ? cr >= k : cr <= k;
         if (!keep) {
             *out = 0;
             return true;
@@ -643,6 +662,8 @@ static bool mask_at(lz_ctx *c, const ir_value *v, const lz_view *w, int64_t i, i
             float acc = (float)s;
             if (s == floor(s) && d == floor(d) && fabs(s) + fabs(d) * (double)x < LZ_EXACT)
                 acc = (float)(s + d * (double)x); /* exact either way */
+            else if (x > ((int64_t)1 << 20))
+                return false;
             else
                 for (int64_t t = 0; t < x; t++)
                     acc += (float)d;
@@ -766,13 +787,15 @@ static bool shape_const(lz_ctx *c, const ir_value *v, const lz_view *w, lz_desc 
     }
     for (int a = 0; a < v->rank; a++) {
         const lz_axis *x = &w->ax[a];
-        int64_t dim = v->dims[a].value, hi = x->src == AX_I || x->src == AX_J ? x->off + x->step * (T - 1) : x->off;
+        const bool ij = (x->src == AX_I || x->src == AX_J) && T > 1;
+        const int64_t dim = v->dims[a].value, hi = ij ? x->off + x->step * (T - 1) : x->off;
         if (x->off < 0 || x->off >= dim || hi < 0 || hi >= dim)
             return false;
+        /* |off|, |step| < dim here, so none of these overflows: each stays below numel */
         base += x->off * str[a];
-        if (x->src == AX_I)
+        if (ij && x->src == AX_I)
             si += x->step * str[a];
-        else if (x->src == AX_J)
+        else if (ij)
             sj += x->step * str[a];
         else if (x->src == AX_LEAD && dim > 1)
             lead = true;
@@ -840,7 +863,6 @@ static bool mask_shape(lz_ctx *c, const ir_value *v, const lz_view *w, int depth
 {
     memset(d, 0, sizeof *d);
     d->kind = LZ_UNIFORM;
-    fprintf(stderr, "DBG  shape %s %s\n", v->name, v->producer ? ir_op_name(v->producer->op) : "-");
     if (!lz_tick(c, depth) || !lz_value_ok(v) || w->rank != v->rank)
         return false;
     for (int a = 0; a < w->rank; a++)
@@ -894,7 +916,8 @@ static bool mask_shape(lz_ctx *c, const ir_value *v, const lz_view *w, int depth
     lz_desc e[3];
     bool aff = false, step = false;
     for (int s = 0; s < n->n_in; s++) {
-        if (!n->in[s] || !lz_map(n, s, w, &iw[s]) || !mask_shape(c, n->in[s], &iw[s], depth + 1, &e[s]))
+        if (!n->in[s] || !lz_map(n, s, w, &iw[s]) ||
+            !mask_shape(c, n->in[s], &iw[s], depth + 1, &e[s]))
             return false;
         aff = aff || e[s].kind == LZ_AFFINE;
         step = step || e[s].kind == LZ_STEP;
@@ -965,7 +988,8 @@ static bool lz_elem_ok(const attn_match *m, int64_t i, int64_t j, double x)
 static bool mask_lazy_causal(const attn_match *m, const int64_t *sd)
 {
     const ir_value *mk = m->mask;
-    if (!lz_value_ok(mk) || mk->rank > 4 || sd[2] != sd[3] || sd[2] < 1)
+    if (!lz_value_ok(mk) || mk->rank < 2 || mk->rank > 4 || sd[2] != sd[3] || sd[2] < 1 ||
+        sd[2] >= LZ_SPAN)
         return false;
     const int64_t T = sd[2];
     lz_view w = {.rank = mk->rank};
@@ -981,15 +1005,10 @@ static bool mask_lazy_causal(const attn_match *m, const int64_t *sd)
                   : md == 1 ? (lz_axis){AX_FIX, 0, 0}
                             : (lz_axis){AX_LEAD, 0, 1};
     }
-    if (mk->rank < 2)
-        return false;
     lz_ctx c = {.T = T, .budget = LZ_BUDGET};
     lz_desc d;
-    if (!mask_shape(&c, mk, &w, 0, &d) || d.kind == LZ_AFFINE) {
-        fprintf(stderr, "DBG shape fail %s kind %d\n", mk->name, d.kind);
+    if (!mask_shape(&c, mk, &w, 0, &d) || d.kind == LZ_AFFINE)
         return false;
-    }
-    fprintf(stderr, "DBG shape ok %s kind %d nbp %d\n", mk->name, d.kind, d.n_bp);
     /* probes: (i, j) for each d, twice (from the first row/column and from the last) */
     int64_t ds[2 * LZ_MAX_BP + 8];
     int nd = 0;
@@ -1007,7 +1026,8 @@ static bool mask_lazy_causal(const attn_match *m, const int64_t *sd)
         const int64_t pi[2] = {x >= 0 ? 0 : -x, x >= 0 ? T - 1 - x : T - 1};
         for (int r = 0; r < 2; r++) {
             double v;
-            if (!mask_at(&c, mk, &w, pi[r], pi[r] + x, 0, &v) || !lz_elem_ok(m, pi[r], pi[r] + x, v))
+            if (!mask_at(&c, mk, &w, pi[r], pi[r] + x, 0, &v) ||
+                !lz_elem_ok(m, pi[r], pi[r] + x, v))
                 return false;
         }
     }
@@ -1048,7 +1068,6 @@ static bool is_const_derived(const ir_value *v)
 
 static bool mask_is_causal(const attn_match *m, const int64_t *sd)
 {
-    fprintf(stderr, "DBG causal? %s kind %d\n", m->mask->name, m->mask_kind);
     const bool lazy = !ir_value_is_const(m->mask);
     switch (m->mask_kind) {
     case MASK_WHERE:
@@ -1063,6 +1082,28 @@ static bool mask_is_causal(const attn_match *m, const int64_t *sd)
     default:
         return false;
     }
+}
+
+/* The last mask proved causal in this sweep: a model's layers share one mask value, so the
+ * others need not be walked again (a folded T x T constant costs O(T^2) per walk). */
+typedef struct mask_memo {
+    const ir_value *mask;
+    int kind;
+    double fill, post_scale;
+    int64_t sd[4];
+} mask_memo;
+
+static bool mask_is_causal_memo(mask_memo *memo, const attn_match *m, const int64_t *sd)
+{
+    if (memo->mask && memo->mask == m->mask && memo->kind == (int)m->mask_kind &&
+        memo->fill == m->fill && memo->post_scale == m->post_scale &&
+        memcmp(memo->sd, sd, sizeof memo->sd) == 0)
+        return true;
+    if (!mask_is_causal(m, sd))
+        return false;
+    *memo = (mask_memo){m->mask, (int)m->mask_kind, m->fill, m->post_scale,
+                        {sd[0], sd[1], sd[2], sd[3]}};
+    return true;
 }
 
 /* ---------------------------------------------------------------- repeat_kv */
@@ -1254,7 +1295,8 @@ static void k_dims(const attn_match *m, int64_t *d)
 }
 
 /* One MatMul as the end of an attention; fills m and returns true when it all checks out. */
-static bool match_attention(const ir_graph *g, const ir_uses *u, ir_node *mm2, attn_match *m)
+static bool match_attention(const ir_graph *g, const ir_uses *u, ir_node *mm2, attn_match *m,
+                            mask_memo *memo)
 {
     memset(m, 0, sizeof *m);
     m->scale = 1.0;
@@ -1324,7 +1366,7 @@ static bool match_attention(const ir_graph *g, const ir_uses *u, ir_node *mm2, a
         return false;
     if (!isfinite(m->scale) || !(m->scale > 0))
         return false;
-    return mask_is_causal(m, sd);
+    return mask_is_causal_memo(memo, m, sd);
 }
 
 /* Builds Attention (and k's Transpose when needed) for a verified match. */
@@ -1367,6 +1409,7 @@ int sbp_recognize_attention(ir_graph *g)
     int n = g->n_nodes, rc = IR_OK;
     ir_node **snap = malloc(((size_t)n + 1) * sizeof *snap);
     attn_match *m = malloc(sizeof *m);
+    mask_memo memo = {0};
     if (!snap || !m) {
         rc = ir_diag_error(g->diag, "out of memory");
         goto out;
@@ -1376,7 +1419,7 @@ int sbp_recognize_attention(ir_graph *g)
         ir_node *mm2 = snap[i];
         if (mm2->dead || mm2->op != IR_OP_MATMUL)
             continue;
-        if (match_attention(g, &u, mm2, m))
+        if (match_attention(g, &u, mm2, m, &memo))
             rc = build_attention(g, mm2, m);
     }
 out:

@@ -25,7 +25,28 @@
  *   store        every activation is kept from the forward to the backward;
  *   checkpoint   only values that cross a segment boundary (each layer's input) are kept;
  *                the rest of a segment lives in an overlay region that every segment reuses,
- *                and the backward of a segment first recomputes its forward there.
+ *                and the backward of a segment first recomputes its forward there;
+ *   stream       StreamBP (passes/stream.c, after the sequence analysis of passes/sequence.c):
+ *                checkpoints as above, but each layer runs as a loop over sequence chunks in
+ *                the forward and in the backward (K/V computed once per layer, weight and
+ *                dK/dV gradients accumulated over the chunks), and the LM head with its loss
+ *                runs chunk by chunk, forward and backward fused, so the full logits never
+ *                exist. See "Chunk loops" below.
+ *
+ * Chunk loops (stream). A block may hold loops (tp_block.loops): a loop is a range of the
+ * block's instructions run once per chunk, the chunk being rows [t0, t0 + len) of each batch
+ * element b of a [batch, seq] row space (layers: batch = B, seq = T; the LM head: batch = 1,
+ * seq = B*T, the flattened token rows). Inside a loop an operand may be an offset into its
+ * buffer (tp_inst.off: elements per_row * r0 + per_batch * b, with r0 = b * seq + t0, the
+ * chunk's first row) and an argument may be t0 itself (TP_ARG_T0, attention's q_start).
+ * Buffers hold either every token's rows (tp_buf.rows = B*T, sliced by the loops) or one
+ * chunk's rows (rows = the chunk capacity, reused by every iteration). A chunk loop is split
+ * into the loops of one `group`: the full chunks, then the tail chunk when len does not
+ * divide seq; together they cover every row exactly once (sbp_train_verify checks it).
+ * Liveness across a loop (for memory planners): a buffer used inside a loop and also before
+ * or after it is live for the whole loop; one used only inside may be reused only after the
+ * loop, unless every use in the body is preceded, in the same iteration, by its write (the
+ * chunk-local buffers: activations written by the body, gradients zeroed at its start).
  *
  * Memory layout (a bump layout, not yet liveness-planned): the workspace is
  *   [persistent activations | persistent gradients | overlay]
@@ -41,6 +62,7 @@
 typedef enum {
     SBP_STRATEGY_STORE,
     SBP_STRATEGY_CHECKPOINT,
+    SBP_STRATEGY_STREAM,
 } sbp_strategy;
 
 typedef enum {
@@ -48,7 +70,7 @@ typedef enum {
     SBP_OBJECTIVE_GRAPH_LOSS, /* the graph's own scalar loss */
 } sbp_objective;
 
-const char *sbp_strategy_name(sbp_strategy s);  /* "store" | "checkpoint" */
+const char *sbp_strategy_name(sbp_strategy s);  /* "store" | "checkpoint" | "stream" */
 const char *sbp_objective_name(sbp_objective o); /* "sft" | "graph-loss" */
 
 /* ---------------------------------------------------------------- objective.c */
@@ -64,6 +86,44 @@ int sbp_pass_objective(ir_graph *g, sbp_objective requested, sbp_objective *chos
  * grep -E) frozen. A re-tied copy matching freezes its owner too (they are one tensor).
  * Returns IR_ERR with a diagnostic for a bad regex; *n_frozen (may be NULL) gets the count. */
 int sbp_freeze_params(ir_graph *g, const char *regex, int *n_frozen);
+
+/* ---------------------------------------------------------------- sequence.c */
+
+/* The sequence analysis (requires the training program's layout plan; run by sbp_train_build
+ * for the stream strategy, results in sbp_train_program.seq_values / seq_class). Every value
+ * gets a state; every node a class:
+ *   NONE     no sequence dependence: parameters, constants, values computed from them only;
+ *   TOKEN    one row per token: logical axis `sax` is the sequence and `bax` the batch (-1 when
+ *            the two are one merged axis [B*T, ...], or B == 1). Ops that keep rows propagate it;
+ *   REDUCED  reduced over the sequence (the loss);
+ *   MIXED    depends on the sequence in a way that is not row by row (cannot be chunked).
+ * Node classes: STATIC (no sequence input), ROWWISE (rows of the outputs depend on the same rows
+ * of the inputs: linears, norms, activations, RoPE, embedding, layout changes), CAUSAL
+ * (attention: query row i reads K/V rows <= i), REDUCING (the loss), POSITIONAL (row-wise but
+ * combining each row with a constant that varies along the sequence: computable on the whole
+ * sequence, not in a chunk), MIXING (anything else, with a reason in seq_why). */
+typedef enum {
+    SBP_SEQ_NONE,
+    SBP_SEQ_TOKEN,
+    SBP_SEQ_REDUCED,
+    SBP_SEQ_MIXED,
+} sbp_seq_state;
+
+typedef struct sbp_seq_value {
+    sbp_seq_state state;
+    int bax, sax;            /* TOKEN: logical batch axis (-1: merged or B == 1), sequence axis */
+} sbp_seq_value;
+
+typedef enum {
+    SBP_SEQOP_STATIC,
+    SBP_SEQOP_ROWWISE,
+    SBP_SEQOP_CAUSAL,
+    SBP_SEQOP_REDUCING,
+    SBP_SEQOP_POSITIONAL,
+    SBP_SEQOP_MIXING,
+} sbp_seq_class;
+
+const char *sbp_seq_class_name(sbp_seq_class c); /* "static" | "row-wise" | ... */
 
 /* ---------------------------------------------------------------- the training program */
 
@@ -110,6 +170,13 @@ typedef struct tp_buf {
     const char *what;        /* one-line description for the emitted comment */
     bool span;               /* WS: covers every gradient buffer of `region` (for zeroing);
                               * overlaps them, owns nothing */
+    int64_t rows;            /* token rows it holds: B*T (every token; chunk loops read and
+                              * write slices of it), a chunk's capacity (a chunk-local buffer,
+                              * stream), or 0 (not one row per token) */
+    int64_t row_elems;       /* elements per token row when rows > 0 */
+    bool chunk_local;        /* WS, stream: holds one chunk's rows; every iteration of the loops
+                              * that use it writes it (activations) or zeroes it (gradients)
+                              * before reading it */
 } tp_buf;
 
 typedef enum {
@@ -117,6 +184,7 @@ typedef enum {
     TP_ARG_FLOAT,  /* f (printed as a float literal) */
     TP_ARG_INTS,   /* ints[0..n): an `(const int[]){...}` compound literal */
     TP_ARG_EXPR,   /* expr: a C expression valid in every block (`scale`, SBPRT_BIN_ADD) */
+    TP_ARG_T0,     /* i + t0, t0 being the enclosing chunk loop's chunk start (in a loop only) */
 } tp_arg_kind;
 
 typedef struct tp_arg {
@@ -131,19 +199,39 @@ typedef struct tp_arg {
 #define TP_MAX_BUFS 9
 #define TP_MAX_ARGS 10
 
+/* Where an operand starts inside its buffer, in a chunk loop: element per_row * r0 +
+ * per_batch * b (r0 = b * seq + t0, the chunk's first row). Both 0 outside loops. */
+typedef struct tp_off {
+    int64_t per_row, per_batch;
+} tp_off;
+
 typedef struct tp_inst {
     tp_kernel k;
     int buf[TP_MAX_BUFS];    /* buffer ids; -1 prints NULL */
+    tp_off off[TP_MAX_BUFS]; /* operand offsets (chunk loops) */
     tp_arg arg[TP_MAX_ARGS];
     const ir_node *node;     /* the IR node it implements (origin for comments), or NULL */
     const char *what;        /* "forward", "gradient", "recompute", "zero gradients", ... */
 } tp_inst;
+
+/* A chunk loop: instructions [first, end) of its block, run for b in [0, batch) and t0 = begin,
+ * begin + step, ... < stop, with chunk rows [t0, t0 + len) of each b (len == step, or the tail
+ * loop's one chunk). Loops do not nest or overlap. */
+typedef struct tp_loop {
+    int first, end;          /* the body: instruction indices in the block */
+    int64_t batch, seq;      /* the row space [batch, seq]: (B, T) for layers, (1, B*T) head */
+    int64_t begin, stop, step, len;
+    int group;               /* the loops of one chunk loop (full chunks + tail) share it */
+    const char *what;        /* "layer_0 forward", ... */
+} tp_loop;
 
 typedef struct tp_block {
     const char *name;        /* C function name, unique: "forward", "backward_layer_1" */
     const char *comment;     /* one paragraph for the function's header comment */
     tp_inst *insts;          /* [n_insts] */
     int n_insts, cap_insts;
+    tp_loop *loops;          /* [n_loops], in instruction order */
+    int n_loops, cap_loops;
 } tp_block;
 
 typedef struct tp_param {
@@ -155,10 +243,18 @@ typedef struct tp_param {
     int buf, grad;           /* program buffers (-1 when none) */
 } tp_param;
 
+typedef enum {
+    TP_SEG_WHOLE,            /* run on the whole sequence (store, checkpoint; stream: prologue) */
+    TP_SEG_LAYER,            /* stream: K/V path once, then a chunk loop over [B, T] */
+    TP_SEG_HEAD,             /* stream: the loss segment, a chunk loop over the B*T token rows,
+                              * forward and backward fused */
+} tp_seg_kind;
+
 typedef struct tp_segment {
     const char *name;        /* "prologue", "layer_0", ..., "head" */
     int first_node, end_node;/* [first, end) in the graph's node order */
-    size_t act_bytes, grad_bytes; /* its overlay use (checkpoint) */
+    size_t act_bytes, grad_bytes; /* its overlay use (checkpoint, stream) */
+    tp_seg_kind kind;
 } tp_segment;
 
 typedef struct sbp_train_program {
@@ -178,6 +274,14 @@ typedef struct sbp_train_program {
     tp_segment *segments;    /* [n_segments] */
     int n_segments;
 
+    int64_t chunk;           /* stream: tokens per chunk in layers (per batch element) */
+    int64_t logits_chunk;    /* stream: token rows per chunk of the LM head (of B*T) */
+    sbp_seq_value *seq_values; /* stream: [g->n_values] by value id, the sequence analysis */
+    sbp_seq_class *seq_class;  /* stream: [g->n_nodes] by node index */
+    const char **seq_why;      /* stream: [g->n_nodes] why a node is MIXING (else NULL) */
+    bool *pre_loop;            /* stream: [g->n_nodes] a node of a chunked segment that runs
+                                * once on the whole sequence (the K/V path, static values) */
+
     int loss_buf;            /* float [1]: Σ of token losses of the forward */
     int ids_buf, labels_buf; /* TP_BUF_IDS / TP_BUF_LABELS, -1 when the graph has none */
 
@@ -188,6 +292,8 @@ typedef struct sbp_train_program {
 
 typedef struct sbp_train_options {
     sbp_strategy strategy;
+    int64_t chunk;           /* stream: tokens per chunk in layers; 0 = automatic */
+    int64_t logits_chunk;    /* stream: token rows per LM-head chunk; 0 = automatic */
 } sbp_train_options;
 
 /* requires: sbp_pass_objective done (one scalar loss output); dims bound.
@@ -199,5 +305,15 @@ sbp_train_program *sbp_train_build(ir_graph *g, sbp_objective objective,
 
 /* Human-readable listing of the program (buffers with offsets, blocks, instructions). */
 void sbp_train_print(const sbp_train_program *p, FILE *f);
+
+/* ---------------------------------------------------------------- train_verify.c */
+
+/* Checks a built program: operands name existing buffers with the kernel's operand count;
+ * loops lie inside their block without overlapping; the loops of each chunk-loop group cover
+ * the rows [0, batch*seq) exactly once (no row twice, none missing, no chunk past its
+ * sequence); a sliced operand (tp_off) stays inside its buffer in every iteration; TP_ARG_T0
+ * and offsets appear only inside loops. Returns IR_OK, or IR_ERR with one diagnostic per
+ * problem (naming the block, the loop or instruction). sbp_train_build runs it. */
+int sbp_train_verify(const sbp_train_program *p, ir_diag *d);
 
 #endif

@@ -34,6 +34,9 @@ typedef struct tv {
     int first_node;   /* root only: node index of the group's producer (-1: not produced) */
     int last_use;     /* root only: last node index reading any member */
     int region;       /* root only: TP_REGION_PERSIST or the segment of a segment-local group */
+    int64_t chunk_rows; /* root only, stream: rows of the chunk-local buffer (0: every token's) */
+    bool grad_in_place; /* root only, stream: the gradient overwrites the value (the logits of
+                         * a fused head chunk): grad = buf */
 } tv;
 
 typedef struct tn {
@@ -45,6 +48,14 @@ typedef struct tn {
     int aux[TN_MAX_AUX];          /* node-owned buffers (saved statistics, scratch) */
     int out_layout;               /* layout of output 0 */
 } tn;
+
+/* A chunk body being lowered (stream.c): every TOKEN value's dims read as one chunk of n rows
+ * ([1, n, ...] for [B, T, ...]), so the rules size their calls for the chunk; full-length
+ * operands are then sliced at the chunk's rows (tp_inst.off). */
+typedef struct tchunk {
+    int64_t n;          /* rows of this body */
+    bool fused_loss;    /* the head: the loss rule accumulates the loss sum and writes dlogits */
+} tchunk;
 
 typedef struct tctx {
     ir_graph *g;
@@ -58,6 +69,9 @@ typedef struct tctx {
     int64_t B, T;
     int rope_pos_cache[8][3];     /* (rows, T) -> const buffer */
     int n_rope_pos;
+    const tchunk *chunk;          /* non-NULL while a chunk body is lowered (stream) */
+    int64_t *saved_dims;          /* [n_values * IR_MAX_RANK]: dims while a chunk body is lowered */
+    int n_loop_groups;
 } tctx;
 
 /* ---- the rule table (autodiff.c) */
@@ -114,5 +128,57 @@ tp_arg A_IS(tctx *t, const int64_t *v, int n);
 size_t tx_numel(const ir_value *v);
 /* A diagnostic naming the node. */
 int tx_error(tctx *t, const ir_node *n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* t0 + i of the enclosing chunk loop (attention's q_start in a chunk body). */
+tp_arg A_T0(int64_t i);
+
+/* ---- what stream.c shares with train_program.c */
+
+/* Grows an arena array of elem-sized items to hold `need`. */
+int tx_grow(ir_arena *a, void **arr, int *cap, int need, size_t elem);
+/* A new buffer (region: TP_REGION_PERSIST or a segment). */
+int tx_new_buf(tctx *t, tp_buf_kind kind, const char *name, const ir_value *v, size_t numel,
+               bool is_int, bool is_grad, int region, const char *what);
+tp_block *tx_new_block(tctx *t, const char *name, const char *comment);
+/* Appends src's instructions and loops to dst (loop indices shifted). */
+int tx_append(tctx *t, tp_block *dst, const tp_block *src);
+/* A node's forward (relayout copies, then its rule) into t->cur; what: "forward" | "recompute". */
+int tx_lower_forward(tctx *t, const ir_node *n, const char *what);
+/* A node's gradient rule (then the relayout gradients) into t->cur. */
+int tx_lower_backward(tctx *t, const ir_node *n);
+/* Whether n's gradient rule has work: an output's gradient is wanted and reaches a trained
+ * input. */
+bool tx_grad_live(tctx *t, const ir_node *n, const ir_value *loss);
+/* The gradient rules of the nodes k in [first, end) with sel[k] (sel NULL: all), in reverse,
+ * into t->cur; recompute: first the forward of the selected nodes whose non-persistent outputs
+ * (or saved statistics) the rules read, transitively. */
+int tx_emit_rules(tctx *t, ir_node **nodes, int nn, const bool *sel, int first, int end,
+                  const ir_value *loss, bool recompute);
+/* MEMSET_ZERO of a whole buffer. */
+void tx_zero_buf(tctx *t, int buf);
+/* "Every gradient buffer of the region is zero here": a MEMSET_ZERO of a span buffer, which the
+ * memory planner turns into per-buffer zeroing before each one's first access. */
+void tx_zero_region(tctx *t, int region);
+
+/* ---- the sequence analysis (sequence.c) */
+
+/* Fills p->seq_values / seq_class / seq_why (requires the layout plan and the inputs bound). */
+int seq_analyze(tctx *t, ir_node **nodes, int nn);
+/* Whether v, stored in `layout`, is TOKEN with its token rows first: [1.., B, 1.., T, ...] or
+ * [1.., B*T, ...], row b*T + t holding token (b, t). */
+bool seq_token_major(const tctx *t, const ir_value *v, int layout);
+
+/* ---- StreamBP (stream.c) */
+
+/* requires: plan_segments and seq_analyze done. Picks the chunk sizes, classifies the segments
+ * (whole / layer / head) and their nodes (pre-loop or chunk body), checks that every chunked
+ * node is row-wise, causal or the loss and that its values are stored one row per token (an
+ * error naming the node otherwise), and sizes the chunk-local groups (tv.chunk_rows). */
+int stream_plan(tctx *t, ir_node **nodes, int nn, const ir_value *loss,
+                const sbp_train_options *opt);
+/* requires: stream_plan and the group buffers. Emits the blocks: "forward" (the prologue, each
+ * layer's pre-loop nodes and forward chunk loop), "head" (the loss chunk loop, forward and
+ * backward fused), then each layer's backward (K/V path recomputed once, the chunk loop, the
+ * K/V path's gradients) and the prologue's. */
+int stream_emit(tctx *t, ir_node **nodes, int nn, const ir_value *loss);
 
 #endif

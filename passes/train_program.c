@@ -17,9 +17,11 @@
  *   6. emit       block "forward" (every node), then one backward block per segment, last
  *                 first: zero its gradients, recompute (checkpoint) what its gradient rules
  *                 read, run the rules in reverse node order;
- *   7. layout     bump offsets: [persistent activations | persistent gradients | overlay].
+ *   7. plan       liveness and offsets in one workspace arena (passes/memplan.c), which also
+ *                 turns the region-wide gradient zeroing into per-buffer zeroing.
  */
 #include "train_internal.h"
+#include "memplan.h"
 
 #include <ctype.h>
 #include <stdarg.h>
@@ -37,7 +39,7 @@ const tp_kernel_info tp_kernel_table[TP_K_COUNT] = {
 /* ------------------------------------------------------------------ containers */
 
 /* Grows an arena array of elem-sized items to hold `need`; old storage stays in the arena. */
-static int grow(ir_arena *a, void **arr, int *cap, int need, size_t elem)
+int tx_grow(ir_arena *a, void **arr, int *cap, int need, size_t elem)
 {
     if (need <= *cap)
         return 0;
@@ -113,11 +115,11 @@ static const char *value_stem(tctx *t, const ir_value *v)
     return v->name;
 }
 
-static int new_buf(tctx *t, tp_buf_kind kind, const char *name, const ir_value *v, size_t numel,
-                   bool is_int, bool is_grad, int region, const char *what)
+int tx_new_buf(tctx *t, tp_buf_kind kind, const char *name, const ir_value *v, size_t numel,
+               bool is_int, bool is_grad, int region, const char *what)
 {
     sbp_train_program *p = t->p;
-    if (grow(t->g->arena, (void **)&p->bufs, &p->cap_bufs, p->n_bufs + 1, sizeof *p->bufs))
+    if (tx_grow(t->g->arena, (void **)&p->bufs, &p->cap_bufs, p->n_bufs + 1, sizeof *p->bufs))
         return -1;
     tp_buf *b = ir_arena_alloc(t->g->arena, sizeof *b);
     if (!b)
@@ -143,10 +145,10 @@ static int new_buf(tctx *t, tp_buf_kind kind, const char *name, const ir_value *
     return p->n_bufs++;
 }
 
-static tp_block *new_block(tctx *t, const char *name, const char *comment)
+tp_block *tx_new_block(tctx *t, const char *name, const char *comment)
 {
     sbp_train_program *p = t->p;
-    if (grow(t->g->arena, (void **)&p->blocks, &p->cap_blocks, p->n_blocks + 1,
+    if (tx_grow(t->g->arena, (void **)&p->blocks, &p->cap_blocks, p->n_blocks + 1,
              sizeof *p->blocks))
         return NULL;
     tp_block *b = ir_arena_alloc(t->g->arena, sizeof *b);
@@ -161,6 +163,7 @@ static tp_block *new_block(tctx *t, const char *name, const char *comment)
 tp_arg A_I(int64_t i) { return (tp_arg){.kind = TP_ARG_INT, .i = i}; }
 tp_arg A_F(double f) { return (tp_arg){.kind = TP_ARG_FLOAT, .f = f}; }
 tp_arg A_E(const char *expr) { return (tp_arg){.kind = TP_ARG_EXPR, .expr = expr}; }
+tp_arg A_T0(int64_t i) { return (tp_arg){.kind = TP_ARG_T0, .i = i}; }
 tp_arg A_IS(tctx *t, const int64_t *v, int n)
 {
     int64_t *c = ir_arena_calloc(t->g->arena, (size_t)(n > 0 ? n : 1), sizeof *c);
@@ -172,7 +175,7 @@ tp_arg A_IS(tctx *t, const int64_t *v, int n)
 tp_inst *tx_emit(tctx *t, tp_kernel k, const int *bufs, const tp_arg *args)
 {
     tp_block *b = t->cur;
-    if (grow(t->g->arena, (void **)&b->insts, &b->cap_insts, b->n_insts + 1, sizeof *b->insts))
+    if (tx_grow(t->g->arena, (void **)&b->insts, &b->cap_insts, b->n_insts + 1, sizeof *b->insts))
         return NULL;
     tp_inst *in = &b->insts[b->n_insts++];
     const tp_kernel_info *ki = &tp_kernel_table[k];
@@ -229,7 +232,7 @@ static int const_buf(tctx *t, const ir_value *v)
             d[i] = (float)ir_const_f64(v, (int64_t)i);
         data = d;
     }
-    int b = new_buf(t, TP_BUF_CONST, cname(t, "c_", v->name), v, n, is_int, false,
+    int b = tx_new_buf(t, TP_BUF_CONST, cname(t, "c_", v->name), v, n, is_int, false,
                     TP_REGION_PERSIST, "constant");
     if (b >= 0)
         t->p->bufs[b]->data = data;
@@ -288,7 +291,7 @@ int tx_gout(tctx *t, const ir_node *n, int slot)
 
 static int node_region(tctx *t, const ir_node *n)
 {
-    return t->p->strategy == SBP_STRATEGY_CHECKPOINT ? tx_node(t, n)->seg : TP_REGION_PERSIST;
+    return t->p->strategy != SBP_STRATEGY_STORE ? tx_node(t, n)->seg : TP_REGION_PERSIST;
 }
 
 /* A workspace buffer owned by node n, in n's region. */
@@ -298,7 +301,10 @@ static int node_buf(tctx *t, const ir_node *n, size_t numel, bool is_int, bool i
     const char *stem = n->out[0] ? value_stem(t, n->out[0]) : n->name;
     const char *name = cname(t, is_grad ? "d_" : "s_", ir_arena_printf(t->g->arena, "%s_%s",
                                                                          stem, what));
-    return new_buf(t, TP_BUF_WS, name, NULL, numel, is_int, is_grad, node_region(t, n), what);
+    int b = tx_new_buf(t, TP_BUF_WS, name, NULL, numel, is_int, is_grad, node_region(t, n), what);
+    if (b >= 0 && t->chunk) /* made while a chunk body is lowered: sized for one chunk */
+        t->p->bufs[b]->chunk_local = true;
+    return b;
 }
 
 int tx_aux(tctx *t, const ir_node *n, int idx, size_t numel, bool is_int, bool is_grad,
@@ -320,13 +326,17 @@ int tx_positions(tctx *t, int64_t rows, int64_t T)
         return -1;
     for (int64_t r = 0; r < rows; r++)
         d[r] = (int32_t)(r % T);
-    int b = new_buf(t, TP_BUF_CONST,
+    int b = tx_new_buf(t, TP_BUF_CONST,
                     cname(t, "c_", ir_arena_printf(t->g->arena, "positions_%lld_mod_%lld",
                                                    (long long)rows, (long long)T)),
                     NULL, (size_t)rows, true, false, TP_REGION_PERSIST, "position of each row");
     if (b < 0)
         return -1;
     t->p->bufs[b]->data = d;
+    if (rows == t->B * t->T) { /* one position per token: chunk loops slice it */
+        t->p->bufs[b]->rows = rows;
+        t->p->bufs[b]->row_elems = 1;
+    }
     if (t->n_rope_pos < 8) {
         t->rope_pos_cache[t->n_rope_pos][0] = (int)rows;
         t->rope_pos_cache[t->n_rope_pos][1] = (int)T;
@@ -349,7 +359,7 @@ static int const_fill(tctx *t, int64_t n, float x, const char *name, const char 
         return -1;
     for (int64_t i = 0; i < n; i++)
         d[i] = x;
-    int b = new_buf(t, TP_BUF_CONST, cname(t, "c_", name), NULL, (size_t)n, false, false,
+    int b = tx_new_buf(t, TP_BUF_CONST, cname(t, "c_", name), NULL, (size_t)n, false, false,
                     TP_REGION_PERSIST, what);
     if (b >= 0)
         t->p->bufs[b]->data = d;
@@ -402,7 +412,7 @@ static int build_params(tctx *t)
             if (pass == 0) {
                 q->offset = p->param_elems;
                 p->param_elems += q->numel;
-                q->buf = new_buf(t, TP_BUF_PARAM, cname(t, "w_", v->name), v, q->numel, false,
+                q->buf = tx_new_buf(t, TP_BUF_PARAM, cname(t, "w_", v->name), v, q->numel, false,
                                  false, TP_REGION_PERSIST, "parameter");
                 q->buf >= 0 ? (void)(p->bufs[q->buf]->offset = q->offset) : (void)0;
                 t->v[v->id].buf = q->buf;
@@ -474,17 +484,21 @@ static int bind_inputs(tctx *t)
     t->T = p->seq_len = ids->dims[1].value;
     if (p->batch * p->seq_len > INT32_MAX)
         return ir_diag_error(g->diag, "batch x sequence is too large");
-    p->ids_buf = new_buf(t, TP_BUF_IDS, "ids", ids, tx_numel(ids), true, false,
+    p->ids_buf = tx_new_buf(t, TP_BUF_IDS, "ids", ids, tx_numel(ids), true, false,
                          TP_REGION_PERSIST, "token ids (args->input_ids)");
     t->v[ids->id].buf = p->ids_buf;
+    p->bufs[p->ids_buf]->rows = p->batch * p->seq_len;
+    p->bufs[p->ids_buf]->row_elems = 1;
     p->labels_buf = -1;
     if (labels) {
         if ((int64_t)tx_numel(labels) != p->batch * p->seq_len)
             return ir_diag_error(g->diag, "labels '%s' must have batch x sequence elements",
                                  labels->name);
-        p->labels_buf = new_buf(t, TP_BUF_LABELS, "labels", labels, tx_numel(labels), true, false,
+        p->labels_buf = tx_new_buf(t, TP_BUF_LABELS, "labels", labels, tx_numel(labels), true, false,
                                 TP_REGION_PERSIST, "labels (args->labels)");
         t->v[labels->id].buf = p->labels_buf;
+        p->bufs[p->labels_buf]->rows = p->batch * p->seq_len;
+        p->bufs[p->labels_buf]->row_elems = 1;
     }
     return IR_OK;
 }
@@ -743,7 +757,7 @@ static int plan_segments(tctx *t, ir_node **nodes, int nn)
     for (int i = 0; i < g->n_values; i++) {
         tv *v = &t->v[i];
         v->region = TP_REGION_PERSIST;
-        if (p->strategy != SBP_STRATEGY_CHECKPOINT || v->group != i || v->first_node < 0)
+        if (p->strategy == SBP_STRATEGY_STORE || v->group != i || v->first_node < 0)
             continue;
         if (v->last_use < v->first_node ||
             (v->last_use < nn && t->n[v->first_node].seg == t->n[v->last_use].seg))
@@ -753,6 +767,28 @@ static int plan_segments(tctx *t, ir_node **nodes, int nn)
 }
 
 /* ------------------------------------------------------------------ buffers of the groups */
+
+/* Stream: the token rows a group's buffers hold (tp_buf.rows / row_elems / chunk_local) and
+ * its shape comment for one chunk ([1, n, ...] for [B, T, ...]). */
+static void token_rows(tctx *t, const tv *v, const ir_value *val, int b)
+{
+    const sbp_train_program *p = t->p;
+    if (b < 0 || !p->seq_values || p->seq_values[val->id].state != SBP_SEQ_TOKEN)
+        return;
+    tp_buf *buf = p->bufs[b];
+    int64_t bt = t->B * t->T;
+    if (bt <= 0 || tx_numel(val) % (size_t)bt)
+        return;
+    buf->row_elems = (int64_t)tx_numel(val) / bt;
+    buf->rows = v->chunk_rows ? v->chunk_rows : bt;
+    if (!v->chunk_rows)
+        return;
+    const sbp_seq_value *s = &p->seq_values[val->id];
+    buf->chunk_local = true;
+    if (s->bax >= 0)
+        buf->dims[s->bax] = 1;
+    buf->dims[s->sax] = v->chunk_rows;
+}
 
 static int make_group_buffers(tctx *t)
 {
@@ -771,26 +807,35 @@ static int make_group_buffers(tctx *t)
         bool wants_grad = wants[i];
         if (val->kind == IR_VAL_NODE && v->first_node >= 0) {
             bool is_int = !ir_dtype_is_float(val->dtype);
-            v->buf = new_buf(t, TP_BUF_WS, cname(t, "a_", value_stem(t, val)), val, tx_numel(val),
-                             is_int, false, v->region, "activation");
+            /* a chunk-local group (stream) holds one chunk's rows */
+            size_t numel = tx_numel(val);
+            if (v->chunk_rows)
+                numel = numel / (size_t)(t->B * t->T) * (size_t)v->chunk_rows;
+            v->buf = tx_new_buf(t, TP_BUF_WS, cname(t, "a_", value_stem(t, val)), val, numel,
+                                is_int, false, v->region, "activation");
             if (v->buf < 0) {
                 free(wants);
                 return ir_diag_error(g->diag, "out of memory");
             }
             t->p->bufs[v->buf]->swapped = v->layout == TL_SWAP;
-            /* the loss is seeded by its rule, not by a buffer */
-            if (wants_grad && !val->is_output) {
-                v->grad = new_buf(t, TP_BUF_WS, cname(t, "d_", value_stem(t, val)), val,
-                                  tx_numel(val), false, true, v->region, "gradient");
+            token_rows(t, v, val, v->buf);
+            /* the loss is seeded by its rule, not by a buffer; an in-place gradient overwrites
+             * the value (the fused head's logits) */
+            if (wants_grad && !val->is_output && v->grad_in_place) {
+                v->grad = v->buf;
+            } else if (wants_grad && !val->is_output) {
+                v->grad = tx_new_buf(t, TP_BUF_WS, cname(t, "d_", value_stem(t, val)), val,
+                                     numel, false, true, v->region, "gradient");
                 if (v->grad < 0) {
                     free(wants);
                     return ir_diag_error(g->diag, "out of memory");
                 }
                 t->p->bufs[v->grad]->swapped = v->layout == TL_SWAP;
+                token_rows(t, v, val, v->grad);
             }
         } else if (val->kind == IR_VAL_PARAM && wants_grad && v->buf >= 0) {
             const tp_buf *pb = t->p->bufs[v->buf];
-            v->grad = new_buf(t, TP_BUF_GRAD, cname(t, "dw_", val->name), val, pb->numel, false,
+            v->grad = tx_new_buf(t, TP_BUF_GRAD, cname(t, "dw_", val->name), val, pb->numel, false,
                               true, TP_REGION_PERSIST, "parameter gradient");
             if (v->grad < 0) {
                 free(wants);
@@ -833,7 +878,7 @@ static void phys_dims(const ir_value *v, int layout, int64_t *d)
     }
 }
 
-static int lower_forward(tctx *t, const ir_node *n, const char *what)
+int tx_lower_forward(tctx *t, const ir_node *n, const char *what)
 {
     tn *r = tx_node(t, n);
     const grad_rule *rule = train_rule(n->op);
@@ -867,7 +912,7 @@ static int lower_forward(tctx *t, const ir_node *n, const char *what)
     return rule->fwd ? rule->fwd(t, n) : IR_OK;
 }
 
-static bool node_grad_live(tctx *t, const ir_node *n, const ir_value *loss)
+bool tx_grad_live(tctx *t, const ir_node *n, const ir_value *loss)
 {
     const grad_rule *rule = train_rule(n->op);
     bool live = n->n_out > 0 && n->out[0] == loss;
@@ -882,7 +927,7 @@ static bool node_grad_live(tctx *t, const ir_node *n, const ir_value *loss)
     return false;
 }
 
-static int lower_backward(tctx *t, const ir_node *n)
+int tx_lower_backward(tctx *t, const ir_node *n)
 {
     tn *r = tx_node(t, n);
     const grad_rule *rule = train_rule(n->op);
@@ -910,7 +955,7 @@ static int span_buf(tctx *t, int region)
     const char *name = region == TP_REGION_PERSIST
                            ? "d_persistent"
                            : ir_arena_printf(t->g->arena, "d_%s", t->p->segments[region].name);
-    int b = new_buf(t, TP_BUF_WS, cname(t, "", name), NULL, 0, false, true, region,
+    int b = tx_new_buf(t, TP_BUF_WS, cname(t, "", name), NULL, 0, false, true, region,
                     "every gradient buffer of the region");
     if (b >= 0)
         t->p->bufs[b]->span = true;
@@ -935,16 +980,106 @@ static void mark_bufs(const tp_block *b, int from, bool *used)
                 used[b->insts[i].buf[j]] = true;
 }
 
+void tx_zero_region(tctx *t, int region) { emit_zero(t, span_buf(t, region)); }
+
+void tx_zero_buf(tctx *t, int buf)
+{
+    t->cur_node = NULL;
+    t->cur_what = "zero the gradients";
+    int b[1] = {buf};
+    tp_arg a[1] = {A_I((int64_t)t->p->bufs[buf]->numel * 4)};
+    tx_emit(t, TP_K_MEMSET_ZERO, b, a);
+}
+
+int tx_append(tctx *t, tp_block *dst, const tp_block *src)
+{
+    int base = dst->n_insts;
+    for (int i = 0; i < src->n_insts; i++) {
+        if (tx_grow(t->g->arena, (void **)&dst->insts, &dst->cap_insts, dst->n_insts + 1,
+                    sizeof *dst->insts))
+            return ir_diag_error(t->g->diag, "out of memory");
+        dst->insts[dst->n_insts++] = src->insts[i];
+    }
+    for (int i = 0; i < src->n_loops; i++) {
+        if (tx_grow(t->g->arena, (void **)&dst->loops, &dst->cap_loops, dst->n_loops + 1,
+                    sizeof *dst->loops))
+            return ir_diag_error(t->g->diag, "out of memory");
+        tp_loop l = src->loops[i];
+        l.first += base;
+        l.end += base;
+        dst->loops[dst->n_loops++] = l;
+    }
+    return IR_OK;
+}
+
+int tx_emit_rules(tctx *t, ir_node **nodes, int nn, const bool *sel, int first, int end,
+                  const ir_value *loss, bool recompute)
+{
+    sbp_train_program *p = t->p;
+    tp_block *blk = t->cur;
+    /* gradient rules into a scratch block first: recompute only what they read */
+    tp_block grads = {0};
+    t->cur = &grads;
+    for (int k = end - 1; k >= first; k--)
+        if ((!sel || sel[k]) && tx_grad_live(t, nodes[k], loss) &&
+            tx_lower_backward(t, nodes[k]) != IR_OK) {
+            t->cur = blk;
+            return IR_ERR;
+        }
+    t->cur = blk;
+    if (recompute) {
+        bool *need = calloc((size_t)p->n_bufs + 64, sizeof *need);
+        bool *run = calloc((size_t)nn, sizeof *run);
+        if (!need || !run) {
+            free(need);
+            free(run);
+            return ir_diag_error(t->g->diag, "out of memory");
+        }
+        mark_bufs(&grads, 0, need);
+        for (int k = end - 1; k >= first; k--) {
+            const ir_node *n = nodes[k];
+            tn *r = &t->n[k];
+            if (r->view || (sel && !sel[k]))
+                continue;
+            /* a local output or node-owned buffer that something downstream reads */
+            for (int i = 0; i < n->n_out && !run[k]; i++) {
+                int b = n->out[i] ? tx_root(t, n->out[i])->buf : -1;
+                if (b >= 0 && need[b] && p->bufs[b]->region != TP_REGION_PERSIST)
+                    run[k] = true;
+            }
+            for (int i = 0; i < TN_MAX_AUX && !run[k]; i++)
+                if (r->aux[i] >= 0 && need[r->aux[i]] && !p->bufs[r->aux[i]]->is_grad)
+                    run[k] = true;
+            for (int i = 0; i < TN_MAX_IN && !run[k]; i++)
+                if (r->relay_buf[i] >= 0 && need[r->relay_buf[i]])
+                    run[k] = true;
+            if (run[k])
+                for (int i = 0; i < n->n_in; i++)
+                    if (n->in[i] && tx_root(t, n->in[i])->buf >= 0)
+                        need[tx_root(t, n->in[i])->buf] = true;
+        }
+        for (int k = first; k < end; k++)
+            if (run[k] && tx_lower_forward(t, nodes[k], "recompute") != IR_OK) {
+                free(need);
+                free(run);
+                return IR_ERR;
+            }
+        free(need);
+        free(run);
+    }
+    return tx_append(t, blk, &grads);
+}
+
 static int emit_blocks(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
 {
     sbp_train_program *p = t->p;
     bool ckpt = p->strategy == SBP_STRATEGY_CHECKPOINT;
-    t->cur = new_block(t, "forward",
-                       "The forward pass: every node in order, ending with the loss sum.");
+    t->cur = tx_new_block(t, "forward",
+                          "The forward pass: every node in order, ending with the loss sum.");
     if (!t->cur)
         return ir_diag_error(t->g->diag, "out of memory");
     for (int k = 0; k < nn; k++)
-        if (lower_forward(t, nodes[k], "forward") != IR_OK)
+        if (tx_lower_forward(t, nodes[k], "forward") != IR_OK)
             return IR_ERR;
 
     int persist_span = span_buf(t, TP_REGION_PERSIST);
@@ -957,8 +1092,8 @@ static int emit_blocks(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
             recompute ? ": recompute the forward values its gradient rules read, from the "
                         "segment's input checkpoint, then run the rules in reverse order"
                       : ": the gradient rules in reverse node order");
-        tp_block *blk = new_block(t, ir_arena_printf(t->g->arena, "backward_%s", seg->name),
-                                  comment);
+        tp_block *blk = tx_new_block(t, ir_arena_printf(t->g->arena, "backward_%s", seg->name),
+                                     comment);
         if (!blk)
             return ir_diag_error(t->g->diag, "out of memory");
         t->cur = blk;
@@ -966,130 +1101,16 @@ static int emit_blocks(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
             emit_zero(t, persist_span);
         if (ckpt)
             emit_zero(t, span_buf(t, s));
-        /* gradient rules into a scratch block first: recompute only what they read */
-        tp_block grads = {0};
-        t->cur = &grads;
-        for (int k = seg->end_node - 1; k >= seg->first_node; k--)
-            if (node_grad_live(t, nodes[k], loss) && lower_backward(t, nodes[k]) != IR_OK)
-                return IR_ERR;
-        t->cur = blk;
-        if (recompute) {
-            bool *need = calloc((size_t)p->n_bufs + 64, sizeof *need);
-            bool *run = calloc((size_t)nn, sizeof *run);
-            if (!need || !run) {
-                free(need);
-                free(run);
-                return ir_diag_error(t->g->diag, "out of memory");
-            }
-            mark_bufs(&grads, 0, need);
-            for (int k = seg->end_node - 1; k >= seg->first_node; k--) {
-                const ir_node *n = nodes[k];
-                tn *r = &t->n[k];
-                if (r->view)
-                    continue;
-                /* a local output or node-owned buffer that something downstream reads */
-                for (int i = 0; i < n->n_out && !run[k]; i++) {
-                    int b = n->out[i] ? tx_root(t, n->out[i])->buf : -1;
-                    if (b >= 0 && need[b] && p->bufs[b]->region != TP_REGION_PERSIST)
-                        run[k] = true;
-                }
-                for (int i = 0; i < TN_MAX_AUX && !run[k]; i++)
-                    if (r->aux[i] >= 0 && need[r->aux[i]] && !p->bufs[r->aux[i]]->is_grad)
-                        run[k] = true;
-                for (int i = 0; i < TN_MAX_IN && !run[k]; i++)
-                    if (r->relay_buf[i] >= 0 && need[r->relay_buf[i]])
-                        run[k] = true;
-                if (run[k])
-                    for (int i = 0; i < n->n_in; i++)
-                        if (n->in[i] && tx_root(t, n->in[i])->buf >= 0)
-                            need[tx_root(t, n->in[i])->buf] = true;
-            }
-            for (int k = seg->first_node; k < seg->end_node; k++)
-                if (run[k] && lower_forward(t, nodes[k], "recompute") != IR_OK) {
-                    free(need);
-                    free(run);
-                    return IR_ERR;
-                }
-            free(need);
-            free(run);
-        }
-        for (int i = 0; i < grads.n_insts; i++) {
-            if (grow(t->g->arena, (void **)&blk->insts, &blk->cap_insts, blk->n_insts + 1,
-                     sizeof *blk->insts))
-                return ir_diag_error(t->g->diag, "out of memory");
-            blk->insts[blk->n_insts++] = grads.insts[i];
-        }
+        if (tx_emit_rules(t, nodes, nn, NULL, seg->first_node, seg->end_node, loss, recompute) !=
+            IR_OK)
+            return IR_ERR;
         if (blk->n_insts == 0) /* nothing to do (e.g. every parameter before it frozen) */
             p->n_blocks--;
     }
     return IR_OK;
 }
 
-/* ------------------------------------------------------------------ 7. layout */
-
-static size_t align_up(size_t x) { return (x + TP_ALIGN - 1) / TP_ALIGN * TP_ALIGN; }
-
-static size_t buf_bytes(const tp_buf *b) { return b->numel * 4; }
-
-static void layout_region(sbp_train_program *p, int region, size_t base, size_t *act_end,
-                          size_t *grad_end)
-{
-    size_t off = base;
-    for (int pass = 0; pass < 2; pass++) {
-        bool grads = pass == 1;
-        size_t begin = off;
-        for (int i = 0; i < p->n_bufs; i++) {
-            tp_buf *b = p->bufs[i];
-            if (b->kind != TP_BUF_WS || b->region != region || b->is_grad != grads || b->span)
-                continue;
-            b->offset = off;
-            off = align_up(off + buf_bytes(b));
-        }
-        if (grads) {
-            for (int i = 0; i < p->n_bufs; i++) {
-                tp_buf *b = p->bufs[i];
-                if (b->kind == TP_BUF_WS && b->span && b->region == region) {
-                    b->offset = begin;
-                    b->numel = (off - begin) / 4;
-                }
-            }
-            *grad_end = off;
-        } else {
-            *act_end = off;
-        }
-    }
-}
-
-static void layout(sbp_train_program *p)
-{
-    size_t act_end, grad_end;
-    layout_region(p, TP_REGION_PERSIST, 0, &act_end, &grad_end);
-    p->persist_act_bytes = act_end;
-    p->persist_grad_bytes = grad_end - act_end;
-    p->grad_zero_begin = act_end;
-    p->grad_zero_end = grad_end;
-    size_t base = grad_end, overlay = 0;
-    for (int s = 0; s < p->n_segments; s++) {
-        layout_region(p, s, base, &act_end, &grad_end);
-        p->segments[s].act_bytes = act_end - base;
-        p->segments[s].grad_bytes = grad_end - act_end;
-        if (grad_end - base > overlay)
-            overlay = grad_end - base;
-    }
-    p->overlay_bytes = overlay;
-    p->workspace_bytes = base + overlay;
-    if (p->workspace_bytes == 0)
-        p->workspace_bytes = TP_ALIGN;
-    /* the zeroing calls get their spans' sizes */
-    for (int bi = 0; bi < p->n_blocks; bi++) {
-        tp_block *blk = p->blocks[bi];
-        for (int i = 0; i < blk->n_insts; i++) {
-            tp_inst *in = &blk->insts[i];
-            if (in->k == TP_K_MEMSET_ZERO && in->buf[0] >= 0 && p->bufs[in->buf[0]]->span)
-                in->arg[0] = A_I((int64_t)p->bufs[in->buf[0]]->numel * 4);
-        }
-    }
-}
+/* ------------------------------------------------------------------ 7. memory plan: passes/memplan.c */
 
 /* ------------------------------------------------------------------ driver */
 
@@ -1154,12 +1175,22 @@ sbp_train_program *sbp_train_build(ir_graph *g, sbp_objective objective,
         return NULL;
     if (plan(t, g->nodes, nn, loss) != IR_OK)
         return NULL;
-    if (plan_segments(t, g->nodes, nn) != IR_OK || make_group_buffers(t) != IR_OK)
+    if (plan_segments(t, g->nodes, nn) != IR_OK)
+        return NULL;
+    if (p->strategy == SBP_STRATEGY_STREAM &&
+        (seq_analyze(t, g->nodes, nn) != IR_OK || stream_plan(t, g->nodes, nn, loss, opt) != IR_OK))
+        return NULL;
+    if (make_group_buffers(t) != IR_OK)
         return NULL;
     p->loss_buf = tx_root(t, loss)->buf;
-    if (emit_blocks(t, g->nodes, nn, loss) != IR_OK || g->diag->n_errors)
+    if ((p->strategy == SBP_STRATEGY_STREAM ? stream_emit(t, g->nodes, nn, loss)
+                                            : emit_blocks(t, g->nodes, nn, loss)) != IR_OK ||
+        g->diag->n_errors)
         return NULL;
-    layout(p);
+    if (sbp_train_verify(p, g->diag) != IR_OK)
+        return NULL;
+    if (sbp_memplan(p, g->diag) != IR_OK)
+        return NULL;
     return p;
 }
 
@@ -1190,9 +1221,7 @@ void sbp_train_print(const sbp_train_program *p, FILE *f)
     for (int s = 0; s < p->n_segments; s++)
         fprintf(f, " %s[%d..%d)", p->segments[s].name, p->segments[s].first_node,
                 p->segments[s].end_node);
-    fprintf(f, "\nworkspace: %zu bytes (persistent activations %zu, persistent gradients %zu, "
-               "overlay %zu)\n",
-            p->workspace_bytes, p->persist_act_bytes, p->persist_grad_bytes, p->overlay_bytes);
+    fprintf(f, "\nworkspace: %zu bytes (liveness-planned, passes/memplan.c)\n", p->workspace_bytes);
     for (int i = 0; i < p->n_bufs; i++) {
         const tp_buf *b = p->bufs[i];
         if (b->kind != TP_BUF_WS)

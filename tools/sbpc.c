@@ -1,12 +1,15 @@
 /* sbpc.c — the compiler driver.
  *
  *   sbpc MODEL.onnx [--batch N] [--seq-len N] [--no-retie] [--dump-ir[=PASS]]
- *        [-o train_step.c|train_step.so] [--strategy store|checkpoint]
- *        [--objective sft|graph-loss] [--freeze REGEX]...
+ *        [-o train_step.c|train_step.so] [--strategy stream|store|checkpoint]
+ *        [--chunk N] [--logits-chunk N]
+ *        [--objective sft|graph-loss] [--freeze REGEX]... [--report] [--memory-plot FILE.svg]
  *
  * Reads the model, runs the canonicalisation pipeline (passes/pipeline.c) and prints the IR or a
  * summary; with -o it also builds the training program (passes/train.h: objective, freeze,
  * autodiff, strategy) and writes it as C (codegen/), compiled into a shared object for .so.
+ * --report and --memory-plot build the program for every strategy (each from a fresh import)
+ * and print / draw their memory plans side by side (codegen/report.c).
  * This is the only place where diagnostics become exit codes: library code records them, the
  * driver prints them compiler-style and exits 1.
  */
@@ -36,12 +39,23 @@ static void usage(FILE *f)
             "  --dump-ir[=PASS]   print the IR after PASS (default: the last pass)\n"
             "  -o FILE            write the training step: FILE.c (with FILE.h), or FILE.so\n"
             "                     (the C files next to it, compiled with $CC, else clang)\n"
-            "  --strategy S       store (keep every activation; default) or checkpoint\n"
-            "                     (keep each layer's input, recompute the layer in the backward)\n"
+            "  --strategy S       stream (default: StreamBP, each layer and the LM head run\n"
+            "                     chunk by chunk over the sequence in the forward and the\n"
+            "                     backward; exact gradients), store (keep every activation) or\n"
+            "                     checkpoint (keep each layer's input, recompute the layer)\n"
+            "  --chunk N          stream: tokens per chunk in the layers (default: automatic;\n"
+            "                     need not divide the sequence length)\n"
+            "  --logits-chunk N   stream: token rows per chunk of the LM head and loss\n"
+            "                     (default: automatic)\n"
             "  --objective O      sft (default: mean cross-entropy of the logits over labels\n"
             "                     != -100; a graph that ends in a loss keeps it) or graph-loss\n"
             "  --freeze REGEX     do not train parameters whose name matches (POSIX extended;\n"
             "                     may be repeated)\n"
+            "  --report           print the memory plan: peak bytes and their breakdown, the\n"
+            "                     largest buffers with their lifetimes, and the same figures\n"
+            "                     for every strategy side by side\n"
+            "  --memory-plot F    write an SVG plot of the workspace bytes live over the\n"
+            "                     schedule, one line per strategy\n"
             "  -h, --help         this text\n"
             "  --version          print the version\n"
             "\n"
@@ -105,14 +119,73 @@ static void summary(const ir_graph *g)
 
 #define MAX_FREEZE 32
 
+/* --report / --memory-plot: the program of every strategy, planned (passes/memplan.c), printed
+ * or drawn side by side. `have` is the program already built for `have_strategy`; the others
+ * are built from a fresh import of the model with the same options. */
+static int memory_report(const char *model, const sbp_pass_options *opt, sbp_objective objective,
+                         const char *const *freeze, int n_freeze, const sbp_train_options *topt,
+                         sbp_train_program *have, bool report, const char *plot, ir_diag *diag)
+{
+    static const sbp_strategy strategies[] = {SBP_STRATEGY_STORE, SBP_STRATEGY_CHECKPOINT,
+                                              SBP_STRATEGY_STREAM};
+    enum { NS = sizeof strategies / sizeof strategies[0] };
+    sbp_report_entry e[NS];
+    ir_graph *graphs[NS] = {0};
+    ir_diag diags[NS];
+    int main_index = -1, rc = 0;
+    for (int k = 0; k < NS; k++) {
+        e[k] = (sbp_report_entry){sbp_strategy_name(strategies[k]), NULL, NULL};
+        ir_diag_init(&diags[k], model);
+        if (strategies[k] == topt->strategy) {
+            e[k].p = have;
+            main_index = k;
+            continue;
+        }
+        sbp_train_options o = *topt;
+        o.strategy = strategies[k];
+        sbp_objective chosen = objective;
+        ir_graph *g = graphs[k] = ir_import_onnx(model, &diags[k], NULL);
+        bool ok = g && !diags[k].n_errors && sbp_canonicalize(g, opt, NULL) == IR_OK &&
+                  sbp_pass_objective(g, objective, &chosen) == IR_OK;
+        for (int f = 0; ok && f < n_freeze; f++)
+            ok = sbp_freeze_params(g, freeze[f], NULL) == IR_OK;
+        e[k].p = ok ? sbp_train_build(g, chosen, &o) : NULL;
+        for (int i = 0; !e[k].p && i < diags[k].n && !e[k].why; i++)
+            if (diags[k].entries[i].sev == IR_SEV_ERROR)
+                e[k].why = diags[k].entries[i].msg;
+    }
+    if (report && sbp_report_write(stdout, e, NS, main_index, diag) != IR_OK)
+        rc = 1;
+    if (plot) {
+        FILE *f = fopen(plot, "w");
+        if (!f) {
+            ir_diag_error(diag, "cannot write the memory plot '%s'", plot);
+            rc = 1;
+        } else {
+            if (sbp_report_plot_svg(f, e, NS, diag) != IR_OK)
+                rc = 1;
+            if (fclose(f) != 0) {
+                ir_diag_error(diag, "writing the memory plot '%s' failed", plot);
+                rc = 1;
+            }
+        }
+    }
+    for (int k = 0; k < NS; k++) {
+        ir_graph_free(graphs[k]);
+        ir_diag_free(&diags[k]);
+    }
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *model = NULL, *dump_pass = NULL, *out = NULL;
     const char *freeze[MAX_FREEZE];
     int n_freeze = 0;
-    bool dump = false;
+    bool dump = false, report = false;
+    const char *plot = NULL;
     sbp_pass_options opt = {.verify = true};
-    sbp_train_options topt = {.strategy = SBP_STRATEGY_STORE};
+    sbp_train_options topt = {.strategy = SBP_STRATEGY_STREAM};
     sbp_objective objective = SBP_OBJECTIVE_SFT;
 
     for (int i = 1; i < argc; i++) {
@@ -141,11 +214,19 @@ int main(int argc, char **argv)
                 topt.strategy = SBP_STRATEGY_STORE;
             } else if (strcmp(v, "checkpoint") == 0) {
                 topt.strategy = SBP_STRATEGY_CHECKPOINT;
+            } else if (strcmp(v, "stream") == 0) {
+                topt.strategy = SBP_STRATEGY_STREAM;
             } else {
-                fprintf(stderr, "%s: error: --strategy: '%s' is not store or checkpoint\n", prog,
-                        v);
+                fprintf(stderr, "%s: error: --strategy: '%s' is not stream, store or checkpoint\n",
+                        prog, v);
                 return 1;
             }
+        } else if ((v = flag_value(argc, argv, &i, "--chunk"))) {
+            if (parse_count("--chunk", v, &topt.chunk))
+                return 1;
+        } else if ((v = flag_value(argc, argv, &i, "--logits-chunk"))) {
+            if (parse_count("--logits-chunk", v, &topt.logits_chunk))
+                return 1;
         } else if ((v = flag_value(argc, argv, &i, "--objective"))) {
             if (strcmp(v, "sft") == 0) {
                 objective = SBP_OBJECTIVE_SFT;
@@ -163,6 +244,14 @@ int main(int argc, char **argv)
                 return 1;
             }
             freeze[n_freeze++] = v;
+        } else if (strcmp(a, "--report") == 0) {
+            report = true;
+        } else if ((v = flag_value(argc, argv, &i, "--memory-plot"))) {
+            if (!*v) {
+                fprintf(stderr, "%s: error: --memory-plot needs a file name\n", prog);
+                return 1;
+            }
+            plot = v;
         } else if (strcmp(a, "--no-retie") == 0) {
             opt.no_retie = true;
         } else if (strcmp(a, "--dump-ir") == 0) {
@@ -202,7 +291,7 @@ int main(int argc, char **argv)
         ir_print(g, stdout);
     else if (rc == 0 && !out)
         summary(g);
-    if (rc == 0 && out) {
+    if (rc == 0 && (out || report || plot)) {
         if (dump_pass && strcmp(dump_pass, sbp_pass_list[sbp_n_passes - 1].name) != 0) {
             ir_diag_error(&diag, "-o needs the whole pipeline (not --dump-ir=%s)", dump_pass);
             rc = 1;
@@ -216,7 +305,11 @@ int main(int argc, char **argv)
         sbp_train_program *p = rc == 0 ? sbp_train_build(g, chosen, &topt) : NULL;
         if (!p)
             rc = 1;
-        else if (sbp_codegen_write(p, out, model, NULL, &diag) != IR_OK)
+        else if (out && sbp_codegen_write(p, out, model, NULL, &diag) != IR_OK)
+            rc = 1;
+        if (p && (report || plot) &&
+            memory_report(model, &opt, objective, freeze, n_freeze, &topt, p, report, plot,
+                          &diag) != 0)
             rc = 1;
     }
     ir_diag_print_from(&diag, printed, stderr, prog); /* what code generation added */

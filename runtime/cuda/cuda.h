@@ -1,0 +1,203 @@
+/*
+ * cuda.h — internals shared by the CUDA backend's files (not part of the public API).
+ *
+ * The context owns one stream, a cuBLAS handle bound to it, a device-side error flag and a
+ * device scratch buffer.  Everything a call queues goes to that stream, so calls on one
+ * context run in order and a kernel can reuse the scratch buffer of an earlier call.
+ *
+ * Error handling: every runtime/cuBLAS call goes through CU_TRY / CU_BLAS_TRY and every
+ * launch through CU_LAUNCH, which checks cudaGetLastError() right after it; a failure records
+ * "file:line: call: error" in ctx->msg (read with sbprt_ctx_last_error) and returns
+ * SBPRT_ERR_NOMEM for an allocation failure, SBPRT_ERR_BACKEND otherwise.  Faults inside a
+ * kernel surface at the next synchronisation (sbprt_sync or a host copy).  Index tensors live
+ * in device memory, so kernels check their ranges themselves and set ctx->dev_flag;
+ * sbprt_sync reads it back (see "CUDA notes" in sbprt.h).
+ *
+ * Kernel code is written once for two compilers: nvcc, and a C++ compiler with
+ * -DSBPRT_CUDA_EMU, which swaps the CUDA headers for tests/gpu/emu/cuda_emu.h so the same
+ * kernels run on the CPU in the tests.  Hence launches go through CU_LAUNCH instead of <<<>>>,
+ * shared arrays are declared with CU_SHARED / CU_SHARED_DYN, and kernels use only what the
+ * emulator provides (__syncthreads, __syncwarp, __shfl_sync, __shfl_xor_sync, atomicOr,
+ * __fmul_rn, the C math functions).  Warp primitives are always called by all 32 lanes with
+ * the full mask; block sizes are multiples of 32.
+ *
+ * Determinism: no float atomics anywhere.  Reductions use fixed partitions (fixed block
+ * sizes, fixed rows or elements per partial, never derived from the device's SM count) and
+ * combine partials in a fixed order, so a result is bitwise identical run to run on a given
+ * device.  GEMMs are cuBLAS's (deterministic for a given device and toolkit).
+ */
+#ifndef SBPRT_CUDA_H
+#define SBPRT_CUDA_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef SBPRT_CUDA_EMU
+#include "cuda_emu.h"
+#else
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include "sbprt.h"
+
+struct sbprt_ctx {
+    int device;           /* the CUDA device current when the context was created */
+    int nthreads;         /* as passed to sbprt_ctx_create (only reported back) */
+    cudaStream_t stream;  /* every copy, kernel and GEMM of this context */
+    cublasHandle_t blas;  /* bound to stream */
+    int tf32;             /* GEMMs may round their inputs to TF32 (sbprt_ctx_set_tf32) */
+    int smem_optin;       /* bytes of dynamic shared memory a block may opt in to */
+    int *dev_flag;        /* [1] device: nonzero once a kernel found an index out of range */
+    int *host_flag;       /* [1] pinned host memory that sbprt_sync copies dev_flag into */
+    void *scratch;        /* device scratch, scratch_bytes long, or NULL */
+    size_t scratch_bytes; /* capacity of scratch */
+    char msg[320];        /* diagnostic of the last failure on this context, "" if none */
+};
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Records the failed call in ctx->msg (ctx may be NULL) and returns the status for it. */
+int cu_fail(sbprt_ctx *ctx, cudaError_t err, const char *what, const char *file, int line);
+int cu_fail_blas(sbprt_ctx *ctx, cublasStatus_t st, const char *what, const char *file, int line);
+/* Records a formatted diagnostic in ctx->msg and returns status. */
+int cu_error(sbprt_ctx *ctx, int status, const char *fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* cudaMalloc with a diagnostic naming the bytes asked and the bytes free on failure. */
+int cu_malloc(sbprt_ctx *ctx, void **out, size_t bytes);
+/* Returns ctx's device scratch buffer, grown to at least `bytes` (contents are garbage).
+ * Valid until the next call that borrows scratch; growing waits for the stream first. */
+int cu_scratch(sbprt_ctx *ctx, size_t bytes, void **out);
+/* out[0] += (float) Σ parts[i] (double, summed in a fixed order on the device).
+ *   out: [1]    parts: [n] (device) */
+int cu_sum_doubles_into(sbprt_ctx *ctx, float *out, const double *parts, size_t n);
+/* dst[j] += Σ_q parts[q * c + j] over q < nparts, in order of q (second stage of the
+ * column-sum reductions: bias, norm parameter gradients).   dst: [c]    parts: [nparts, c] */
+int cu_colsum_finish(sbprt_ctx *ctx, float *dst, const float *parts, int nparts, int c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#define CU_CHECK(cond)                                                                         \
+    do {                                                                                       \
+        if (!(cond))                                                                           \
+            return SBPRT_ERR_INVALID;                                                          \
+    } while (0)
+
+#define CU_TRY(ctx, call)                                                                      \
+    do {                                                                                       \
+        cudaError_t cu_e_ = (call);                                                            \
+        if (cu_e_ != cudaSuccess)                                                              \
+            return cu_fail((ctx), cu_e_, #call, __FILE__, __LINE__);                           \
+    } while (0)
+
+#define CU_BLAS_TRY(ctx, call)                                                                 \
+    do {                                                                                       \
+        cublasStatus_t cu_s_ = (call);                                                         \
+        if (cu_s_ != CUBLAS_STATUS_SUCCESS)                                                    \
+            return cu_fail_blas((ctx), cu_s_, #call, __FILE__, __LINE__);                      \
+    } while (0)
+
+/* Propagates a nonzero status. */
+#define CU_STATUS(call)                                                                        \
+    do {                                                                                       \
+        int cu_st_ = (call);                                                                   \
+        if (cu_st_ != SBPRT_OK)                                                                \
+            return cu_st_;                                                                     \
+    } while (0)
+
+/* ---- kernel-side helpers (C++) ------------------------------------------------------- */
+#ifdef __cplusplus
+
+/* Launches kernel<<<grid, block, smem, ctx->stream>>>(args...) and checks the launch. */
+#ifdef SBPRT_CUDA_EMU
+#define CU_LAUNCH(ctx, kernel, grid, block, smem, ...)                                         \
+    do {                                                                                       \
+        emu_launch((const void *)&kernel, dim3(grid), dim3(block), (smem),                     \
+                   [&]() { kernel(__VA_ARGS__); });                                            \
+        CU_TRY((ctx), cudaGetLastError());                                                     \
+    } while (0)
+#define CU_SHARED(type, name, count)                                                           \
+    static char cu_key_##name;                                                                 \
+    type *name = (type *)emu_static_shared(&cu_key_##name, sizeof(type) * (count))
+#define CU_SHARED_DYN(type, name) type *name = (type *)emu_dynamic_shared()
+#else
+#define CU_LAUNCH(ctx, kernel, grid, block, smem, ...)                                         \
+    do {                                                                                       \
+        kernel<<<(grid), (block), (smem), (ctx)->stream>>>(__VA_ARGS__);                       \
+        CU_TRY((ctx), cudaGetLastError());                                                     \
+    } while (0)
+#define CU_SHARED(type, name, count) __shared__ type name[count]
+#define CU_SHARED_DYN(type, name)                                                              \
+    extern __shared__ float4 cu_dyn_smem_[];                                                   \
+    type *name = (type *)cu_dyn_smem_
+#endif
+
+#define CU_FULL_MASK 0xffffffffu
+#define CU_MAX_BLOCKS 65535u /* cap of a grid-stride loop's grid (x); y and z are capped too */
+
+/* Blocks for a grid-stride loop over n items with `threads` threads per block. */
+static inline unsigned cu_blocks(size_t n, unsigned threads)
+{
+    size_t b = (n + threads - 1) / threads;
+    return b < 1 ? 1u : b > CU_MAX_BLOCKS ? CU_MAX_BLOCKS : (unsigned)b;
+}
+
+/* Warp-wide sum / max.  A butterfly: every lane ends with the same bits, since each step
+ * adds the same two values (in swapped order, and float addition commutes). */
+template <class T> __device__ __forceinline__ T cu_warp_sum(T v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(CU_FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float cu_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        float u = __shfl_xor_sync(CU_FULL_MASK, v, o);
+        v = u > v ? u : v;
+    }
+    return v;
+}
+
+/* Block-wide sum (blockDim.x a multiple of 32, at most 1024), returned to every thread.
+ * red: a shared array of 32 T.  Starts with a barrier so the same red can serve several
+ * reductions in a row. */
+template <class T> __device__ __forceinline__ T cu_block_sum(T v, T *red)
+{
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = cu_warp_sum(v);
+    __syncthreads();
+    if (lane == 0)
+        red[w] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : (T)0;
+    return cu_warp_sum(v);
+}
+
+__device__ __forceinline__ float cu_block_max(float v, float *red)
+{
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = cu_warp_max(v);
+    __syncthreads();
+    if (lane == 0)
+        red[w] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : -INFINITY;
+    return cu_warp_max(v);
+}
+
+/* Marks an index error for sbprt_sync. */
+__device__ __forceinline__ void cu_flag_range(int *flag) { atomicOr(flag, 1); }
+
+#endif /* __cplusplus */
+
+#endif /* SBPRT_CUDA_H */

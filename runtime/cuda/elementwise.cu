@@ -1,0 +1,225 @@
+/*
+ * elementwise.cu — flat elementwise helpers and activation functions, forward and backward.
+ *
+ * One grid-stride kernel serves every elementwise function: it switches on an op code that
+ * is the same for the whole launch (no divergence), which keeps this file to one kernel
+ * instantiation.  The scalar formulas are the CPU twin's (cpu/elementwise.c) written again
+ * for the device; nvcc's default FMA contraction can change a last bit, nothing more.
+ *
+ * sbprt_sum_squares is the one reduction: blocks of EW_SUMSQ_BLOCK elements (the CPU twin's
+ * block size) are summed in double by one thread block each, in a fixed tree order; then one
+ * block adds the block sums in a fixed order (cu_sum_doubles_into, shared with the losses).
+ */
+#include "cuda.h"
+
+#define EW_THREADS 256
+#define EW_SUMSQ_BLOCK 8192 /* elements per partial sum of sbprt_sum_squares */
+#define EW_FINAL_THREADS 1024
+
+#define EW_SQRT_2_OVER_PI 0.7978845608028654f /* √(2/π) */
+#define EW_INV_SQRT_2 0.7071067811865476f     /* 1/√2 */
+#define EW_INV_SQRT_2PI 0.3989422804014327f   /* 1/√(2π) */
+#define EW_GELU_CUBIC 0.044715f
+
+__device__ __forceinline__ float ew_gelu_tanh(float x)
+{
+    float u = EW_SQRT_2_OVER_PI * (x + EW_GELU_CUBIC * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+
+__device__ __forceinline__ float ew_gelu_tanh_grad(float x)
+{
+    float u = EW_SQRT_2_OVER_PI * (x + EW_GELU_CUBIC * x * x * x);
+    float t = tanhf(u);
+    float du = EW_SQRT_2_OVER_PI * (1.0f + 3.0f * EW_GELU_CUBIC * x * x);
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+
+__device__ __forceinline__ float ew_gelu_erf(float x)
+{
+    return 0.5f * x * (1.0f + erff(x * EW_INV_SQRT_2));
+}
+
+__device__ __forceinline__ float ew_gelu_erf_grad(float x)
+{
+    return 0.5f * (1.0f + erff(x * EW_INV_SQRT_2)) + x * EW_INV_SQRT_2PI * expf(-0.5f * x * x);
+}
+
+__device__ __forceinline__ float ew_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float ew_silu_grad(float x)
+{
+    float s = ew_sigmoid(x);
+    return s * (1.0f + x * (1.0f - s));
+}
+
+enum ew_op {
+    EW_ADD,          /* out = a + b */
+    EW_ACCUMULATE,   /* out += a */
+    EW_SCALE,        /* out *= alpha */
+    EW_GELU_TANH,    /* out = gelu_tanh(a) */
+    EW_GELU_TANH_BW, /* out += b * gelu_tanh'(a)   (a: x, b: dout) */
+    EW_GELU_ERF,
+    EW_GELU_ERF_BW,
+    EW_SILU,
+    EW_SILU_BW,
+    EW_SWIGLU,          /* out = silu(a) * b           (a: gate, b: up) */
+    EW_SWIGLU_BW_GATE,  /* out += c * b * silu'(a)     (c: dout) */
+    EW_SWIGLU_BW_UP,    /* out += c * silu(a) */
+};
+
+/* Every operand is indexed by the same i, and each element reads its inputs before it
+ * writes out, so out may alias an input wherever the API allows it. */
+__global__ void ew_kernel(int op, float *out, const float *a, const float *b, const float *c,
+                          float alpha, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        switch (op) {
+        case EW_ADD: out[i] = a[i] + b[i]; break;
+        case EW_ACCUMULATE: out[i] += a[i]; break;
+        case EW_SCALE: out[i] *= alpha; break;
+        case EW_GELU_TANH: out[i] = ew_gelu_tanh(a[i]); break;
+        case EW_GELU_TANH_BW: out[i] += b[i] * ew_gelu_tanh_grad(a[i]); break;
+        case EW_GELU_ERF: out[i] = ew_gelu_erf(a[i]); break;
+        case EW_GELU_ERF_BW: out[i] += b[i] * ew_gelu_erf_grad(a[i]); break;
+        case EW_SILU: out[i] = a[i] * ew_sigmoid(a[i]); break;
+        case EW_SILU_BW: out[i] += b[i] * ew_silu_grad(a[i]); break;
+        case EW_SWIGLU: out[i] = a[i] * ew_sigmoid(a[i]) * b[i]; break;
+        case EW_SWIGLU_BW_GATE: out[i] += c[i] * b[i] * ew_silu_grad(a[i]); break;
+        case EW_SWIGLU_BW_UP: out[i] += c[i] * a[i] * ew_sigmoid(a[i]); break;
+        }
+    }
+}
+
+static int ew_run(sbprt_ctx *ctx, int op, float *out, const float *a, const float *b,
+                  const float *c, float alpha, size_t n)
+{
+    if (n == 0)
+        return SBPRT_OK;
+    CU_LAUNCH(ctx, ew_kernel, cu_blocks(n, EW_THREADS), EW_THREADS, 0, op, out, a, b, c, alpha, n);
+    return SBPRT_OK;
+}
+
+extern "C" int sbprt_add(sbprt_ctx *ctx, float *out, const float *a, const float *b, size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (out && a && b)));
+    return ew_run(ctx, EW_ADD, out, a, b, NULL, 0, n);
+}
+
+extern "C" int sbprt_accumulate(sbprt_ctx *ctx, float *y, const float *x, size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (y && x)));
+    return ew_run(ctx, EW_ACCUMULATE, y, x, NULL, NULL, 0, n);
+}
+
+extern "C" int sbprt_scale(sbprt_ctx *ctx, float *y, float alpha, size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || y));
+    return ew_run(ctx, EW_SCALE, y, NULL, NULL, NULL, alpha, n);
+}
+
+extern "C" int sbprt_gelu_tanh_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (out && x)));
+    return ew_run(ctx, EW_GELU_TANH, out, x, NULL, NULL, 0, n);
+}
+
+extern "C" int sbprt_gelu_tanh_backward(sbprt_ctx *ctx, float *dx, const float *dout,
+                                        const float *x, size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (dx && dout && x)));
+    return ew_run(ctx, EW_GELU_TANH_BW, dx, x, dout, NULL, 0, n);
+}
+
+extern "C" int sbprt_gelu_erf_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (out && x)));
+    return ew_run(ctx, EW_GELU_ERF, out, x, NULL, NULL, 0, n);
+}
+
+extern "C" int sbprt_gelu_erf_backward(sbprt_ctx *ctx, float *dx, const float *dout,
+                                       const float *x, size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (dx && dout && x)));
+    return ew_run(ctx, EW_GELU_ERF_BW, dx, x, dout, NULL, 0, n);
+}
+
+extern "C" int sbprt_silu_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (out && x)));
+    return ew_run(ctx, EW_SILU, out, x, NULL, NULL, 0, n);
+}
+
+extern "C" int sbprt_silu_backward(sbprt_ctx *ctx, float *dx, const float *dout, const float *x,
+                                   size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (dx && dout && x)));
+    return ew_run(ctx, EW_SILU_BW, dx, x, dout, NULL, 0, n);
+}
+
+extern "C" int sbprt_swiglu_forward(sbprt_ctx *ctx, float *out, const float *gate,
+                                    const float *up, size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (out && gate && up)));
+    return ew_run(ctx, EW_SWIGLU, out, gate, up, NULL, 0, n);
+}
+
+extern "C" int sbprt_swiglu_backward(sbprt_ctx *ctx, float *dgate, float *dup, const float *dout,
+                                     const float *gate, const float *up, size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (dout && gate && up)));
+    if (dgate)
+        CU_STATUS(ew_run(ctx, EW_SWIGLU_BW_GATE, dgate, gate, up, dout, 0, n));
+    if (dup)
+        CU_STATUS(ew_run(ctx, EW_SWIGLU_BW_UP, dup, gate, up, dout, 0, n));
+    return SBPRT_OK;
+}
+
+/* ---- sum of squares ------------------------------------------------------------------- */
+
+/* partial[blk] = Σ x[i]² over block blk of EW_SUMSQ_BLOCK elements, in double. */
+__global__ void sumsq_part_kernel(double *partial, const float *x, size_t n)
+{
+    CU_SHARED(double, red, 32);
+    const size_t i0 = (size_t)blockIdx.x * EW_SUMSQ_BLOCK;
+    const size_t i1 = i0 + EW_SUMSQ_BLOCK < n ? i0 + EW_SUMSQ_BLOCK : n;
+    double s = 0;
+    for (size_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
+        s += (double)x[i] * x[i];
+    s = cu_block_sum(s, red);
+    if (threadIdx.x == 0)
+        partial[blockIdx.x] = s;
+}
+
+/* One block: out[0] += (float) Σ parts, each thread summing a fixed strided subset in order,
+ * then a fixed tree. */
+__global__ void sum_doubles_kernel(float *out, const double *parts, size_t n)
+{
+    CU_SHARED(double, red, 32);
+    double s = 0;
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x)
+        s += parts[i];
+    s = cu_block_sum(s, red);
+    if (threadIdx.x == 0)
+        out[0] += (float)s;
+}
+
+extern "C" int cu_sum_doubles_into(sbprt_ctx *ctx, float *out, const double *parts, size_t n)
+{
+    CU_LAUNCH(ctx, sum_doubles_kernel, 1, EW_FINAL_THREADS, 0, out, parts, n);
+    return SBPRT_OK;
+}
+
+extern "C" int sbprt_sum_squares(sbprt_ctx *ctx, float *out, const float *x, size_t n)
+{
+    CU_CHECK(ctx && out && (n == 0 || x));
+    if (n == 0)
+        return SBPRT_OK; /* out[0] += 0 */
+    const size_t nblocks = (n + EW_SUMSQ_BLOCK - 1) / EW_SUMSQ_BLOCK;
+    CU_CHECK(nblocks <= 0x7fffffffu);
+    double *partial;
+    CU_STATUS(cu_scratch(ctx, nblocks * sizeof(double), (void **)&partial));
+    CU_LAUNCH(ctx, sumsq_part_kernel, (unsigned)nblocks, EW_THREADS, 0, partial, x, n);
+    return cu_sum_doubles_into(ctx, out, partial, nblocks);
+}

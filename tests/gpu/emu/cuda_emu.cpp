@@ -1,0 +1,491 @@
+/*
+ * cuda_emu.cpp — the CPU emulator behind cuda_emu.h (see there for what it does and does not
+ * model).
+ *
+ * Blocks run one after another.  Inside a block every thread is a ucontext coroutine; the
+ * scheduler resumes each runnable thread in thread order until it finishes or reaches a
+ * barrier, then releases the barriers that are complete: a warp barrier when every lane of the
+ * warp waits at one, the block barrier when every thread of the block waits at it.  A round in
+ * which nothing can run and nothing can be released is a deadlock, reported with the launch's
+ * configuration.  Errors in the emulated program (deadlock, shuffle with exited lanes, shared
+ * memory overflow) abort: they are bugs in the kernel under test, not conditions to recover.
+ */
+#include "cuda_emu.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+
+#include <map>
+#include <vector>
+
+emu_thread_ids *emu_ids;
+
+namespace {
+
+const size_t kStackBytes = 256 * 1024;
+const size_t kStaticSmemLimit = 48 * 1024;
+
+enum State { READY, WAIT_BLOCK, WAIT_WARP, DONE };
+
+struct Thread {
+    ucontext_t uc;
+    State st;
+    emu_thread_ids ids;
+    int linear; /* x + y*bx + z*bx*by */
+};
+
+struct Block {
+    std::vector<Thread> th;
+    ucontext_t sched;
+    std::vector<unsigned char> dyn;                                /* dynamic shared */
+    std::map<const void *, std::vector<unsigned char>> stat;       /* static shared */
+    size_t stat_bytes;
+    std::vector<unsigned char> shfl; /* [warps][32 lanes][8 bytes] */
+    const std::function<void()> *body;
+};
+
+Block *g_block;
+Thread *g_cur;
+std::vector<char *> g_stacks;
+cudaError_t g_last = cudaSuccess;
+std::map<const void *, int> g_smem_limit; /* cudaFuncSetAttribute(MaxDynamicSharedMemorySize) */
+std::map<void *, size_t> g_allocs;
+size_t g_alloc_total;
+unsigned long long g_launches;
+
+void fatal(const char *what)
+{
+    fprintf(stderr, "cuda_emu: %s\n", what);
+    abort();
+}
+
+void fill_nan(void *p, size_t bytes)
+{
+    /* 0xFF bytes: a NaN as float and as double, and -1 as an integer */
+    memset(p, 0xFF, bytes);
+}
+
+void trampoline()
+{
+    (*g_block->body)();
+    g_cur->st = DONE;
+    /* returning resumes uc_link, the scheduler */
+}
+
+void yield_as(State s)
+{
+    g_cur->st = s;
+    swapcontext(&g_cur->uc, &g_block->sched);
+}
+
+void run_block(Block &b, int nthreads)
+{
+    for (int i = 0; i < nthreads; i++) {
+        Thread &t = b.th[i];
+        if (getcontext(&t.uc) != 0)
+            fatal("getcontext failed");
+        t.uc.uc_stack.ss_sp = g_stacks[i];
+        t.uc.uc_stack.ss_size = kStackBytes;
+        t.uc.uc_link = &b.sched;
+        makecontext(&t.uc, trampoline, 0);
+        t.st = READY;
+    }
+    int nwarps = (nthreads + 31) / 32;
+    for (;;) {
+        for (int i = 0; i < nthreads; i++) {
+            Thread &t = b.th[i];
+            if (t.st != READY)
+                continue;
+            g_cur = &t;
+            emu_ids = &t.ids;
+            if (swapcontext(&b.sched, &t.uc) != 0)
+                fatal("swapcontext failed");
+        }
+        int ndone = 0, nblock = 0;
+        for (int i = 0; i < nthreads; i++) {
+            ndone += b.th[i].st == DONE;
+            nblock += b.th[i].st == WAIT_BLOCK;
+        }
+        if (ndone == nthreads)
+            return;
+        int released = 0;
+        for (int w = 0; w < nwarps; w++) {
+            int lo = w * 32, hi = lo + 32 < nthreads ? lo + 32 : nthreads;
+            int waiting = 0, done = 0;
+            for (int i = lo; i < hi; i++) {
+                waiting += b.th[i].st == WAIT_WARP;
+                done += b.th[i].st == DONE;
+            }
+            if (waiting == 0)
+                continue;
+            if (done > 0)
+                fatal("warp primitive executed while some lanes of the warp have exited");
+            if (waiting == hi - lo) {
+                for (int i = lo; i < hi; i++)
+                    b.th[i].st = READY;
+                released = 1;
+            }
+        }
+        if (released)
+            continue;
+        if (nblock > 0 && nblock + ndone == nthreads) {
+            if (ndone > 0)
+                fatal("__syncthreads() reached after some threads of the block exited");
+            for (int i = 0; i < nthreads; i++)
+                b.th[i].st = READY;
+            continue;
+        }
+        fatal("deadlock: threads wait at barriers that can never complete "
+              "(divergent __syncthreads or warp primitive)");
+    }
+}
+
+} /* namespace */
+
+/* ---- device side -------------------------------------------------------------------- */
+
+void __syncthreads(void) { yield_as(WAIT_BLOCK); }
+
+void __syncwarp(unsigned mask)
+{
+    if (mask != 0xffffffffu)
+        fatal("__syncwarp with a partial mask is not emulated");
+    yield_as(WAIT_WARP);
+}
+
+int emu_lane(void) { return g_cur->linear & 31; }
+
+void emu_shfl(const void *val, void *out, size_t bytes, int src_lane)
+{
+    if (bytes > 8)
+        fatal("shuffle of more than 8 bytes");
+    int w = g_cur->linear / 32, lane = g_cur->linear & 31;
+    unsigned char *slots = g_block->shfl.data() + (size_t)w * 32 * 8;
+    memcpy(slots + lane * 8, val, bytes);
+    yield_as(WAIT_WARP); /* every lane has written */
+    memcpy(out, slots + src_lane * 8, bytes);
+    yield_as(WAIT_WARP); /* every lane has read before any lane writes again */
+}
+
+void *emu_dynamic_shared(void) { return g_block->dyn.data(); }
+
+void *emu_static_shared(const void *key, size_t bytes)
+{
+    auto it = g_block->stat.find(key);
+    if (it == g_block->stat.end()) {
+        g_block->stat_bytes += bytes;
+        if (g_block->stat_bytes + g_block->dyn.size() > EMU_SMEM_OPTIN)
+            fatal("static + dynamic shared memory exceed the device limit");
+        it = g_block->stat.emplace(key, std::vector<unsigned char>(bytes)).first;
+        fill_nan(it->second.data(), bytes);
+    }
+    if (it->second.size() != bytes)
+        fatal("static shared array requested with two sizes");
+    return it->second.data();
+}
+
+void emu_launch(const void *fn, dim3 grid, dim3 block, size_t smem,
+                const std::function<void()> &body)
+{
+    size_t nthreads = (size_t)block.x * block.y * block.z;
+    if (grid.x == 0 || grid.y == 0 || grid.z == 0 || nthreads == 0 || nthreads > 1024 ||
+        grid.y > 65535 || grid.z > 65535 || block.z > 64) {
+        g_last = cudaErrorInvalidConfiguration;
+        return;
+    }
+    if (smem > kStaticSmemLimit) {
+        auto it = g_smem_limit.find(fn);
+        if (it == g_smem_limit.end() || (size_t)it->second < smem) {
+            g_last = cudaErrorInvalidValue; /* what a device reports for too much shared memory */
+            return;
+        }
+    }
+    g_launches++;
+    while (g_stacks.size() < nthreads) {
+        char *s = (char *)malloc(kStackBytes);
+        if (!s)
+            fatal("out of host memory for thread stacks");
+        g_stacks.push_back(s);
+    }
+    Block b;
+    b.th.resize(nthreads);
+    b.dyn.resize(smem);
+    b.stat_bytes = 0;
+    b.shfl.resize((nthreads + 31) / 32 * 32 * 8);
+    b.body = &body;
+    Block *saved_block = g_block;
+    Thread *saved_cur = g_cur;
+    emu_thread_ids *saved_ids = emu_ids;
+    g_block = &b;
+    for (unsigned bz = 0; bz < grid.z; bz++)
+        for (unsigned by = 0; by < grid.y; by++)
+            for (unsigned bx = 0; bx < grid.x; bx++) {
+                fill_nan(b.dyn.data(), b.dyn.size());
+                b.stat.clear();
+                b.stat_bytes = 0;
+                int i = 0;
+                for (unsigned tz = 0; tz < block.z; tz++)
+                    for (unsigned ty = 0; ty < block.y; ty++)
+                        for (unsigned tx = 0; tx < block.x; tx++, i++) {
+                            Thread &t = b.th[i];
+                            t.ids.threadIdx = dim3(tx, ty, tz);
+                            t.ids.blockIdx = dim3(bx, by, bz);
+                            t.ids.blockDim = block;
+                            t.ids.gridDim = grid;
+                            t.linear = i;
+                        }
+                run_block(b, (int)nthreads);
+            }
+    g_block = saved_block;
+    g_cur = saved_cur;
+    emu_ids = saved_ids;
+}
+
+/* ---- runtime API -------------------------------------------------------------------- */
+
+extern "C" {
+
+unsigned long long emu_launch_count(void) { return g_launches; }
+
+const char *cudaGetErrorString(cudaError_t err)
+{
+    switch (err) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    default: return "unspecified launch failure";
+    }
+}
+
+const char *cudaGetErrorName(cudaError_t err)
+{
+    switch (err) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    default: return "cudaErrorLaunchFailure";
+    }
+}
+
+cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = g_last;
+    g_last = cudaSuccess;
+    return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) { return g_last; }
+
+cudaError_t cudaGetDeviceCount(int *count)
+{
+    *count = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *dev)
+{
+    *dev = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int dev) { return dev == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int dev)
+{
+    if (dev != 0)
+        return cudaErrorInvalidValue;
+    memset(prop, 0, sizeof *prop);
+    snprintf(prop->name, sizeof prop->name, "cuda_emu (CPU emulation of sm_90)");
+    prop->totalGlobalMem = EMU_DEVICE_BYTES;
+    prop->multiProcessorCount = 1;
+    prop->major = 9;
+    prop->minor = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev)
+{
+    if (dev != 0)
+        return cudaErrorInvalidValue;
+    switch (attr) {
+    case cudaDevAttrMultiProcessorCount: *value = 1; return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = EMU_SMEM_OPTIN; return cudaSuccess;
+    }
+    return cudaErrorInvalidValue;
+}
+
+cudaError_t cudaMalloc(void **p, size_t bytes)
+{
+    *p = NULL;
+    if (bytes > EMU_DEVICE_BYTES - g_alloc_total)
+        return g_last = cudaErrorMemoryAllocation;
+    void *q = malloc(bytes ? bytes : 1);
+    if (!q)
+        return g_last = cudaErrorMemoryAllocation;
+    fill_nan(q, bytes);
+    g_allocs[q] = bytes;
+    g_alloc_total += bytes;
+    *p = q;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p)
+{
+    if (!p)
+        return cudaSuccess;
+    auto it = g_allocs.find(p);
+    if (it == g_allocs.end())
+        return g_last = cudaErrorInvalidValue;
+    g_alloc_total -= it->second;
+    g_allocs.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void **p, size_t bytes)
+{
+    *p = malloc(bytes ? bytes : 1);
+    return *p ? cudaSuccess : (g_last = cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaFreeHost(void *p)
+{
+    free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
+{
+    *free_bytes = EMU_DEVICE_BYTES - g_alloc_total;
+    *total_bytes = EMU_DEVICE_BYTES;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind)
+{
+    (void)kind;
+    if (bytes)
+        memcpy(dst, src, bytes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
+                            cudaStream_t stream)
+{
+    (void)stream;
+    return cudaMemcpy(dst, src, bytes, kind);
+}
+
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t stream)
+{
+    (void)stream;
+    if (bytes)
+        memset(dst, value, bytes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *stream)
+{
+    static int dummy;
+    *stream = (cudaStream_t)&dummy;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream)
+{
+    (void)stream;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream)
+{
+    (void)stream;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+
+cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value)
+{
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > EMU_SMEM_OPTIN)
+        return g_last = cudaErrorInvalidValue;
+    g_smem_limit[func] = value;
+    return cudaSuccess;
+}
+
+/* ---- cuBLAS --------------------------------------------------------------------------- */
+
+cublasStatus_t cublasCreate(cublasHandle_t *handle)
+{
+    static int dummy;
+    *handle = (cublasHandle_t)&dummy;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy(cublasHandle_t handle)
+{
+    (void)handle;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream)
+{
+    (void)handle;
+    (void)stream;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+const char *cublasGetStatusString(cublasStatus_t status)
+{
+    return status == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_ERROR";
+}
+
+/* Column-major, as cuBLAS: C_i = alpha op(A_i) op(B_i) + beta C_i, C_i: m x n (ld ldc),
+ * op(A_i): m x k, op(B_i): k x n.  Argument checks follow cuBLAS's documented ones. */
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
+                                          cublasOperation_t transb, int m, int n, int k,
+                                          const void *alpha, const void *A, cudaDataType Atype,
+                                          int lda, long long strideA, const void *B,
+                                          cudaDataType Btype, int ldb, long long strideB,
+                                          const void *beta, void *C, cudaDataType Ctype, int ldc,
+                                          long long strideC, int batchCount,
+                                          cublasComputeType_t computeType, cublasGemmAlgo_t algo)
+{
+    (void)algo;
+    if (!handle)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (Atype != CUDA_R_32F || Btype != CUDA_R_32F || Ctype != CUDA_R_32F ||
+        (computeType != CUBLAS_COMPUTE_32F && computeType != CUBLAS_COMPUTE_32F_FAST_TF32))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    int arows = transa == CUBLAS_OP_N ? m : k, brows = transb == CUBLAS_OP_N ? k : n;
+    if (m < 0 || n < 0 || k < 0 || batchCount < 0 || lda < (arows > 1 ? arows : 1) ||
+        ldb < (brows > 1 ? brows : 1) || ldc < (m > 1 ? m : 1))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    const float al = *(const float *)alpha, be = *(const float *)beta;
+    for (int bi = 0; bi < batchCount; bi++) {
+        const float *a = (const float *)A + bi * strideA;
+        const float *b = (const float *)B + bi * strideB;
+        float *c = (float *)C + bi * strideC;
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                float s = 0;
+                for (int l = 0; l < k; l++) {
+                    float av = transa == CUBLAS_OP_N ? a[i + (size_t)l * lda] : a[l + (size_t)i * lda];
+                    float bv = transb == CUBLAS_OP_N ? b[l + (size_t)j * ldb] : b[j + (size_t)l * ldb];
+                    s += av * bv;
+                }
+                float *cv = c + i + (size_t)j * ldc;
+                *cv = be == 0.0f ? al * s : al * s + be * *cv;
+            }
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+} /* extern "C" */
