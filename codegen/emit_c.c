@@ -9,6 +9,7 @@
  * kernel's template in passes/train_kernels.def.
  */
 #include "codegen.h"
+#include "memplan.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -151,9 +152,9 @@ static void emit_header_comment(const sbp_train_program *p, const sbp_codegen_op
     fprintf(f, " * parameters  %d tensors (%d trained), %zu floats in the parameter block and "
                "as many in the gradient block\n",
             p->n_params, trainable, p->param_elems);
-    fprintf(f, " * workspace   %zu bytes: persistent activations %zu, persistent gradients %zu, "
-               "segment overlay %zu\n",
-            p->workspace_bytes, p->persist_act_bytes, p->persist_grad_bytes, p->overlay_bytes);
+    fprintf(f, " * workspace   %zu bytes, liveness-planned (passes/memplan.c): buffers that are\n"
+               " *             never live at the same time share addresses\n",
+            p->workspace_bytes);
     fprintf(f, " * segments   ");
     for (int s = 0; s < p->n_segments; s++)
         fprintf(f, " %s", p->segments[s].name);
@@ -167,7 +168,7 @@ static void emit_header_comment(const sbp_train_program *p, const sbp_codegen_op
           f);
     if (p->strategy == SBP_STRATEGY_CHECKPOINT)
         fputs(" * Checkpointing: only values crossing a segment boundary persist; the rest of a\n"
-              " * segment lives in the overlay, which each segment reuses, and a segment's\n"
+              " * segment is dead after its forward (its bytes are reused), and a segment's\n"
               " * backward first recomputes the forward values its gradient rules read.\n",
               f);
     if (p->strategy == SBP_STRATEGY_STREAM)
@@ -272,40 +273,64 @@ static void emit_info(const sbp_train_program *p, const sbp_codegen_options *o, 
     fputs("\nconst sbp_step_info *sbp_step_get_info(void) { return &step_info; }\n", f);
 }
 
+static const memplan *g_offsets_plan; /* for cmp_offset (qsort has no context) */
+
+static int cmp_offset(const void *pa, const void *pb)
+{
+    int a = *(const int *)pa, b = *(const int *)pb;
+    const sbp_train_program *p = g_offsets_plan->p;
+    if (p->bufs[a]->offset != p->bufs[b]->offset)
+        return p->bufs[a]->offset < p->bufs[b]->offset ? -1 : 1;
+    int fa = g_offsets_plan->lv.hull[a].first, fb = g_offsets_plan->lv.hull[b].first;
+    if (fa != fb)
+        return fa < fb ? -1 : 1;
+    return a < b ? -1 : a > b;
+}
+
+/* The workspace offsets from the memory plan, by address, each with its lifetime. */
 static void emit_offsets(const sbp_train_program *p, FILE *f)
 {
     fputs("\n/* ---------------------------------------------------------------- workspace */\n"
-          "\n/* Byte offsets in the workspace (bump layout; the regions are listed in the file's\n"
-          " * header comment). Overlay buffers of different segments share addresses. */\n",
+          "\n/* Byte offsets in the workspace, from the memory plan (passes/memplan.c), by\n"
+          " * address. A buffer owns its bytes only while it is live (block:instruction ranges,\n"
+          " * instructions counted from 0 in each block function); buffers that are never live\n"
+          " * together share addresses. */\n",
           f);
-    for (int r = -1; r < p->n_segments; r++) {
-        for (int pass = 0; pass < 2; pass++) {
-            bool header = false;
-            for (int i = 0; i < p->n_bufs; i++) {
-                const tp_buf *b = p->bufs[i];
-                if (b->kind != TP_BUF_WS || b->region != r || b->is_grad != (pass == 1) ||
-                    b->span)
-                    continue;
-                if (!header) {
-                    fprintf(f, "/* %s %s */\n",
-                            r < 0 ? "persistent" : p->segments[r].name,
-                            pass ? "gradients" : "activations");
-                    header = true;
-                }
-                fprintf(f, "#define %-60s %zu /* ", ws_macro(b), b->offset);
-                put_type(f, b);
-                fputs(" */\n", f);
-            }
-        }
+    const memplan *m = memplan_analyze(p);
+    int *idx = malloc(sizeof *idx * (size_t)(p->n_bufs + 1));
+    int n = 0;
+    for (int i = 0; idx && i < p->n_bufs; i++)
+        if (p->bufs[i]->kind == TP_BUF_WS && !p->bufs[i]->span)
+            idx[n++] = i;
+    if (m && idx) {
+        g_offsets_plan = m;
+        qsort(idx, (size_t)n, sizeof *idx, cmp_offset);
     }
+    for (int k = 0; k < n; k++) {
+        const tp_buf *b = p->bufs[idx[k]];
+        fprintf(f, "#define %-60s %zu /* ", ws_macro(b), b->offset);
+        put_type(f, b);
+        if (m && m->lv.start[idx[k]] == m->lv.start[idx[k] + 1])
+            fputs(", never live", f);
+        for (int r = m ? m->lv.start[idx[k]] : 0; m && r < m->lv.start[idx[k] + 1]; r++) {
+            fputs(r == m->lv.start[idx[k]] ? ", live " : ", ", f);
+            put_comment_text(f, memplan_pos_name(m, m->lv.range[r].first));
+            fputs("..", f);
+            put_comment_text(f, memplan_pos_name(m, m->lv.range[r].last));
+        }
+        fputs(" */\n", f);
+    }
+    free(idx);
     for (int i = 0; i < p->n_bufs; i++) {
         const tp_buf *b = p->bufs[i];
-        if (b->kind == TP_BUF_WS && b->span)
-            fprintf(f, "#define %-60s %zu /* %zu bytes: every gradient buffer of %s */\n",
-                    ws_macro(b), b->offset, b->numel * 4,
-                    b->region < 0 ? "the persistent region" : p->segments[b->region].name);
+        if (b->kind == TP_BUF_WS && b->span) /* the builder's zeroing spans: unused once planned */
+            fprintf(f, "#define %-60s 0 /* unused */\n", ws_macro(b));
     }
-    fprintf(f, "/* end of the workspace: %zu bytes */\n", p->workspace_bytes);
+    fprintf(f, "/* end of the workspace: %zu bytes", p->workspace_bytes);
+    if (m)
+        fprintf(f, "; the most bytes live at once: %zu, at %s", m->lower_bound,
+                memplan_pos_name(m, m->lower_bound_pos));
+    fputs(" */\n", f);
 }
 
 /* An operand as C: the buffer, or inside a chunk loop its slice at the chunk. */

@@ -375,10 +375,10 @@ int sbp_report_write(FILE *out, const sbp_report_entry *e, int n, int main_index
     if (main_index >= 0 && main_index < n && f[main_index].p) {
         const figures *m = &f[main_index];
         char h1[32], h2[32];
-        fprintf(out, "\n%s: workspace %zu bytes (%s) planned, lower bound %zu bytes (%s) with "
-                     "%s live at %s\n",
+        fprintf(out, "\n%s: workspace %zu bytes (%s) planned; at most %zu bytes (%s) are live "
+                     "at once, first at %s\n",
                 m->name, m->ws, human(h1, sizeof h1, m->ws), m->lower,
-                human(h2, sizeof h2, m->lower), h2, memplan_pos_name(m->m, m->m->lower_bound_pos));
+                human(h2, sizeof h2, m->lower), memplan_pos_name(m->m, m->m->lower_bound_pos));
         largest_buffers(out, m, 12);
     }
     free_figures(f, n);

@@ -317,29 +317,31 @@ int memplan_liveness(const mp_schedule *s, ir_arena *arena, mp_liveness *out)
         }
         for (int b = 0; b < s->n_bufs; b++)
             out->start[b + 1] += out->start[b];
-        /* per-chunk scratch: every range inside one iteration of the innermost loop holding
-         * the hull, i.e. each begins with a whole write (was not widened) */
+        /* per-chunk scratch: every range lies inside one iteration of a loop, i.e. inside
+         * the innermost loop holding it and begins with a whole write (was not widened) */
         for (int b = 0; b < s->n_bufs; b++) {
             out->iter_loop[b] = -1;
-            if (out->hull[b].first < 0)
-                continue;
-            for (int ko = 0; ko < s->n_loops; ko++) {
-                const mp_loop *L = &s->loops[order[ko]];
-                if (!loop_contains(L, out->hull[b].first) || !loop_contains(L, out->hull[b].last))
-                    continue;
-                bool local = true;
-                for (int r = out->start[b]; r < out->start[b + 1] && local; r++) {
-                    bool w = false;
-                    for (int k = start[b]; k < start[b + 1] && !w; k++) {
-                        const mp_access *a = &s->acc[list[k]];
-                        w = a->pos == out->range[r].first && a->role == MP_W;
-                    }
-                    local = w;
+            bool all = out->start[b] < out->start[b + 1];
+            int first_loop = -1;
+            for (int r = out->start[b]; r < out->start[b + 1] && all; r++) {
+                const mp_interval *rg = &out->range[r];
+                int in = -1;
+                for (int ko = 0; ko < s->n_loops && in < 0; ko++) {
+                    const mp_loop *L = &s->loops[order[ko]];
+                    if (loop_contains(L, rg->first) && loop_contains(L, rg->last))
+                        in = order[ko];
                 }
-                if (local)
-                    out->iter_loop[b] = order[ko];
-                break; /* the innermost only */
+                bool w = false;
+                for (int k = start[b]; k < start[b + 1] && !w; k++) {
+                    const mp_access *a = &s->acc[list[k]];
+                    w = a->pos == rg->first && a->role == MP_W;
+                }
+                all = in >= 0 && w;
+                if (first_loop < 0)
+                    first_loop = in;
             }
+            if (all)
+                out->iter_loop[b] = first_loop;
         }
     }
     free(tmp);

@@ -97,8 +97,9 @@ typedef struct mp_liveness {
     mp_interval *range;    /* [n_ranges] per buffer disjoint and ascending */
     int n_ranges;
     mp_interval *hull;     /* [n_bufs] first..last of all its ranges; first = -1: never live */
-    int *iter_loop;        /* [n_bufs] the innermost loop inside one iteration of which the
-                            * buffer lives (per-chunk scratch), else -1 */
+    int *iter_loop;        /* [n_bufs] when each range of the buffer lies inside one
+                            * iteration of a loop (per-chunk scratch): the first range's loop;
+                            * else -1 */
 } mp_liveness;
 
 /* Lifetimes of every buffer (loops applied), allocated in `arena`. Returns IR_OK, or IR_ERR on

@@ -170,23 +170,24 @@ static int broadcast_rule(sctx *s, const ir_node *n)
         sbp_seq_value a = {SBP_SEQ_TOKEN, o->bax >= 0 ? o->bax + sh : -1, o->sax + sh};
         if (ref.state == SBP_SEQ_TOKEN && !same_axes(&ref, &a))
             return mixing(s, n, "its operand '%s' has its sequence on another axis", v->name);
-        for (int ax = 0; ax <= a.sax; ax++)
-            if (ax >= sh && v->dims[ax - sh].value != y->dims[ax].value)
-                return mixing(s, n, "its operand '%s' is broadcast along the token rows",
-                              v->name);
+        if (v->dims[a.sax - sh].value != y->dims[a.sax].value ||
+            (a.bax >= 0 && v->dims[a.bax - sh].value != y->dims[a.bax].value))
+            return mixing(s, n, "its operand '%s' is broadcast along the token rows",
+                          v->name);
         ref = a;
     }
     if (ref.state != SBP_SEQ_TOKEN)
         return mixing(s, n, "no operand is one row per token%s", NULL);
+    /* a constant operand that varies along the batch or the sequence */
     bool positional = false;
     for (int i = 0; i < n->n_in && i < 2; i++) {
         const ir_value *v = n->in[i];
         if (sv(s, v)->state != SBP_SEQ_NONE)
             continue;
         int sh = R - v->rank;
-        for (int ax = sh; ax <= ref.sax; ax++)
-            if (v->dims[ax - sh].value != 1)
-                positional = true;
+        if ((ref.sax >= sh && v->dims[ref.sax - sh].value != 1) ||
+            (ref.bax >= sh && v->dims[ref.bax - sh].value != 1))
+            positional = true;
     }
     set_outs(s, n, ref);
     return classify(s, positional ? SBP_SEQOP_POSITIONAL : SBP_SEQOP_ROWWISE,

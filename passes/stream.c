@@ -104,7 +104,10 @@ static int refuse(tctx *t, const ir_node *n, const tp_segment *seg, const char *
                     seg->name, why);
 }
 
-/* Checks a chunk-loop node; sizes the groups it makes. */
+/* Checks a chunk-loop node; sizes the groups it makes. A chunk-local value may be stored in
+ * any layout (its buffer holds the chunk as the rules see it, [1, n, ...]); what the loop
+ * slices by rows (values of the pre-loop nodes, the checkpoints) must be stored one row per
+ * token, and RoPE and attention, which read rows as positions, must read token rows. */
 static int plan_chunk_node(tctx *t, const ir_node *n, int k, const tp_segment *seg)
 {
     const sbp_train_program *p = t->p;
@@ -117,11 +120,14 @@ static int plan_chunk_node(tctx *t, const ir_node *n, int k, const tp_segment *s
                                     : ir_arena_printf(t->g->arena, "a %s op in a %s segment",
                                                       sbp_seq_class_name(c),
                                                       seg_kind_name(seg->kind)));
+    bool positions = n->op == IR_OP_ROPE || n->op == IR_OP_ATTENTION;
     for (int i = 0; i < n->n_in; i++) {
         const ir_value *v = n->in[i];
         if (!v || p->seq_values[v->id].state != SBP_SEQ_TOKEN)
             continue;
-        if (!tx_node(t, n)->view && !seq_token_major(t, v, tx_layout(t, n, i)))
+        bool sliced = !tx_root(t, v)->chunk_rows;
+        if ((sliced && !seq_token_major(t, v, t->v[v->id].layout)) ||
+            (positions && i < 3 && !seq_token_major(t, v, tx_layout(t, n, i))))
             return refuse(t, n, seg,
                           ir_arena_printf(t->g->arena, "its input '%s' is not stored one row "
                                                        "per token",
@@ -131,14 +137,16 @@ static int plan_chunk_node(tctx *t, const ir_node *n, int k, const tp_segment *s
         const ir_value *v = n->out[i];
         if (!v || p->seq_values[v->id].state != SBP_SEQ_TOKEN)
             continue;
-        if (!seq_token_major(t, v, t->v[v->id].layout))
+        tv *root = tx_root(t, v);
+        if (root->group != v->id)
+            continue; /* a view: its group's root decides */
+        if (root->region != TP_REGION_PERSIST)
+            root->chunk_rows = seg->kind == TP_SEG_HEAD ? p->logits_chunk : p->chunk;
+        else if (!seq_token_major(t, v, root->layout))
             return refuse(t, n, seg,
                           ir_arena_printf(t->g->arena, "its result '%s' is not stored one row "
                                                        "per token",
                                           v->name));
-        tv *root = tx_root(t, v);
-        if (root->group == v->id && root->region != TP_REGION_PERSIST)
-            root->chunk_rows = seg->kind == TP_SEG_HEAD ? p->logits_chunk : p->chunk;
     }
     return IR_OK;
 }
@@ -209,24 +217,17 @@ int stream_plan(tctx *t, ir_node **nodes, int nn, const ir_value *loss,
         if (seg->kind == TP_SEG_LAYER &&
             mark_kv_path(t, nodes, seg->first_node, seg->end_node, p->pre_loop) != IR_OK)
             return IR_ERR;
+        /* the first node that cannot be chunked is the cause; what reads it follows */
         for (int k = seg->first_node; k < seg->end_node; k++) {
             const ir_node *n = nodes[k];
-            if (p->pre_loop[k]) {
-                if (p->seq_class[k] == SBP_SEQOP_CAUSAL)
-                    rc = refuse(t, n, seg, "another attention of the segment computes its K/V");
-                continue;
+            if (p->pre_loop[k] && p->seq_class[k] == SBP_SEQOP_CAUSAL) {
+                rc = refuse(t, n, seg, "another attention of the segment computes its K/V");
+                break;
             }
-            /* what the loop reads from the pre-loop nodes must be sliceable by rows */
-            for (int i = 0; i < n->n_in; i++) {
-                const ir_value *v = n->in[i];
-                if (v && p->seq_values[v->id].state == SBP_SEQ_MIXED)
-                    rc = refuse(t, n, seg,
-                                ir_arena_printf(g->arena, "it reads '%s', which is not one row "
-                                                          "per token",
-                                                v->name));
-            }
-            if (plan_chunk_node(t, n, k, seg) != IR_OK)
+            if (!p->pre_loop[k] && plan_chunk_node(t, n, k, seg) != IR_OK) {
                 rc = IR_ERR;
+                break;
+            }
         }
         if (seg->kind == TP_SEG_HEAD && rc == IR_OK)
             plan_logits_in_place(t, nodes, seg, loss_k);
@@ -529,4 +530,74 @@ int stream_emit(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
 out:
     free(sel);
     return rc;
+}
+
+/* ------------------------------------------------------------------ the memory budget */
+
+size_t sbp_train_planned_peak(const sbp_train_program *p)
+{
+    return 2 * p->param_elems * sizeof(float) + p->workspace_bytes;
+}
+
+static sbp_train_program *build_at(ir_graph *g, sbp_objective objective,
+                                   const sbp_train_options *base, int64_t chunk, int64_t lc)
+{
+    sbp_train_options o = *base;
+    o.memory_budget = 0;
+    o.chunk = chunk;
+    o.logits_chunk = lc;
+    return sbp_train_build(g, objective, &o);
+}
+
+/* The largest x in [lo, hi] whose plan fits (lo's does; the peak grows with the chunk, so a
+ * bisection finds it). which: 0 the layer chunk, 1 the logits chunk. */
+static sbp_train_program *largest_fitting(ir_graph *g, sbp_objective objective,
+                                          const sbp_train_options *opt, sbp_train_program *best,
+                                          int which, int64_t lo, int64_t hi)
+{
+    while (lo < hi && best) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        sbp_train_program *p = build_at(g, objective, opt, which ? best->chunk : mid,
+                                        which ? mid : best->logits_chunk);
+        if (!p)
+            return NULL;
+        if (sbp_train_planned_peak(p) <= opt->memory_budget) {
+            best = p;
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return best;
+}
+
+sbp_train_program *stream_fit_budget(ir_graph *g, sbp_objective objective,
+                                     const sbp_train_options *opt)
+{
+    bool stream = opt->strategy == SBP_STRATEGY_STREAM;
+    int64_t c0 = opt->chunk > 0 || !stream ? opt->chunk : 1;
+    int64_t l0 = opt->logits_chunk > 0 || !stream ? opt->logits_chunk : 1;
+    sbp_train_program *p = build_at(g, objective, opt, c0, l0);
+    if (!p)
+        return NULL;
+    size_t need = sbp_train_planned_peak(p);
+    if (need > opt->memory_budget) {
+        ir_diag_error(g->diag,
+                      "memory budget of %zu bytes is too small: the smallest %s plan%s needs "
+                      "%zu bytes (parameters %zu + gradients %zu + workspace %zu)",
+                      opt->memory_budget, sbp_strategy_name(opt->strategy),
+                      stream ? ir_arena_printf(g->arena, " (chunk %lld, logits chunk %lld)",
+                                               (long long)p->chunk, (long long)p->logits_chunk)
+                             : "",
+                      need, p->param_elems * sizeof(float), p->param_elems * sizeof(float),
+                      p->workspace_bytes);
+        return NULL;
+    }
+    if (!stream)
+        return p;
+    if (opt->chunk <= 0)
+        p = largest_fitting(g, objective, opt, p, 0, p->chunk, p->seq_len);
+    if (p && opt->logits_chunk <= 0)
+        p = largest_fitting(g, objective, opt, p, 1, p->logits_chunk, p->batch * p->seq_len);
+    return p;
 }

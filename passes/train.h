@@ -294,6 +294,10 @@ typedef struct sbp_train_options {
     sbp_strategy strategy;
     int64_t chunk;           /* stream: tokens per chunk in layers; 0 = automatic */
     int64_t logits_chunk;    /* stream: token rows per LM-head chunk; 0 = automatic */
+    size_t memory_budget;    /* bytes, 0 = none: the planned peak (sbp_train_planned_peak) must
+                              * fit; stream picks the largest chunks (of those not given) whose
+                              * plan fits. Too small: NULL, and a diagnostic with the smallest
+                              * budget that fits (the plan at chunk 1, logits chunk 1) */
 } sbp_train_options;
 
 /* requires: sbp_pass_objective done (one scalar loss output); dims bound.
@@ -302,6 +306,11 @@ typedef struct sbp_train_options {
  * unsupported. */
 sbp_train_program *sbp_train_build(ir_graph *g, sbp_objective objective,
                                    const sbp_train_options *opt);
+
+/* The memory a step needs, as sbp_step_info.planned_peak_bytes reports it: parameters +
+ * gradients (the caller's two blocks) + the planned workspace; optimizer state is the
+ * caller's and not included. */
+size_t sbp_train_planned_peak(const sbp_train_program *p);
 
 /* Human-readable listing of the program (buffers with offsets, blocks, instructions). */
 void sbp_train_print(const sbp_train_program *p, FILE *f);

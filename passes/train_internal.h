@@ -180,5 +180,9 @@ int stream_plan(tctx *t, ir_node **nodes, int nn, const ir_value *loss,
  * backward fused), then each layer's backward (K/V path recomputed once, the chunk loop, the
  * K/V path's gradients) and the prologue's. */
 int stream_emit(tctx *t, ir_node **nodes, int nn, const ir_value *loss);
+/* sbp_train_build with opt->memory_budget set: the plan that fits (stream: the largest chunks,
+ * by bisection over the layer chunk, then the logits chunk, among those not given). */
+sbp_train_program *stream_fit_budget(ir_graph *g, sbp_objective objective,
+                                     const sbp_train_options *opt);
 
 #endif

@@ -1123,6 +1123,8 @@ static sbp_train_program *oom(ir_graph *g)
 sbp_train_program *sbp_train_build(ir_graph *g, sbp_objective objective,
                                    const sbp_train_options *opt)
 {
+    if (opt && opt->memory_budget)
+        return stream_fit_budget(g, objective, opt);
     ir_graph_compact(g);
     if (g->n_outputs != 1) {
         ir_diag_error(g->diag, "the graph must end in one loss (run the objective pass)");

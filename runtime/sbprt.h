@@ -2,8 +2,8 @@
  * sbprt.h — the one public API of libsbprt, the runtime that code emitted by sbpc calls.
  *
  * Two backends implement exactly these functions: CPU (runtime/cpu/, OpenBLAS + OpenMP)
- * and, later, CUDA (cuBLAS + .cu kernels).  Everything here is fp32.  The API is shaped so
- * that both backends fit behind it:
+ * and CUDA (runtime/cuda/, cuBLAS + .cu kernels; see "CUDA notes" at the end for where it
+ * differs).  Everything here is fp32.  The API is shaped so that both backends fit behind it:
  *
  *   - Every function takes an opaque `sbprt_ctx *` first.  On the CPU it carries the thread
  *     count and a scratch buffer; on CUDA it will carry the stream and cuBLAS handle.  A
@@ -327,6 +327,50 @@ int sbprt_broadcast_forward(sbprt_ctx *ctx, float *out, const float *a, const fl
 int sbprt_broadcast_backward(sbprt_ctx *ctx, float *da, float *db, const float *dout,
                              const float *a, const float *b, int op, int rank, const int *dims,
                              const int *a_dims, const int *b_dims);
+
+/* ---- backend options ----------------------------------------------------------------
+ * Settings and diagnostics that only some backends act on; every backend accepts them. */
+
+/* enable != 0 lets GEMMs round their inputs to TF32 on tensor cores (CUDA: roughly 1e-3
+ * relative error instead of fp32's 1e-6, several times the speed).  Off by default.  Affects
+ * sbprt_gemm and sbprt_gemm_strided_batched only.  The CPU backend accepts and ignores it. */
+int sbprt_ctx_set_tf32(sbprt_ctx *ctx, int enable);
+
+/* A one-line description of the last failure on ctx (what failed, where, and for an
+ * allocation the bytes asked and the bytes free), or "" if there is none; valid until the
+ * next call on ctx.  With ctx == NULL: the last failed sbprt_ctx_create on this thread.  The
+ * CPU backend records nothing and always returns "". */
+const char *sbprt_ctx_last_error(const sbprt_ctx *ctx);
+
+/* ---- CUDA notes ----------------------------------------------------------------------
+ * The CUDA backend (library sbprt_cuda; sbprt_backend_name() == "cuda") differs from the
+ * CPU backend in these ways, and only these:
+ *
+ *   - Tensors, index tensors included, are device pointers; sbprt_arena_alloc is cudaMalloc
+ *     (256-byte aligned).  A context works on the device that was current when it was
+ *     created, through its own stream and cuBLAS handle; keep that device current.
+ *     sbprt_ctx_create's nthreads is only reported back by sbprt_ctx_nthreads.
+ *   - Kernels and device-to-device copies are queued on the context's stream and return
+ *     before they run.  Host<->device sbprt_memcpy waits for the stream, so its host buffer
+ *     may be used as soon as it returns.  sbprt_sync waits for everything queued.
+ *   - Index ranges (token ids, positions, labels) are checked on the device, since the
+ *     indices are in device memory: a call meeting an out-of-range index still returns
+ *     SBPRT_OK, skips the rows with bad indices (their outputs are left as they were, a bad
+ *     label's loss counts as 0) and raises a flag in the context; the next sbprt_sync
+ *     returns SBPRT_ERR_RANGE and clears it.  So check sbprt_sync's status after a step.
+ *     Other argument errors (SBPRT_ERR_INVALID) are found on the host, up front, as on the
+ *     CPU backend.
+ *   - Errors of the CUDA runtime or cuBLAS give SBPRT_ERR_BACKEND (SBPRT_ERR_NOMEM for a
+ *     failed allocation) and a diagnostic in sbprt_ctx_last_error.  A fault inside a kernel
+ *     shows up at a later call, at the latest at sbprt_sync.
+ *   - Attention supports head sizes d <= 256 (a larger d gives SBPRT_ERR_INVALID), and
+ *     b and hq (forward, pass 1) or hkv (dk/dv pass) up to 65535.
+ *   - Determinism: no kernel uses float atomics; every reduction has a fixed partition and
+ *     order, so results are bitwise identical run to run on one device (cuBLAS GEMMs
+ *     included, for a given GPU model and library version).  They are not bitwise equal to
+ *     the CPU backend's (different summation orders, FMA contraction, math library): the
+ *     kernels agree with their CPU twins to about 1e-6 relative (tests/gpu).  The embedding
+ *     backward adds rows in row order like the CPU twin and is bitwise equal to it. */
 
 #ifdef __cplusplus
 }

@@ -2,7 +2,7 @@
  *
  *   sbpc MODEL.onnx [--batch N] [--seq-len N] [--no-retie] [--dump-ir[=PASS]]
  *        [-o train_step.c|train_step.so] [--strategy stream|store|checkpoint]
- *        [--chunk N] [--logits-chunk N]
+ *        [--chunk N] [--logits-chunk N] [--memory-budget BYTES]
  *        [--objective sft|graph-loss] [--freeze REGEX]... [--report] [--memory-plot FILE.svg]
  *
  * Reads the model, runs the canonicalisation pipeline (passes/pipeline.c) and prints the IR or a
@@ -47,6 +47,10 @@ static void usage(FILE *f)
             "                     need not divide the sequence length)\n"
             "  --logits-chunk N   stream: token rows per chunk of the LM head and loss\n"
             "                     (default: automatic)\n"
+            "  --memory-budget B  the step's planned peak (parameters + gradients + workspace;\n"
+            "                     optimizer state not included) must fit in B bytes (suffix\n"
+            "                     K, M, G: powers of 1024); stream picks the largest chunks\n"
+            "                     that fit, else the error says the smallest budget that would\n"
             "  --objective O      sft (default: mean cross-entropy of the logits over labels\n"
             "                     != -100; a graph that ends in a loss keeps it) or graph-loss\n"
             "  --freeze REGEX     do not train parameters whose name matches (POSIX extended;\n"
@@ -85,6 +89,23 @@ static int parse_count(const char *flag, const char *s, int64_t *out)
         return -1;
     }
     *out = v;
+    return 0;
+}
+
+/* A byte count: decimal digits with an optional K, M or G suffix (powers of 1024). */
+static int parse_bytes(const char *flag, const char *s, size_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = s && *s >= '0' && *s <= '9' ? strtoull(s, &end, 10) : 0;
+    int shift = !end ? -1 : !*end ? 0 : !end[1] && (*end == 'K' || *end == 'k') ? 10
+                : !end[1] && *end == 'M' ? 20 : !end[1] && *end == 'G' ? 30 : -1;
+    if (errno || shift < 0 || v == 0 || v > (SIZE_MAX >> shift)) {
+        fprintf(stderr, "%s: error: %s: '%s' is not a byte count (e.g. 8G, 512M, 1048576)\n",
+                prog, flag, s ? s : "");
+        return -1;
+    }
+    *out = (size_t)v << shift;
     return 0;
 }
 
@@ -226,6 +247,9 @@ int main(int argc, char **argv)
                 return 1;
         } else if ((v = flag_value(argc, argv, &i, "--logits-chunk"))) {
             if (parse_count("--logits-chunk", v, &topt.logits_chunk))
+                return 1;
+        } else if ((v = flag_value(argc, argv, &i, "--memory-budget"))) {
+            if (parse_bytes("--memory-budget", v, &topt.memory_budget))
                 return 1;
         } else if ((v = flag_value(argc, argv, &i, "--objective"))) {
             if (strcmp(v, "sft") == 0) {

@@ -231,10 +231,10 @@ void emu_launch(const void *fn, dim3 grid, dim3 block, size_t smem,
                     for (unsigned ty = 0; ty < block.y; ty++)
                         for (unsigned tx = 0; tx < block.x; tx++, i++) {
                             Thread &t = b.th[i];
-                            t.ids.threadIdx = dim3(tx, ty, tz);
-                            t.ids.blockIdx = dim3(bx, by, bz);
-                            t.ids.blockDim = block;
-                            t.ids.gridDim = grid;
+                            t.ids.tid = dim3(tx, ty, tz);
+                            t.ids.bid = dim3(bx, by, bz);
+                            t.ids.bdim = block;
+                            t.ids.gdim = grid;
                             t.linear = i;
                         }
                 run_block(b, (int)nthreads);

@@ -151,13 +151,13 @@ struct dim3 {
 
 /* The indices of the emulated thread that is running. */
 struct emu_thread_ids {
-    dim3 threadIdx, blockIdx, blockDim, gridDim;
+    dim3 tid, bid, bdim, gdim;
 };
 extern emu_thread_ids *emu_ids;
-#define threadIdx (emu_ids->threadIdx)
-#define blockIdx (emu_ids->blockIdx)
-#define blockDim (emu_ids->blockDim)
-#define gridDim (emu_ids->gridDim)
+#define threadIdx (emu_ids->tid)
+#define blockIdx (emu_ids->bid)
+#define blockDim (emu_ids->bdim)
+#define gridDim (emu_ids->gdim)
 
 void __syncthreads(void);
 void __syncwarp(unsigned mask = 0xffffffffu);

@@ -1,0 +1,487 @@
+/*
+ * attention.cu — causal grouped-query attention over a chunk of query rows, forward and
+ * backward, in fp32, without a [t, tk] buffer anywhere (FlashAttention-2 structure; the CPU
+ * twin, cpu/attention.c, has the same tiling idea and the same two-pass backward).
+ *
+ * Tiles: ATT_BR = 32 query rows by ATT_BC = 32 keys, blocks of 8 warps.  Tiles live in shared
+ * memory with an odd row stride ld = d | 1, so a warp reading one column of 32 rows (lane =
+ * row) hits 32 different banks.  Supports d <= ATT_MAX_D (accumulators are registers).
+ *
+ * Forward: one block per (query tile, query head, batch).  Warp w owns rows 4w..4w+3 of the
+ * tile.  For each key tile up to the one holding the tile's last position (later tiles are
+ * fully masked and never loaded): lane j computes the scores of key j against the warp's four
+ * rows; per row, the warp's max and sum (shuffle butterflies) give the online-softmax update
+ * m, l and the rescale factor; the probabilities go to a per-warp shared buffer and each lane
+ * accumulates output columns lane, lane + 32, ... over the row's visible keys.  Output is
+ * acc / l, lse = m + log l.
+ *
+ * Backward, deterministic without atomics, in two passes like the CPU twin:
+ *   delta[b, h, i] = dout · out (one warp per row);
+ *   pass 1, one block per (query tile, query head, batch) as the forward: recompute
+ *     P = exp(scale q·k - lse), dS = P (dout·v - delta) and accumulate dq over the key tiles
+ *     in order;  dq += scale * acc;
+ *   pass 2, one block per (key tile, kv head, batch): warp w owns keys 4w..4w+3; loop over
+ *     the group's query heads and over the query tiles that can see the key tile (the ones at
+ *     or after the diagonal), lane i = query row: recompute P and dS, then accumulate
+ *     dv += Σ_i P dout_i and dk += Σ_i dS q_i in row order.  dk += scale * acc, dv += acc.
+ * Every output element is summed in an order fixed by the tiling alone.
+ */
+#include "cuda.h"
+
+#define ATT_BR 32 /* query rows per tile */
+#define ATT_BC 32 /* keys per tile (= lanes: lane j scores key j) */
+#define ATT_THREADS 256
+#define ATT_WARPS (ATT_THREADS / 32)
+#define ATT_RPW (ATT_BR / ATT_WARPS) /* query rows (forward, pass 1) or keys (pass 2) per warp */
+#define ATT_MAXU 8                   /* output columns per lane: lane + 32u, u < ATT_MAXU */
+#define ATT_MAX_D (32 * ATT_MAXU)
+#define ATT_DEFAULT_SMEM (48 * 1024) /* static + dynamic beyond it: the kernel must opt in */
+/* static shared memory of the kernels (the per-warp P / dS buffers), at most */
+#define ATT_STATIC_SMEM (2 * sizeof(float) * ATT_WARPS * ATT_RPW * ATT_BC)
+
+static_assert(ATT_RPW * ATT_WARPS == ATT_BR && ATT_BR == ATT_BC && ATT_BC == 32, "tile shape");
+
+/* Copies rows [0, n) of a tile (row stride `stride` in global memory, d columns) into shared
+ * memory with stride ld, zero-filling rows n..nrows-1. */
+__device__ __forceinline__ void att_load_tile(float *dst, const float *src, size_t stride, int n,
+                                              int nrows, int d, int ld)
+{
+    for (int e = threadIdx.x; e < nrows * d; e += blockDim.x) {
+        const int r = e / d, c = e - r * d;
+        dst[r * ld + c] = r < n ? src[r * stride + c] : 0.0f;
+    }
+}
+
+__global__ __launch_bounds__(ATT_THREADS) void att_forward_kernel(
+    float *out, float *lse, const float *q, const float *k, const float *v, int t, int tk, int hq,
+    int hkv, int d, int q_start, float scale)
+{
+    CU_SHARED_DYN(float, sm);
+    CU_SHARED(float, pbuf, ATT_WARPS * ATT_RPW * ATT_BC);
+    const int ld = d | 1;
+    float *qs = sm, *ks = qs + ATT_BR * ld, *vs = ks + ATT_BC * ld;
+    const int qt = blockIdx.x, h = blockIdx.y, bi = blockIdx.z;
+    const int g = h / (hq / hkv);
+    const int i0 = qt * ATT_BR, nr = t - i0 < ATT_BR ? t - i0 : ATT_BR;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float *pw = pbuf + w * ATT_RPW * ATT_BC;
+    const size_t q_row = (size_t)hq * d, kv_row = (size_t)hkv * d;
+
+    att_load_tile(qs, q + ((size_t)bi * t + i0) * q_row + (size_t)h * d, q_row, nr, ATT_BR, d, ld);
+
+    float m[ATT_RPW], l[ATT_RPW], acc[ATT_RPW][ATT_MAXU];
+#pragma unroll
+    for (int r = 0; r < ATT_RPW; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0;
+#pragma unroll
+        for (int u = 0; u < ATT_MAXU; u++)
+            acc[r][u] = 0;
+    }
+
+    const int kend = q_start + i0 + nr; /* keys [0, kend) are visible to some row of the tile */
+    for (int j0 = 0; j0 < kend; j0 += ATT_BC) {
+        const int nc = kend - j0 < ATT_BC ? kend - j0 : ATT_BC;
+        __syncthreads(); /* the previous tile is no longer read */
+        const size_t kv_off = ((size_t)bi * tk + j0) * kv_row + (size_t)g * d;
+        att_load_tile(ks, k + kv_off, kv_row, nc, ATT_BC, d, ld);
+        att_load_tile(vs, v + kv_off, kv_row, nc, ATT_BC, d, ld);
+
+        float s[ATT_RPW];
+#pragma unroll
+        for (int r = 0; r < ATT_RPW; r++)
+            s[r] = 0;
+        for (int c = 0; c < d; c++) {
+            const float kc = ks[lane * ld + c];
+#pragma unroll
+            for (int r = 0; r < ATT_RPW; r++)
+                s[r] += qs[(w * ATT_RPW + r) * ld + c] * kc;
+        }
+
+        int nj[ATT_RPW], njmax = 0;
+        float alpha[ATT_RPW];
+#pragma unroll
+        for (int r = 0; r < ATT_RPW; r++) {
+            const int row = w * ATT_RPW + r;
+            const int see = q_start + i0 + row + 1 - j0; /* keys of this tile the row sees */
+            nj[r] = row >= nr || see <= 0 ? 0 : see < nc ? see : nc;
+            float p = 0;
+            alpha[r] = 1;
+            if (nj[r] > 0) { /* warp-uniform */
+                const float sv = lane < nj[r] ? s[r] * scale : -INFINITY;
+                const float mnew = fmaxf(m[r], cu_warp_max(sv));
+                alpha[r] = expf(m[r] - mnew); /* 0 on the row's first tile (m = -inf) */
+                p = lane < nj[r] ? expf(sv - mnew) : 0.0f;
+                l[r] = l[r] * alpha[r] + cu_warp_sum(p);
+                m[r] = mnew;
+            }
+            pw[r * ATT_BC + lane] = p;
+            njmax = nj[r] > njmax ? nj[r] : njmax;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < ATT_RPW; r++)
+#pragma unroll
+            for (int u = 0; u < ATT_MAXU; u++)
+                acc[r][u] *= alpha[r];
+        for (int jj = 0; jj < njmax; jj++) {
+#pragma unroll
+            for (int u = 0; u < ATT_MAXU; u++) {
+                const int c = lane + 32 * u;
+                if (c < d) {
+                    const float vv = vs[jj * ld + c];
+#pragma unroll
+                    for (int r = 0; r < ATT_RPW; r++)
+                        if (jj < nj[r])
+                            acc[r][u] += pw[r * ATT_BC + jj] * vv;
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < ATT_RPW; r++) {
+        const int row = w * ATT_RPW + r;
+        if (row >= nr)
+            continue;
+        float *orow = out + ((size_t)bi * t + i0 + row) * q_row + (size_t)h * d;
+        const float inv = 1.0f / l[r];
+#pragma unroll
+        for (int u = 0; u < ATT_MAXU; u++) {
+            const int c = lane + 32 * u;
+            if (c < d)
+                orow[c] = acc[r][u] * inv;
+        }
+        if (lse && lane == 0)
+            lse[((size_t)bi * hq + h) * t + i0 + row] = m[r] + logf(l[r]);
+    }
+}
+
+/* delta[b, h, i] = dout[b, i, h, :] · out[b, i, h, :], one warp per (b, i, h). */
+__global__ void att_delta_kernel(float *delta, const float *dout, const float *out, int t, int hq,
+                                 int d, size_t nrows)
+{
+    const size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= nrows) /* whole warps */
+        return;
+    const float *a = dout + row * d, *b = out + row * d;
+    float s = 0;
+    for (int c = lane; c < d; c += 32)
+        s += a[c] * b[c];
+    s = cu_warp_sum(s);
+    if (lane == 0) {
+        const size_t h = row % hq, bi_i = row / hq; /* row = (bi * t + i) * hq + h */
+        const size_t bi = bi_i / t, i = bi_i % t;
+        delta[(bi * hq + h) * t + i] = s;
+    }
+}
+
+/* Pass 1: dq for one (query tile, query head, batch). */
+__global__ __launch_bounds__(ATT_THREADS) void att_dq_kernel(
+    float *dq, const float *dout, const float *q, const float *k, const float *v, const float *lse,
+    const float *delta, int t, int tk, int hq, int hkv, int d, int q_start, float scale)
+{
+    CU_SHARED_DYN(float, sm);
+    CU_SHARED(float, dsbuf, ATT_WARPS * ATT_RPW * ATT_BC);
+    const int ld = d | 1;
+    float *qs = sm, *dos = qs + ATT_BR * ld, *ks = dos + ATT_BR * ld, *vs = ks + ATT_BC * ld;
+    const int qt = blockIdx.x, h = blockIdx.y, bi = blockIdx.z;
+    const int g = h / (hq / hkv);
+    const int i0 = qt * ATT_BR, nr = t - i0 < ATT_BR ? t - i0 : ATT_BR;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float *dsw = dsbuf + w * ATT_RPW * ATT_BC;
+    const size_t q_row = (size_t)hq * d, kv_row = (size_t)hkv * d;
+    const size_t q_off = ((size_t)bi * t + i0) * q_row + (size_t)h * d;
+
+    att_load_tile(qs, q + q_off, q_row, nr, ATT_BR, d, ld);
+    att_load_tile(dos, dout + q_off, q_row, nr, ATT_BR, d, ld);
+
+    float lse_r[ATT_RPW], delta_r[ATT_RPW], acc[ATT_RPW][ATT_MAXU];
+#pragma unroll
+    for (int r = 0; r < ATT_RPW; r++) {
+        const int row = w * ATT_RPW + r;
+        const size_t srow = ((size_t)bi * hq + h) * t + i0 + row;
+        lse_r[r] = row < nr ? lse[srow] : 0.0f;
+        delta_r[r] = row < nr ? delta[srow] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < ATT_MAXU; u++)
+            acc[r][u] = 0;
+    }
+
+    const int kend = q_start + i0 + nr;
+    for (int j0 = 0; j0 < kend; j0 += ATT_BC) {
+        const int nc = kend - j0 < ATT_BC ? kend - j0 : ATT_BC;
+        __syncthreads();
+        const size_t kv_off = ((size_t)bi * tk + j0) * kv_row + (size_t)g * d;
+        att_load_tile(ks, k + kv_off, kv_row, nc, ATT_BC, d, ld);
+        att_load_tile(vs, v + kv_off, kv_row, nc, ATT_BC, d, ld);
+        __syncthreads();
+
+        float s[ATT_RPW], dp[ATT_RPW];
+#pragma unroll
+        for (int r = 0; r < ATT_RPW; r++)
+            s[r] = dp[r] = 0;
+        for (int c = 0; c < d; c++) {
+            const float kc = ks[lane * ld + c], vc = vs[lane * ld + c];
+#pragma unroll
+            for (int r = 0; r < ATT_RPW; r++) {
+                s[r] += qs[(w * ATT_RPW + r) * ld + c] * kc;
+                dp[r] += dos[(w * ATT_RPW + r) * ld + c] * vc;
+            }
+        }
+
+        int nj[ATT_RPW], njmax = 0;
+#pragma unroll
+        for (int r = 0; r < ATT_RPW; r++) {
+            const int row = w * ATT_RPW + r;
+            const int see = q_start + i0 + row + 1 - j0;
+            nj[r] = row >= nr || see <= 0 ? 0 : see < nc ? see : nc;
+            float ds = 0;
+            if (lane < nj[r]) {
+                const float p = expf(s[r] * scale - lse_r[r]);
+                ds = p * (dp[r] - delta_r[r]);
+            }
+            dsw[r * ATT_BC + lane] = ds;
+            njmax = nj[r] > njmax ? nj[r] : njmax;
+        }
+        __syncwarp();
+        for (int jj = 0; jj < njmax; jj++) {
+#pragma unroll
+            for (int u = 0; u < ATT_MAXU; u++) {
+                const int c = lane + 32 * u;
+                if (c < d) {
+                    const float kv = ks[jj * ld + c];
+#pragma unroll
+                    for (int r = 0; r < ATT_RPW; r++)
+                        if (jj < nj[r])
+                            acc[r][u] += dsw[r * ATT_BC + jj] * kv;
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < ATT_RPW; r++) {
+        const int row = w * ATT_RPW + r;
+        if (row >= nr)
+            continue;
+        float *dqrow = dq + ((size_t)bi * t + i0 + row) * q_row + (size_t)h * d;
+#pragma unroll
+        for (int u = 0; u < ATT_MAXU; u++) {
+            const int c = lane + 32 * u;
+            if (c < d)
+                dqrow[c] += scale * acc[r][u];
+        }
+    }
+}
+
+/* Pass 2: dk, dv for one (key tile, kv head, batch) over every query row that sees it. */
+__global__ __launch_bounds__(ATT_THREADS) void att_dkdv_kernel(
+    float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v,
+    const float *lse, const float *delta, int t, int tk, int hq, int hkv, int d, int q_start,
+    float scale)
+{
+    CU_SHARED_DYN(float, sm);
+    CU_SHARED(float, pbuf, ATT_WARPS * ATT_RPW * ATT_BR);
+    CU_SHARED(float, dsbuf, ATT_WARPS * ATT_RPW * ATT_BR);
+    const int ld = d | 1;
+    float *ks = sm, *vs = ks + ATT_BC * ld, *qs = vs + ATT_BC * ld, *dos = qs + ATT_BR * ld;
+    const int kt = blockIdx.x, g = blockIdx.y, bi = blockIdx.z;
+    const int group = hq / hkv;
+    const int kend = q_start + t; /* keys the chunk reads */
+    const int j0 = kt * ATT_BC, nc = kend - j0 < ATT_BC ? kend - j0 : ATT_BC;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float *pw = pbuf + w * ATT_RPW * ATT_BR, *dsw = dsbuf + w * ATT_RPW * ATT_BR;
+    const size_t q_row = (size_t)hq * d, kv_row = (size_t)hkv * d;
+    const size_t kv_off = ((size_t)bi * tk + j0) * kv_row + (size_t)g * d;
+
+    att_load_tile(ks, k + kv_off, kv_row, nc, ATT_BC, d, ld);
+    att_load_tile(vs, v + kv_off, kv_row, nc, ATT_BC, d, ld);
+
+    float acck[ATT_RPW][ATT_MAXU], accv[ATT_RPW][ATT_MAXU];
+#pragma unroll
+    for (int kk = 0; kk < ATT_RPW; kk++)
+#pragma unroll
+        for (int u = 0; u < ATT_MAXU; u++)
+            acck[kk][u] = accv[kk][u] = 0;
+
+    /* Query rows before ifirst sit before the tile's first key: they see none of it. */
+    const int ifirst = j0 - q_start > 0 ? j0 - q_start : 0;
+    for (int hh = 0; hh < group; hh++) {
+        const int h = g * group + hh;
+        for (int i0 = ifirst / ATT_BR * ATT_BR; i0 < t; i0 += ATT_BR) {
+            const int nr = t - i0 < ATT_BR ? t - i0 : ATT_BR;
+            __syncthreads(); /* the previous query tile is no longer read */
+            const size_t q_off = ((size_t)bi * t + i0) * q_row + (size_t)h * d;
+            att_load_tile(qs, q + q_off, q_row, nr, ATT_BR, d, ld);
+            att_load_tile(dos, dout + q_off, q_row, nr, ATT_BR, d, ld);
+            __syncthreads();
+
+            /* lane = query row i0 + lane; the warp's keys j0 + 4w + kk */
+            float s[ATT_RPW], dp[ATT_RPW];
+#pragma unroll
+            for (int kk = 0; kk < ATT_RPW; kk++)
+                s[kk] = dp[kk] = 0;
+            for (int c = 0; c < d; c++) {
+                const float qc = qs[lane * ld + c], oc = dos[lane * ld + c];
+#pragma unroll
+                for (int kk = 0; kk < ATT_RPW; kk++) {
+                    s[kk] += qc * ks[(w * ATT_RPW + kk) * ld + c];
+                    dp[kk] += oc * vs[(w * ATT_RPW + kk) * ld + c];
+                }
+            }
+            float lse_i = 0, delta_i = 0;
+            if (lane < nr) {
+                const size_t srow = ((size_t)bi * hq + h) * t + i0 + lane;
+                lse_i = lse[srow];
+                delta_i = delta[srow];
+            }
+            int ilo[ATT_RPW], ilo_min = nr;
+#pragma unroll
+            for (int kk = 0; kk < ATT_RPW; kk++) {
+                const int jj = w * ATT_RPW + kk;
+                /* rows i >= key - q_start see the key: a suffix of the tile */
+                const int first = j0 + jj - q_start - i0;
+                ilo[kk] = jj >= nc ? nr : first > 0 ? (first < nr ? first : nr) : 0;
+                float p = 0, ds = 0;
+                if (lane >= ilo[kk] && lane < nr) {
+                    p = expf(s[kk] * scale - lse_i);
+                    ds = p * (dp[kk] - delta_i);
+                }
+                pw[kk * ATT_BR + lane] = p;
+                dsw[kk * ATT_BR + lane] = ds;
+                ilo_min = ilo[kk] < ilo_min ? ilo[kk] : ilo_min;
+            }
+            __syncwarp();
+            for (int ii = ilo_min; ii < nr; ii++) {
+#pragma unroll
+                for (int u = 0; u < ATT_MAXU; u++) {
+                    const int c = lane + 32 * u;
+                    if (c < d) {
+                        const float ov = dos[ii * ld + c], qv = qs[ii * ld + c];
+#pragma unroll
+                        for (int kk = 0; kk < ATT_RPW; kk++)
+                            if (ii >= ilo[kk]) {
+                                accv[kk][u] += pw[kk * ATT_BR + ii] * ov;
+                                acck[kk][u] += dsw[kk * ATT_BR + ii] * qv;
+                            }
+                    }
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int kk = 0; kk < ATT_RPW; kk++) {
+        const int jj = w * ATT_RPW + kk;
+        if (jj >= nc)
+            continue;
+        const size_t off = ((size_t)bi * tk + j0 + jj) * kv_row + (size_t)g * d;
+#pragma unroll
+        for (int u = 0; u < ATT_MAXU; u++) {
+            const int c = lane + 32 * u;
+            if (c < d) {
+                dk[off + c] += scale * acck[kk][u];
+                dv[off + c] += accv[kk][u];
+            }
+        }
+    }
+}
+
+/* ---- host side ------------------------------------------------------------------------ */
+
+static int att_check(const float *q, const float *k, const float *v, int b, int t, int tk, int hq,
+                     int hkv, int d, int q_start)
+{
+    if (b < 0 || t < 0 || tk < 0 || hq < 0 || hkv <= 0 || d <= 0 || q_start < 0)
+        return SBPRT_ERR_INVALID;
+    if (hq % hkv != 0 || (int64_t)q_start + t > tk)
+        return SBPRT_ERR_INVALID;
+    if (b > 0 && t > 0 && hq > 0 && (!q || !k || !v))
+        return SBPRT_ERR_INVALID;
+    return SBPRT_OK;
+}
+
+/* Limits of this implementation beyond the API's: head size, grid extents, shared memory. */
+static int att_fits(sbprt_ctx *ctx, int b, int hq, int d, size_t smem)
+{
+    if (d > ATT_MAX_D)
+        return cu_error(ctx, SBPRT_ERR_INVALID,
+                        "attention: head size d = %d exceeds the CUDA backend's limit of %d", d,
+                        ATT_MAX_D);
+    if (b > 65535 || hq > 65535)
+        return cu_error(ctx, SBPRT_ERR_INVALID,
+                        "attention: b = %d or hq = %d exceeds the grid limit 65535", b, hq);
+    if (smem + ATT_STATIC_SMEM > (size_t)ctx->smem_optin)
+        return cu_error(ctx, SBPRT_ERR_INVALID,
+                        "attention: d = %d needs %zu bytes of shared memory, the device allows %d",
+                        d, smem + ATT_STATIC_SMEM, ctx->smem_optin);
+    return SBPRT_OK;
+}
+
+/* Raises a kernel's dynamic shared memory limit when it needs more than the default. */
+static int att_optin(sbprt_ctx *ctx, const void *kernel, size_t smem)
+{
+    if (smem + ATT_STATIC_SMEM > ATT_DEFAULT_SMEM)
+        CU_TRY(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem));
+    return SBPRT_OK;
+}
+
+extern "C" int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
+                                       const float *k, const float *v, int b, int t, int tk,
+                                       int hq, int hkv, int d, int q_start, float scale)
+{
+    CU_CHECK(ctx);
+    CU_STATUS(att_check(q, k, v, b, t, tk, hq, hkv, d, q_start));
+    if (b == 0 || t == 0 || hq == 0)
+        return SBPRT_OK;
+    CU_CHECK(out);
+    const size_t smem = (size_t)(ATT_BR + 2 * ATT_BC) * (d | 1) * sizeof(float);
+    CU_STATUS(att_fits(ctx, b, hq, d, smem));
+    CU_STATUS(att_optin(ctx, (const void *)&att_forward_kernel, smem));
+    const dim3 grid((t + ATT_BR - 1) / ATT_BR, hq, b);
+    CU_LAUNCH(ctx, att_forward_kernel, grid, ATT_THREADS, smem, out, lse, q, k, v, t, tk, hq, hkv,
+              d, q_start, scale);
+    return SBPRT_OK;
+}
+
+extern "C" int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
+                                        const float *dout, const float *q, const float *k,
+                                        const float *v, const float *out, const float *lse, int b,
+                                        int t, int tk, int hq, int hkv, int d, int q_start,
+                                        float scale)
+{
+    CU_CHECK(ctx);
+    CU_STATUS(att_check(q, k, v, b, t, tk, hq, hkv, d, q_start));
+    CU_CHECK((dk == NULL) == (dv == NULL));
+    if (b == 0 || t == 0 || hq == 0 || (!dq && !dk))
+        return SBPRT_OK;
+    CU_CHECK(dout && out && lse);
+    const size_t smem = (size_t)(2 * ATT_BR + 2 * ATT_BC) * (d | 1) * sizeof(float);
+    CU_STATUS(att_fits(ctx, b, hq, d, smem));
+
+    const size_t nrows = (size_t)b * t * hq;
+    float *delta; /* [b, hq, t] */
+    CU_STATUS(cu_scratch(ctx, nrows * sizeof(float), (void **)&delta));
+    const size_t rows_per_block = ATT_THREADS / 32;
+    const size_t dblocks = (nrows + rows_per_block - 1) / rows_per_block;
+    CU_CHECK(dblocks <= 0x7fffffffu);
+    CU_LAUNCH(ctx, att_delta_kernel, (unsigned)dblocks, ATT_THREADS, 0, delta, dout, out, t, hq, d,
+              nrows);
+
+    if (dq) {
+        CU_STATUS(att_optin(ctx, (const void *)&att_dq_kernel, smem));
+        const dim3 grid((t + ATT_BR - 1) / ATT_BR, hq, b);
+        CU_LAUNCH(ctx, att_dq_kernel, grid, ATT_THREADS, smem, dq, dout, q, k, v, lse, delta, t, tk,
+                  hq, hkv, d, q_start, scale);
+    }
+    if (dk) {
+        CU_STATUS(att_optin(ctx, (const void *)&att_dkdv_kernel, smem));
+        const dim3 grid((q_start + t + ATT_BC - 1) / ATT_BC, hkv, b);
+        CU_LAUNCH(ctx, att_dkdv_kernel, grid, ATT_THREADS, smem, dk, dv, dout, q, k, v, lse, delta,
+                  t, tk, hq, hkv, d, q_start, scale);
+    }
+    return SBPRT_OK;
+}

@@ -1,0 +1,785 @@
+/* test_stream.c — the stream strategy (StreamBP) end to end.
+ *
+ * For each fixture family (GPT-2, Llama, Qwen3 exported with symbolic dims and bound to B=2,
+ * T=64; Llama with its loss in the graph; GPT-2 without constant folding, whose tied LM head
+ * reads a Transpose of the embedding) the model is compiled with `store` once and with `stream`
+ * at every layer chunk in {64, 17, 5, 1} and logits chunk in {64, 13, 1} (17, 5 and 13 do not
+ * divide the rows; 1 is a token at a time), through C into a shared object. One step on the
+ * reference batch must give the loss and every gradient of `store` (relative error per tensor
+ * <= 1e-5) and of the float64 PyTorch reference (<= 1e-4; loss <= 1e-5).
+ *
+ * Also: B = 1; label masks that leave whole chunks (of the layers and of the head) without a
+ * scored position, and a batch with none at all; the plan holds no buffer of B*T*V or B*H*T^2
+ * elements, runs K/V once per layer outside the chunk loops and attention inside them with the
+ * chunk's start as q_start; the verifier accepts every built program and rejects loops that
+ * miss or repeat rows or slices past a buffer; a graph that mixes sequence positions is refused
+ * by stream with a diagnostic naming the node, and built by checkpoint.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "codegen.h"
+#include "ir.h"
+#include "passes.h"
+#include "sbp_step.h"
+#include "sbpio.h"
+#include "sbprt.h"
+#include "train.h"
+
+#define B 2
+#define T 64
+#define REF_GRAD_TOL 1e-4
+#define REF_LOSS_TOL 1e-5
+#define STORE_TOL 1e-5
+
+static sbprt_ctx *ctx;
+
+static const int64_t layer_chunks[] = {64, 17, 5, 1};
+static const int64_t logits_chunks[] = {64, 13, 1};
+
+/* ------------------------------------------------------------------ compiling */
+
+typedef struct step {
+    ir_diag diag;
+    ir_graph *g;
+    sbp_train_program *p;
+    void *lib;
+    const sbp_step_info *info;
+    int (*run)(sbprt_ctx *, const sbp_step_args *);
+} step;
+
+static const char *fixture(const char *name)
+{
+    static char buf[4][1024];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", SBP_FIXTURES_DIR, name);
+    return buf[k];
+}
+
+static void print_diag(const ir_diag *d)
+{
+    for (int i = 0; i < d->n; i++)
+        if (d->entries[i].sev == IR_SEV_ERROR)
+            print_message("  %s: %s\n", d->entries[i].node ? d->entries[i].node : "",
+                          d->entries[i].msg);
+}
+
+static ir_graph *front(const char *model, int64_t b, int64_t t, ir_diag *d,
+                       sbp_objective *chosen)
+{
+    ir_diag_init(d, model);
+    ir_graph *g = ir_import_onnx(fixture(model), d, NULL);
+    assert_non_null(g);
+    sbp_pass_options po = {.batch = b, .seq_len = t, .verify = true};
+    assert_int_equal(sbp_canonicalize(g, &po, NULL), IR_OK);
+    assert_int_equal(sbp_pass_objective(g, SBP_OBJECTIVE_SFT, chosen), IR_OK);
+    return g;
+}
+
+/* The program only (no C). */
+static void build(step *s, const char *model, int64_t b, int64_t t, const sbp_train_options *o)
+{
+    memset(s, 0, sizeof *s);
+    sbp_objective chosen;
+    s->g = front(model, b, t, &s->diag, &chosen);
+    s->p = sbp_train_build(s->g, chosen, o);
+    if (!s->p)
+        print_diag(&s->diag);
+    assert_non_null(s->p);
+}
+
+static void compile_step(step *s, const char *model, int64_t b, int64_t t,
+                         const sbp_train_options *o, const char *tag)
+{
+    build(s, model, b, t, o);
+    char so[1024];
+    snprintf(so, sizeof so, "%s/%s.so", SBP_E2E_OUT, tag);
+    if (sbp_codegen_write(s->p, so, model, "-Werror", &s->diag) != IR_OK)
+        print_diag(&s->diag);
+    assert_int_equal(s->diag.n_errors, 0);
+    s->lib = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    if (!s->lib)
+        print_message("dlopen: %s\n", dlerror());
+    assert_non_null(s->lib);
+    const sbp_step_info *(*get_info)(void);
+    *(void **)&get_info = dlsym(s->lib, "sbp_step_get_info");
+    *(void **)&s->run = dlsym(s->lib, "sbp_step_run");
+    assert_true(get_info && s->run);
+    s->info = get_info();
+    assert_string_equal(s->info->strategy, sbp_strategy_name(o->strategy));
+}
+
+static void free_step(step *s)
+{
+    if (s->lib)
+        dlclose(s->lib);
+    ir_graph_free(s->g);
+    ir_diag_free(&s->diag);
+}
+
+static float *param_block(const step *s)
+{
+    float *p = calloc(s->info->param_elems + 1, sizeof *p);
+    assert_non_null(p);
+    for (int i = 0; i < s->info->n_params; i++) {
+        const sbp_step_param *q = &s->info->params[i];
+        if (q->tied_to >= 0)
+            continue;
+        const ir_value *v = ir_value_find(s->g, q->name);
+        assert_non_null(v);
+        memcpy(p + q->offset, v->data, v->nbytes);
+    }
+    return p;
+}
+
+typedef struct batch {
+    int64_t b, t;
+    int32_t ids[B * T], labels[B * T];
+} batch;
+
+static void load_batch(const char *family, batch *bt)
+{
+    const char *what[2] = {"input_ids", "labels"};
+    int32_t *dst[2] = {bt->ids, bt->labels};
+    bt->b = B;
+    bt->t = T;
+    for (int k = 0; k < 2; k++) {
+        char path[1024], err[256];
+        snprintf(path, sizeof path, "%s/ref/%s_%s.npy", SBP_FIXTURES_DIR, family, what[k]);
+        sbpio_array a;
+        if (sbpio_npy_read_i32(path, &a, err, sizeof err) != 0)
+            print_message("%s\n", err);
+        assert_int_equal(a.numel, B * T);
+        memcpy(dst[k], a.data, sizeof(int32_t) * B * T);
+        sbpio_array_free(&a);
+    }
+}
+
+/* One step; returns the loss; grads gets param_elems floats (overwritten). */
+static double run_step(const step *s, const float *params, float *grads, const batch *bt)
+{
+    size_t wsb = s->info->workspace_bytes;
+    void *ws = aligned_alloc(SBPRT_ALIGN, (wsb + SBPRT_ALIGN - 1) / SBPRT_ALIGN * SBPRT_ALIGN);
+    assert_non_null(ws);
+    memset(ws, 0xff, wsb); /* garbage: the step must not rely on zeroed memory */
+    for (size_t i = 0; i < s->info->param_elems; i++)
+        grads[i] = NAN;
+    double loss = NAN;
+    sbp_step_args a = {.params = params, .grads = grads, .input_ids = bt->ids,
+                       .labels = bt->labels, .workspace = ws, .loss = &loss};
+    int rc = s->run(ctx, &a);
+    if (rc)
+        print_message("sbp_step_run: %s\n", sbprt_status_string(rc));
+    assert_int_equal(rc, SBPRT_OK);
+    free(ws);
+    return loss;
+}
+
+/* ------------------------------------------------------------------ comparisons */
+
+/* Parameter i's gradient in its own layout (a tied copy's is its owner's, transposed). */
+static void grad_of(const step *s, const float *grads, int i, double *out)
+{
+    const sbp_step_param *q = &s->info->params[i];
+    if (q->tied_to < 0) {
+        for (size_t k = 0; k < q->numel; k++)
+            out[k] = grads[q->offset + k];
+        return;
+    }
+    const sbp_step_param *o = &s->info->params[q->tied_to];
+    int64_t m = o->dims[0], n = o->dims[1];
+    for (int64_t a = 0; a < n; a++)
+        for (int64_t b = 0; b < m; b++)
+            out[a * m + b] = grads[o->offset + (size_t)(b * n + a)];
+}
+
+static double rel_err(const double *got, const double *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t k = 0; k < n; k++) {
+        num += (got[k] - ref[k]) * (got[k] - ref[k]);
+        den += ref[k] * ref[k];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Max over parameters of the per-tensor relative difference of two steps' gradients (same
+ * model, so the same parameter table). */
+static double max_rel_vs(const step *a, const float *ga, const step *b, const float *gb)
+{
+    assert_int_equal(a->info->n_params, b->info->n_params);
+    double worst = 0;
+    for (int i = 0; i < a->info->n_params; i++) {
+        const sbp_step_param *q = &a->info->params[i];
+        assert_string_equal(q->name, b->info->params[i].name);
+        double *x = malloc(q->numel * sizeof *x), *y = malloc(q->numel * sizeof *y);
+        assert_true(x && y);
+        grad_of(a, ga, i, x);
+        grad_of(b, gb, i, y);
+        double r = rel_err(x, y, q->numel);
+        if (!(r <= STORE_TOL))
+            print_message("    %s: rel difference %.3e\n", q->name, r);
+        worst = r > worst ? r : worst;
+        free(x);
+        free(y);
+    }
+    return worst;
+}
+
+typedef struct reference {
+    ir_diag diag;
+    ir_graph *g;
+    sbpio_st_file *st;
+    double loss;
+    batch bt;
+} reference;
+
+static void load_reference(reference *r, const char *family)
+{
+    char path[1024], err[256];
+    snprintf(path, sizeof path, "%s_op17_static.onnx", family);
+    ir_diag_init(&r->diag, path);
+    r->g = ir_import_onnx(fixture(path), &r->diag, NULL);
+    assert_non_null(r->g);
+    snprintf(path, sizeof path, "%s/ref/%s_grads.safetensors", SBP_FIXTURES_DIR, family);
+    if (sbpio_st_open(path, &r->st, err, sizeof err) != 0)
+        print_message("%s\n", err);
+    assert_non_null(r->st);
+    const char *l = sbpio_st_meta(r->st, "loss");
+    assert_non_null(l);
+    r->loss = strtod(l, NULL);
+    load_batch(family, &r->bt);
+}
+
+static void free_reference(reference *r)
+{
+    sbpio_st_close(r->st);
+    ir_graph_free(r->g);
+    ir_diag_free(&r->diag);
+}
+
+/* The reference gradient of a parameter: the static model's initializer with the same bytes. */
+static bool ref_grad(const reference *r, const ir_value *v, double *out)
+{
+    for (int i = 0; i < r->g->n_values; i++) {
+        const ir_value *w = r->g->values[i];
+        if (w->kind != IR_VAL_PARAM || w->nbytes != v->nbytes || w->rank != v->rank ||
+            memcmp(w->data, v->data, v->nbytes) != 0)
+            continue;
+        char err[256];
+        if (sbpio_st_copy_f64(r->st, w->name, out, ir_value_numel(v), err, sizeof err) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Max per-tensor relative error against PyTorch (every parameter with a reference). */
+static double max_rel_vs_ref(const step *s, const float *grads, const reference *r)
+{
+    double worst = 0;
+    for (int i = 0; i < s->info->n_params; i++) {
+        const sbp_step_param *q = &s->info->params[i];
+        const ir_value *v = ir_value_find(s->g, q->name);
+        assert_non_null(v);
+        double *ref = malloc(q->numel * sizeof *ref), *got = malloc(q->numel * sizeof *got);
+        assert_true(ref && got);
+        if (ref_grad(r, v, ref)) {
+            grad_of(s, grads, i, got);
+            double e = rel_err(got, ref, q->numel);
+            if (!(e <= REF_GRAD_TOL))
+                print_message("    %s: rel err vs PyTorch %.3e\n", q->name, e);
+            worst = e > worst ? e : worst;
+        }
+        free(ref);
+        free(got);
+    }
+    return worst;
+}
+
+/* ------------------------------------------------------------------ plan properties */
+
+/* No workspace buffer of B*T*V or B*H*T^2 elements (heads: the widest attention), and the
+ * structure: attention only inside chunk loops with q_start = t0; the nodes that run before the
+ * loops (the K/V path) never inside one; each layer's K/V projection once per block. */
+static void check_plan(const sbp_train_program *p)
+{
+    const ir_graph *g = p->g;
+    int64_t heads = 1;
+    for (int k = 0; k < g->n_nodes; k++)
+        if (g->nodes[k]->op == IR_OP_ATTENTION && g->nodes[k]->in[0]->dims[1].value > heads)
+            heads = g->nodes[k]->in[0]->dims[1].value;
+    size_t btv = (size_t)(p->batch * p->seq_len * p->vocab);
+    size_t bht2 = (size_t)(p->batch * heads * p->seq_len * p->seq_len);
+    for (int i = 0; i < p->n_bufs; i++) {
+        const tp_buf *b = p->bufs[i];
+        if (b->kind != TP_BUF_WS || b->span)
+            continue;
+        if (b->numel >= btv || b->numel >= bht2)
+            print_message("  buffer %s has %zu elements (B*T*V = %zu, B*H*T^2 = %zu)\n",
+                          b->name, b->numel, btv, bht2);
+        assert_true(b->numel < btv && b->numel < bht2);
+    }
+    int n_attn_calls = 0;
+    for (int bi = 0; bi < p->n_blocks; bi++) {
+        const tp_block *blk = p->blocks[bi];
+        int li = 0;
+        for (int i = 0; i < blk->n_insts; i++) {
+            const tp_inst *in = &blk->insts[i];
+            while (li < blk->n_loops && blk->loops[li].end <= i)
+                li++;
+            bool in_loop = li < blk->n_loops && blk->loops[li].first <= i;
+            int k = -1;
+            for (int j = 0; in->node && j < g->n_nodes; j++)
+                if (g->nodes[j] == in->node)
+                    k = j;
+            if (in->k == TP_K_ATTENTION_FWD || in->k == TP_K_ATTENTION_BWD) {
+                assert_true(in_loop);
+                assert_int_equal(in->arg[6].kind, TP_ARG_T0);
+                n_attn_calls++;
+            }
+            if (k >= 0 && p->pre_loop[k])
+                assert_false(in_loop);
+        }
+    }
+    assert_true(n_attn_calls > 0);
+}
+
+/* ------------------------------------------------------------------ the family tests */
+
+typedef struct family_case {
+    const char *model;
+    const char *family;
+    int64_t b, t;        /* bindings (0: static) */
+} family_case;
+
+static const family_case cases[] = {
+    {"gpt2_op17_dyn.onnx", "gpt2", B, T},
+    {"llama_op17_dyn.onnx", "llama", B, T},
+    {"qwen3_op17_dyn.onnx", "qwen3", B, T},
+    {"llama_op17_loss.onnx", "llama", 0, 0},
+    {"gpt2_op17_dyn_nofold.onnx", "gpt2", B, T},
+};
+
+static void tag_of(char *tag, size_t n, const char *model, const char *what)
+{
+    snprintf(tag, n, "stream_%s_%s", model, what);
+    char *dot = strstr(tag, ".onnx");
+    if (dot)
+        memmove(dot, dot + 5, strlen(dot + 5) + 1);
+}
+
+static void run_family(const family_case *fc)
+{
+    reference r;
+    load_reference(&r, fc->family);
+    char tag[256];
+    tag_of(tag, sizeof tag, fc->model, "store");
+    step st;
+    sbp_train_options so = {.strategy = SBP_STRATEGY_STORE};
+    compile_step(&st, fc->model, fc->b, fc->t, &so, tag);
+    float *params = param_block(&st), *gstore = malloc(st.info->param_elems * sizeof(float));
+    double lstore = run_step(&st, params, gstore, &r.bt);
+    double worst_store = 0, worst_ref = 0, worst_loss = 0;
+    for (size_t ci = 0; ci < sizeof layer_chunks / sizeof layer_chunks[0]; ci++) {
+        for (size_t li = 0; li < sizeof logits_chunks / sizeof logits_chunks[0]; li++) {
+            sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM,
+                                   .chunk = layer_chunks[ci],
+                                   .logits_chunk = logits_chunks[li]};
+            char what[64];
+            snprintf(what, sizeof what, "c%lld_l%lld", (long long)o.chunk,
+                     (long long)o.logits_chunk);
+            tag_of(tag, sizeof tag, fc->model, what);
+            step s;
+            compile_step(&s, fc->model, fc->b, fc->t, &o, tag);
+            assert_int_equal(s.p->chunk, o.chunk);
+            assert_int_equal(s.p->logits_chunk, o.logits_chunk);
+            assert_int_equal(sbp_train_verify(s.p, &s.diag), IR_OK);
+            check_plan(s.p);
+            float *g = malloc(s.info->param_elems * sizeof(float));
+            double l = run_step(&s, params, g, &r.bt);
+            double e_store = max_rel_vs(&s, g, &st, gstore);
+            double e_ref = max_rel_vs_ref(&s, g, &r);
+            double e_loss = fabs(l - r.loss) / fabs(r.loss);
+            double e_lstore = fabs(l - lstore) / fabs(lstore);
+            print_message("  %-40s loss %.9f (store %.2e, ref %.2e)  grads: vs store %.2e, "
+                          "vs PyTorch %.2e; workspace %zu\n",
+                          tag, l, e_lstore, e_loss, e_store, e_ref, s.info->workspace_bytes);
+            assert_true(e_lstore <= STORE_TOL);
+            assert_true(e_loss <= REF_LOSS_TOL);
+            assert_true(e_store <= STORE_TOL);
+            assert_true(e_ref <= REF_GRAD_TOL);
+            worst_store = e_store > worst_store ? e_store : worst_store;
+            worst_ref = e_ref > worst_ref ? e_ref : worst_ref;
+            worst_loss = e_loss > worst_loss ? e_loss : worst_loss;
+            free(g);
+            free_step(&s);
+        }
+    }
+    print_message("  %s: max rel err over the chunkings: gradients vs store %.2e, vs PyTorch "
+                  "%.2e; loss vs PyTorch %.2e (store: workspace %zu bytes)\n",
+                  fc->model, worst_store, worst_ref, worst_loss, st.info->workspace_bytes);
+    free(params);
+    free(gstore);
+    free_step(&st);
+    free_reference(&r);
+}
+
+static void test_gpt2(void **state) { (void)state; run_family(&cases[0]); }
+static void test_llama(void **state) { (void)state; run_family(&cases[1]); }
+static void test_qwen3(void **state) { (void)state; run_family(&cases[2]); }
+static void test_llama_graph_loss(void **state) { (void)state; run_family(&cases[3]); }
+static void test_gpt2_nofold(void **state) { (void)state; run_family(&cases[4]); }
+
+/* ------------------------------------------------------------------ batches */
+
+/* stream against store on a batch of the given model (store compiled once). */
+static void stream_vs_store(const char *model, int64_t b, const batch *bt, const char *name,
+                            const int64_t (*chunks)[2], int n_chunks)
+{
+    char tag[256];
+    step st;
+    sbp_train_options so = {.strategy = SBP_STRATEGY_STORE};
+    snprintf(tag, sizeof tag, "stream_%s_store", name);
+    compile_step(&st, model, b, T, &so, tag);
+    float *params = param_block(&st), *gstore = malloc(st.info->param_elems * sizeof(float));
+    double lstore = run_step(&st, params, gstore, bt);
+    for (int i = 0; i < n_chunks; i++) {
+        sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM, .chunk = chunks[i][0],
+                               .logits_chunk = chunks[i][1]};
+        snprintf(tag, sizeof tag, "stream_%s_c%lld_l%lld", name, (long long)o.chunk,
+                 (long long)o.logits_chunk);
+        step s;
+        compile_step(&s, model, b, T, &o, tag);
+        float *g = malloc(s.info->param_elems * sizeof(float));
+        double l = run_step(&s, params, g, bt);
+        double e = max_rel_vs(&s, g, &st, gstore);
+        double el = lstore != 0 ? fabs(l - lstore) / fabs(lstore) : fabs(l);
+        print_message("  %-40s loss %.9f (store %.9f, rel %.2e), grads vs store %.2e\n", tag,
+                      l, lstore, el, e);
+        assert_true(el <= STORE_TOL);
+        assert_true(e <= STORE_TOL);
+        free(g);
+        free_step(&s);
+    }
+    free(params);
+    free(gstore);
+    free_step(&st);
+}
+
+/* B = 1: chunks are one sequence's rows; the head's rows are that sequence. */
+static void test_batch1(void **state)
+{
+    (void)state;
+    batch full, one;
+    load_batch("llama", &full);
+    one.b = 1;
+    one.t = T;
+    memcpy(one.ids, full.ids, sizeof(int32_t) * T);
+    memcpy(one.labels, full.labels, sizeof(int32_t) * T);
+    const int64_t chunks[][2] = {{64, 64}, {17, 13}, {5, 1}, {1, 64}};
+    stream_vs_store("llama_op17_dyn.onnx", 1, &one, "llama_b1", chunks, 4);
+    load_batch("gpt2", &full);
+    memcpy(one.ids, full.ids, sizeof(int32_t) * T);
+    memcpy(one.labels, full.labels, sizeof(int32_t) * T);
+    stream_vs_store("gpt2_op17_dyn.onnx", 1, &one, "gpt2_b1", chunks, 2);
+}
+
+/* Label masks: whole layer chunks (5 rows) and whole head chunks (13 rows) with no scored
+ * position — sequence 0 rows 0..14 and sequence 1 rows 30..63 (the head's flattened rows
+ * 94..127) — and a batch with no scored position at all (loss 0, zero gradients). The mean's
+ * denominator is the whole batch's count, so every chunking gives store's loss. */
+static void test_masked_chunks(void **state)
+{
+    (void)state;
+    batch bt;
+    load_batch("qwen3", &bt);
+    for (int t = 0; t < 15; t++)
+        bt.labels[t] = SBPRT_IGNORE_INDEX;
+    for (int t = 30; t < T; t++)
+        bt.labels[T + t] = SBPRT_IGNORE_INDEX;
+    const int64_t chunks[][2] = {{5, 13}, {17, 1}, {1, 13}};
+    stream_vs_store("qwen3_op17_dyn.onnx", B, &bt, "qwen3_masked", chunks, 3);
+
+    for (int i = 0; i < B * T; i++)
+        bt.labels[i] = SBPRT_IGNORE_INDEX;
+    sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM, .chunk = 5, .logits_chunk = 13};
+    step s;
+    compile_step(&s, "qwen3_op17_dyn.onnx", B, T, &o, "stream_qwen3_unscored");
+    float *params = param_block(&s), *g = malloc(s.info->param_elems * sizeof(float));
+    double l = run_step(&s, params, g, &bt);
+    assert_true(l == 0.0);
+    for (size_t i = 0; i < s.info->param_elems; i++)
+        assert_true(g[i] == 0.0f);
+    free(params);
+    free(g);
+    free_step(&s);
+}
+
+/* Defaults: automatic chunk sizes; the plan is verified and has no B*T*V buffer for B > 1. */
+static void test_defaults(void **state)
+{
+    (void)state;
+    sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM};
+    for (size_t i = 0; i < 3; i++) {
+        step s;
+        build(&s, cases[i].model, B, T, &o);
+        print_message("  %s: automatic chunk %lld, logits chunk %lld\n", cases[i].model,
+                      (long long)s.p->chunk, (long long)s.p->logits_chunk);
+        assert_true(s.p->chunk >= 1 && s.p->chunk <= T);
+        assert_true(s.p->logits_chunk >= 1 && s.p->logits_chunk <= T);
+        check_plan(s.p);
+        free_step(&s);
+    }
+}
+
+/* ------------------------------------------------------------------ the verifier */
+
+static bool has_diag(const ir_diag *d, const char *needle)
+{
+    for (int i = 0; i < d->n; i++)
+        if (d->entries[i].msg && strstr(d->entries[i].msg, needle))
+            return true;
+    return false;
+}
+
+/* A program's first block with a loop group of two loops (full chunks + tail). */
+static tp_block *tail_block(sbp_train_program *p, int *main_loop)
+{
+    for (int bi = 0; bi < p->n_blocks; bi++) {
+        tp_block *blk = p->blocks[bi];
+        for (int l = 0; l + 1 < blk->n_loops; l++)
+            if (blk->loops[l].group == blk->loops[l + 1].group) {
+                *main_loop = l;
+                return blk;
+            }
+    }
+    return NULL;
+}
+
+static void expect_broken(step *s, const char *needle)
+{
+    ir_diag d;
+    ir_diag_init(&d, "verify");
+    assert_int_equal(sbp_train_verify(s->p, &d), IR_ERR);
+    if (!has_diag(&d, needle)) {
+        print_diag(&d);
+        print_message("  expected a diagnostic with '%s'\n", needle);
+    }
+    assert_true(has_diag(&d, needle));
+    ir_diag_free(&d);
+}
+
+static void test_verifier(void **state)
+{
+    (void)state;
+    sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM, .chunk = 17, .logits_chunk = 13};
+    step s;
+    build(&s, "llama_op17_dyn.onnx", B, T, &o);
+    ir_diag d;
+    ir_diag_init(&d, "verify");
+    assert_int_equal(sbp_train_verify(s.p, &d), IR_OK);
+    assert_int_equal(d.n, 0);
+    ir_diag_free(&d);
+    /* store and checkpoint programs (no loops) verify too */
+    for (int k = 0; k < 2; k++) {
+        step t;
+        sbp_train_options so = {.strategy = k ? SBP_STRATEGY_CHECKPOINT : SBP_STRATEGY_STORE};
+        build(&t, "qwen3_op17_dyn.onnx", B, T, &so);
+        ir_diag_init(&d, "verify");
+        assert_int_equal(sbp_train_verify(t.p, &d), IR_OK);
+        ir_diag_free(&d);
+        free_step(&t);
+    }
+
+    int l;
+    tp_block *blk = tail_block(s.p, &l);
+    assert_non_null(blk);
+    tp_loop *full = &blk->loops[l], *tail = &blk->loops[l + 1];
+    tp_loop keep_full = *full, keep_tail = *tail;
+    /* the tail starting one row late: row 50 of every sequence is missed */
+    tail->begin++;
+    tail->stop++;
+    expect_broken(&s, "misses rows [51, 52)");
+    *tail = keep_tail;
+    /* a step shorter than the chunks: rows run twice */
+    full->step = 16;
+    full->stop = 48;
+    expect_broken(&s, "twice");
+    *full = keep_full;
+    /* the tail loop dropped: its rows are missing */
+    tail->group = -1;
+    expect_broken(&s, "covers rows [0, 51) of each sequence, not [0, 64)");
+    *tail = keep_tail;
+    /* the tail's chunk longer than what is left of the sequence */
+    tail->len = tail->step = 14;
+    expect_broken(&s, "runs past the sequence");
+    *tail = keep_tail;
+    /* a slice past the end of its buffer */
+    tp_inst *in = NULL;
+    int op = -1;
+    for (int i = full->first; i < full->end && !in; i++)
+        for (int j = 0; j < TP_MAX_BUFS; j++)
+            if (blk->insts[i].off[j].per_row) {
+                in = &blk->insts[i];
+                op = j;
+                break;
+            }
+    assert_non_null(in);
+    int64_t keep = in->off[op].per_row;
+    in->off[op].per_row = keep * 2;
+    expect_broken(&s, "reaches element");
+    in->off[op].per_row = keep;
+    ir_diag_init(&d, "verify");
+    assert_int_equal(sbp_train_verify(s.p, &d), IR_OK);
+    ir_diag_free(&d);
+    free_step(&s);
+}
+
+/* ------------------------------------------------------------------ refusal */
+
+/* Embedding -> Transpose [B,D,T] -> Linear over T (mixes positions) -> Transpose back -> LM
+ * head: stream refuses naming the Linear; checkpoint builds it. */
+static ir_value *mk(ir_graph *g, ir_op op, const char *name, int n_in, ir_value **in,
+                    const int64_t *perm)
+{
+    ir_value *out = ir_value_new(g, ir_arena_printf(g->arena, "%s_out", name), IR_VAL_NODE,
+                                 IR_DT_UNDEFINED, -1, NULL);
+    ir_node *n = ir_node_new_with_outputs(g, op, name, NULL, n_in, in, 1, &out);
+    assert_non_null(n);
+    if (perm)
+        ir_attr_set_ints(g, n, "perm", perm, 3);
+    assert_int_equal(ir_infer_node(g, n), IR_OK);
+    return n->out[0];
+}
+
+static ir_graph *mixing_graph(ir_diag *d)
+{
+    ir_diag_init(d, "handmade");
+    ir_graph *g = ir_graph_new(d, "handmade");
+    ir_dim dims[2] = {{2, NULL}, {8, NULL}};
+    ir_value *ids = ir_value_new(g, "input_ids", IR_VAL_INPUT, IR_DT_INT64, 2, dims);
+    g->inputs = ir_arena_calloc(g->arena, 1, sizeof *g->inputs);
+    g->inputs[0] = ids;
+    g->n_inputs = 1;
+    float w[256];
+    for (int i = 0; i < 256; i++)
+        w[i] = (float)((i * 37) % 17) / 17.0f - 0.5f;
+    ir_value *table = ir_const_new(g, "table", IR_DT_FLOAT, 2, (const int64_t[]){16, 4}, w);
+    table->kind = IR_VAL_PARAM;
+    ir_value *mix = ir_const_new(g, "time_mix", IR_DT_FLOAT, 2, (const int64_t[]){8, 8}, w + 7);
+    mix->kind = IR_VAL_PARAM;
+    ir_value *head = ir_const_new(g, "head", IR_DT_FLOAT, 2, (const int64_t[]){4, 16}, w + 3);
+    head->kind = IR_VAL_PARAM;
+    const int64_t p021[3] = {0, 2, 1};
+    ir_value *x = mk(g, IR_OP_EMBEDDING, "embed", 2, (ir_value *[]){table, ids}, NULL);
+    x = mk(g, IR_OP_TRANSPOSE, "to_time_last", 1, (ir_value *[]){x}, p021);
+    x = mk(g, IR_OP_LINEAR, "the_time_mixer", 2, (ir_value *[]){x, mix}, NULL);
+    x = mk(g, IR_OP_TRANSPOSE, "back", 1, (ir_value *[]){x}, p021);
+    x = mk(g, IR_OP_LINEAR, "lm_head", 2, (ir_value *[]){x, head}, NULL);
+    g->outputs = ir_arena_calloc(g->arena, 1, sizeof *g->outputs);
+    g->outputs[0] = x;
+    g->n_outputs = 1;
+    x->is_output = true;
+    assert_int_equal(ir_verify(g), IR_OK);
+    sbp_objective chosen;
+    assert_int_equal(sbp_pass_objective(g, SBP_OBJECTIVE_SFT, &chosen), IR_OK);
+    return g;
+}
+
+static void test_refuses_mixing(void **state)
+{
+    (void)state;
+    ir_diag d;
+    ir_graph *g = mixing_graph(&d);
+    sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM};
+    assert_null(sbp_train_build(g, SBP_OBJECTIVE_SFT, &o));
+    print_diag(&d);
+    bool found = false;
+    for (int i = 0; i < d.n; i++)
+        if (d.entries[i].node && strcmp(d.entries[i].node, "the_time_mixer") == 0 &&
+            strstr(d.entries[i].msg, "stream: cannot run chunk by chunk") &&
+            strstr(d.entries[i].msg, "sequence axis") &&
+            strstr(d.entries[i].msg, "--strategy checkpoint"))
+            found = true;
+    assert_true(found);
+    ir_graph_free(g);
+    ir_diag_free(&d);
+
+    g = mixing_graph(&d);
+    o.strategy = SBP_STRATEGY_CHECKPOINT;
+    assert_non_null(sbp_train_build(g, SBP_OBJECTIVE_SFT, &o));
+    ir_graph_free(g);
+    ir_diag_free(&d);
+}
+
+/* The generated C compiles without a warning under gcc and clang, tails and all. */
+static void test_warnings(void **state)
+{
+    (void)state;
+    const char *models[] = {"gpt2_op17_dyn.onnx", "qwen3_op17_dyn.onnx", "llama_op17_loss.onnx"};
+    const char *compilers[] = {"gcc", "clang"};
+    for (size_t m = 0; m < sizeof models / sizeof models[0]; m++) {
+        sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM, .chunk = 17,
+                               .logits_chunk = m == 2 ? 1 : 13};
+        step s;
+        bool dyn = strstr(models[m], "dyn") != NULL;
+        build(&s, models[m], dyn ? B : 0, dyn ? T : 0, &o);
+        char c[1024];
+        snprintf(c, sizeof c, "%s/stream_warn_%zu.txt", SBP_E2E_OUT, m);
+        FILE *listing = fopen(c, "w"); /* the program listing, for reading */
+        assert_non_null(listing);
+        sbp_train_print(s.p, listing);
+        fclose(listing);
+        snprintf(c, sizeof c, "%s/stream_warn_%zu.c", SBP_E2E_OUT, m);
+        assert_int_equal(sbp_codegen_write(s.p, c, models[m], NULL, &s.diag), IR_OK);
+        for (int k = 0; k < 2; k++) {
+            char cmd[4096];
+            snprintf(cmd, sizeof cmd,
+                     "command -v %s >/dev/null 2>&1 || exit 0; %s -std=c11 -Wall -Wextra "
+                     "-Wpedantic -Werror -fsyntax-only %s %s",
+                     compilers[k], compilers[k], SBP_E2E_INCLUDES, c);
+            int rc = system(cmd);
+            if (rc != 0)
+                print_message("%s\n", cmd);
+            assert_int_equal(rc, 0);
+        }
+        free_step(&s);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    setenv("CC", SBP_TEST_CC, 1);
+    mkdir(SBP_E2E_OUT, 0777);
+    if (sbprt_ctx_create(&ctx, 0) != SBPRT_OK)
+        return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_verifier),
+        cmocka_unit_test(test_refuses_mixing),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_warnings),
+        cmocka_unit_test(test_gpt2),
+        cmocka_unit_test(test_llama),
+        cmocka_unit_test(test_qwen3),
+        cmocka_unit_test(test_llama_graph_loss),
+        cmocka_unit_test(test_gpt2_nofold),
+        cmocka_unit_test(test_batch1),
+        cmocka_unit_test(test_masked_chunks),
+    };
+    /* an optional name selects one test (a cmocka filter), e.g. `e2e_stream test_llama` */
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    sbprt_ctx_destroy(ctx);
+    return rc;
+}

@@ -1,0 +1,1225 @@
+/*
+ * test_cuda_kernels.c — every function of sbprt.h on the CUDA backend against its CPU twin.
+ *
+ * Both backends are linked into this program: the CUDA one under the API's names (sbprt_*),
+ * the CPU one as cpuref_sbprt_* (its sources compiled again with the names renamed; see
+ * runtime/CMakeLists.txt).  Every case draws random inputs (uniform, never all zeros, a fixed
+ * seed), gives both backends the same inputs and the same initial output buffers (random too:
+ * backward kernels accumulate), and compares each output as a normalised error
+ *     ‖cuda − cpu‖ / ‖cpu‖          for outputs a call writes,
+ *     ‖cuda − cpu‖ / ‖cpu − init‖   for outputs it accumulates into (relative to the increment),
+ * against 1e-5 (fp32) or 1e-3 (TF32 GEMM).  Each CUDA call is also run twice from the same
+ * state and must give bitwise equal outputs (the backend is deterministic), then timed.
+ * Besides the kernels: the memory calls, the device-side index checks (the call succeeds,
+ * sbprt_sync reports SBPRT_ERR_RANGE once), the out-of-memory diagnostic, argument errors.
+ *
+ * Prints a table per kernel (cases, max error, tolerance, determinism, time of the largest
+ * case) and a summary; exits 0 if everything passed, 1 otherwise, and 77 ("skipped" to
+ * ctest) after printing "SKIPPED: no CUDA device" when there is no GPU.  --quick picks small
+ * sizes (the CPU emulator build runs with it).
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef SBPRT_CUDA_EMU
+#include "cuda_emu.h"
+#else
+#include <cuda_runtime_api.h>
+#endif
+
+#include "sbprt.h"
+#define CPUREF_DECLARE
+#include "cpuref_names.h"
+
+#define TOL_FP32 1e-5
+#define TOL_TF32 1e-3
+#define EXIT_SKIP 77
+
+static sbprt_ctx *G; /* the CUDA backend */
+static sbprt_ctx *C; /* the CPU twin */
+static int quick;    /* --quick: small sizes */
+static int reps = 5; /* timed repetitions per case (0 with --quick) */
+static int nfail;    /* failed checks */
+
+/* ---- random data (splitmix64, as tests/runtime) -------------------------------------- */
+
+static uint64_t rng_state = 0x5eed5eed12345678ull;
+
+static uint64_t rng_next(void)
+{
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static float rng_uniform(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((rng_next() >> 40) * (1.0 / 16777216.0));
+}
+
+static int rng_int(int n) { return (int)(rng_next() % (uint64_t)n); }
+
+/* ---- host allocations, freed together at the end of each test function ----------------- */
+
+static void *hlist[1024];
+static int nh;
+
+static void *hnew(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p || nh == (int)(sizeof hlist / sizeof hlist[0])) {
+        fprintf(stderr, "test: out of host memory\n");
+        exit(1);
+    }
+    hlist[nh++] = p;
+    return p;
+}
+
+static void hfree_all(void)
+{
+    while (nh > 0)
+        free(hlist[--nh]);
+}
+
+static float *hrand(size_t n, float lo, float hi)
+{
+    float *x = hnew(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        x[i] = rng_uniform(lo, hi);
+    return x;
+}
+
+/* For the buffers of one case, freed when the case ends. */
+static float *xmalloc_floats(size_t n)
+{
+    float *p = malloc(n ? n * sizeof(float) : 1);
+    if (!p) {
+        fprintf(stderr, "test: out of host memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+/* ---- checks ----------------------------------------------------------------------------- */
+
+static void fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("FAIL: ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    nfail++;
+}
+
+static void check_status(const char *what, int got, int want)
+{
+    if (got != want)
+        fail("%s returned %d (%s), expected %d; last error: %s", what, got,
+             sbprt_status_string(got), want, sbprt_ctx_last_error(G));
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+/* ---- device buffers --------------------------------------------------------------------- */
+
+static void *dnew(size_t bytes)
+{
+    void *p = NULL;
+    int st = sbprt_arena_alloc(G, &p, bytes);
+    if (st != SBPRT_OK) {
+        fprintf(stderr, "test: device allocation of %zu bytes failed: %s\n", bytes,
+                sbprt_ctx_last_error(G));
+        exit(1);
+    }
+    return p;
+}
+
+static void upload(void *d, const void *h, size_t bytes)
+{
+    int st = sbprt_memcpy(G, d, h, bytes, SBPRT_COPY_HOST_TO_DEVICE);
+    if (st != SBPRT_OK) {
+        fprintf(stderr, "test: upload failed: %s\n", sbprt_ctx_last_error(G));
+        exit(1);
+    }
+}
+
+static void download(void *h, const void *d, size_t bytes)
+{
+    int st = sbprt_memcpy(G, h, d, bytes, SBPRT_COPY_DEVICE_TO_HOST);
+    if (st != SBPRT_OK) {
+        fprintf(stderr, "test: download failed: %s\n", sbprt_ctx_last_error(G));
+        exit(1);
+    }
+}
+
+/* ---- per-kernel statistics -------------------------------------------------------------- */
+
+typedef struct {
+    char name[40];
+    int cases;
+    double max_err;
+    double tol;
+    double ms;    /* time of the case with the most work (largest output) */
+    size_t ms_n;  /* its output size */
+    int nondet;   /* cases whose two runs differed */
+    int fails;
+} kstat;
+
+static kstat stats[80];
+static int nstats;
+
+static kstat *kstat_get(const char *name, double tol)
+{
+    for (int i = 0; i < nstats; i++)
+        if (strcmp(stats[i].name, name) == 0)
+            return &stats[i];
+    if (nstats == (int)(sizeof stats / sizeof stats[0])) {
+        fprintf(stderr, "test: too many kernels\n");
+        exit(1);
+    }
+    kstat *s = &stats[nstats++];
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->tol = tol;
+    s->ms = -1;
+    return s;
+}
+
+/* ---- a case ----------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *what;
+    float *h0;   /* initial contents */
+    float *ref;  /* the CPU twin's result (starts as h0) */
+    float *d;    /* device buffer */
+    float *got;  /* the CUDA result, first run */
+    float *got2; /* second run */
+    size_t n;
+    int acc; /* accumulated into: error relative to the increment */
+} obuf;
+
+typedef struct {
+    kstat *st;
+    char label[160];
+    obuf o[8];
+    int no;
+    void *din[16]; /* device inputs, freed at the end */
+    int ndin;
+    int status; /* first non-OK status of the CUDA calls */
+} kcase;
+
+static void kc_begin(kcase *k, const char *kernel, double tol, const char *fmt, ...)
+{
+    memset(k, 0, sizeof *k);
+    k->st = kstat_get(kernel, tol);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(k->label, sizeof k->label, fmt, ap);
+    va_end(ap);
+}
+
+/* A device copy of host input h (freed with the case). */
+static void *kc_in(kcase *k, const void *h, size_t bytes)
+{
+    void *d = dnew(bytes);
+    upload(d, h, bytes);
+    k->din[k->ndin++] = d;
+    return d;
+}
+#define KC_IN_F(k, h, n) ((float *)kc_in((k), (h), (size_t)(n) * sizeof(float)))
+#define KC_IN_I(k, h, n) ((int32_t *)kc_in((k), (h), (size_t)(n) * sizeof(int32_t)))
+
+/* An output (or in-place) buffer starting as `init` (n floats; copied). */
+static obuf *kc_out(kcase *k, const char *what, const float *init, size_t n, int acc)
+{
+    obuf *o = &k->o[k->no++];
+    o->what = what;
+    o->n = n;
+    o->acc = acc;
+    o->h0 = xmalloc_floats(n);
+    o->ref = xmalloc_floats(n);
+    memcpy(o->h0, init, n * sizeof(float));
+    memcpy(o->ref, init, n * sizeof(float));
+    o->got = xmalloc_floats(n);
+    o->got2 = xmalloc_floats(n);
+    o->d = dnew(n * sizeof(float));
+    return o;
+}
+
+static obuf *kc_out_rand(kcase *k, const char *what, size_t n, int acc)
+{
+    return kc_out(k, what, hrand(n, -1, 1), n, acc);
+}
+
+static void kc_reset(kcase *k)
+{
+    for (int i = 0; i < k->no; i++)
+        upload(k->o[i].d, k->o[i].h0, k->o[i].n * sizeof(float));
+}
+
+static void kc_status(kcase *k, int st)
+{
+    if (st != SBPRT_OK && k->status == SBPRT_OK)
+        k->status = st;
+}
+
+static void kc_sync(kcase *k) { kc_status(k, sbprt_sync(G)); }
+
+static void kc_fetch(kcase *k, int second)
+{
+    for (int i = 0; i < k->no; i++)
+        download(second ? k->o[i].got2 : k->o[i].got, k->o[i].d, k->o[i].n * sizeof(float));
+}
+
+static double nerr(const float *got, const float *ref, const float *base, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double dl = (double)got[i] - ref[i];
+        double r = base ? (double)ref[i] - base[i] : ref[i];
+        num += dl * dl;
+        den += r * r;
+    }
+    if (den == 0)
+        return num == 0 ? 0 : INFINITY;
+    return sqrt(num / den);
+}
+
+static void kc_finish(kcase *k, double ms)
+{
+    kstat *s = k->st;
+    s->cases++;
+    int ok = 1;
+    if (k->status != SBPRT_OK) {
+        fail("%s [%s]: status %s (%s)", s->name, k->label, sbprt_status_string(k->status),
+             sbprt_ctx_last_error(G));
+        ok = 0;
+    }
+    size_t total = 0;
+    for (int i = 0; i < k->no; i++) {
+        obuf *o = &k->o[i];
+        total += o->n;
+        double e = nerr(o->got, o->ref, o->acc ? o->h0 : NULL, o->n);
+        if (isnan(e) || (!isnan(s->max_err) && e > s->max_err))
+            s->max_err = e; /* NaN sticks */
+        if (!(e <= s->tol)) {
+            fail("%s [%s] %s: error %.3g > %.3g", s->name, k->label, o->what, e, s->tol);
+            ok = 0;
+        }
+        if (memcmp(o->got, o->got2, o->n * sizeof(float)) != 0) {
+            fail("%s [%s] %s: two runs differ (not deterministic)", s->name, k->label, o->what);
+            s->nondet++;
+            ok = 0;
+        }
+        sbprt_arena_free(G, o->d);
+        free(o->h0);
+        free(o->ref);
+        free(o->got);
+        free(o->got2);
+    }
+    for (int i = 0; i < k->ndin; i++)
+        sbprt_arena_free(G, k->din[i]);
+    if (reps > 0 && total >= s->ms_n) {
+        s->ms = ms;
+        s->ms_n = total;
+    }
+    if (!ok)
+        s->fails++;
+}
+
+/* Runs `call` (a CUDA backend call on the case's device buffers) twice from the initial
+ * state, fetching both results, then `reps` more times for the timing, and compares. */
+#define KC_RUN(k, call)                                                                        \
+    do {                                                                                       \
+        kc_reset(&(k));                                                                        \
+        kc_status(&(k), (call));                                                               \
+        kc_sync(&(k));                                                                         \
+        kc_fetch(&(k), 0);                                                                     \
+        kc_reset(&(k));                                                                        \
+        kc_status(&(k), (call));                                                               \
+        kc_sync(&(k));                                                                         \
+        kc_fetch(&(k), 1);                                                                     \
+        double t0_ = now_ms();                                                                 \
+        for (int r_ = 0; r_ < reps; r_++)                                                      \
+            (void)(call);                                                                      \
+        kc_sync(&(k));                                                                         \
+        kc_finish(&(k), reps > 0 ? (now_ms() - t0_) / reps : 0);                               \
+    } while (0)
+
+/* Runs the CPU twin; a failure there is a test bug. */
+#define REF(call)                                                                              \
+    do {                                                                                       \
+        int st_ = (call);                                                                      \
+        if (st_ != SBPRT_OK) {                                                                 \
+            fprintf(stderr, "test: CPU twin failed: %s -> %s\n", #call,                        \
+                    sbprt_status_string(st_));                                                 \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+/* ---- GEMM --------------------------------------------------------------------------------- */
+
+static void t_gemm_one(int m, int n, int k, int ta, int tb, float alpha, float beta, int tf32)
+{
+    kcase K;
+    kc_begin(&K, tf32 ? "gemm (tf32)" : "gemm", tf32 ? TOL_TF32 : TOL_FP32,
+             "m=%d n=%d k=%d ta=%d tb=%d beta=%g", m, n, k, ta, tb, beta);
+    const float *a = hrand((size_t)m * k + 1, -1, 1), *b = hrand((size_t)k * n + 1, -1, 1);
+    float *da = KC_IN_F(&K, a, (size_t)m * k + 1), *db = KC_IN_F(&K, b, (size_t)k * n + 1);
+    obuf *c = kc_out_rand(&K, "c", (size_t)m * n, 0);
+    REF(cpuref_sbprt_gemm(C, c->ref, a, b, ta, tb, m, n, k, alpha, beta));
+    check_status("sbprt_ctx_set_tf32", sbprt_ctx_set_tf32(G, tf32), SBPRT_OK);
+    KC_RUN(K, sbprt_gemm(G, c->d, da, db, ta, tb, m, n, k, alpha, beta));
+    check_status("sbprt_ctx_set_tf32", sbprt_ctx_set_tf32(G, 0), SBPRT_OK);
+}
+
+static void t_gemm_batched(int m, int n, int k, int ta, int tb, int batch, int bcast_b)
+{
+    kcase K;
+    kc_begin(&K, "gemm_strided_batched", TOL_FP32, "m=%d n=%d k=%d ta=%d tb=%d batch=%d%s", m,
+             n, k, ta, tb, batch, bcast_b ? " b broadcast" : "");
+    /* padded leading dimensions and gaps between the batch items */
+    const int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
+    const int lda = a_cols + 3, ldb = b_cols + 5, ldc = n + 2;
+    const int64_t sa = (int64_t)a_rows * lda + 7, sb = bcast_b ? 0 : (int64_t)b_rows * ldb + 1;
+    const int64_t sc = (int64_t)m * ldc + 4;
+    const size_t na = (size_t)sa * batch, nb = bcast_b ? (size_t)b_rows * ldb : (size_t)sb * batch;
+    const size_t nc = (size_t)sc * batch;
+    const float *a = hrand(na, -1, 1), *b = hrand(nb, -1, 1);
+    float *da = KC_IN_F(&K, a, na), *db = KC_IN_F(&K, b, nb);
+    obuf *c = kc_out_rand(&K, "c", nc, 0);
+    REF(cpuref_sbprt_gemm_strided_batched(C, c->ref, a, b, ta, tb, m, n, k, 0.5f, 1.0f, lda, sa,
+                                          ldb, sb, ldc, sc, batch));
+    KC_RUN(K, sbprt_gemm_strided_batched(G, c->d, da, db, ta, tb, m, n, k, 0.5f, 1.0f, lda, sa,
+                                         ldb, sb, ldc, sc, batch));
+}
+
+static void t_gemm(void)
+{
+    const int m = quick ? 33 : 384, n = quick ? 17 : 512, k = quick ? 29 : 640;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            t_gemm_one(m, n, k, ta, tb, 0.75f, 0.5f, 0);
+    t_gemm_one(m, n, k, 0, 1, 1.0f, 0.0f, 0);
+    t_gemm_one(quick ? 5 : 64, quick ? 6 : 48, 0, 0, 0, 1.0f, 0.5f, 0); /* k = 0: c = beta c */
+    t_gemm_one(quick ? 5 : 64, quick ? 6 : 48, 0, 0, 0, 1.0f, 0.0f, 0); /* ... and c = 0 */
+    if (!quick)
+        t_gemm_one(1024, 1024, 1024, 0, 1, 1.0f, 0.0f, 0);
+    t_gemm_one(quick ? 40 : 512, quick ? 24 : 512, quick ? 64 : 1024, 0, 1, 1.0f, 0.0f, 1);
+    t_gemm_batched(quick ? 9 : 128, quick ? 7 : 64, quick ? 11 : 96, 0, 0, quick ? 3 : 8, 0);
+    t_gemm_batched(quick ? 9 : 128, quick ? 7 : 64, quick ? 11 : 96, 1, 1, quick ? 3 : 8, 0);
+    t_gemm_batched(quick ? 9 : 64, quick ? 7 : 128, quick ? 11 : 64, 0, 1, quick ? 3 : 12, 1);
+    hfree_all();
+}
+
+static void t_bias(void)
+{
+    const int shapes[][2] = {{quick ? 37 : 4096, quick ? 70 : 768}, {3, 5},
+                             {quick ? 200 : 5000, quick ? 33 : 300}};
+    for (int s = 0; s < 3; s++) {
+        const int n = shapes[s][0], c = shapes[s][1];
+        const float *bias = hrand(c, -1, 1), *dy = hrand((size_t)n * c, -1, 1);
+        kcase K;
+        kc_begin(&K, "bias_add", TOL_FP32, "n=%d c=%d", n, c);
+        float *dbias_in = KC_IN_F(&K, bias, c);
+        obuf *y = kc_out_rand(&K, "y", (size_t)n * c, 1);
+        REF(cpuref_sbprt_bias_add(C, y->ref, bias, n, c));
+        KC_RUN(K, sbprt_bias_add(G, y->d, dbias_in, n, c));
+
+        kc_begin(&K, "bias_backward", TOL_FP32, "n=%d c=%d", n, c);
+        float *ddy = KC_IN_F(&K, dy, (size_t)n * c);
+        obuf *db = kc_out_rand(&K, "dbias", c, 1);
+        REF(cpuref_sbprt_bias_backward(C, db->ref, dy, n, c));
+        KC_RUN(K, sbprt_bias_backward(G, db->d, ddy, n, c));
+    }
+    hfree_all();
+}
+
+/* ---- elementwise -------------------------------------------------------------------------- */
+
+typedef int (*ew_fwd_fn)(sbprt_ctx *, float *, const float *, size_t);
+typedef int (*ew_bwd_fn)(sbprt_ctx *, float *, const float *, const float *, size_t);
+
+static void t_activation(const char *fname, const char *bname, ew_fwd_fn gf, ew_fwd_fn cf,
+                         ew_bwd_fn gb, ew_bwd_fn cb, size_t n)
+{
+    const float *x = hrand(n, -4, 4), *dout = hrand(n, -1, 1);
+    kcase K;
+    kc_begin(&K, fname, TOL_FP32, "n=%zu", n);
+    float *dx_in = KC_IN_F(&K, x, n);
+    obuf *out = kc_out_rand(&K, "out", n, 0);
+    REF(cf(C, out->ref, x, n));
+    KC_RUN(K, gf(G, out->d, dx_in, n));
+
+    kc_begin(&K, fname, TOL_FP32, "n=%zu in place", n);
+    obuf *io = kc_out(&K, "out", x, n, 0);
+    REF(cf(C, io->ref, io->ref, n));
+    KC_RUN(K, gf(G, io->d, io->d, n));
+
+    kc_begin(&K, bname, TOL_FP32, "n=%zu", n);
+    float *dxx = KC_IN_F(&K, x, n), *ddo = KC_IN_F(&K, dout, n);
+    obuf *dx = kc_out_rand(&K, "dx", n, 1);
+    REF(cb(C, dx->ref, dout, x, n));
+    KC_RUN(K, gb(G, dx->d, ddo, dxx, n));
+}
+
+static void t_elementwise(void)
+{
+    const size_t n = quick ? 9001 : ((size_t)1 << 22) + 3; /* > 8192: several sum_squares blocks */
+    const float *a = hrand(n, -1, 1), *b = hrand(n, -1, 1);
+    kcase K;
+
+    kc_begin(&K, "add", TOL_FP32, "n=%zu", n);
+    float *da = KC_IN_F(&K, a, n), *db = KC_IN_F(&K, b, n);
+    obuf *out = kc_out_rand(&K, "out", n, 0);
+    REF(cpuref_sbprt_add(C, out->ref, a, b, n));
+    KC_RUN(K, sbprt_add(G, out->d, da, db, n));
+
+    kc_begin(&K, "add", TOL_FP32, "n=%zu out = a", n);
+    db = KC_IN_F(&K, b, n);
+    out = kc_out(&K, "out", a, n, 0);
+    REF(cpuref_sbprt_add(C, out->ref, out->ref, b, n));
+    KC_RUN(K, sbprt_add(G, out->d, out->d, db, n));
+
+    kc_begin(&K, "accumulate", TOL_FP32, "n=%zu", n);
+    da = KC_IN_F(&K, a, n);
+    out = kc_out_rand(&K, "y", n, 1);
+    REF(cpuref_sbprt_accumulate(C, out->ref, a, n));
+    KC_RUN(K, sbprt_accumulate(G, out->d, da, n));
+
+    kc_begin(&K, "scale", TOL_FP32, "n=%zu", n);
+    out = kc_out_rand(&K, "y", n, 0);
+    REF(cpuref_sbprt_scale(C, out->ref, -0.37f, n));
+    KC_RUN(K, sbprt_scale(G, out->d, -0.37f, n));
+
+    const size_t sq_n[] = {n, 1, 8192, 8193};
+    for (int i = 0; i < 4; i++) {
+        kc_begin(&K, "sum_squares", TOL_FP32, "n=%zu", sq_n[i]);
+        da = KC_IN_F(&K, a, sq_n[i]);
+        float init = 0.25f;
+        out = kc_out(&K, "out", &init, 1, 1);
+        REF(cpuref_sbprt_sum_squares(C, out->ref, a, sq_n[i]));
+        KC_RUN(K, sbprt_sum_squares(G, out->d, da, sq_n[i]));
+    }
+
+    t_activation("gelu_tanh_forward", "gelu_tanh_backward", sbprt_gelu_tanh_forward,
+                 cpuref_sbprt_gelu_tanh_forward, sbprt_gelu_tanh_backward,
+                 cpuref_sbprt_gelu_tanh_backward, n);
+    t_activation("gelu_erf_forward", "gelu_erf_backward", sbprt_gelu_erf_forward,
+                 cpuref_sbprt_gelu_erf_forward, sbprt_gelu_erf_backward,
+                 cpuref_sbprt_gelu_erf_backward, n);
+    t_activation("silu_forward", "silu_backward", sbprt_silu_forward, cpuref_sbprt_silu_forward,
+                 sbprt_silu_backward, cpuref_sbprt_silu_backward, n);
+
+    const float *gate = hrand(n, -4, 4), *up = hrand(n, -2, 2), *dout = hrand(n, -1, 1);
+    kc_begin(&K, "swiglu_forward", TOL_FP32, "n=%zu", n);
+    float *dg = KC_IN_F(&K, gate, n), *du = KC_IN_F(&K, up, n);
+    out = kc_out_rand(&K, "out", n, 0);
+    REF(cpuref_sbprt_swiglu_forward(C, out->ref, gate, up, n));
+    KC_RUN(K, sbprt_swiglu_forward(G, out->d, dg, du, n));
+
+    kc_begin(&K, "swiglu_forward", TOL_FP32, "n=%zu out = up", n);
+    dg = KC_IN_F(&K, gate, n);
+    out = kc_out(&K, "out", up, n, 0);
+    REF(cpuref_sbprt_swiglu_forward(C, out->ref, gate, out->ref, n));
+    KC_RUN(K, sbprt_swiglu_forward(G, out->d, dg, out->d, n));
+
+    for (int which = 0; which < 3; which++) { /* both, dgate only, dup only */
+        kc_begin(&K, "swiglu_backward", TOL_FP32, "n=%zu outputs=%s", n,
+                 which == 0 ? "both" : which == 1 ? "dgate" : "dup");
+        dg = KC_IN_F(&K, gate, n);
+        du = KC_IN_F(&K, up, n);
+        float *ddo = KC_IN_F(&K, dout, n);
+        obuf *dgate = which != 2 ? kc_out_rand(&K, "dgate", n, 1) : NULL;
+        obuf *dup = which != 1 ? kc_out_rand(&K, "dup", n, 1) : NULL;
+        REF(cpuref_sbprt_swiglu_backward(C, dgate ? dgate->ref : NULL, dup ? dup->ref : NULL,
+                                         dout, gate, up, n));
+        KC_RUN(K, sbprt_swiglu_backward(G, dgate ? dgate->d : NULL, dup ? dup->d : NULL, ddo, dg,
+                                        du, n));
+    }
+    hfree_all();
+}
+
+/* ---- embedding ---------------------------------------------------------------------------- */
+
+static void t_embedding(void)
+{
+    const int n = quick ? 61 : 4096, v = quick ? 30 : 50257, c = quick ? 70 : 768;
+    int32_t *ids = hnew((size_t)n * sizeof(int32_t));
+    for (int r = 0; r < n; r++) /* a third of the rows share 16 ids: many repeats */
+        ids[r] = r % 3 == 0 ? rng_int(16) : rng_int(v);
+    const float *table = hrand((size_t)v * c, -1, 1), *dout = hrand((size_t)n * c, -1, 1);
+    kcase K;
+
+    kc_begin(&K, "embedding_forward", TOL_FP32, "n=%d v=%d c=%d", n, v, c);
+    float *dt = KC_IN_F(&K, table, (size_t)v * c);
+    int32_t *di = KC_IN_I(&K, ids, n);
+    obuf *out = kc_out_rand(&K, "out", (size_t)n * c, 0);
+    REF(cpuref_sbprt_embedding_forward(C, out->ref, table, ids, n, v, c));
+    KC_RUN(K, sbprt_embedding_forward(G, out->d, dt, di, n, v, c));
+
+    const int bn[] = {n, 1, 2};
+    for (int i = 0; i < 3; i++) {
+        kc_begin(&K, "embedding_backward", TOL_FP32, "n=%d v=%d c=%d", bn[i], v, c);
+        float *ddo = KC_IN_F(&K, dout, (size_t)bn[i] * c);
+        di = KC_IN_I(&K, ids, bn[i]);
+        obuf *dtab = kc_out_rand(&K, "dtable", (size_t)v * c, 1);
+        REF(cpuref_sbprt_embedding_backward(C, dtab->ref, dout, ids, bn[i], v, c));
+        KC_RUN(K, sbprt_embedding_backward(G, dtab->d, ddo, di, bn[i], v, c));
+    }
+    hfree_all();
+}
+
+/* ---- normalisation ------------------------------------------------------------------------ */
+
+static void t_norm_shape(int n, int c)
+{
+    const float eps = 1e-5f;
+    const float *x = hrand((size_t)n * c, -2, 3), *gamma = hrand(c, 0.5f, 1.5f);
+    const float *beta = hrand(c, -1, 1), *dout = hrand((size_t)n * c, -1, 1);
+    float *mean = hnew((size_t)n * sizeof(float)), *rstd = hnew((size_t)n * sizeof(float));
+    float *tmp = hnew((size_t)n * c * sizeof(float));
+    REF(cpuref_sbprt_layernorm_forward(C, tmp, mean, rstd, x, gamma, beta, n, c, eps));
+    kcase K;
+
+    for (int variant = 0; variant < 3; variant++) { /* plain; no beta, no stats; in place */
+        kc_begin(&K, "layernorm_forward", TOL_FP32, "n=%d c=%d %s", n, c,
+                 variant == 0 ? "" : variant == 1 ? "no beta/stats" : "in place");
+        float *dg = KC_IN_F(&K, gamma, c), *db = KC_IN_F(&K, beta, c);
+        if (variant < 2) {
+            float *dx = KC_IN_F(&K, x, (size_t)n * c);
+            obuf *out = kc_out_rand(&K, "out", (size_t)n * c, 0);
+            obuf *mo = variant == 0 ? kc_out_rand(&K, "mean", n, 0) : NULL;
+            obuf *ro = variant == 0 ? kc_out_rand(&K, "rstd", n, 0) : NULL;
+            REF(cpuref_sbprt_layernorm_forward(C, out->ref, mo ? mo->ref : NULL,
+                                               ro ? ro->ref : NULL, x, gamma,
+                                               variant == 0 ? beta : NULL, n, c, eps));
+            KC_RUN(K, sbprt_layernorm_forward(G, out->d, mo ? mo->d : NULL, ro ? ro->d : NULL, dx,
+                                              dg, variant == 0 ? db : NULL, n, c, eps));
+        } else {
+            obuf *io = kc_out(&K, "out", x, (size_t)n * c, 0);
+            REF(cpuref_sbprt_layernorm_forward(C, io->ref, NULL, NULL, io->ref, gamma, beta, n, c,
+                                               eps));
+            KC_RUN(K, sbprt_layernorm_forward(G, io->d, NULL, NULL, io->d, dg, db, n, c, eps));
+        }
+    }
+    for (int variant = 0; variant < 3; variant++) { /* all grads; dx only; params only */
+        kc_begin(&K, "layernorm_backward", TOL_FP32, "n=%d c=%d %s", n, c,
+                 variant == 0 ? "all" : variant == 1 ? "dx" : "dgamma,dbeta");
+        float *dx_in = KC_IN_F(&K, x, (size_t)n * c), *dg = KC_IN_F(&K, gamma, c);
+        float *dm = KC_IN_F(&K, mean, n), *dr = KC_IN_F(&K, rstd, n);
+        float *ddo = KC_IN_F(&K, dout, (size_t)n * c);
+        obuf *dx = variant != 2 ? kc_out_rand(&K, "dx", (size_t)n * c, 1) : NULL;
+        obuf *dgam = variant != 1 ? kc_out_rand(&K, "dgamma", c, 1) : NULL;
+        obuf *dbet = variant != 1 ? kc_out_rand(&K, "dbeta", c, 1) : NULL;
+        REF(cpuref_sbprt_layernorm_backward(C, dx ? dx->ref : NULL, dgam ? dgam->ref : NULL,
+                                            dbet ? dbet->ref : NULL, dout, x, gamma, mean, rstd,
+                                            n, c));
+        KC_RUN(K, sbprt_layernorm_backward(G, dx ? dx->d : NULL, dgam ? dgam->d : NULL,
+                                           dbet ? dbet->d : NULL, ddo, dx_in, dg, dm, dr, n, c));
+    }
+
+    REF(cpuref_sbprt_rmsnorm_forward(C, tmp, rstd, x, gamma, n, c, eps));
+    for (int variant = 0; variant < 2; variant++) {
+        kc_begin(&K, "rmsnorm_forward", TOL_FP32, "n=%d c=%d %s", n, c,
+                 variant == 0 ? "" : "in place, no rstd");
+        float *dg = KC_IN_F(&K, gamma, c);
+        if (variant == 0) {
+            float *dx = KC_IN_F(&K, x, (size_t)n * c);
+            obuf *out = kc_out_rand(&K, "out", (size_t)n * c, 0);
+            obuf *ro = kc_out_rand(&K, "rstd", n, 0);
+            REF(cpuref_sbprt_rmsnorm_forward(C, out->ref, ro->ref, x, gamma, n, c, eps));
+            KC_RUN(K, sbprt_rmsnorm_forward(G, out->d, ro->d, dx, dg, n, c, eps));
+        } else {
+            obuf *io = kc_out(&K, "out", x, (size_t)n * c, 0);
+            REF(cpuref_sbprt_rmsnorm_forward(C, io->ref, NULL, io->ref, gamma, n, c, eps));
+            KC_RUN(K, sbprt_rmsnorm_forward(G, io->d, NULL, io->d, dg, n, c, eps));
+        }
+    }
+    for (int variant = 0; variant < 3; variant++) {
+        kc_begin(&K, "rmsnorm_backward", TOL_FP32, "n=%d c=%d %s", n, c,
+                 variant == 0 ? "all" : variant == 1 ? "dx" : "dgamma");
+        float *dx_in = KC_IN_F(&K, x, (size_t)n * c), *dg = KC_IN_F(&K, gamma, c);
+        float *dr = KC_IN_F(&K, rstd, n), *ddo = KC_IN_F(&K, dout, (size_t)n * c);
+        obuf *dx = variant != 2 ? kc_out_rand(&K, "dx", (size_t)n * c, 1) : NULL;
+        obuf *dgam = variant != 1 ? kc_out_rand(&K, "dgamma", c, 1) : NULL;
+        REF(cpuref_sbprt_rmsnorm_backward(C, dx ? dx->ref : NULL, dgam ? dgam->ref : NULL, dout,
+                                          x, gamma, rstd, n, c));
+        KC_RUN(K, sbprt_rmsnorm_backward(G, dx ? dx->d : NULL, dgam ? dgam->d : NULL, ddo, dx_in,
+                                         dg, dr, n, c));
+    }
+}
+
+static void t_norm(void)
+{
+    if (quick) {
+        t_norm_shape(6, 300);
+        t_norm_shape(70, 33);
+    } else {
+        t_norm_shape(4096, 1024);
+        hfree_all();
+        t_norm_shape(1000, 77);
+        t_norm_shape(3, 4099);
+    }
+    hfree_all();
+}
+
+/* ---- RoPE --------------------------------------------------------------------------------- */
+
+static void t_rope_shape(int rows, int heads, int hd, int rot, int max_pos)
+{
+    const size_t n = (size_t)rows * heads * hd;
+    int32_t *pos = hnew((size_t)rows * sizeof(int32_t));
+    for (int r = 0; r < rows; r++)
+        pos[r] = rng_int(max_pos);
+    const float *cs = hrand((size_t)max_pos * rot + 1, -1, 1);
+    const float *sn = hrand((size_t)max_pos * rot + 1, -1, 1);
+    const float *x = hrand(n, -1, 1), *dout = hrand(n, -1, 1);
+    kcase K;
+    for (int inplace = 0; inplace < 2; inplace++) {
+        kc_begin(&K, "rope_forward", TOL_FP32, "rows=%d heads=%d hd=%d rot=%d%s", rows, heads, hd,
+                 rot, inplace ? " in place" : "");
+        int32_t *dp = KC_IN_I(&K, pos, rows);
+        float *dc = KC_IN_F(&K, cs, (size_t)max_pos * rot + 1);
+        float *ds = KC_IN_F(&K, sn, (size_t)max_pos * rot + 1);
+        if (!inplace) {
+            float *dx = KC_IN_F(&K, x, n);
+            obuf *out = kc_out_rand(&K, "out", n, 0);
+            REF(cpuref_sbprt_rope_forward(C, out->ref, x, pos, cs, sn, rows, heads, hd, rot,
+                                          max_pos));
+            KC_RUN(K, sbprt_rope_forward(G, out->d, dx, dp, dc, ds, rows, heads, hd, rot, max_pos));
+        } else {
+            obuf *io = kc_out(&K, "out", x, n, 0);
+            REF(cpuref_sbprt_rope_forward(C, io->ref, io->ref, pos, cs, sn, rows, heads, hd, rot,
+                                          max_pos));
+            KC_RUN(K, sbprt_rope_forward(G, io->d, io->d, dp, dc, ds, rows, heads, hd, rot,
+                                         max_pos));
+        }
+    }
+    kc_begin(&K, "rope_backward", TOL_FP32, "rows=%d heads=%d hd=%d rot=%d", rows, heads, hd, rot);
+    int32_t *dp = KC_IN_I(&K, pos, rows);
+    float *dc = KC_IN_F(&K, cs, (size_t)max_pos * rot + 1);
+    float *ds = KC_IN_F(&K, sn, (size_t)max_pos * rot + 1);
+    float *ddo = KC_IN_F(&K, dout, n);
+    obuf *dx = kc_out_rand(&K, "dx", n, 1);
+    REF(cpuref_sbprt_rope_backward(C, dx->ref, dout, pos, cs, sn, rows, heads, hd, rot, max_pos));
+    KC_RUN(K, sbprt_rope_backward(G, dx->d, ddo, dp, dc, ds, rows, heads, hd, rot, max_pos));
+}
+
+static void t_rope(void)
+{
+    if (quick) {
+        t_rope_shape(9, 3, 16, 16, 40);
+        t_rope_shape(5, 2, 12, 8, 7);
+    } else {
+        t_rope_shape(4096, 16, 128, 128, 8192);
+        t_rope_shape(1000, 8, 80, 32, 2048);
+    }
+    hfree_all();
+}
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+typedef struct {
+    int b, t, tk, hq, hkv, d, q_start;
+} att_shape;
+
+static void t_attention_shape(att_shape s)
+{
+    const size_t nq = (size_t)s.b * s.t * s.hq * s.d, nkv = (size_t)s.b * s.tk * s.hkv * s.d;
+    const size_t nl = (size_t)s.b * s.hq * s.t;
+    const float scale = 1.0f / sqrtf((float)s.d);
+    float *q = hrand(nq, -1, 1), *k = hrand(nkv, -1, 1), *v = hrand(nkv, -1, 1);
+    /* keys the chunk must never read (positions >= q_start + t) hold NaN */
+    for (int bi = 0; bi < s.b; bi++)
+        for (int j = s.q_start + s.t; j < s.tk; j++)
+            for (size_t e = 0; e < (size_t)s.hkv * s.d; e++) {
+                k[((size_t)bi * s.tk + j) * s.hkv * s.d + e] = NAN;
+                v[((size_t)bi * s.tk + j) * s.hkv * s.d + e] = NAN;
+            }
+    const float *dout = hrand(nq, -1, 1);
+    float *out = hnew(nq * sizeof(float)), *lse = hnew(nl * sizeof(float));
+    REF(cpuref_sbprt_attention_forward(C, out, lse, q, k, v, s.b, s.t, s.tk, s.hq, s.hkv, s.d,
+                                       s.q_start, scale));
+    char label[120];
+    snprintf(label, sizeof label, "b=%d t=%d tk=%d hq=%d hkv=%d d=%d q_start=%d", s.b, s.t, s.tk,
+             s.hq, s.hkv, s.d, s.q_start);
+    kcase K;
+
+    kc_begin(&K, "attention_forward", TOL_FP32, "%s", label);
+    float *dq = KC_IN_F(&K, q, nq), *dk = KC_IN_F(&K, k, nkv), *dv = KC_IN_F(&K, v, nkv);
+    obuf *o = kc_out_rand(&K, "out", nq, 0), *l = kc_out_rand(&K, "lse", nl, 0);
+    REF(cpuref_sbprt_attention_forward(C, o->ref, l->ref, q, k, v, s.b, s.t, s.tk, s.hq, s.hkv,
+                                       s.d, s.q_start, scale));
+    KC_RUN(K, sbprt_attention_forward(G, o->d, l->d, dq, dk, dv, s.b, s.t, s.tk, s.hq, s.hkv, s.d,
+                                      s.q_start, scale));
+
+    for (int variant = 0; variant < 3; variant++) { /* all; dq only; dk, dv only */
+        if (quick && variant > 0 && s.d > 64)
+            continue;
+        kc_begin(&K, "attention_backward", TOL_FP32, "%s %s", label,
+                 variant == 0 ? "all" : variant == 1 ? "dq" : "dk,dv");
+        dq = KC_IN_F(&K, q, nq);
+        dk = KC_IN_F(&K, k, nkv);
+        dv = KC_IN_F(&K, v, nkv);
+        float *ddo = KC_IN_F(&K, dout, nq), *dout_ = KC_IN_F(&K, out, nq);
+        float *dl = KC_IN_F(&K, lse, nl);
+        obuf *gq = variant != 2 ? kc_out_rand(&K, "dq", nq, 1) : NULL;
+        obuf *gk = variant != 1 ? kc_out_rand(&K, "dk", nkv, 1) : NULL;
+        obuf *gv = variant != 1 ? kc_out_rand(&K, "dv", nkv, 1) : NULL;
+        REF(cpuref_sbprt_attention_backward(C, gq ? gq->ref : NULL, gk ? gk->ref : NULL,
+                                            gv ? gv->ref : NULL, dout, q, k, v, out, lse, s.b,
+                                            s.t, s.tk, s.hq, s.hkv, s.d, s.q_start, scale));
+        KC_RUN(K, sbprt_attention_backward(G, gq ? gq->d : NULL, gk ? gk->d : NULL,
+                                           gv ? gv->d : NULL, ddo, dq, dk, dv, dout_, dl, s.b,
+                                           s.t, s.tk, s.hq, s.hkv, s.d, s.q_start, scale));
+    }
+}
+
+static void t_attention(void)
+{
+    static const att_shape full[] = {
+        {2, 512, 512, 8, 2, 64, 0},       /* GQA, causal self-attention */
+        {1, 256, 1024, 4, 4, 128, 768},   /* MHA, last StreamBP chunk */
+        {1, 100, 300, 6, 1, 80, 150},     /* MQA, a middle chunk, keys past 250 never read */
+        {1, 37, 37, 2, 1, 256, 0},        /* the largest head size */
+        {2, 70, 70, 4, 2, 33, 0},         /* odd head size */
+        {1, 1024, 1024, 16, 8, 128, 0},   /* a realistic layer (timing) */
+    };
+    static const att_shape small[] = {
+        {1, 40, 40, 2, 1, 16, 0},
+        {1, 20, 70, 4, 2, 24, 50},
+        {2, 33, 45, 2, 2, 33, 7},
+        {1, 5, 9, 1, 1, 256, 2},
+    };
+    const att_shape *shapes = quick ? small : full;
+    const int ns = quick ? (int)(sizeof small / sizeof small[0]) : (int)(sizeof full / sizeof full[0]);
+    for (int i = 0; i < ns; i++) {
+        t_attention_shape(shapes[i]);
+        hfree_all();
+    }
+}
+
+/* ---- losses ------------------------------------------------------------------------------- */
+
+static void t_loss(void)
+{
+    const int n = quick ? 7 : 1024, v = quick ? 1000 : 50257;
+    int32_t *labels = hnew((size_t)n * sizeof(int32_t));
+    int scored = 0;
+    for (int r = 0; r < n; r++) {
+        labels[r] = r % 5 == 3 ? SBPRT_IGNORE_INDEX : rng_int(v);
+        scored += labels[r] != SBPRT_IGNORE_INDEX;
+    }
+    const float *logits = hrand((size_t)n * v, -6, 6);
+    const float scale = 1.0f / (float)scored;
+    kcase K;
+
+    for (int variant = 0; variant < 3; variant++) { /* separate dlogits; in place; loss only */
+        kc_begin(&K, "cross_entropy_forward_backward", TOL_FP32, "n=%d v=%d %s", n, v,
+                 variant == 0 ? "" : variant == 1 ? "in place" : "loss only");
+        int32_t *dlab = KC_IN_I(&K, labels, n);
+        float init = 1.5f;
+        obuf *loss = kc_out(&K, "loss_sum", &init, 1, 1);
+        if (variant == 1) {
+            obuf *io = kc_out(&K, "dlogits", logits, (size_t)n * v, 0);
+            REF(cpuref_sbprt_cross_entropy_forward_backward(C, loss->ref, io->ref, io->ref, labels,
+                                                            n, v, scale));
+            KC_RUN(K, sbprt_cross_entropy_forward_backward(G, loss->d, io->d, io->d, dlab, n, v,
+                                                           scale));
+        } else {
+            float *dlog = KC_IN_F(&K, logits, (size_t)n * v);
+            obuf *dl = variant == 0 ? kc_out_rand(&K, "dlogits", (size_t)n * v, 0) : NULL;
+            REF(cpuref_sbprt_cross_entropy_forward_backward(C, loss->ref, dl ? dl->ref : NULL,
+                                                            logits, labels, n, v, scale));
+            KC_RUN(K, sbprt_cross_entropy_forward_backward(G, loss->d, dl ? dl->d : NULL, dlog,
+                                                           dlab, n, v, scale));
+        }
+    }
+
+    float *lse = hnew((size_t)n * sizeof(float)), *logp = hnew((size_t)n * sizeof(float));
+    REF(cpuref_sbprt_label_logprob_forward(C, logp, lse, logits, labels, n, v));
+    for (int variant = 0; variant < 2; variant++) {
+        kc_begin(&K, "label_logprob_forward", TOL_FP32, "n=%d v=%d%s", n, v,
+                 variant ? " no lse" : "");
+        int32_t *dlab = KC_IN_I(&K, labels, n);
+        float *dlog = KC_IN_F(&K, logits, (size_t)n * v);
+        obuf *lp = kc_out_rand(&K, "logp", n, 0);
+        obuf *ls = variant == 0 ? kc_out_rand(&K, "lse", n, 0) : NULL;
+        REF(cpuref_sbprt_label_logprob_forward(C, lp->ref, ls ? ls->ref : NULL, logits, labels, n,
+                                               v));
+        KC_RUN(K, sbprt_label_logprob_forward(G, lp->d, ls ? ls->d : NULL, dlog, dlab, n, v));
+    }
+    const float *dlogp = hrand(n, -1, 1);
+    kc_begin(&K, "label_logprob_backward", TOL_FP32, "n=%d v=%d", n, v);
+    int32_t *dlab = KC_IN_I(&K, labels, n);
+    float *dlog = KC_IN_F(&K, logits, (size_t)n * v), *dls = KC_IN_F(&K, lse, n);
+    float *ddl = KC_IN_F(&K, dlogp, n);
+    obuf *g = kc_out(&K, "dlogits", hrand((size_t)n * v, -1e-3f, 1e-3f), (size_t)n * v, 1);
+    REF(cpuref_sbprt_label_logprob_backward(C, g->ref, dlogp, logits, labels, lse, n, v));
+    KC_RUN(K, sbprt_label_logprob_backward(G, g->d, ddl, dlog, dlab, dls, n, v));
+    hfree_all();
+}
+
+/* ---- optimizers --------------------------------------------------------------------------- */
+
+static void t_optim(void)
+{
+    const size_t n = quick ? 3001 : ((size_t)1 << 22) + 1;
+    const float *param = hrand(n, -1, 1), *grad = hrand(n, -1, 1);
+    const float *m = hrand(n, -0.1f, 0.1f), *v = hrand(n, 0.001f, 0.01f);
+    kcase K;
+
+    for (int wd = 0; wd < 2; wd++) {
+        kc_begin(&K, "sgd_update", TOL_FP32, "n=%zu wd=%d", n, wd);
+        float *dg = KC_IN_F(&K, grad, n);
+        obuf *p = kc_out(&K, "param", param, n, 1);
+        REF(cpuref_sbprt_sgd_update(C, p->ref, grad, n, 0.05, wd ? 0.1 : 0.0));
+        KC_RUN(K, sbprt_sgd_update(G, p->d, dg, n, 0.05, wd ? 0.1 : 0.0));
+    }
+    const int steps[] = {1, 3, 1000};
+    for (int i = 0; i < 3; i++) {
+        kc_begin(&K, "adamw_update", TOL_FP32, "n=%zu step=%d", n, steps[i]);
+        float *dg = KC_IN_F(&K, grad, n);
+        obuf *p = kc_out(&K, "param", param, n, 1);
+        obuf *mo = kc_out(&K, "m", m, n, 1), *vo = kc_out(&K, "v", v, n, 1);
+        REF(cpuref_sbprt_adamw_update(C, p->ref, mo->ref, vo->ref, grad, n, 0.05, 0.9, 0.999, 1e-8,
+                                      0.01, steps[i]));
+        KC_RUN(K, sbprt_adamw_update(G, p->d, mo->d, vo->d, dg, n, 0.05, 0.9, 0.999, 1e-8, 0.01,
+                                     steps[i]));
+    }
+    hfree_all();
+}
+
+/* ---- layout and broadcasting -------------------------------------------------------------- */
+
+static size_t count_of(int rank, const int *dims)
+{
+    size_t n = 1;
+    for (int i = 0; i < rank; i++)
+        n *= (size_t)dims[i];
+    return n;
+}
+
+static void t_permute_one(int rank, const int *dims, const int *perm)
+{
+    const size_t n = count_of(rank, dims);
+    const float *x = hrand(n, -1, 1);
+    kcase K;
+    kc_begin(&K, "permute_forward", TOL_FP32, "rank=%d n=%zu", rank, n);
+    float *dx = KC_IN_F(&K, x, n);
+    obuf *out = kc_out_rand(&K, "out", n, 0);
+    REF(cpuref_sbprt_permute_forward(C, out->ref, x, rank, dims, perm));
+    KC_RUN(K, sbprt_permute_forward(G, out->d, dx, rank, dims, perm));
+
+    kc_begin(&K, "permute_backward", TOL_FP32, "rank=%d n=%zu", rank, n);
+    float *ddo = KC_IN_F(&K, x, n);
+    obuf *g = kc_out_rand(&K, "dx", n, 1);
+    REF(cpuref_sbprt_permute_backward(C, g->ref, x, rank, dims, perm));
+    KC_RUN(K, sbprt_permute_backward(G, g->d, ddo, rank, dims, perm));
+}
+
+static void t_bcast_one(int rank, const int *dims, const int *ad, const int *bd)
+{
+    const size_t n = count_of(rank, dims), na = count_of(rank, ad), nb = count_of(rank, bd);
+    const float *a = hrand(na, -1, 1), *b = hrand(nb, 0.5f, 1.5f), *dout = hrand(n, -1, 1);
+    static const char *ops[] = {"add", "sub", "mul", "div"};
+    for (int op = SBPRT_BIN_ADD; op <= SBPRT_BIN_DIV; op++) {
+        kcase K;
+        kc_begin(&K, "broadcast_forward", TOL_FP32, "rank=%d n=%zu %s", rank, n, ops[op]);
+        float *da = KC_IN_F(&K, a, na), *db = KC_IN_F(&K, b, nb);
+        obuf *out = kc_out_rand(&K, "out", n, 0);
+        REF(cpuref_sbprt_broadcast_forward(C, out->ref, a, b, op, rank, dims, ad, bd));
+        KC_RUN(K, sbprt_broadcast_forward(G, out->d, da, db, op, rank, dims, ad, bd));
+
+        for (int which = 0; which < 2; which++) { /* both gradients; da only */
+            kc_begin(&K, "broadcast_backward", TOL_FP32, "rank=%d n=%zu %s%s", rank, n, ops[op],
+                     which ? " da only" : "");
+            da = KC_IN_F(&K, a, na);
+            db = KC_IN_F(&K, b, nb);
+            float *ddo = KC_IN_F(&K, dout, n);
+            obuf *ga = kc_out_rand(&K, "da", na, 1);
+            obuf *gb = which == 0 ? kc_out_rand(&K, "db", nb, 1) : NULL;
+            REF(cpuref_sbprt_broadcast_backward(C, ga->ref, gb ? gb->ref : NULL, dout, a, b, op,
+                                                rank, dims, ad, bd));
+            KC_RUN(K, sbprt_broadcast_backward(G, ga->d, gb ? gb->d : NULL, ddo, da, db, op, rank,
+                                               dims, ad, bd));
+        }
+    }
+}
+
+static void t_extra(void)
+{
+    {
+        const int d4[] = {quick ? 2 : 8, quick ? 5 : 64, quick ? 3 : 12, quick ? 7 : 64};
+        const int p4[] = {0, 2, 1, 3};
+        t_permute_one(4, d4, p4);
+        const int d3[] = {5, 7, 9}, p3[] = {2, 0, 1};
+        t_permute_one(3, d3, p3);
+        const int d1[] = {100}, p1[] = {0};
+        t_permute_one(1, d1, p1);
+        t_permute_one(0, NULL, NULL);
+    }
+    {
+        const int rows = quick ? 13 : 4096;
+        const int w = quick ? 6 : 256, dld = quick ? 20 : 1024, doff = quick ? 9 : 512;
+        const int sld = quick ? 11 : 768, soff = quick ? 3 : 100;
+        const float *src = hrand((size_t)rows * sld, -1, 1);
+        for (int acc = 0; acc < 2; acc++) {
+            kcase K;
+            kc_begin(&K, "copy_cols", TOL_FP32, "rows=%d w=%d%s", rows, w,
+                     acc ? " accumulate" : "");
+            float *ds = KC_IN_F(&K, src, (size_t)rows * sld);
+            obuf *dst = kc_out_rand(&K, "dst", (size_t)rows * dld, 0);
+            REF(cpuref_sbprt_copy_cols(C, dst->ref, src, rows, w, dld, doff, sld, soff, acc));
+            KC_RUN(K, sbprt_copy_cols(G, dst->d, ds, rows, w, dld, doff, sld, soff, acc));
+        }
+    }
+    {
+        const int o1[] = {quick ? 3 : 8, quick ? 5 : 128, quick ? 70 : 768};
+        const int a1[] = {o1[0], o1[1], o1[2]}, b1[] = {1, 1, o1[2]};
+        t_bcast_one(3, o1, a1, b1); /* bias-like */
+        const int o2[] = {4, 6, 16, 8}, a2[] = {4, 1, 16, 1}, b2[] = {1, 6, 1, 8};
+        t_bcast_one(4, o2, a2, b2); /* both broadcast */
+        const int o3[] = {quick ? 300 : 100000}, a3[] = {o3[0]}, b3[] = {1};
+        t_bcast_one(1, o3, a3, b3); /* scalar operand, many terms */
+        t_bcast_one(0, NULL, NULL, NULL);
+    }
+    hfree_all();
+}
+
+/* ---- memory, errors, diagnostics ---------------------------------------------------------- */
+
+static void t_memory(void)
+{
+    kstat *s = kstat_get("memcpy, memset_zero", 0);
+    s->cases++;
+    const size_t n = quick ? 1000 : 1 << 20;
+    const float *h = hrand(n, -1, 1);
+    float *back = hnew(n * sizeof(float));
+    float *d1 = dnew(n * sizeof(float)), *d2 = dnew(n * sizeof(float));
+    check_status("memcpy H2D", sbprt_memcpy(G, d1, h, n * sizeof(float), SBPRT_COPY_HOST_TO_DEVICE),
+                 SBPRT_OK);
+    check_status("memcpy D2D",
+                 sbprt_memcpy(G, d2, d1, n * sizeof(float), SBPRT_COPY_DEVICE_TO_DEVICE), SBPRT_OK);
+    check_status("memcpy D2H", sbprt_memcpy(G, back, d2, n * sizeof(float), SBPRT_COPY_DEVICE_TO_HOST),
+                 SBPRT_OK);
+    if (memcmp(back, h, n * sizeof(float)) != 0) {
+        fail("memcpy round trip differs");
+        s->fails++;
+    }
+    check_status("memset_zero", sbprt_memset_zero(G, d2, n * sizeof(float)), SBPRT_OK);
+    check_status("memcpy D2H", sbprt_memcpy(G, back, d2, n * sizeof(float), SBPRT_COPY_DEVICE_TO_HOST),
+                 SBPRT_OK);
+    for (size_t i = 0; i < n; i++)
+        if (back[i] != 0.0f) {
+            fail("memset_zero left a nonzero at %zu", i);
+            s->fails++;
+            break;
+        }
+    check_status("memcpy bad kind", sbprt_memcpy(G, d2, d1, 4, 7), SBPRT_ERR_INVALID);
+    check_status("memcpy 0 bytes", sbprt_memcpy(G, NULL, NULL, 0, SBPRT_COPY_HOST_TO_DEVICE),
+                 SBPRT_OK);
+    sbprt_arena_free(G, d1);
+    sbprt_arena_free(G, d2);
+    sbprt_arena_free(G, NULL);
+    hfree_all();
+}
+
+/* Each index-taking kernel with one bad index: the call returns SBPRT_OK, the next sync
+ * SBPRT_ERR_RANGE, the one after SBPRT_OK. */
+static void t_range_errors(void)
+{
+    kstat *s = kstat_get("index checks (sync -> RANGE)", 0);
+    const int n = 4, v = 10, c = 8;
+    int32_t ids[4] = {1, 2, 10, 3}, neg[4] = {0, -1, 2, 3};
+    int32_t labels[4] = {1, SBPRT_IGNORE_INDEX, 11, 0};
+    const float *h = hrand((size_t)v * c * 4, -1, 1);
+    float *buf = dnew((size_t)v * c * 4 * sizeof(float));
+    float *buf2 = dnew((size_t)v * c * 4 * sizeof(float));
+    float *loss = dnew(sizeof(float));
+    upload(buf, h, (size_t)v * c * 4 * sizeof(float));
+    upload(buf2, h, (size_t)v * c * 4 * sizeof(float));
+    int32_t *d_ids = dnew(sizeof ids), *d_neg = dnew(sizeof neg), *d_lab = dnew(sizeof labels);
+    upload(d_ids, ids, sizeof ids);
+    upload(d_neg, neg, sizeof neg);
+    upload(d_lab, labels, sizeof labels);
+    check_status("sync before", sbprt_sync(G), SBPRT_OK);
+    for (int which = 0; which < 7; which++) {
+        int st = -1;
+        const char *name = "";
+        switch (which) {
+        case 0: name = "embedding_forward"; st = sbprt_embedding_forward(G, buf2, buf, d_ids, n, v, c); break;
+        case 1: name = "embedding_backward"; st = sbprt_embedding_backward(G, buf2, buf, d_neg, n, v, c); break;
+        case 2: name = "rope_forward"; st = sbprt_rope_forward(G, buf2, buf, d_ids, buf, buf, n, 1, 4, 4, 10); break;
+        case 3: name = "rope_backward"; st = sbprt_rope_backward(G, buf2, buf, d_neg, buf, buf, n, 1, 4, 4, 10); break;
+        case 4: name = "cross_entropy"; st = sbprt_cross_entropy_forward_backward(G, loss, buf2, buf, d_lab, n, v, 0.5f); break;
+        case 5: name = "label_logprob_forward"; st = sbprt_label_logprob_forward(G, buf2, buf2 + 64, buf, d_lab, n, v); break;
+        case 6: name = "label_logprob_backward"; st = sbprt_label_logprob_backward(G, buf2, buf, buf, d_lab, buf + 100, n, v); break;
+        }
+        s->cases++;
+        int st1 = sbprt_sync(G), st2 = sbprt_sync(G);
+        if (st != SBPRT_OK || st1 != SBPRT_ERR_RANGE || st2 != SBPRT_OK) {
+            fail("%s with a bad index: call %d, sync %d, sync again %d (want 0, %d, 0)", name, st,
+                 st1, st2, SBPRT_ERR_RANGE);
+            s->fails++;
+        }
+    }
+    sbprt_arena_free(G, buf);
+    sbprt_arena_free(G, buf2);
+    sbprt_arena_free(G, loss);
+    sbprt_arena_free(G, d_ids);
+    sbprt_arena_free(G, d_neg);
+    sbprt_arena_free(G, d_lab);
+    hfree_all();
+}
+
+static void t_errors(void)
+{
+    kstat *s = kstat_get("errors, diagnostics", 0);
+    s->cases++;
+    int before = nfail;
+    /* out of memory names the bytes asked and free, and the context stays usable */
+    void *p = (void *)1;
+    const size_t huge = (size_t)1 << 50;
+    check_status("arena_alloc 2^50 bytes", sbprt_arena_alloc(G, &p, huge), SBPRT_ERR_NOMEM);
+    const char *msg = sbprt_ctx_last_error(G);
+    char want[32];
+    snprintf(want, sizeof want, "%zu bytes", huge);
+    if (p != NULL || !strstr(msg, want) || !strstr(msg, "free"))
+        fail("out-of-memory diagnostic \"%s\" should name %s and the bytes free", msg, want);
+    else
+        printf("  out of memory reads: %s\n", msg);
+    check_status("sync after OOM", sbprt_sync(G), SBPRT_OK);
+    /* argument errors, found up front */
+    float *d = dnew(64 * sizeof(float));
+    check_status("attention d=300", sbprt_attention_forward(G, d, d, d, d, d, 1, 1, 1, 1, 1, 300, 0, 1.0f),
+                 SBPRT_ERR_INVALID);
+    check_status("attention hq % hkv", sbprt_attention_forward(G, d, d, d, d, d, 1, 1, 1, 3, 2, 4, 0, 1.0f),
+                 SBPRT_ERR_INVALID);
+    check_status("gemm lda too small", sbprt_gemm_strided_batched(G, d, d, d, 0, 0, 2, 2, 3, 1, 0, 2, 0, 3, 0, 2, 0, 1),
+                 SBPRT_ERR_INVALID);
+    check_status("rope odd rot_dim", sbprt_rope_forward(G, d, d, (int32_t *)d, d, d, 1, 1, 4, 3, 1),
+                 SBPRT_ERR_INVALID);
+    check_status("NULL context", sbprt_add(NULL, d, d, d, 4), SBPRT_ERR_INVALID);
+    check_status("set_tf32 NULL", sbprt_ctx_set_tf32(NULL, 1), SBPRT_ERR_INVALID);
+    /* size 0 is a no-op, even with NULL tensors */
+    check_status("gemm m=0", sbprt_gemm(G, NULL, NULL, NULL, 0, 0, 0, 4, 4, 1, 0), SBPRT_OK);
+    check_status("add n=0", sbprt_add(G, NULL, NULL, NULL, 0), SBPRT_OK);
+    check_status("attention t=0", sbprt_attention_forward(G, NULL, NULL, d, d, d, 1, 0, 4, 2, 1, 4, 0, 1.0f),
+                 SBPRT_OK);
+    sbprt_arena_free(G, d);
+    if (strcmp(sbprt_backend_name(), "cuda") != 0)
+        fail("sbprt_backend_name() = %s", sbprt_backend_name());
+    if (strcmp(cpuref_sbprt_backend_name(), "cpu") != 0)
+        fail("the CPU twin says it is %s", cpuref_sbprt_backend_name());
+    if (strcmp(sbprt_status_string(SBPRT_ERR_RANGE), cpuref_sbprt_status_string(SBPRT_ERR_RANGE)) != 0)
+        fail("status strings differ between backends");
+    if (sbprt_ctx_nthreads(G) < 1)
+        fail("sbprt_ctx_nthreads = %d", sbprt_ctx_nthreads(G));
+    check_status("sync at end", sbprt_sync(G), SBPRT_OK);
+    if (nfail != before)
+        s->fails++;
+}
+
+/* ---- report ------------------------------------------------------------------------------- */
+
+static void report(double total_ms)
+{
+    printf("\n%-32s %6s %12s %8s %6s %11s  %s\n", "kernel", "cases", "max rel err", "tol", "det",
+           "time (ms)", "status");
+    int kernels = 0, cases = 0, bad = 0;
+    for (int i = 0; i < nstats; i++) {
+        const kstat *s = &stats[i];
+        char err[16] = "-", tol[16] = "-", ms[16] = "-";
+        if (s->tol > 0) {
+            snprintf(err, sizeof err, "%.2e", s->max_err);
+            snprintf(tol, sizeof tol, "%.0e", s->tol);
+            kernels++;
+        }
+        if (s->ms >= 0)
+            snprintf(ms, sizeof ms, "%.3f", s->ms);
+        printf("%-32s %6d %12s %8s %6s %11s  %s\n", s->name, s->cases, err, tol,
+               s->tol > 0 ? (s->nondet ? "NO" : "yes") : "-", ms, s->fails ? "FAIL" : "ok");
+        cases += s->cases;
+        bad += s->fails > 0;
+    }
+    printf("\nsummary: %d kernels (%d cases with the checks above) on %s backend vs cpu twin: "
+           "%s; %d failed checks; %.1f s\n",
+           kernels, cases, sbprt_backend_name(), bad ? "FAILED" : "all passed", nfail,
+           total_ms / 1e3);
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0)
+            quick = 1;
+        else {
+            fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (quick)
+        reps = 0;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+
+    int ndev = 0;
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev == 0) {
+        printf("SKIPPED: no CUDA device (%s)\n",
+               e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount = 0");
+        return EXIT_SKIP;
+    }
+    int dev = 0;
+    struct cudaDeviceProp prop;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess)
+        printf("device %d: %s, %d SMs, %.1f GiB, sm_%d%d\n", dev, prop.name,
+               prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, prop.major,
+               prop.minor);
+    if (sbprt_ctx_create(&G, 0) != SBPRT_OK) {
+        printf("FAIL: sbprt_ctx_create on the CUDA backend: %s\n", sbprt_ctx_last_error(NULL));
+        return 1;
+    }
+    if (cpuref_sbprt_ctx_create(&C, 0) != SBPRT_OK) {
+        printf("FAIL: sbprt_ctx_create on the CPU twin\n");
+        return 1;
+    }
+    printf("sizes: %s; CPU twin on %d threads\n", quick ? "quick" : "full",
+           cpuref_sbprt_ctx_nthreads(C));
+
+    const double t0 = now_ms();
+    struct {
+        const char *name;
+        void (*fn)(void);
+    } groups[] = {
+        {"memory", t_memory},   {"gemm", t_gemm},           {"bias", t_bias},
+        {"elementwise", t_elementwise}, {"embedding", t_embedding}, {"norm", t_norm},
+        {"rope", t_rope},       {"attention", t_attention}, {"loss", t_loss},
+        {"optim", t_optim},     {"extra", t_extra},         {"index checks", t_range_errors},
+        {"errors", t_errors},
+    };
+    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {
+        const double g0 = now_ms();
+        groups[i].fn();
+        printf("  %-14s done in %7.2f s (%d failed checks so far)\n", groups[i].name,
+               (now_ms() - g0) / 1e3, nfail);
+    }
+    report(now_ms() - t0);
+    sbprt_ctx_destroy(G);
+    cpuref_sbprt_ctx_destroy(C);
+    return nfail ? 1 : 0;
+}
