@@ -261,16 +261,16 @@ static void cat_row(FILE *out, int c, const figures *f, int n)
     fputc('\n', out);
 }
 
-static int cmp_size_desc(const void *a, const void *b, const size_t *bytes)
+static const size_t *g_sort_bytes; /* for cmp_largest (qsort has no context argument) */
+
+/* By size, largest first; ties by buffer index. */
+static int cmp_largest(const void *a, const void *b)
 {
     int x = *(const int *)a, y = *(const int *)b;
-    if (bytes[x] != bytes[y])
-        return bytes[x] > bytes[y] ? -1 : 1;
+    if (g_sort_bytes[x] != g_sort_bytes[y])
+        return g_sort_bytes[x] > g_sort_bytes[y] ? -1 : 1;
     return x < y ? -1 : x > y;
 }
-
-static const size_t *g_sort_bytes;
-static int cmp_largest(const void *a, const void *b) { return cmp_size_desc(a, b, g_sort_bytes); }
 
 static void largest_buffers(FILE *out, const figures *f, int top)
 {
@@ -352,6 +352,15 @@ int sbp_report_write(FILE *out, const sbp_report_entry *e, int n, int main_index
     for (int i = 0; i < n; i++) {
         char h[32];
         fprintf(out, " %*s", COLW, f[i].p ? human(h, sizeof h, f[i].total) : "-");
+    }
+    fputc('\n', out);
+    fprintf(out, "  %-32s", "chunk rows (layers / LM head)");
+    for (int i = 0; i < n; i++) {
+        char c[48] = "-";
+        if (f[i].p && f[i].p->strategy == SBP_STRATEGY_STREAM)
+            snprintf(c, sizeof c, "%lld / %lld", (long long)f[i].p->chunk,
+                     (long long)f[i].p->logits_chunk);
+        fprintf(out, " %*s", COLW, c);
     }
     fputc('\n', out);
     fprintf(out, "  %-32s", "instructions (schedule length)");

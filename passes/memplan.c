@@ -8,7 +8,8 @@
  *                 workspace operand is an access (duplicates within one call merged);
  *   3. zeroing    the builder's region-wide gradient zeroing (span buffers) becomes one
  *                 MEMSET_ZERO per gradient buffer before its first contribution;
- *   4. liveness   first..last access, widened to whole loops where a value crosses iterations;
+ *   4. liveness   ranges from a whole write to the last read of that value, widened to whole
+ *                 loops where a value crosses iterations;
  *   5. offsets    a heap simulation (best fit / first fit, several placement orders; the
  *                 smallest peak wins), 64-byte aligned;
  *   6. check      in builds without NDEBUG: a brute-force overlap test and a simulated run.
@@ -434,50 +435,48 @@ static int cmp_order(const void *pa, const void *pb)
     return a < b ? -1 : a > b;
 }
 
-typedef struct span {
-    size_t lo, hi;
-} span;
-
-static int cmp_span(const void *pa, const void *pb)
-{
-    const span *a = pa, *b = pb;
-    if (a->lo != b->lo)
-        return a->lo < b->lo ? -1 : 1;
-    return a->hi < b->hi ? -1 : a->hi > b->hi;
-}
-
 /* One heap simulation: buffers in `order`, each at the best-fitting (or first) gap among the
- * placed buffers it is live together with. Returns the peak. */
+ * placed buffers it is live together with. placed[] keeps the placed buffers sorted by offset,
+ * so the gaps are found in one pass. Returns the peak. */
 static size_t place(int n, const int *order, const size_t *bytes, const mp_liveness *lv,
-                    bool best_fit, size_t *offset, span *tmp)
+                    bool best_fit, size_t *offset, int *placed)
 {
     size_t peak = 0;
     for (int k = 0; k < n; k++) {
         int b = order[k];
-        int m = 0;
-        for (int j = 0; j < k; j++) {
-            int c = order[j];
-            if (lv->hull[b].first <= lv->hull[c].last && lv->hull[c].first <= lv->hull[b].last &&
-                memplan_live_together(lv, b, c))
-                tmp[m++] = (span){offset[c], offset[c] + bytes[c]};
-        }
-        qsort(tmp, (size_t)m, sizeof *tmp, cmp_span);
+        const mp_interval *hb = &lv->hull[b];
         size_t best = (size_t)-1, best_gap = (size_t)-1, end = 0;
-        for (int j = 0; j < m; j++) {
-            if (tmp[j].lo > end) {
-                size_t gap = tmp[j].lo - end;
+        for (int j = 0; j < k; j++) {
+            int c = placed[j];
+            const mp_interval *hc = &lv->hull[c];
+            if (hb->first > hc->last || hc->first > hb->last || !memplan_live_together(lv, b, c))
+                continue;
+            if (offset[c] > end) {
+                size_t gap = offset[c] - end;
                 if (gap >= bytes[b] && (best_fit ? gap < best_gap : best == (size_t)-1)) {
                     best = end;
                     best_gap = gap;
+                    if (!best_fit || gap == bytes[b])
+                        break; /* nothing fits better */
                 }
             }
-            if (tmp[j].hi > end)
-                end = tmp[j].hi;
+            if (offset[c] + bytes[c] > end)
+                end = offset[c] + bytes[c];
         }
         size_t at = best != (size_t)-1 ? best : end;
         offset[b] = at;
         if (at + bytes[b] > peak)
             peak = at + bytes[b];
+        int lo = 0, hi = k; /* insert b by offset */
+        while (lo < hi) {
+            int mid = lo + (hi - lo) / 2;
+            if (offset[placed[mid]] <= at)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        memmove(placed + lo + 1, placed + lo, sizeof *placed * (size_t)(k - lo));
+        placed[lo] = b;
     }
     return peak;
 }
@@ -486,7 +485,7 @@ size_t memplan_assign_offsets(int n, const size_t *bytes, const mp_liveness *lv,
 {
     int *order = malloc(sizeof *order * (size_t)(n + 1));
     size_t *trial = malloc(sizeof *trial * (size_t)(n + 1));
-    span *tmp = malloc(sizeof *tmp * (size_t)(n + 1));
+    int *tmp = malloc(sizeof *tmp * (size_t)(n + 1));
     double *len = calloc((size_t)n + 1, sizeof *len);
     for (int b = 0; b < n; b++)
         offset[b] = 0;
@@ -799,14 +798,15 @@ static int rewrite_zeroing(sbp_train_program *p, const memplan *m, ir_diag *d)
 {
     const mp_schedule *s = &m->s;
     int nb = p->n_bufs;
-    /* per-buffer access lists (counting sort, position order kept) */
-    int *start = calloc((size_t)nb + 2, sizeof *start);
-    int *list = malloc(sizeof *list * (size_t)(s->n_acc + 1));
+    /* per-buffer access lists; at most one zero per access of a gradient */
+    int *start = NULL, *list = NULL;
+    if (by_buffer(s, &start, &list) != IR_OK)
+        return ir_diag_error(d, "out of memory");
     int *zpos = malloc(sizeof *zpos * (size_t)(m->n_pos + 1)); /* span zeroes: positions */
     int *zreg = malloc(sizeof *zreg * (size_t)(m->n_pos + 1)); /* and regions */
-    zero_ins *ins = malloc(sizeof *ins * (size_t)(2 * nb + m->n_pos + 1));
+    zero_ins *ins = malloc(sizeof *ins * (size_t)(s->n_acc + 1));
     int nz = 0, ni = 0;
-    if (!start || !list || !zpos || !zreg || !ins) {
+    if (!zpos || !zreg || !ins) {
         free(start);
         free(list);
         free(zpos);
@@ -814,24 +814,6 @@ static int rewrite_zeroing(sbp_train_program *p, const memplan *m, ir_diag *d)
         free(ins);
         return ir_diag_error(d, "out of memory");
     }
-    for (int i = 0; i < s->n_acc; i++)
-        start[s->acc[i].buf + 1]++;
-    for (int b = 0; b < nb; b++)
-        start[b + 1] += start[b];
-    int *fill = calloc((size_t)nb + 1, sizeof *fill);
-    if (!fill) {
-        free(start);
-        free(list);
-        free(zpos);
-        free(zreg);
-        free(ins);
-        return ir_diag_error(d, "out of memory");
-    }
-    for (int i = 0; i < s->n_acc; i++) {
-        int b = s->acc[i].buf;
-        list[start[b] + fill[b]++] = i;
-    }
-    free(fill);
     for (int q = 0; q < m->n_pos; q++) {
         const tp_inst *in = &p->blocks[m->pos_block[q]]->insts[m->pos_inst[q]];
         if (is_span_zero(p, in)) {

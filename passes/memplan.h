@@ -7,18 +7,23 @@
  * accumulated, partly written) taken from a table keyed by kernel (memplan.c; one row per
  * kernel of train_kernels.def, checked at build time).
  *
- * Liveness. A workspace buffer is live from its first to its last access. Inside a loop, a
- * buffer that lives past either end of the loop, or whose first access in the body is not a
- * whole write (a read, an accumulation, a partial write: the value from the previous iteration
- * is used), is live over the whole loop; a buffer written whole and then read within one
- * iteration only needs its interval in the body (per-chunk scratch). The loss sum is read after
- * the last block, so it lives to the end.
+ * Liveness. A buffer's lifetime is a set of ranges of positions: a range starts at an access
+ * and runs to the last access before the next whole write (MP_W), which starts a new range —
+ * the value before it is dead (so a layer's activations, written in the forward and written
+ * again by the checkpoint strategy's recompute, free their bytes in between). Loops: a range
+ * whose first access in a loop's body is not a whole write (a read, an accumulation, a partial
+ * write such as one chunk's rows of a full-sequence buffer), i.e. one that carries a value into
+ * the body or from one iteration to the next, is live over the whole loop; a range that starts
+ * with a whole write in the body is live from that write on (one iteration of per-chunk
+ * scratch, or to its reads after the loop: the start of the body is free again in the next
+ * iteration, since the write comes before any read). The loss sum is read after the last
+ * block, so it lives to the end.
  *
  * The plan. Offsets in one arena, 64-byte aligned, by a heap simulation: buffers are placed one
  * at a time (several orders: by size, by start, by size x duration) each in the best-fitting gap
- * left by the already placed buffers whose intervals intersect its own; the order giving the
+ * left by the already placed buffers whose lifetimes meet its own; the order giving the
  * smallest peak wins. The liveness lower bound is the most bytes live at any one position; the
- * plan's peak is at least that (and, on the fixtures, within a few percent of it).
+ * plan's peak is at least that (on the fixtures: equal to it; on random schedules: within 25%).
  *
  * Gradient zeroing. Backward kernels accumulate, so a gradient buffer must be zero before its
  * first contribution. The builder says "every gradient buffer of this region is zero here" with

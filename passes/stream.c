@@ -196,7 +196,8 @@ int stream_plan(tctx *t, ir_node **nodes, int nn, const ir_value *loss,
         tp_segment *seg = &p->segments[s];
         int n_causal = 0, loss_k = -1;
         for (int k = seg->first_node; k < seg->end_node; k++) {
-            n_causal += p->seq_class[k] == SBP_SEQOP_CAUSAL;
+            /* by op: an attention the analysis could not prove causal is refused below */
+            n_causal += nodes[k]->op == IR_OP_ATTENTION;
             if (nodes[k]->op == IR_OP_CROSS_ENTROPY || nodes[k]->op == IR_OP_SOFTMAX_CE_LOSS)
                 loss_k = k;
         }
@@ -205,7 +206,7 @@ int stream_plan(tctx *t, ir_node **nodes, int nn, const ir_value *loss,
             continue;
         if (seg->kind == TP_SEG_HEAD && n_causal) {
             for (int k = seg->first_node; k < seg->end_node; k++)
-                if (p->seq_class[k] == SBP_SEQOP_CAUSAL)
+                if (nodes[k]->op == IR_OP_ATTENTION)
                     rc = refuse(t, nodes[k], seg,
                                 "the loss's segment holds attention (no single residual value "
                                 "separates the last layer from the LM head)");
@@ -516,13 +517,14 @@ int stream_emit(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
             rc = tx_emit_rules(t, nodes, nn, pre, seg->first_node, seg->end_node, loss, false);
     }
 
-    /* blocks with nothing to do (e.g. a backward whose parameters are all frozen) */
+    /* backward blocks without a gradient rule to run (every parameter before them frozen):
+     * their recomputation would be for nothing */
     int kept = 0;
     for (int b = 0; b < p->n_blocks; b++) {
         const tp_block *blk = p->blocks[b];
-        bool work = false;
+        bool work = strncmp(blk->name, "backward_", 9) != 0;
         for (int i = 0; i < blk->n_insts && !work; i++)
-            work = !(blk->insts[i].k == TP_K_MEMSET_ZERO && p->bufs[blk->insts[i].buf[0]]->span);
+            work = blk->insts[i].what && strcmp(blk->insts[i].what, "gradient") == 0;
         if (work)
             p->blocks[kept++] = p->blocks[b];
     }
@@ -595,9 +597,16 @@ sbp_train_program *stream_fit_budget(ir_graph *g, sbp_objective objective,
     }
     if (!stream)
         return p;
+    /* the logits chunk at most one sequence, as the automatic choice: B*T*V never exists */
     if (opt->chunk <= 0)
         p = largest_fitting(g, objective, opt, p, 0, p->chunk, p->seq_len);
     if (p && opt->logits_chunk <= 0)
-        p = largest_fitting(g, objective, opt, p, 1, p->logits_chunk, p->batch * p->seq_len);
+        p = largest_fitting(g, objective, opt, p, 1, p->logits_chunk, p->seq_len);
+    if (p)
+        ir_diag_add(g->diag, IR_SEV_NOTE, NULL, NULL,
+                    "memory budget %zu bytes: chunk %lld, logits chunk %lld, planned peak %zu "
+                    "bytes",
+                    opt->memory_budget, (long long)p->chunk, (long long)p->logits_chunk,
+                    sbp_train_planned_peak(p));
     return p;
 }

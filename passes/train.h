@@ -48,11 +48,14 @@
  * loop, unless every use in the body is preceded, in the same iteration, by its write (the
  * chunk-local buffers: activations written by the body, gradients zeroed at its start).
  *
- * Memory layout (a bump layout, not yet liveness-planned): the workspace is
- *   [persistent activations | persistent gradients | overlay]
- * where the overlay holds, for the segment being run, [its activations | its gradients].
- * Gradient buffers are zeroed in bulk: the persistent ones when the backward starts, a
- * segment's own ones when its backward starts. Everything lives in the graph's arena.
+ * Memory plan (passes/memplan.h, the last step of sbp_train_build): every workspace buffer
+ * gets a lifetime over the linearised schedule (loops included) and an offset in one arena by
+ * a best-fit heap simulation; workspace_bytes is the plan's peak. The builder marks where a
+ * region's gradients must be zero with a MEMSET_ZERO of a span buffer; the planner replaces it
+ * by per-buffer zeroing before each gradient's first contribution (spans are unused after
+ * that). The region fields below (persist_*_bytes, overlay_bytes, grad_zero_*, a segment's
+ * act_bytes / grad_bytes) belong to the former bump layout and are no longer set. Everything
+ * lives in the graph's arena.
  */
 #ifndef SBP_TRAIN_H
 #define SBP_TRAIN_H

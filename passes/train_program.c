@@ -233,7 +233,7 @@ static int const_buf(tctx *t, const ir_value *v)
         data = d;
     }
     int b = tx_new_buf(t, TP_BUF_CONST, cname(t, "c_", v->name), v, n, is_int, false,
-                    TP_REGION_PERSIST, "constant");
+                       TP_REGION_PERSIST, "constant");
     if (b >= 0)
         t->p->bufs[b]->data = data;
     return b;
@@ -327,9 +327,10 @@ int tx_positions(tctx *t, int64_t rows, int64_t T)
     for (int64_t r = 0; r < rows; r++)
         d[r] = (int32_t)(r % T);
     int b = tx_new_buf(t, TP_BUF_CONST,
-                    cname(t, "c_", ir_arena_printf(t->g->arena, "positions_%lld_mod_%lld",
-                                                   (long long)rows, (long long)T)),
-                    NULL, (size_t)rows, true, false, TP_REGION_PERSIST, "position of each row");
+                       cname(t, "c_", ir_arena_printf(t->g->arena, "positions_%lld_mod_%lld",
+                                                      (long long)rows, (long long)T)),
+                       NULL, (size_t)rows, true, false, TP_REGION_PERSIST,
+                       "position of each row");
     if (b < 0)
         return -1;
     t->p->bufs[b]->data = d;
@@ -360,7 +361,7 @@ static int const_fill(tctx *t, int64_t n, float x, const char *name, const char 
     for (int64_t i = 0; i < n; i++)
         d[i] = x;
     int b = tx_new_buf(t, TP_BUF_CONST, cname(t, "c_", name), NULL, (size_t)n, false, false,
-                    TP_REGION_PERSIST, what);
+                       TP_REGION_PERSIST, what);
     if (b >= 0)
         t->p->bufs[b]->data = d;
     return b;
@@ -412,8 +413,8 @@ static int build_params(tctx *t)
             if (pass == 0) {
                 q->offset = p->param_elems;
                 p->param_elems += q->numel;
-                q->buf = tx_new_buf(t, TP_BUF_PARAM, cname(t, "w_", v->name), v, q->numel, false,
-                                 false, TP_REGION_PERSIST, "parameter");
+                q->buf = tx_new_buf(t, TP_BUF_PARAM, cname(t, "w_", v->name), v, q->numel,
+                                    false, false, TP_REGION_PERSIST, "parameter");
                 q->buf >= 0 ? (void)(p->bufs[q->buf]->offset = q->offset) : (void)0;
                 t->v[v->id].buf = q->buf;
                 t->v[v->id].needs_grad = !v->frozen;
@@ -485,7 +486,7 @@ static int bind_inputs(tctx *t)
     if (p->batch * p->seq_len > INT32_MAX)
         return ir_diag_error(g->diag, "batch x sequence is too large");
     p->ids_buf = tx_new_buf(t, TP_BUF_IDS, "ids", ids, tx_numel(ids), true, false,
-                         TP_REGION_PERSIST, "token ids (args->input_ids)");
+                            TP_REGION_PERSIST, "token ids (args->input_ids)");
     t->v[ids->id].buf = p->ids_buf;
     p->bufs[p->ids_buf]->rows = p->batch * p->seq_len;
     p->bufs[p->ids_buf]->row_elems = 1;
@@ -494,8 +495,8 @@ static int bind_inputs(tctx *t)
         if ((int64_t)tx_numel(labels) != p->batch * p->seq_len)
             return ir_diag_error(g->diag, "labels '%s' must have batch x sequence elements",
                                  labels->name);
-        p->labels_buf = tx_new_buf(t, TP_BUF_LABELS, "labels", labels, tx_numel(labels), true, false,
-                                TP_REGION_PERSIST, "labels (args->labels)");
+        p->labels_buf = tx_new_buf(t, TP_BUF_LABELS, "labels", labels, tx_numel(labels), true,
+                                   false, TP_REGION_PERSIST, "labels (args->labels)");
         t->v[labels->id].buf = p->labels_buf;
         p->bufs[p->labels_buf]->rows = p->batch * p->seq_len;
         p->bufs[p->labels_buf]->row_elems = 1;
@@ -835,8 +836,8 @@ static int make_group_buffers(tctx *t)
             }
         } else if (val->kind == IR_VAL_PARAM && wants_grad && v->buf >= 0) {
             const tp_buf *pb = t->p->bufs[v->buf];
-            v->grad = tx_new_buf(t, TP_BUF_GRAD, cname(t, "dw_", val->name), val, pb->numel, false,
-                              true, TP_REGION_PERSIST, "parameter gradient");
+            v->grad = tx_new_buf(t, TP_BUF_GRAD, cname(t, "dw_", val->name), val, pb->numel,
+                                 false, true, TP_REGION_PERSIST, "parameter gradient");
             if (v->grad < 0) {
                 free(wants);
                 return ir_diag_error(g->diag, "out of memory");
@@ -956,7 +957,7 @@ static int span_buf(tctx *t, int region)
                            ? "d_persistent"
                            : ir_arena_printf(t->g->arena, "d_%s", t->p->segments[region].name);
     int b = tx_new_buf(t, TP_BUF_WS, cname(t, "", name), NULL, 0, false, true, region,
-                    "every gradient buffer of the region");
+                       "every gradient buffer of the region");
     if (b >= 0)
         t->p->bufs[b]->span = true;
     return b;
@@ -1203,6 +1204,30 @@ static const char *region_name(const sbp_train_program *p, int region)
     return region == TP_REGION_PERSIST ? "persistent" : p->segments[region].name;
 }
 
+/* Stream: the chunk sizes and the sequence analysis, per node of the chunked segments. */
+static void print_stream(const sbp_train_program *p, FILE *f)
+{
+    fprintf(f, "\nstream: chunk %lld tokens per sequence in layers, %lld token rows in the head\n",
+            (long long)p->chunk, (long long)p->logits_chunk);
+    for (int s = 0; s < p->n_segments; s++) {
+        const tp_segment *seg = &p->segments[s];
+        if (seg->kind == TP_SEG_WHOLE)
+            continue;
+        int col = fprintf(f, "  %s:", seg->name);
+        for (int k = seg->first_node; k < seg->end_node; k++) {
+            const ir_node *n = p->g->nodes[k];
+            char item[256];
+            snprintf(item, sizeof item, " %s %s%s%s", n->name,
+                     sbp_seq_class_name(p->seq_class[k]), p->pre_loop[k] ? " (once)" : "",
+                     k + 1 < seg->end_node ? "," : "");
+            if (col + (int)strlen(item) > 100)
+                col = fprintf(f, "\n   ");
+            col += fprintf(f, "%s", item);
+        }
+        fputc('\n', f);
+    }
+}
+
 void sbp_train_print(const sbp_train_program *p, FILE *f)
 {
     fprintf(f, "training program: strategy %s, objective %s, B=%lld T=%lld V=%lld\n",
@@ -1221,27 +1246,50 @@ void sbp_train_print(const sbp_train_program *p, FILE *f)
     }
     fprintf(f, "segments:");
     for (int s = 0; s < p->n_segments; s++)
-        fprintf(f, " %s[%d..%d)", p->segments[s].name, p->segments[s].first_node,
-                p->segments[s].end_node);
+        fprintf(f, " %s[%d..%d)%s", p->segments[s].name, p->segments[s].first_node,
+                p->segments[s].end_node,
+                p->strategy != SBP_STRATEGY_STREAM         ? ""
+                : p->segments[s].kind == TP_SEG_LAYER ? "(layer)"
+                : p->segments[s].kind == TP_SEG_HEAD  ? "(head)"
+                                                      : "(whole)");
+    if (p->strategy == SBP_STRATEGY_STREAM)
+        print_stream(p, f);
     fprintf(f, "\nworkspace: %zu bytes (liveness-planned, passes/memplan.c)\n", p->workspace_bytes);
     for (int i = 0; i < p->n_bufs; i++) {
         const tp_buf *b = p->bufs[i];
         if (b->kind != TP_BUF_WS)
             continue;
-        fprintf(f, "  %-48s %-10s @%-9zu %9zu B  %s\n", b->name, region_name(p, b->region),
-                b->offset, b->numel * 4, b->what ? b->what : "");
+        fprintf(f, "  %-48s %-10s @%-9zu %9zu B  %s%s\n", b->name, region_name(p, b->region),
+                b->offset, b->numel * 4, b->what ? b->what : "",
+                b->chunk_local ? " (one chunk)" : "");
     }
     for (int bi = 0; bi < p->n_blocks; bi++) {
         const tp_block *blk = p->blocks[bi];
         fprintf(f, "block %s:\n", blk->name);
+        int li = 0;
         for (int i = 0; i < blk->n_insts; i++) {
             const tp_inst *in = &blk->insts[i];
-            fprintf(f, "  %-14s", tp_kernel_table[in->k].name);
-            for (int j = 0; j < tp_kernel_table[in->k].n_buf; j++)
+            const tp_loop *l = li < blk->n_loops ? &blk->loops[li] : NULL;
+            if (l && l->first == i)
+                fprintf(f, "  loop %s: b < %lld, t0 = %lld..%lld step %lld, rows [t0, t0+%lld) "
+                           "{\n",
+                        l->what ? l->what : "", (long long)l->batch, (long long)l->begin,
+                        (long long)l->stop, (long long)l->step, (long long)l->len);
+            fprintf(f, "  %s%-14s", l && l->first <= i ? "  " : "", tp_kernel_table[in->k].name);
+            for (int j = 0; j < tp_kernel_table[in->k].n_buf; j++) {
                 fprintf(f, " %s", in->buf[j] >= 0 ? p->bufs[in->buf[j]]->name : "NULL");
+                if (in->off[j].per_row)
+                    fprintf(f, "[+%lld*r0]", (long long)in->off[j].per_row);
+                if (in->off[j].per_batch)
+                    fprintf(f, "[+%lld*b]", (long long)in->off[j].per_batch);
+            }
             if (in->node)
                 fprintf(f, "   # %s %s", in->what, in->node->name);
             fputc('\n', f);
+            if (l && l->end == i + 1) {
+                fputs("  }\n", f);
+                li++;
+            }
         }
     }
 }

@@ -141,8 +141,8 @@ static void summary(const ir_graph *g)
 #define MAX_FREEZE 32
 
 /* --report / --memory-plot: the program of every strategy, planned (passes/memplan.c), printed
- * or drawn side by side. `have` is the program already built for `have_strategy`; the others
- * are built from a fresh import of the model with the same options. */
+ * or drawn side by side. `have` is the program already built for topt->strategy; the others
+ * are built from a fresh import of the model with the same options (no memory budget). */
 static int memory_report(const char *model, const sbp_pass_options *opt, sbp_objective objective,
                          const char *const *freeze, int n_freeze, const sbp_train_options *topt,
                          sbp_train_program *have, bool report, const char *plot, ir_diag *diag)
@@ -164,6 +164,7 @@ static int memory_report(const char *model, const sbp_pass_options *opt, sbp_obj
         }
         sbp_train_options o = *topt;
         o.strategy = strategies[k];
+        o.memory_budget = 0; /* show what the other strategies need, fitting or not */
         sbp_objective chosen = objective;
         ir_graph *g = graphs[k] = ir_import_onnx(model, &diags[k], NULL);
         bool ok = g && !diags[k].n_errors && sbp_canonicalize(g, opt, NULL) == IR_OK &&

@@ -86,6 +86,7 @@ __global__ __launch_bounds__(ATT_THREADS) void att_forward_kernel(
         const size_t kv_off = ((size_t)bi * tk + j0) * kv_row + (size_t)g * d;
         att_load_tile(ks, k + kv_off, kv_row, nc, ATT_BC, d, ld);
         att_load_tile(vs, v + kv_off, kv_row, nc, ATT_BC, d, ld);
+        __syncthreads();
 
         float s[ATT_RPW];
 #pragma unroll

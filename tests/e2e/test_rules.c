@@ -7,10 +7,13 @@
  * materialising permute), RoPE over naturally stored heads, broadcasting Mul / Sub / Div with
  * constants and parameters, Slice and Concat on the last and on an inner axis, Split, Expand,
  * erf-GELU, SiLU, LayerNorm without beta, RMSNorm without gamma, a generic Transpose, and a
- * value read by several nodes. Each graph is compiled for both strategies through C into a
- * shared object; every gradient element is compared with (L(w+h) - L(w-h)) / 2h, h = 1e-2,
- * per tensor by relative norm (float32 losses: tolerance 2e-2, far below what a wrong layout
- * or rule gives).
+ * value read by several nodes. Each graph is compiled for store and checkpoint through C into a
+ * shared object (a third graph, whose chunk path holds layout changes — a query stored
+ * naturally and its relayout copy inside the chunk loop — for stream too, at chunks of 2 rows
+ * and LM-head chunks of 3, neither dividing T = 5); every gradient element is compared with
+ * (L(w+h) - L(w-h)) / 2h, h = 1e-2, per tensor by relative norm (float32 losses: tolerance
+ * 2e-2, far below what a wrong layout or rule gives), and the other strategies' gradients
+ * with store's (1e-5 per tensor). Graphs stream cannot chunk are refused, naming the node.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -217,6 +220,43 @@ static void build_attention_layouts(gb *b)
     set_output(b, linear(b, h, wo, NULL, 1));
 }
 
+/* A layer whose chunk path changes layouts (for stream): q scaled per head by a broadcast Mul
+ * (stored naturally, copied to the runtime's layout inside the chunk loop), k through RoPE,
+ * an erf-GELU MLP with a broadcast Div, two residual adds, a biased LM head. */
+static void build_stream_layouts(gb *b)
+{
+    ir_value *table = param(b, "table", 2, (const int64_t[]){V, D}, 2.0f, 0);
+    ir_value *x = op2(b, IR_OP_EMBEDDING, table, b->ids); /* [B,T,D] */
+    ir_value *wq = param(b, "wq", 2, (const int64_t[]){D, D}, 2.0f, 0);
+    ir_value *wk = param(b, "wk", 2, (const int64_t[]){D, D}, 2.0f, 0);
+    ir_value *wv = param(b, "wv", 2, (const int64_t[]){D, D}, 0.6f, 0);
+    const int64_t bthd[4] = {B, T, H, HD}, p0213[4] = {0, 2, 1, 3};
+    ir_value *q = transpose(b, reshape(b, linear(b, x, wq, NULL, 0), 4, bthd), 4, p0213);
+    ir_value *hs = param(b, "head_scale", 4, (const int64_t[]){1, H, 1, 1}, 0.5f, 1.0f);
+    q = op2(b, IR_OP_MUL, q, hs); /* broadcast: natural layout, chunk-local */
+    ir_value *k = transpose(b, reshape(b, linear(b, x, wk, NULL, 0), 4, bthd), 4, p0213);
+    ir_value *cs = cfloat(b, "cos", 2, (const int64_t[]){T, HD}, 1.0f, 0);
+    ir_value *sn = cfloat(b, "sin", 2, (const int64_t[]){T, HD}, 1.0f, 0);
+    k = infer(b, node(b, IR_OP_ROPE, 3, (ir_value *[]){k, cs, sn}, 1));
+    ir_value *v = transpose(b, reshape(b, linear(b, x, wv, NULL, 0), 4, bthd), 4, p0213);
+    ir_node *an = node(b, IR_OP_ATTENTION, 3, (ir_value *[]){q, k, v}, 1);
+    ir_attr_set_float(b->g, an, "scale", 0.5);
+    ir_attr_set_int(b->g, an, "causal", 1);
+    ir_attr_set_int(b->g, an, "kv_heads", H);
+    ir_value *o = transpose(b, infer(b, an), 4, p0213); /* back to [B,T,H,hd]: a view */
+    ir_value *h = op2(b, IR_OP_ADD, x, reshape(b, o, 3, (const int64_t[]){B, T, D}));
+    ir_value *dd = param(b, "divisor", 3, (const int64_t[]){1, 1, D}, 0.2f, 2.0f);
+    ir_value *m = op2(b, IR_OP_DIV, h, dd);
+    ir_node *gl = node(b, IR_OP_GELU, 1, &m, 1);
+    ir_attr_set_string(b->g, gl, "approximate", "none");
+    m = infer(b, gl);
+    ir_value *w2 = param(b, "w2", 2, (const int64_t[]){D, D}, 0.6f, 0);
+    h = op2(b, IR_OP_ADD, h, linear(b, m, w2, NULL, 0));
+    ir_value *wo = param(b, "wo", 2, (const int64_t[]){D, V}, 0.6f, 0);
+    ir_value *bo = param(b, "b_out", 1, (const int64_t[]){V}, 0.3f, 0);
+    set_output(b, linear(b, h, wo, bo, 0));
+}
+
 /* Elementwise and shape ops: broadcasting Sub/Div/Mul, Slice/Concat on the last and an inner
  * axis, Split, Expand, a generic Transpose, erf-GELU, SiLU, LayerNorm without beta, RMSNorm
  * without gamma, a value read several times. */
@@ -268,12 +308,11 @@ typedef struct step {
     int (*run)(sbprt_ctx *, const sbp_step_args *);
 } step;
 
-static void compile(gb *b, sbp_strategy st, const char *tag, step *s)
+static void compile(gb *b, const sbp_train_options *to, const char *tag, step *s)
 {
     sbp_objective chosen;
     assert_int_equal(sbp_pass_objective(b->g, SBP_OBJECTIVE_SFT, &chosen), IR_OK);
-    sbp_train_options to = {.strategy = st};
-    sbp_train_program *p = sbp_train_build(b->g, chosen, &to);
+    sbp_train_program *p = sbp_train_build(b->g, chosen, to);
     for (int i = 0; i < b->d.n; i++)
         if (b->d.entries[i].sev == IR_SEV_ERROR)
             print_message("%s: %s\n", b->d.entries[i].node ? b->d.entries[i].node : "",
@@ -312,18 +351,22 @@ static double loss_and_grads(const step *s, const float *params, float *grads)
 
 /* Builds the graph afresh for each strategy (the objective pass rewrites it), compiles it and
  * compares every gradient element with central differences of the step's loss. */
-static void check_fd(void (*build)(gb *), unsigned seed, const char *tag)
+static void check_fd(void (*build)(gb *), unsigned seed, const char *tag, bool stream)
 {
-    const sbp_strategy sts[2] = {SBP_STRATEGY_STORE, SBP_STRATEGY_CHECKPOINT};
-    for (int k = 0; k < 2; k++) {
+    const sbp_train_options sts[3] = {{.strategy = SBP_STRATEGY_STORE},
+                                      {.strategy = SBP_STRATEGY_CHECKPOINT},
+                                      {.strategy = SBP_STRATEGY_STREAM, .chunk = 2,
+                                       .logits_chunk = 3}};
+    float *store_grads = NULL;
+    for (int k = 0; k < (stream ? 3 : 2); k++) {
         gb b;
         rng_state = seed;
         gb_init(&b);
         build(&b);
         step s;
         char t[128];
-        snprintf(t, sizeof t, "%s_%s", tag, sbp_strategy_name(sts[k]));
-        compile(&b, sts[k], t, &s);
+        snprintf(t, sizeof t, "%s_%s", tag, sbp_strategy_name(sts[k].strategy));
+        compile(&b, &sts[k], t, &s);
         float *params = calloc(s.info->param_elems, sizeof *params);
         float *grads = calloc(s.info->param_elems, sizeof *grads);
         for (int i = 0; i < s.info->n_params; i++) {
@@ -357,24 +400,75 @@ static void check_fd(void (*build)(gb *), unsigned seed, const char *tag)
         print_message("  %s: loss %.6f, %d parameters, max rel err vs finite differences "
                       "%.2e\n",
                       t, loss, s.info->n_params, worst);
+        if (k == 0) { /* store: what the other strategies must give up to rounding */
+            free(store_grads);
+            store_grads = malloc(s.info->param_elems * sizeof *store_grads);
+            memcpy(store_grads, grads, s.info->param_elems * sizeof *store_grads);
+        } else {
+            for (int i = 0; i < s.info->n_params; i++) {
+                const sbp_step_param *q = &s.info->params[i];
+                double num = 0, den = 0;
+                for (size_t e = q->offset; e < q->offset + q->numel; e++) {
+                    double d = (double)grads[e] - store_grads[e];
+                    num += d * d;
+                    den += (double)store_grads[e] * store_grads[e];
+                }
+                assert_true(sqrt(num) <= 1e-5 * sqrt(den));
+            }
+        }
         free(params);
         free(grads);
         dlclose(s.lib);
         ir_graph_free(b.g);
         ir_diag_free(&b.d);
     }
+    free(store_grads);
 }
 
 static void test_attention_layouts(void **state)
 {
     (void)state;
-    check_fd(build_attention_layouts, 12345, "rules_attention");
+    check_fd(build_attention_layouts, 12345, "rules_attention", false);
+}
+
+static void test_stream_layouts(void **state)
+{
+    (void)state;
+    check_fd(build_stream_layouts, 4242, "rules_stream", true);
+}
+
+/* Graphs stream cannot chunk are refused with a diagnostic naming the node, never computed
+ * wrongly: K/V stored naturally (sliced by rows they would not be one token's), rows moved
+ * along the sequence (Concat / Slice on the time axis). */
+static void test_stream_refusals(void **state)
+{
+    (void)state;
+    void (*builds[2])(gb *) = {build_attention_layouts, build_elementwise};
+    for (int i = 0; i < 2; i++) {
+        gb b;
+        rng_state = 1;
+        gb_init(&b);
+        builds[i](&b);
+        sbp_objective chosen;
+        assert_int_equal(sbp_pass_objective(b.g, SBP_OBJECTIVE_SFT, &chosen), IR_OK);
+        sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM, .chunk = 2};
+        assert_null(sbp_train_build(b.g, chosen, &o));
+        bool found = false;
+        for (int k = 0; k < b.d.n; k++)
+            if (b.d.entries[k].node && strstr(b.d.entries[k].msg, "stream: cannot run chunk")) {
+                print_message("  %s: %s\n", b.d.entries[k].node, b.d.entries[k].msg);
+                found = true;
+            }
+        assert_true(found);
+        ir_graph_free(b.g);
+        ir_diag_free(&b.d);
+    }
 }
 
 static void test_elementwise(void **state)
 {
     (void)state;
-    check_fd(build_elementwise, 777, "rules_elementwise");
+    check_fd(build_elementwise, 777, "rules_elementwise", false);
 }
 
 int main(void)
@@ -386,6 +480,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention_layouts),
         cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_stream_layouts),
+        cmocka_unit_test(test_stream_refusals),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     sbprt_ctx_destroy(ctx);

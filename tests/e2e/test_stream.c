@@ -86,12 +86,16 @@ static ir_graph *front(const char *model, int64_t b, int64_t t, ir_diag *d,
     return g;
 }
 
+static const char *freeze_re; /* --freeze for the next builds (NULL: none) */
+
 /* The program only (no C). */
 static void build(step *s, const char *model, int64_t b, int64_t t, const sbp_train_options *o)
 {
     memset(s, 0, sizeof *s);
     sbp_objective chosen;
     s->g = front(model, b, t, &s->diag, &chosen);
+    if (freeze_re)
+        assert_int_equal(sbp_freeze_params(s->g, freeze_re, NULL), IR_OK);
     s->p = sbp_train_build(s->g, chosen, o);
     if (!s->p)
         print_diag(&s->diag);
@@ -525,6 +529,30 @@ static void test_masked_chunks(void **state)
     free_step(&s);
 }
 
+/* --freeze of the embedding and the first layer: stream drops the backward blocks with no
+ * gradient to compute (no recomputation for nothing) and agrees with store. */
+static void test_frozen_prefix(void **state)
+{
+    (void)state;
+    batch bt;
+    load_batch("llama", &bt);
+    /* layer 0's norms by name, its projections by their folded initializer names */
+    freeze_re = "embed_tokens|layers\\.0\\.|MatMul_(665|666|667|691|692|693|694)$";
+    const int64_t chunks[][2] = {{17, 13}};
+    stream_vs_store("llama_op17_dyn.onnx", B, &bt, "llama_frozen", chunks, 1);
+    step s;
+    sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM, .chunk = 17, .logits_chunk = 13};
+    build(&s, "llama_op17_dyn.onnx", B, T, &o);
+    freeze_re = NULL;
+    for (int bi = 0; bi < s.p->n_blocks; bi++) {
+        print_message("  block %s\n", s.p->blocks[bi]->name);
+        assert_true(strcmp(s.p->blocks[bi]->name, "backward_layer_0") != 0);
+        assert_true(strcmp(s.p->blocks[bi]->name, "backward_prologue") != 0);
+    }
+    assert_int_equal(s.p->n_blocks, 3); /* forward, head, backward_layer_1 */
+    free_step(&s);
+}
+
 /* Defaults: automatic chunk sizes; the plan is verified and has no B*T*V buffer for B > 1. */
 static void test_defaults(void **state)
 {
@@ -542,8 +570,6 @@ static void test_defaults(void **state)
     }
 }
 
-/* ------------------------------------------------------------------ the verifier */
-
 static bool has_diag(const ir_diag *d, const char *needle)
 {
     for (int i = 0; i < d->n; i++)
@@ -551,6 +577,56 @@ static bool has_diag(const ir_diag *d, const char *needle)
             return true;
     return false;
 }
+
+/* --memory-budget: too small fails naming the smallest budget that fits (the plan at chunk 1,
+ * logits chunk 1); a budget picks chunks whose plan fits, the layer chunk the largest such;
+ * a generous one gives whole sequences. */
+static void test_memory_budget(void **state)
+{
+    (void)state;
+    const char *model = "llama_op17_dyn.onnx";
+    step s;
+    sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM, .chunk = 1, .logits_chunk = 1};
+    build(&s, model, B, T, &o);
+    size_t smallest = sbp_train_planned_peak(s.p);
+    free_step(&s);
+    char want[64];
+    snprintf(want, sizeof want, "needs %zu bytes", smallest);
+
+    sbp_train_options b = {.strategy = SBP_STRATEGY_STREAM, .memory_budget = smallest - 1};
+    sbp_objective chosen;
+    memset(&s, 0, sizeof s);
+    s.g = front(model, B, T, &s.diag, &chosen);
+    assert_null(sbp_train_build(s.g, chosen, &b));
+    print_diag(&s.diag);
+    assert_true(has_diag(&s.diag, want) && has_diag(&s.diag, "too small"));
+    free_step(&s);
+
+    const size_t budgets[] = {smallest, smallest + 30000, smallest + 60000, 1u << 30};
+    for (size_t i = 0; i < sizeof budgets / sizeof budgets[0]; i++) {
+        b.memory_budget = budgets[i];
+        build(&s, model, B, T, &b);
+        size_t peak = sbp_train_planned_peak(s.p);
+        print_message("  budget %zu: chunk %lld, logits chunk %lld, planned peak %zu\n",
+                      budgets[i], (long long)s.p->chunk, (long long)s.p->logits_chunk, peak);
+        assert_true(peak <= budgets[i]);
+        int64_t c = s.p->chunk, l = s.p->logits_chunk;
+        free_step(&s);
+        if (c < T) { /* one more row per chunk does not fit */
+            sbp_train_options bigger = {.strategy = SBP_STRATEGY_STREAM, .chunk = c + 1,
+                                        .logits_chunk = l};
+            build(&s, model, B, T, &bigger);
+            assert_true(sbp_train_planned_peak(s.p) > budgets[i]);
+            free_step(&s);
+        }
+        if (i == 3) {
+            assert_int_equal(c, T);
+            assert_int_equal(l, T);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ the verifier */
 
 /* A program's first block with a loop group of two loops (full chunks + tail). */
 static tp_block *tail_block(sbp_train_program *p, int *main_loop)
@@ -767,6 +843,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_verifier),
         cmocka_unit_test(test_refuses_mixing),
         cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_memory_budget),
         cmocka_unit_test(test_warnings),
         cmocka_unit_test(test_gpt2),
         cmocka_unit_test(test_llama),
@@ -775,6 +852,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_gpt2_nofold),
         cmocka_unit_test(test_batch1),
         cmocka_unit_test(test_masked_chunks),
+        cmocka_unit_test(test_frozen_prefix),
     };
     /* an optional name selects one test (a cmocka filter), e.g. `e2e_stream test_llama` */
     if (argc > 1)

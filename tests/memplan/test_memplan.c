@@ -229,6 +229,23 @@ static void test_loop_carried_and_after(void **state)
     assert_false(live_at(&lv, Y, 2));
     /* so T (2..3) and Y meet only at 3 */
     assert_true(memplan_live_together(&lv, T, Y));
+    /* a temporary that dies before Y's write may share Y's bytes: the run agrees */
+    sched s2 = {0};
+    s2.bytes[0] = s2.bytes[1] = 128;
+    acc(&s2, 0, 0, MP_W); /* body 0..3: t =, read t, y =, read y; y read after the loop */
+    acc(&s2, 1, 0, MP_R);
+    acc(&s2, 2, 1, MP_W);
+    acc(&s2, 3, 1, MP_R);
+    acc(&s2, 4, 1, MP_R);
+    s2.loops[s2.n_loops++] = (mp_loop){0, 3};
+    mp_schedule v2 = view(&s2);
+    plan_and_check(&v2, &lv, off, A);
+    assert_false(memplan_live_together(&lv, 0, 1));
+    size_t same[2] = {0, 0};
+    ir_diag d;
+    ir_diag_init(&d, "share");
+    assert_int_equal(memplan_simulate(&v2, same, NULL, &d), IR_OK);
+    ir_diag_free(&d);
 
     /* a partial write first in the body keeps the rest: a use, live over the loop */
     sched p = {0};

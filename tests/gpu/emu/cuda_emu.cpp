@@ -49,7 +49,14 @@ struct Block {
 
 Block *g_block;
 Thread *g_cur;
-std::vector<char *> g_stacks;
+/* Thread stacks, reused by every launch; freed at exit. */
+struct Stacks : std::vector<char *> {
+    ~Stacks()
+    {
+        for (char *s : *this)
+            free(s);
+    }
+} g_stacks;
 cudaError_t g_last = cudaSuccess;
 std::map<const void *, int> g_smem_limit; /* cudaFuncSetAttribute(MaxDynamicSharedMemorySize) */
 std::map<void *, size_t> g_allocs;
@@ -65,7 +72,8 @@ void fatal(const char *what)
 void fill_nan(void *p, size_t bytes)
 {
     /* 0xFF bytes: a NaN as float and as double, and -1 as an integer */
-    memset(p, 0xFF, bytes);
+    if (bytes)
+        memset(p, 0xFF, bytes);
 }
 
 void trampoline()
@@ -81,28 +89,37 @@ void yield_as(State s)
     swapcontext(&g_cur->uc, &g_block->sched);
 }
 
+/* Out of line: swapcontext returns twice, which would make the compiler treat run_block's
+ * locals as clobbered. */
+__attribute__((noinline)) void resume(Block &b, Thread &t)
+{
+    g_cur = &t;
+    emu_ids = &t.ids;
+    if (swapcontext(&b.sched, &t.uc) != 0)
+        fatal("swapcontext failed");
+}
+
+__attribute__((noinline)) void start(Block &b, Thread &t, char *stack)
+{
+    if (getcontext(&t.uc) != 0)
+        fatal("getcontext failed");
+    t.uc.uc_stack.ss_sp = stack;
+    t.uc.uc_stack.ss_size = kStackBytes;
+    t.uc.uc_link = &b.sched;
+    makecontext(&t.uc, trampoline, 0);
+    t.st = READY;
+}
+
 void run_block(Block &b, int nthreads)
 {
-    for (int i = 0; i < nthreads; i++) {
-        Thread &t = b.th[i];
-        if (getcontext(&t.uc) != 0)
-            fatal("getcontext failed");
-        t.uc.uc_stack.ss_sp = g_stacks[i];
-        t.uc.uc_stack.ss_size = kStackBytes;
-        t.uc.uc_link = &b.sched;
-        makecontext(&t.uc, trampoline, 0);
-        t.st = READY;
-    }
+    for (int i = 0; i < nthreads; i++)
+        start(b, b.th[i], g_stacks[i]);
     int nwarps = (nthreads + 31) / 32;
     for (;;) {
         for (int i = 0; i < nthreads; i++) {
             Thread &t = b.th[i];
-            if (t.st != READY)
-                continue;
-            g_cur = &t;
-            emu_ids = &t.ids;
-            if (swapcontext(&b.sched, &t.uc) != 0)
-                fatal("swapcontext failed");
+            if (t.st == READY)
+                resume(b, t);
         }
         int ndone = 0, nblock = 0;
         for (int i = 0; i < nthreads; i++) {
