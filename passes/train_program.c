@@ -12,11 +12,14 @@
  *   4. segments   cut the node order where exactly one activation group is live and that group
  *                 enters a layer (the last such cut before each Attention) or leaves the last
  *                 one (the last cut after it whose value a residual Add made);
- *   5. regions    store: every buffer persistent. checkpoint: a group used only inside its
- *                 segment, and every node-owned buffer, lives in the segment's overlay;
+ *   5. regions    store: every buffer persistent. checkpoint, stream: a group used only inside
+ *                 its segment, and every node-owned buffer, lives in the segment's overlay;
+ *                 stream then runs the sequence analysis (sequence.c) and its plan (stream.c:
+ *                 what runs once per layer, what chunk by chunk, chunk-local buffer sizes);
  *   6. emit       block "forward" (every node), then one backward block per segment, last
  *                 first: zero its gradients, recompute (checkpoint) what its gradient rules
- *                 read, run the rules in reverse node order;
+ *                 read, run the rules in reverse node order (stream: stream.c's blocks with
+ *                 chunk loops); then the verifier (train_verify.c);
  *   7. plan       liveness and offsets in one workspace arena (passes/memplan.c), which also
  *                 turns the region-wide gradient zeroing into per-buffer zeroing.
  */

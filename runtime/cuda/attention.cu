@@ -3,7 +3,8 @@
  * backward, in fp32, without a [t, tk] buffer anywhere (FlashAttention-2 structure; the CPU
  * twin, cpu/attention.c, has the same tiling idea and the same two-pass backward).
  *
- * Tiles: ATT_BR = 32 query rows by ATT_BC = 32 keys, blocks of 8 warps.  Tiles live in shared
+ * Tiles: ATT_BR = 32 query rows by ATT_BC = 32 keys, blocks of 8 warps.  Grids are ordered
+ * so the blocks with the most work (late query tiles, early key tiles) start first.  Tiles live in shared
  * memory with an odd row stride ld = d | 1, so a warp reading one column of 32 rows (lane =
  * row) hits 32 different banks.  Supports d <= ATT_MAX_D (accumulators are registers).
  *
@@ -60,7 +61,8 @@ __global__ __launch_bounds__(ATT_THREADS) void att_forward_kernel(
     CU_SHARED(float, pbuf, ATT_WARPS * ATT_RPW * ATT_BC);
     const int ld = d | 1;
     float *qs = sm, *ks = qs + ATT_BR * ld, *vs = ks + ATT_BC * ld;
-    const int qt = blockIdx.x, h = blockIdx.y, bi = blockIdx.z;
+    /* the last query tiles see the most keys: start them first, the short ones fill in */
+    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, bi = blockIdx.z;
     const int g = h / (hq / hkv);
     const int i0 = qt * ATT_BR, nr = t - i0 < ATT_BR ? t - i0 : ATT_BR;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -187,7 +189,8 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dq_kernel(
     CU_SHARED(float, dsbuf, ATT_WARPS * ATT_RPW * ATT_BC);
     const int ld = d | 1;
     float *qs = sm, *dos = qs + ATT_BR * ld, *ks = dos + ATT_BR * ld, *vs = ks + ATT_BC * ld;
-    const int qt = blockIdx.x, h = blockIdx.y, bi = blockIdx.z;
+    /* the last query tiles see the most keys: start them first, the short ones fill in */
+    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, bi = blockIdx.z;
     const int g = h / (hq / hkv);
     const int i0 = qt * ATT_BR, nr = t - i0 < ATT_BR ? t - i0 : ATT_BR;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
