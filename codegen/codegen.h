@@ -26,7 +26,21 @@
 typedef struct sbp_codegen_options {
     const char *header_name; /* how the .c includes its header ("train_step.h") */
     const char *model_path;  /* recorded in the info struct and the file comment */
+    /* Large constants (RoPE tables at long T: megabytes) go to this binary file instead of C
+     * array literals, which would make a source of hundreds of MB and minutes of compiling; the
+     * .c assembles them in with `.incbin` of blob_path (absolute, so the .c compiles from
+     * anywhere while the file stays). NULL blob: everything inline. */
+    FILE *blob;
+    const char *blob_path;
+    /* "cpu" (NULL means cpu) or "cuda": the backend the step runs on (emit_target.h). A cuda
+     * step takes device pointers everywhere, keeps device copies of its constants, counts the
+     * scored positions on a host copy of the labels and ends with sbprt_sync. */
+    const char *target;
 } sbp_codegen_options;
+
+/* The size from which a constant goes to the constants file (default 64 KiB); tests set 1 to
+ * exercise the path on small models. */
+void sbp_codegen_set_blob_min_bytes(size_t bytes);
 
 uint64_t sbp_codegen_fingerprint(const sbp_train_program *p);
 
@@ -44,6 +58,22 @@ int sbp_codegen_write(const sbp_train_program *p, const char *out_path, const ch
  * flags, split at spaces (e.g. "-Werror"), may be NULL. */
 int sbp_codegen_compile_so(const char *c_path, const char *so_path, const char *extra_cflags,
                            ir_diag *d);
+
+/* The same for a target ("cpu", "cuda"; NULL = cpu): a cuda step is emitted for the CUDA
+ * backend and linked, whole, against the build tree's libsbprt_cuda.a, the CUDA runtime and
+ * cuBLAS (-lcudart -lcublas, paths recorded when sbpc was configured; codegen/cuda.cmake)
+ * and the C++ runtime its kernels' host code needs. The C is compiled with $CC as for the
+ * CPU; the kernels are in the library, built for CMAKE_CUDA_ARCHITECTURES (sm_90 + PTX by
+ * default). An sbpc configured without a CUDA compiler writes cuda .c files but refuses to
+ * build a cuda .so, saying so. */
+int sbp_codegen_write_target(const sbp_train_program *p, const char *out_path,
+                             const char *model_path, const char *extra_cflags,
+                             const char *target, ir_diag *d);
+int sbp_codegen_compile_so_target(const char *c_path, const char *so_path,
+                                  const char *extra_cflags, const char *target, ir_diag *d);
+/* Whether this sbpc can build .so files for target ("cpu" always; "cuda" when configured
+ * with a CUDA compiler). */
+bool sbp_codegen_target_available(const char *target);
 
 /* ---------------------------------------------------------------- report.c */
 

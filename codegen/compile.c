@@ -6,6 +6,11 @@
  * runtime library plus its dependencies (OpenBLAS, OpenMP, libm) as found when sbpc was built
  * (SBP_RT_* below, set by codegen/CMakeLists.txt). The compiler runs without a shell
  * (posix_spawnp), so paths with spaces or quotes need no escaping.
+ *
+ * A cuda step (--target cuda) links SBP_RT_CUDA_LINK instead (codegen/cuda.cmake: the whole
+ * of libsbprt_cuda.a, so that the step exports every runtime function sbp-train calls on its
+ * device memory, then -lcudart -lcublas and the C++ runtime); it is empty when sbpc was
+ * configured without a CUDA compiler.
  */
 #include "codegen.h"
 
@@ -28,6 +33,16 @@ extern char **environ;
 #ifndef SBP_RT_CFLAGS
 #define SBP_RT_CFLAGS ""
 #endif
+#ifndef SBP_RT_CUDA_LINK
+#define SBP_RT_CUDA_LINK ""
+#endif
+
+bool sbp_codegen_target_available(const char *target)
+{
+    if (!target || strcmp(target, "cpu") == 0)
+        return true;
+    return strcmp(target, "cuda") == 0 && SBP_RT_CUDA_LINK[0] != 0;
+}
 
 static bool ends_with(const char *s, const char *suf)
 {
@@ -110,9 +125,18 @@ static void av_free(argvec *a)
     free(a->v);
 }
 
-int sbp_codegen_compile_so(const char *c_path, const char *so_path, const char *extra_cflags,
-                           ir_diag *d)
+int sbp_codegen_compile_so_target(const char *c_path, const char *so_path,
+                                  const char *extra_cflags, const char *target, ir_diag *d)
 {
+    const bool cuda = target && strcmp(target, "cuda") == 0;
+    if (target && !cuda && strcmp(target, "cpu") != 0)
+        return ir_diag_error(d, "unknown target '%s' (cpu or cuda)", target);
+    if (!sbp_codegen_target_available(target))
+        return ir_diag_error(d, "cannot build %s: this sbpc was configured without a CUDA compiler "
+                                "(nvcc), so it has no CUDA runtime library to link a cuda step "
+                                "against; write the C with -o %.*s.c, or reconfigure with nvcc on "
+                                "PATH", so_path, (int)(strlen(so_path) > 3 ? strlen(so_path) - 3 : 0),
+                             so_path);
     const char *cc = getenv("CC");
     if (!cc || !*cc)
         cc = on_path("clang") ? "clang" : "cc";
@@ -144,7 +168,7 @@ int sbp_codegen_compile_so(const char *c_path, const char *so_path, const char *
     rc |= av_push(&a, "-o");
     rc |= av_push(&a, so_path);
     rc |= av_push(&a, c_path);
-    rc |= av_split(&a, SBP_RT_LINK, "");
+    rc |= av_split(&a, cuda ? SBP_RT_CUDA_LINK : SBP_RT_LINK, "");
     rc |= av_push(&a, "-lm");
     if (rc) {
         av_free(&a);
@@ -186,8 +210,21 @@ int sbp_codegen_compile_so(const char *c_path, const char *so_path, const char *
     return IR_OK;
 }
 
+int sbp_codegen_compile_so(const char *c_path, const char *so_path, const char *extra_cflags,
+                           ir_diag *d)
+{
+    return sbp_codegen_compile_so_target(c_path, so_path, extra_cflags, NULL, d);
+}
+
 int sbp_codegen_write(const sbp_train_program *p, const char *out_path, const char *model_path,
                       const char *extra_cflags, ir_diag *d)
+{
+    return sbp_codegen_write_target(p, out_path, model_path, extra_cflags, NULL, d);
+}
+
+int sbp_codegen_write_target(const sbp_train_program *p, const char *out_path,
+                             const char *model_path, const char *extra_cflags,
+                             const char *target, ir_diag *d)
 {
     bool so = ends_with(out_path, ".so");
     if (!so && !ends_with(out_path, ".c"))
@@ -210,15 +247,39 @@ int sbp_codegen_write(const sbp_train_program *p, const char *out_path, const ch
     if (!c || !h) {
         rc = ir_diag_error(d, "cannot write %s: %s", c ? h_path : c_path, strerror(errno));
     } else {
-        sbp_codegen_options o = {.header_name = hbase, .model_path = model_path};
+        /* PATH.consts.bin holds the large constants; the .c names it by absolute path. */
+        sbp_codegen_options o = {.header_name = hbase, .model_path = model_path,
+                                 .target = target};
+        char blob_path[4096], *dir = NULL;
+        int n = snprintf(blob_path, sizeof blob_path, "%.*s.consts.bin", (int)stem, out_path);
+        FILE *blob = n > 0 && (size_t)n < sizeof blob_path ? fopen(blob_path, "wb") : NULL;
+        if (blob) {
+            char *slash = strrchr(blob_path, '/');
+            char *d_only = slash ? strndup(blob_path, (size_t)(slash - blob_path)) : strdup(".");
+            dir = d_only ? realpath(d_only, NULL) : NULL;
+            free(d_only);
+        }
+        char abs_blob[8192];
+        const char *bbase = strrchr(blob_path, '/');
+        bbase = bbase ? bbase + 1 : blob_path;
+        if (blob && dir && !strpbrk(dir, "\"\\\n") && !strpbrk(bbase, "\"\\\n") &&
+            (size_t)snprintf(abs_blob, sizeof abs_blob, "%s/%s", dir, bbase) < sizeof abs_blob) {
+            o.blob = blob;
+            o.blob_path = abs_blob;
+        }
         rc = sbp_codegen_emit(p, &o, c, h, d);
+        if (blob && fclose(blob) != 0 && rc == IR_OK)
+            rc = ir_diag_error(d, "cannot write %s: %s", blob_path, strerror(errno));
+        if (blob && !o.blob)
+            remove(blob_path); /* unusable path: everything was emitted inline */
+        free(dir);
     }
     if (c && fclose(c) != 0 && rc == IR_OK)
         rc = ir_diag_error(d, "cannot write %s: %s", c_path, strerror(errno));
     if (h && fclose(h) != 0 && rc == IR_OK)
         rc = ir_diag_error(d, "cannot write %s: %s", h_path, strerror(errno));
     if (rc == IR_OK && so)
-        rc = sbp_codegen_compile_so(c_path, out_path, extra_cflags, d);
+        rc = sbp_codegen_compile_so_target(c_path, out_path, extra_cflags, target, d);
     free(c_path);
     free(h_path);
     return rc;

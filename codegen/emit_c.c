@@ -9,6 +9,7 @@
  * kernel's template in passes/train_kernels.def.
  */
 #include "codegen.h"
+#include "emit_target.h"
 #include "memplan.h"
 
 #include <ctype.h>
@@ -182,6 +183,7 @@ static void emit_header_comment(const sbp_train_program *p, const sbp_codegen_op
                 " * Inside a chunk loop, r0 = b * T + t0 is the chunk's first row; operands\n"
                 " * holding every token's rows are passed at the chunk's rows.\n",
                 (long long)p->chunk, (long long)p->logits_chunk);
+    sbp_emit_target_comment(p, o, f);
     fputs(" */\n", f);
 }
 
@@ -197,7 +199,33 @@ static bool *used_buffers(const sbp_train_program *p)
     return used;
 }
 
-static void emit_constants(const sbp_train_program *p, FILE *f)
+/* Constants of at least this many bytes go to the blob file when there is one. */
+static size_t blob_min_bytes = 64u << 10;
+
+void sbp_codegen_set_blob_min_bytes(size_t bytes) { blob_min_bytes = bytes ? bytes : 1; }
+
+/* Appends b's data to the blob (64-byte aligned) and declares it as an assembled-in array. */
+static bool emit_blob_constant(const tp_buf *b, const sbp_codegen_options *o, FILE *f)
+{
+    long pos = ftell(o->blob);
+    if (pos < 0)
+        return false;
+    size_t pad = (size_t)((64 - pos % 64) % 64), bytes = b->numel * 4;
+    static const char zeros[64];
+    if ((pad && fwrite(zeros, 1, pad, o->blob) != pad) ||
+        fwrite(b->data, 1, bytes, o->blob) != bytes)
+        return false;
+    const char *type = b->is_int ? "int32_t" : "float";
+    fprintf(f, " (%zu bytes, from the constants file) */\n"
+               "extern const %s %s[%zu] __attribute__((visibility(\"hidden\")));\n"
+               "__asm__(\".pushsection .rodata\\n.balign 64\\n.globl %s\\n.hidden %s\\n%s:\\n\"\n"
+               "        \".incbin \\\"%s\\\", %zu, %zu\\n.popsection\");\n",
+            bytes, type, b->name, b->numel, b->name, b->name, b->name, o->blob_path,
+            (size_t)pos + pad, bytes);
+    return true;
+}
+
+static void emit_constants(const sbp_train_program *p, const sbp_codegen_options *o, FILE *f)
 {
     bool any = false;
     bool *used = used_buffers(p);
@@ -215,6 +243,8 @@ static void emit_constants(const sbp_train_program *p, FILE *f)
         put_type(f, b);
         fputs(": ", f);
         put_comment_text(f, b->value ? b->value->name : (b->what ? b->what : ""));
+        if (o->blob && b->numel * 4 >= blob_min_bytes && emit_blob_constant(b, o, f))
+            continue;
         fprintf(f, " */\nstatic const %s %s[%zu] = {", b->is_int ? "int32_t" : "float", b->name,
                 n);
         for (size_t k = 0; k < n; k++) {
@@ -255,9 +285,9 @@ static void emit_info(const sbp_train_program *p, const sbp_codegen_options *o, 
     fputs("};\n", f);
     size_t peak = 2 * p->param_elems * sizeof(float) + p->workspace_bytes;
     fputs("\nstatic const sbp_step_info step_info = {\n"
-          "    .abi_version = SBP_STEP_ABI_VERSION,\n"
-          "    .target = \"cpu\",\n",
+          "    .abi_version = SBP_STEP_ABI_VERSION,\n",
           f);
+    fprintf(f, "    .target = \"%s\",\n", sbp_codegen_target_name(o));
     fprintf(f, "    .strategy = \"%s\",\n    .objective = \"%s\",\n    .model_path = ",
             sbp_strategy_name(p->strategy), sbp_objective_name(p->objective));
     put_string(f, o->model_path ? o->model_path : "");
@@ -575,7 +605,8 @@ static void emit_run(const sbp_train_program *p, const sbp_codegen_options *o, F
     size_t bt = (size_t)(p->batch * p->seq_len);
     fputs("\n/* ---------------------------------------------------------------- the step */\n"
           "\n/* One forward + backward (codegen/sbp_step.h). The scored positions are counted "
-          "here,\n * on the host: the CPU backend's labels are host memory. */\n"
+          "here,\n * on the host (a CPU step's labels are host memory; a CUDA step counts a "
+          "host copy). */\n"
           "int sbp_step_run(sbprt_ctx *ctx, const sbp_step_args *args)\n{\n"
           "    if (!ctx || !args || !args->params || !args->grads || !args->input_ids ||\n"
           "        !args->labels || !args->workspace || !args->loss ||\n"
@@ -586,13 +617,16 @@ static void emit_run(const sbp_train_program *p, const sbp_codegen_options *o, F
           "    unsigned char *ws = (unsigned char *)args->workspace;\n"
           "    const int32_t *ids = args->input_ids, *labels = args->labels;\n\n",
           f);
-    fprintf(f,
-            "    int64_t n_scored = 0;\n"
-            "    for (size_t i = 0; i < %zu; i++)\n"
-            "        n_scored += labels[i] != SBPRT_IGNORE_INDEX;\n"
-            "    if (args->n_scored)\n"
-            "        *args->n_scored = n_scored;\n",
-            bt);
+    if (sbp_codegen_target_cuda(o))
+        sbp_emit_target_run_start(p, o, bt, f);
+    else
+        fprintf(f,
+                "    int64_t n_scored = 0;\n"
+                "    for (size_t i = 0; i < %zu; i++)\n"
+                "        n_scored += labels[i] != SBPRT_IGNORE_INDEX;\n"
+                "    if (args->n_scored)\n"
+                "        *args->n_scored = n_scored;\n",
+                bt);
     if (p->loss_is_mean)
         fputs("    /* the mean's divisor: the caller's (gradient accumulation over several\n"
               "     * batches), else this batch's scored positions */\n"
@@ -609,6 +643,7 @@ static void emit_run(const sbp_train_program *p, const sbp_codegen_options *o, F
             prefix);
     for (int i = 0; i < p->n_blocks; i++)
         fprintf(f, "    TRY(%s(ctx, P, G, ws, ids, labels, scale));\n", p->blocks[i]->name);
+    sbp_emit_target_run_end(p, o, f);
     if (p->loss_buf >= 0)
         fprintf(f,
                 "\n    float loss_sum = 0;\n"
@@ -695,7 +730,7 @@ int sbp_codegen_emit(const sbp_train_program *p, const sbp_codegen_options *o, F
     emit_header_comment(p, &oo, c, base ? base + 1 : cname);
     fputs("#include ", c);
     put_string(c, hname);
-    fputs("\n\n#include <math.h>\n#include <stddef.h>\n#include <stdint.h>\n\n"
+    fputs("\n\n#include <math.h>\n#include <stddef.h>\n#include <stdint.h>\n#include <stdlib.h>\n\n"
           "/* A runtime error ends the step; the caller gets the status. */\n"
           "#define TRY(call)                                                              \\\n"
           "    do {                                                                       \\\n"
@@ -704,7 +739,10 @@ int sbp_codegen_emit(const sbp_train_program *p, const sbp_codegen_options *o, F
           "            return rc_;                                                        \\\n"
           "    } while (0)\n",
           c);
-    emit_constants(p, c);
+    emit_constants(p, &oo, c);
+    if (oo.blob && ferror(oo.blob))
+        return ir_diag_error(d, "writing the constants file %s failed", oo.blob_path);
+    sbp_emit_target_constants(p, &oo, c); /* CUDA: their device copies; sbp_step_init */
     emit_info(p, &oo, c);
     emit_offsets(p, c);
     fputs("\n/* ---------------------------------------------------------------- blocks */\n", c);

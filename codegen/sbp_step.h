@@ -7,6 +7,18 @@
  * workspace_bytes — the step never allocates. Optimizer updates are the caller's, with the
  * runtime's sbprt_adamw_update / sbprt_sgd_update over the flat blocks.
  *
+ * Target (info->target): a "cpu" step runs on the CPU runtime and all of the memory above is
+ * host memory. A "cuda" step (sbpc --target cuda) runs on the CUDA runtime: the parameter,
+ * gradient and workspace blocks AND args->input_ids / args->labels are DEVICE pointers (give
+ * the step's own runtime functions, which it exports, e.g. sbprt_arena_alloc and sbprt_memcpy,
+ * a context made by its sbprt_ctx_create); only args itself, *loss and *n_scored are host
+ * memory. The step's constants (RoPE tables, positions) go to a device block of its own on
+ * the first run (sbp_step_init); the scored positions are counted on a host copy of the
+ * labels, copied only when needed (denominator 0, or n_scored asked for). Kernels run
+ * asynchronously on the context's stream; sbp_step_run ends with sbprt_sync, so its status
+ * covers every kernel of the step (an out-of-range token id or label: SBPRT_ERR_RANGE), and
+ * sbprt_ctx_last_error(ctx) describes a failure.
+ *
  * Layout of the parameter block: each parameter with storage occupies numel floats at its
  * offset, row-major in the ONNX initializer's own shape. A re-tied parameter (tied_to >= 0) has
  * no storage of its own: it is the transpose of its owner, and its gradient is the owner's
@@ -52,8 +64,9 @@ typedef struct sbp_step_args {
     const float *params;               /* [param_elems] */
     float *grads;                      /* [param_elems]; written (or added to, see below) */
     int accumulate;                    /* 0: grads are overwritten; 1: added to (grad-accum) */
-    const int32_t *input_ids;          /* [B*T] token ids in [0, V) */
-    const int32_t *labels;             /* [B*T] target of position t, -100 = not scored */
+    const int32_t *input_ids;          /* [B*T] token ids in [0, V) (cuda: device memory) */
+    const int32_t *labels;             /* [B*T] target of position t, -100 = not scored
+                                        * (cuda: device memory) */
     double denominator;                /* SFT mean's divisor; 0 = scored positions of this batch */
     void *workspace;                   /* [workspace_bytes], SBPRT_ALIGN-aligned */
     double *loss;                      /* out: the loss (mean over the denominator) */
@@ -64,5 +77,15 @@ const sbp_step_info *sbp_step_get_info(void);
 /* One forward + backward. Returns SBPRT_OK or a runtime status (e.g. SBPRT_ERR_RANGE for a
  * token id >= V); on error the gradients are unspecified. */
 int sbp_step_run(sbprt_ctx *ctx, const sbp_step_args *args);
+
+/* Appended to ABI 1 (steps from an older sbpc lack them: look them up with dlsym).
+ * sbp_step_init prepares what the step owns: a cuda step allocates its constants' device block
+ * (through the runtime, on the current device) and uploads them; a cpu step has nothing to do.
+ * sbp_step_run calls it on its first run; calling it first keeps that upload out of the first
+ * step (and out of a timing). sbp_step_release frees it (call it before destroying the context
+ * the step ran with); a later run would prepare it again. Neither is safe to call while
+ * another thread runs the step. */
+int sbp_step_init(sbprt_ctx *ctx);
+void sbp_step_release(sbprt_ctx *ctx);
 
 #endif

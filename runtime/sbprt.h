@@ -342,6 +342,14 @@ int sbprt_ctx_set_tf32(sbprt_ctx *ctx, int enable);
  * CPU backend records nothing and always returns "". */
 const char *sbprt_ctx_last_error(const sbprt_ctx *ctx);
 
+/* Memory of the backend's device as ctx sees it now, in bytes: *used is what is allocated
+ * on it (by every process and the driver, this context's arena and scratch included) and
+ * *total its capacity.  CUDA: total - free from cudaMemGetInfo on ctx's device (so it
+ * includes the CUDA context itself, a few hundred MiB, and other processes' memory).  CPU:
+ * the resident set of this process (/proc/self/statm) and the machine's physical memory;
+ * SBPRT_ERR_INVALID where those cannot be read.  Either pointer may be NULL. */
+int sbprt_device_memory(sbprt_ctx *ctx, size_t *used, size_t *total);
+
 /* ---- CUDA notes ----------------------------------------------------------------------
  * The CUDA backend (library sbprt_cuda; sbprt_backend_name() == "cuda") differs from the
  * CPU backend in these ways, and only these:
@@ -362,7 +370,9 @@ const char *sbprt_ctx_last_error(const sbprt_ctx *ctx);
  *     CPU backend.
  *   - Errors of the CUDA runtime or cuBLAS give SBPRT_ERR_BACKEND (SBPRT_ERR_NOMEM for a
  *     failed allocation) and a diagnostic in sbprt_ctx_last_error.  A fault inside a kernel
- *     shows up at a later call, at the latest at sbprt_sync.
+ *     shows up at a later call, at the latest at sbprt_sync.  On a machine without a usable
+ *     device sbprt_ctx_create fails with SBPRT_ERR_BACKEND and sbprt_ctx_last_error(NULL)
+ *     starts with "no CUDA device".
  *   - Attention supports head sizes d <= 256 (a larger d gives SBPRT_ERR_INVALID), and
  *     b and hq (forward, pass 1) or hkv (dk/dv pass) up to 65535.
  *   - Determinism: no kernel uses float atomics; every reduction has a fixed partition and

@@ -20,6 +20,15 @@
  *   6. optionally dump the first step's gradients (safetensors) and save the trained weights
  *      into a copy of the model (ONNX); both are written atomically by sbpio.
  *
+ * A cuda step (sbpc --target cuda) runs the same way with the same flags: the arena is device
+ * memory (the step's own sbprt_arena_alloc), the weights are copied in with sbprt_memcpy, the
+ * ids and labels of each step are copied to the device, the gradients and weights come back for
+ * --dump-grads and --save, and the end report gives the device's memory in use at its peak
+ * (sbprt_device_memory, sampled after every step) next to the planned bytes. Failures print
+ * the runtime's own diagnostic (sbprt_ctx_last_error): on a machine without a GPU, "no CUDA
+ * device"; for an allocation that does not fit, the bytes asked and free and the
+ * --memory-budget that would fit.
+ *
  * Runtime functions are taken from the step library when it exports them (a step links
  * libsbprt in, so the context and the arena then belong to the backend the step was built for)
  * and otherwise from the CPU runtime linked into this program, each copy with its own context
@@ -360,6 +369,12 @@ typedef struct runtime {
     int (*sgd_update)(sbprt_ctx *, float *, const float *, size_t, double, double);
     int (*adamw_update)(sbprt_ctx *, float *, float *, float *, const float *, size_t, double,
                         double, double, double, double, int);
+    /* the step's copy when it made the context (else ours): diagnostics and memory figures */
+    const char *(*last_error)(const sbprt_ctx *);
+    int (*device_memory)(sbprt_ctx *, size_t *, size_t *);
+    /* the step's sbp_step_init / sbp_step_release (codegen/sbp_step.h), or NULL (older steps) */
+    int (*step_init)(sbprt_ctx *);
+    void (*step_release)(sbprt_ctx *);
     /* which context each group of functions takes: &step_ctx or &own_ctx */
     sbprt_ctx **sync_ctx, **arena_ctx, **copy_ctx, **sgd_ctx, **adamw_ctx;
     sbprt_ctx *step_ctx;     /* made by ctx_create; the one sbp_step_run gets */
@@ -414,6 +429,18 @@ static int runtime_load(runtime *rt, void *lib, const char *step_path, const cha
         rt->arena_free = sbprt_arena_free;
         rt->arena_ctx = &rt->own_ctx;
     }
+    void *last = rt->ctx_from_step ? dlsym(lib, "sbprt_ctx_last_error") : NULL;
+    void *mem = rt->ctx_from_step ? dlsym(lib, "sbprt_device_memory") : NULL;
+    if (last)
+        *(void **)(&rt->last_error) = last;
+    else
+        rt->last_error = sbprt_ctx_last_error;
+    if (mem)
+        *(void **)(&rt->device_memory) = mem;
+    else if (!rt->ctx_from_step)
+        rt->device_memory = sbprt_device_memory;
+    *(void **)(&rt->step_init) = dlsym(lib, "sbp_step_init");
+    *(void **)(&rt->step_release) = dlsym(lib, "sbp_step_release");
     void *name = rt->ctx_from_step ? dlsym(lib, "sbprt_backend_name") : NULL;
     void *status = dlsym(lib, "sbprt_status_string");
     if (name)
@@ -440,8 +467,11 @@ static int runtime_load(runtime *rt, void *lib, const char *step_path, const cha
 static int runtime_start(runtime *rt, int nthreads)
 {
     int st = rt->ctx_create(&rt->step_ctx, nthreads);
-    if (st)
-        return error("cannot create a runtime context: %s", rt->status_string(st));
+    if (st) {
+        const char *why = rt->last_error(NULL);
+        return error("cannot create a %s runtime context: %s%s%s", rt->backend_name(),
+                     rt->status_string(st), why && *why ? ": " : "", why ? why : "");
+    }
     if (!rt->ctx_from_step) {
         rt->own_ctx = rt->step_ctx; /* one copy, one context */
         return 0;

@@ -1,7 +1,7 @@
 /* sbpc.c — the compiler driver.
  *
  *   sbpc MODEL.onnx [--batch N] [--seq-len N] [--no-retie] [--dump-ir[=PASS]]
- *        [-o train_step.c|train_step.so] [--strategy stream|store|checkpoint]
+ *        [-o train_step.c|train_step.so] [--strategy stream|store|checkpoint] [--target cpu|cuda]
  *        [--chunk N] [--logits-chunk N] [--memory-budget BYTES]
  *        [--objective sft|graph-loss] [--freeze REGEX]... [--report] [--memory-plot FILE.svg]
  *
@@ -39,6 +39,9 @@ static void usage(FILE *f)
             "  --dump-ir[=PASS]   print the IR after PASS (default: the last pass)\n"
             "  -o FILE            write the training step: FILE.c (with FILE.h), or FILE.so\n"
             "                     (the C files next to it, compiled with $CC, else clang)\n"
+            "  --target T         cpu (default: the CPU runtime, OpenBLAS) or cuda (the CUDA\n"
+            "                     runtime, cuBLAS: every tensor of the step is device memory;\n"
+            "                     the .so links the CUDA backend built with sbpc)\n"
             "  --strategy S       stream (default: StreamBP, each layer and the LM head run\n"
             "                     chunk by chunk over the sequence in the forward and the\n"
             "                     backward; exact gradients), store (keep every activation) or\n"
@@ -209,6 +212,7 @@ int main(int argc, char **argv)
     sbp_pass_options opt = {.verify = true};
     sbp_train_options topt = {.strategy = SBP_STRATEGY_STREAM};
     sbp_objective objective = SBP_OBJECTIVE_SFT;
+    const char *target = "cpu";
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -243,6 +247,12 @@ int main(int argc, char **argv)
                         prog, v);
                 return 1;
             }
+        } else if ((v = flag_value(argc, argv, &i, "--target"))) {
+            if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0) {
+                fprintf(stderr, "%s: error: --target: '%s' is not cpu or cuda\n", prog, v);
+                return 1;
+            }
+            target = v;
         } else if ((v = flag_value(argc, argv, &i, "--chunk"))) {
             if (parse_count("--chunk", v, &topt.chunk))
                 return 1;
@@ -300,6 +310,14 @@ int main(int argc, char **argv)
         usage(stderr);
         return 1;
     }
+    size_t out_len = out ? strlen(out) : 0;
+    if (out_len > 3 && strcmp(out + out_len - 3, ".so") == 0 &&
+        !sbp_codegen_target_available(target)) {
+        fprintf(stderr, "%s: error: --target %s: this sbpc was configured without a CUDA compiler "
+                "(nvcc), so it cannot build a cuda .so; -o %.*s.c writes the C\n", prog, target,
+                (int)(out_len - 3), out);
+        return 1;
+    }
 
     ir_diag diag;
     ir_diag_init(&diag, model);
@@ -330,7 +348,7 @@ int main(int argc, char **argv)
         sbp_train_program *p = rc == 0 ? sbp_train_build(g, chosen, &topt) : NULL;
         if (!p)
             rc = 1;
-        else if (out && sbp_codegen_write(p, out, model, NULL, &diag) != IR_OK)
+        else if (out && sbp_codegen_write_target(p, out, model, NULL, target, &diag) != IR_OK)
             rc = 1;
         if (p && (report || plot) &&
             memory_report(model, &opt, objective, freeze, n_freeze, &topt, p, report, plot,

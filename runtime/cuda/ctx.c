@@ -7,7 +7,8 @@
  * are queued.  The arena and the scratch buffer are plain cudaMalloc allocations (256-byte
  * aligned, which covers SBPRT_ALIGN).  Failures never print: they return a status and leave
  * a one-line diagnostic that sbprt_ctx_last_error returns — for an allocation, the bytes
- * asked and the bytes the device had free.
+ * asked and the bytes the device had free; for a machine without a usable device, a message
+ * that starts with "no CUDA device".  sbprt_device_memory is cudaMemGetInfo.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -102,6 +103,18 @@ static void cu_release(sbprt_ctx *ctx)
 
 static int cu_init(sbprt_ctx *ctx)
 {
+    /* Said plainly first: without a device every later call fails with something obscure
+     * (no driver gives "CUDA driver version is insufficient for CUDA runtime version"). */
+    int ndev = 0;
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev <= 0) {
+        (void)cudaGetLastError();
+        if (e != cudaSuccess)
+            return cu_error(ctx, SBPRT_ERR_BACKEND, "no CUDA device: cudaGetDeviceCount: %s (%s)",
+                            cudaGetErrorName(e), cudaGetErrorString(e));
+        return cu_error(ctx, SBPRT_ERR_BACKEND,
+                        "no CUDA device: cudaGetDeviceCount found none (CUDA_VISIBLE_DEVICES?)");
+    }
     CU_TRY(ctx, cudaGetDevice(&ctx->device));
     CU_TRY(ctx, cudaDeviceGetAttribute(&ctx->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                        ctx->device));
@@ -241,5 +254,17 @@ int sbprt_memset_zero(sbprt_ctx *ctx, void *dst, size_t bytes)
         return SBPRT_OK;
     CU_CHECK(dst);
     CU_TRY(ctx, cudaMemsetAsync(dst, 0, bytes, ctx->stream));
+    return SBPRT_OK;
+}
+
+int sbprt_device_memory(sbprt_ctx *ctx, size_t *used, size_t *total)
+{
+    CU_CHECK(ctx);
+    size_t free_b = 0, total_b = 0;
+    CU_TRY(ctx, cudaMemGetInfo(&free_b, &total_b));
+    if (used)
+        *used = total_b - free_b;
+    if (total)
+        *total = total_b;
     return SBPRT_OK;
 }

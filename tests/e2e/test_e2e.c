@@ -386,6 +386,7 @@ static const family_case cases[] = {
     /* the tie survives as Transpose(wte): no MatMul copy, so not every reference is used */
     {"gpt2_op17_dyn_nofold.onnx", "gpt2", B, T, false, "sft"},
     {"qwen3_op14_static.onnx", "qwen3", 0, 0, true, "sft"},
+    {"llama_op17_static.onnx", "llama", 0, 0, true, "sft"},
 };
 
 static void test_gpt2(void **state) { (void)state; run_family(&cases[0]); }
@@ -394,6 +395,24 @@ static void test_qwen3(void **state) { (void)state; run_family(&cases[2]); }
 static void test_llama_graph_loss(void **state) { (void)state; run_family(&cases[3]); }
 static void test_gpt2_nofold(void **state) { (void)state; run_family(&cases[4]); }
 static void test_qwen3_op14(void **state) { (void)state; run_family(&cases[5]); }
+
+/* Every constant (the RoPE tables) in the side file PATH.consts.bin, assembled in by .incbin,
+ * as long sequences need: the same gradients as inline arrays. */
+static void test_constants_file(void **state)
+{
+    (void)state;
+    sbp_codegen_set_blob_min_bytes(1);
+    run_family(&cases[6]);
+    sbp_codegen_set_blob_min_bytes(64u << 10);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/llama_op17_static_store.consts.bin", SBP_E2E_OUT);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fclose(f);
+    assert_true(n >= (long)(2 * T * 4 * sizeof(float))); /* cos and sin, [T, head_dim 4] */
+}
 
 /* ------------------------------------------------------------------ other properties */
 
@@ -569,6 +588,7 @@ int main(void)
         cmocka_unit_test(test_llama_graph_loss),
         cmocka_unit_test(test_gpt2_nofold),
         cmocka_unit_test(test_qwen3_op14),
+        cmocka_unit_test(test_constants_file),
         cmocka_unit_test(test_freeze),
         cmocka_unit_test(test_accumulate),
         cmocka_unit_test(test_no_gradient_rule),
