@@ -484,8 +484,20 @@ static int runtime_start(runtime *rt, int nthreads)
     return 0;
 }
 
+/* "; <the runtime's diagnostic>" for a failure on ctx, or "" when it recorded none. */
+static const char *rt_why(const runtime *rt, sbprt_ctx *ctx, char *buf, size_t n)
+{
+    const char *why = rt->last_error ? rt->last_error(ctx) : NULL;
+    if (!why || !*why)
+        return "";
+    snprintf(buf, n, " (%s)", why);
+    return buf;
+}
+
 static void runtime_stop(runtime *rt)
 {
+    if (rt->step_ctx && rt->step_release)
+        rt->step_release(rt->step_ctx); /* the step's device copies of its constants */
     if (rt->own_ctx && rt->own_ctx != rt->step_ctx)
         sbprt_ctx_destroy(rt->own_ctx);
     if (rt->step_ctx)
@@ -832,6 +844,36 @@ static void draw_bar(int64_t s, int64_t total, double loss, double tps)
 
 static size_t align_up(size_t n) { return (n + SBPRT_ALIGN - 1) / SBPRT_ALIGN * SBPRT_ALIGN; }
 
+/* After an arena of `asked` bytes did not fit on a device that had free_bytes free: the
+ * --memory-budget (sbpc's planned peak: parameters + gradients + workspace) that would fit,
+ * keeping the optimizer state, the ids and labels, and some headroom (the step's constants,
+ * the runtime's scratch, cuBLAS's workspace: 5% of the free memory, at least 256 MiB) out. */
+static void fit_advice(const sbp_step_info *in, size_t asked, size_t free_bytes, bool adamw)
+{
+    const size_t pbytes = in->param_elems * sizeof(float);
+    const size_t rest = asked - in->workspace_bytes - 2 * pbytes; /* optimizer, ids, labels */
+    const size_t headroom = free_bytes / 20 > ((size_t)256 << 20) ? free_bytes / 20
+                                                                   : ((size_t)256 << 20);
+    char b1[32], b2[32], b3[32], b4[32];
+    if (2 * pbytes + rest + headroom >= free_bytes) {
+        message("note", "the device has %s free, and the parameters, gradients%s alone take %s: "
+                "this model does not fit on it%s", bytes_str(b1, sizeof b1, (double)free_bytes),
+                adamw ? " and AdamW state" : "",
+                bytes_str(b2, sizeof b2, (double)(2 * pbytes + rest)),
+                adamw ? " with AdamW (--optimizer sgd keeps no optimizer state)" : "");
+        return;
+    }
+    const size_t budget_mib = (free_bytes - headroom - rest) >> 20;
+    message("note", "the device has %s free; the step plans %s (parameters, gradients and a "
+            "workspace of %s) and needs %s more for %s: a step planned within %zu MiB would "
+            "fit: recompile it with sbpc --memory-budget %zuM (the stream strategy picks the "
+            "largest chunks that fit)", bytes_str(b1, sizeof b1, (double)free_bytes),
+            bytes_str(b2, sizeof b2, (double)in->planned_peak_bytes),
+            bytes_str(b3, sizeof b3, (double)in->workspace_bytes),
+            bytes_str(b4, sizeof b4, (double)rest),
+            adamw ? "AdamW state, ids and labels" : "ids and labels", budget_mib, budget_mib);
+}
+
 int main(int argc, char **argv)
 {
     options o;
@@ -929,12 +971,23 @@ int main(int argc, char **argv)
         }
     }
 
-    if (model_open(&mdl, &o, in))
-        goto out;
-
-    if (runtime_start(&rt, (int)o.threads))
+    /* the context first: no device is quicker to find than a large model is to read */
+    if (runtime_start(&rt, (int)o.threads) || model_open(&mdl, &o, in))
         goto out;
     int st;
+    char why[400];
+    /* device memory (a backend whose memory is not the host's): in use before the arena, and
+     * the most in use seen after it, sampled after every step */
+    size_t dev_before = 0, dev_total = 0, dev_peak = 0;
+    const bool dev_mem = !host_visible && rt.device_memory &&
+                         rt.device_memory(rt.step_ctx, &dev_before, &dev_total) == SBPRT_OK;
+#define SAMPLE_DEVICE_MEMORY()                                                                    \
+    do {                                                                                          \
+        size_t used_ = 0;                                                                         \
+        if (dev_mem && rt.device_memory(rt.step_ctx, &used_, NULL) == SBPRT_OK &&                 \
+            used_ > dev_peak)                                                                     \
+            dev_peak = used_;                                                                     \
+    } while (0)
     const size_t pbytes = in->param_elems * sizeof(float);
     const size_t off_params = 0;
     const size_t off_grads = off_params + align_up(pbytes);
@@ -947,10 +1000,14 @@ int main(int argc, char **argv)
     st = RT(rt, arena_alloc, arena_ctx, (void **)&arena, arena_bytes);
     if (st) {
         char b1[32];
-        error("cannot allocate %s for parameters, gradients, optimizer state and workspace: %s",
-              bytes_str(b1, sizeof b1, (double)arena_bytes), rt.status_string(st));
+        error("cannot allocate %s for parameters, gradients, optimizer state and workspace: %s%s",
+              bytes_str(b1, sizeof b1, (double)arena_bytes), rt.status_string(st),
+              rt_why(&rt, *rt.arena_ctx, why, sizeof why));
+        if (dev_mem && st == SBPRT_ERR_NOMEM)
+            fit_advice(in, arena_bytes, dev_total - dev_before, o.adamw);
         goto out;
     }
+    SAMPLE_DEVICE_MEMORY();
     float *d_params = (float *)(arena + off_params), *d_grads = (float *)(arena + off_grads);
     float *d_m = (float *)(arena + off_m), *d_v = (float *)(arena + off_v);
     int32_t *d_ids = (int32_t *)(arena + off_ids), *d_labels = (int32_t *)(arena + off_labels);
@@ -984,6 +1041,13 @@ int main(int argc, char **argv)
         free(zeros);
         if (st)
             goto copy_failed;
+    }
+
+    /* the step's own preparation (a cuda step uploads its constants), outside the timing */
+    if (rt.step_init && (st = rt.step_init(rt.step_ctx))) {
+        error("preparing the step (sbp_step_init) failed: %s%s", rt.status_string(st),
+              rt_why(&rt, rt.step_ctx, why, sizeof why));
+        goto out;
     }
 
     int64_t n_weights = 0;
@@ -1034,8 +1098,17 @@ int main(int argc, char **argv)
         if (!st)
             st = rt.sync(*rt.sync_ctx);
         if (st) {
-            error("step %lld: the step failed: %s%s", (long long)s, rt.status_string(st),
-                  st == SBPRT_ERR_RANGE ? " (a token id or label outside the vocabulary)" : "");
+            error("step %lld: the step failed: %s%s%s", (long long)s, rt.status_string(st),
+                  st == SBPRT_ERR_RANGE ? " (a token id or label outside the vocabulary)" : "",
+                  rt_why(&rt, rt.step_ctx, why, sizeof why));
+            if (dev_mem && st == SBPRT_ERR_NOMEM) {
+                size_t used = 0;
+                if (rt.device_memory(rt.step_ctx, &used, NULL) == SBPRT_OK)
+                    message("note", "the runtime's scratch or cuBLAS's workspace did not fit "
+                            "next to the arena (%zu of %zu bytes in use); recompile the step "
+                            "with a --memory-budget some hundreds of MiB below its planned %zu "
+                            "bytes", used, dev_total, in->planned_peak_bytes);
+            }
             goto out;
         }
         if (!isfinite(loss)) {
@@ -1075,9 +1148,11 @@ int main(int argc, char **argv)
             }
         }
         if ((st = rt.sync(*rt.sync_ctx))) {
-            error("step %lld: %s", (long long)s, rt.status_string(st));
+            error("step %lld: %s%s", (long long)s, rt.status_string(st),
+                  rt_why(&rt, *rt.sync_ctx, why, sizeof why));
             goto out;
         }
+        SAMPLE_DEVICE_MEMORY();
         double dt = t_run + (now_seconds() - t0);
         double tps = dt > 0 ? (double)ntok / dt : 0;
         clear_bar();
@@ -1105,17 +1180,33 @@ int main(int argc, char **argv)
     getrusage(RUSAGE_SELF, &ru);
     size_t opt_state = o.adamw ? 2 * pbytes : 0;
     char b1[32], b2[32], b3[32], b4[32];
-    printf("peak memory: planned %s (step %s + optimizer state %s), actual %s (peak RSS)\n",
-           bytes_str(b1, sizeof b1, (double)in->planned_peak_bytes + (double)opt_state),
-           bytes_str(b2, sizeof b2, (double)in->planned_peak_bytes),
-           bytes_str(b3, sizeof b3, (double)opt_state),
-           bytes_str(b4, sizeof b4, (double)ru.ru_maxrss * 1024.0));
+    if (host_visible) {
+        printf("peak memory: planned %s (step %s + optimizer state %s), actual %s (peak RSS)\n",
+               bytes_str(b1, sizeof b1, (double)in->planned_peak_bytes + (double)opt_state),
+               bytes_str(b2, sizeof b2, (double)in->planned_peak_bytes),
+               bytes_str(b3, sizeof b3, (double)opt_state),
+               bytes_str(b4, sizeof b4, (double)ru.ru_maxrss * 1024.0));
+    } else {
+        printf("peak device memory: planned %s (step %s + optimizer state %s)",
+               bytes_str(b1, sizeof b1, (double)in->planned_peak_bytes + (double)opt_state),
+               bytes_str(b2, sizeof b2, (double)in->planned_peak_bytes),
+               bytes_str(b3, sizeof b3, (double)opt_state));
+        if (dev_mem && dev_peak >= dev_before)
+            printf(", actual %s more in use than before the arena (%zu bytes: arena, constants, "
+                   "runtime scratch, cuBLAS workspace; at most %s of %s in use, sampled after "
+                   "each step)",
+                   bytes_str(b4, sizeof b4, (double)(dev_peak - dev_before)),
+                   dev_peak - dev_before, bytes_str(b1, sizeof b1, (double)dev_peak),
+                   bytes_str(b2, sizeof b2, (double)dev_total));
+        printf("\npeak host memory: %s (peak RSS)\n",
+               bytes_str(b4, sizeof b4, (double)ru.ru_maxrss * 1024.0));
+    }
     rc = 0;
     goto out;
 
 copy_failed:
-    error("copying between host and %s memory failed: %s", rt.backend_name(),
-          rt.status_string(st));
+    error("copying between host and %s memory failed: %s%s", rt.backend_name(),
+          rt.status_string(st), rt_why(&rt, *rt.copy_ctx, why, sizeof why));
 out:
     clear_bar();
     if (own_host) {
