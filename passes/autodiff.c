@@ -893,6 +893,8 @@ static int plan_loss(tctx *t, const ir_node *n)
 
 static int loss_fwd(tctx *t, const ir_node *n)
 {
+    if (pref_objective(t->p)) /* DPO, GRPO: objective_pref.c */
+        return pref_loss_fwd(t, n);
     int loss = tx_out(t, n, 0);
     tx_emit(t, TP_K_MEMSET_ZERO, BUFS(loss), ARGS(A_I(4)));
     tx_emit(t, TP_K_CROSS_ENTROPY, BUFS(loss, -1, tx_in(t, n, 0), tx_in(t, n, 1)),
@@ -905,6 +907,8 @@ static int loss_fwd(tctx *t, const ir_node *n)
  * their last reader; otherwise it writes a scratch that is then added. */
 static int loss_bwd(tctx *t, const ir_node *n)
 {
+    if (pref_objective(t->p))
+        return pref_loss_bwd(t, n);
     int gl = tx_gin(t, n, 0);
     int64_t N = numel(n->in[1]), V = dim(n->in[0], -1);
     /* fused (a stream head chunk): this call is the loss's forward too; it adds the chunk's

@@ -1242,7 +1242,7 @@ static ir_value *passthrough(ir_graph *g, const ir_node *n)
 /* Replaces n by its input x. A graph output keeps its name: when n's output y is one and x is
  * a node output read only by n, x's producer takes y over as its output (x is left without a
  * producer and unused); otherwise n becomes a plain Identity. */
-static bool bypass(ir_graph *g, ir_node *n, ir_value *x)
+static bool bypass(ir_graph *g, ir_node *n, ir_value *x, ir_value **fwd)
 {
     ir_value *y = n->out[0];
     if (y->is_output) {
@@ -1267,7 +1267,10 @@ static bool bypass(ir_graph *g, ir_node *n, ir_value *x)
         n->n_attr = 0;
         return true;
     }
-    ir_replace_uses(g, y, x);
+    /* Readers of y all come later in the (topological) node order: the fold loop rewrites
+     * them as it reaches them, which keeps the pass linear (no scan of the graph per bypass). */
+    if (y->id >= 0 && y->id < g->n_values)
+        fwd[y->id] = x;
     n->dead = true;
     return true;
 }
@@ -1279,17 +1282,25 @@ int sbp_pass_fold_max(ir_graph *g, int64_t max_elems)
     if (max_elems <= 0)
         max_elems = FOLD_MAX_ELEMS;
     int rc = IR_OK;
+    /* fwd[v]: the value that replaces bypassed value v (NULL: v stands). */
+    const int nv0 = g->n_values; /* fold makes no values; guard anyway */
+    ir_value **fwd = calloc((size_t)nv0 + 1, sizeof *fwd);
+    if (!fwd)
+        return ir_diag_error(g->diag, "out of memory folding");
     for (int i = 0; i < g->n_nodes; i++) {
         ir_node *n = g->nodes[i];
         if (n->dead)
             continue;
+        for (int j = 0; j < n->n_in; j++)
+            while (n->in[j] && n->in[j]->id < nv0 && fwd[n->in[j]->id])
+                n->in[j] = fwd[n->in[j]->id];
         if (ir_infer_node(g, n) != IR_OK) {
             rc = IR_ERR;
             continue;
         }
         ir_value *x = passthrough(g, n);
         if (x && !ir_value_is_const(x)) {
-            bypass(g, n, x);
+            bypass(g, n, x, fwd);
             continue;
         }
         if (!foldable(n))
@@ -1298,6 +1309,7 @@ int sbp_pass_fold_max(ir_graph *g, int64_t max_elems)
         if (eval_inferred(g, n, max_elems, &folded) != IR_OK)
             rc = IR_ERR;
     }
+    free(fwd);
     ir_graph_compact(g);
     return rc;
 }

@@ -60,6 +60,11 @@
 #define ROLES_COPY_COLS     "cr"
 #define ROLES_BROADCAST_FWD "wrr"
 #define ROLES_BROADCAST_BWD "aarrr"
+#define ROLES_LOGPROB_FWD   "wwrr"      /* logp, lse, logits, labels */
+#define ROLES_LOGPROB_GRAD  "wrrrr"     /* dlogits = (ignored rows 0), dlogp, logits, labels, lse */
+#define ROLES_GRPO_LOSS     "awrrr"     /* loss_sum +=, dlogp =, logp, labels, row weights */
+#define ROLES_GRPO_WEIGHTS  "wr"        /* row weights, labels (host step) */
+#define ROLES_DPO_COEF      "wwr"       /* coefficients per token, loss, logp per token (host) */
 
 #define K(e, nb, na, call)                                                                     \
     _Static_assert(sizeof(ROLES_##e) == (nb) + 1,                                              \

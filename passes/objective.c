@@ -10,6 +10,9 @@
  * A graph that already ends in a scalar loss (SoftmaxCrossEntropyLoss, canonicalised to
  * CrossEntropy) is trained on that loss as it is.
  *
+ * DPO and GRPO append the same node (named dpo_loss / grpo_loss): it marks where the objective
+ * sits, the LM head, and passes/objective_pref.c lowers it to the objective's kernels.
+ *
  * requires: a canonical graph (sbp_canonicalize). produces: one output, a scalar loss.
  */
 #include "passes.h"
@@ -26,7 +29,22 @@ const char *sbp_strategy_name(sbp_strategy s)
 
 const char *sbp_objective_name(sbp_objective o)
 {
-    return o == SBP_OBJECTIVE_GRAPH_LOSS ? "graph-loss" : "sft";
+    switch (o) {
+    case SBP_OBJECTIVE_GRAPH_LOSS: return "graph-loss";
+    case SBP_OBJECTIVE_DPO: return "dpo";
+    case SBP_OBJECTIVE_GRPO: return "grpo";
+    default: return "sft";
+    }
+}
+
+const char *sbp_grpo_norm_name(sbp_grpo_norm n)
+{
+    return n == SBP_GRPO_NORM_TOKEN ? "token" : "sequence";
+}
+
+double sbp_objective_default_beta(sbp_objective o)
+{
+    return o == SBP_OBJECTIVE_DPO ? 0.1 : o == SBP_OBJECTIVE_GRPO ? 0.04 : 0.0;
 }
 
 static bool is_loss(const ir_value *v)
@@ -72,8 +90,14 @@ static ir_value *find_logits(ir_graph *g)
 
 int sbp_pass_objective(ir_graph *g, sbp_objective requested, sbp_objective *chosen)
 {
+    bool pref = requested == SBP_OBJECTIVE_DPO || requested == SBP_OBJECTIVE_GRPO;
+    const char *flag = sbp_objective_name(requested);
     for (int i = 0; i < g->n_outputs; i++) {
         if (is_loss(g->outputs[i])) {
+            if (pref)
+                return ir_diag_error(g->diag, "--objective %s needs the logits, but the graph "
+                                              "ends in a loss ('%s'): export the model without "
+                                              "its loss", flag, g->outputs[i]->name);
             *chosen = SBP_OBJECTIVE_GRAPH_LOSS;
             return only_output(g, g->outputs[i]);
         }
@@ -83,12 +107,12 @@ int sbp_pass_objective(ir_graph *g, sbp_objective requested, sbp_objective *chos
                                       "output (CrossEntropy); use --objective sft");
     ir_value *logits = find_logits(g);
     if (!logits)
-        return ir_diag_error(g->diag, "--objective sft: cannot tell which graph output holds "
+        return ir_diag_error(g->diag, "--objective %s: cannot tell which graph output holds "
                                       "the logits (want one float output [B,T,V], or one named "
-                                      "'logits')");
+                                      "'logits')", flag);
     if (!ir_value_shape_known(logits))
-        return ir_diag_error(g->diag, "--objective sft: the logits '%s' have an unknown shape "
-                                      "(bind --batch and --seq-len)", logits->name);
+        return ir_diag_error(g->diag, "--objective %s: the logits '%s' have an unknown shape "
+                                      "(bind --batch and --seq-len)", flag, logits->name);
 
     /* labels: logits' shape without the vocabulary axis */
     ir_dim dims[IR_MAX_RANK];
@@ -105,14 +129,17 @@ int sbp_pass_objective(ir_graph *g, sbp_objective requested, sbp_objective *chos
     g->n_inputs++;
 
     ir_value *in[2] = {logits, labels};
-    ir_node *ce = ir_node_new(g, IR_OP_CROSS_ENTROPY, "sft_loss", 2, in, 1);
+    /* DPO / GRPO: the same node, lowered as the objective (objective_pref.c) */
+    ir_node *ce = ir_node_new(g, IR_OP_CROSS_ENTROPY,
+                              pref ? ir_arena_printf(g->arena, "%s_loss", flag) : "sft_loss", 2,
+                              in, 1);
     if (!ce)
         return IR_ERR;
     ir_attr_set_int(g, ce, "ignore_index", -100);
     ir_attr_set_string(g, ce, "reduction", "mean");
     if (ir_infer_node(g, ce) != IR_OK)
         return IR_ERR;
-    *chosen = SBP_OBJECTIVE_SFT;
+    *chosen = pref ? requested : SBP_OBJECTIVE_SFT;
     return only_output(g, ce->out[0]);
 }
 

@@ -23,6 +23,9 @@
  *             scored positions of the whole batch, counted before the step), then the head's
  *             gradient rules (dW +=, the chunk's rows of the hidden state's gradient). The full
  *             logits never exist, and the loss is exact whatever the chunks and label masks.
+ *             DPO and GRPO replace the fused cross-entropy by their own (objective_pref.c);
+ *             DPO first runs a chunk loop over the head for each token's log-probability and
+ *             a host step for each row's coefficient, GRPO a host step for the row weights.
  *   backward  per layer, last first: the pre-loop nodes recomputed (K and V once per layer),
  *             then per chunk: its chunk-local gradients zeroed, the forward rows its gradient
  *             rules read recomputed, the rules in reverse (weight gradients +=, dK/dV over the
@@ -238,7 +241,8 @@ int stream_plan(tctx *t, ir_node **nodes, int nn, const ir_value *loss,
 
 /* ------------------------------------------------------------------ chunk bodies */
 
-typedef enum { CH_FORWARD, CH_BACKWARD, CH_HEAD } ch_mode;
+/* CH_LOGP: DPO's first pass over the head, each token's label log-probability (no gradient) */
+typedef enum { CH_FORWARD, CH_BACKWARD, CH_HEAD, CH_LOGP } ch_mode;
 
 /* Every TOKEN value's dims as one chunk of n rows (enter), or back (leave). */
 static void chunk_dims(tctx *t, int64_t n, bool enter)
@@ -311,6 +315,15 @@ static int chunk_body(tctx *t, const chunk_job *j, int64_t len, tp_block *body)
         rc = tx_emit_rules(t, j->nodes, j->nn, j->sel, seg->first_node, seg->end_node, j->loss,
                            true);
         break;
+    case CH_LOGP:
+        for (int k = seg->first_node; k < seg->end_node && rc == IR_OK; k++)
+            if (j->sel[k] && k != j->loss_k)
+                rc = tx_lower_forward(t, j->nodes[k], "forward");
+        t->cur_node = j->nodes[j->loss_k];
+        t->cur_what = "forward";
+        if (rc == IR_OK)
+            rc = pref_loss_logp(t, j->nodes[j->loss_k]);
+        break;
     case CH_HEAD: {
         for (int k = seg->first_node; k < seg->end_node && rc == IR_OK; k++)
             if (j->sel[k] && k != j->loss_k)
@@ -345,12 +358,13 @@ static int chunk_body(tctx *t, const chunk_job *j, int64_t len, tp_block *body)
 static int chunk_loop(tctx *t, const chunk_job *j)
 {
     sbp_train_program *p = t->p;
-    bool head = j->mode == CH_HEAD;
+    bool head = j->mode == CH_HEAD || j->mode == CH_LOGP;
     int64_t batch = head ? 1 : t->B, seq = head ? t->B * t->T : t->T;
     int64_t c = head ? p->logits_chunk : p->chunk;
     int64_t nfull = seq / c, rem = seq % c;
     int group = t->n_loop_groups++;
-    static const char *const mode_name[] = {"forward", "backward", "loss, forward and backward"};
+    static const char *const mode_name[] = {"forward", "backward", "loss, forward and backward",
+                                            "log-probabilities (first pass)"};
     for (int pass = 0; pass < 2; pass++) {
         int64_t len = pass ? rem : c;
         if (len == 0 || (pass == 0 && nfull == 0))
@@ -475,6 +489,16 @@ int stream_emit(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
     tx_emit(t, TP_K_MEMSET_ZERO, (const int[]){tx_root(t, loss)->buf},
             (const tp_arg[]){A_I(4)});
     rc = lower_nodes(t, nodes, hs, pre, "forward");
+    if (rc == IR_OK && p->objective == SBP_OBJECTIVE_DPO) {
+        /* DPO: a first pass over the head for each row's logp, then its coefficients
+         * (objective_pref.c) */
+        chunk_job lj = {nodes, nn, loss, hs, sel, CH_LOGP, loss_k};
+        rc = chunk_loop(t, &lj);
+        if (rc == IR_OK)
+            rc = pref_emit_coefficients(t);
+    }
+    if (rc == IR_OK)
+        rc = pref_emit_row_weights(t); /* GRPO: each row's weight, before the loop */
     chunk_job hj = {nodes, nn, loss, hs, sel, CH_HEAD, loss_k};
     if (rc == IR_OK)
         rc = chunk_loop(t, &hj);

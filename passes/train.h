@@ -33,6 +33,18 @@
  *                runs chunk by chunk, forward and backward fused, so the full logits never
  *                exist. See "Chunk loops" below.
  *
+ * Objectives at the LM head (passes/objective_pref.c). SFT lowers the loss node to the fused
+ * cross-entropy. DPO and GRPO lower it to the label log-probability of each token
+ * (sbprt_label_logprob_forward) and write dlogits from a gradient by it (sbprt_label_logprob_
+ * grad), so full logits never exist with stream either. GRPO is separable over tokens: its
+ * per-token loss and derivative (sbprt_grpo_token_loss) run inside the head's chunk loop, with
+ * each row's weight (its normalisation) computed before it from the labels (GRPO_WEIGHTS, a
+ * host step of the emitted code). DPO is not: the logp of a row is a sum over all its tokens, so
+ * the head first reduces the per-token logp (stream: a first chunk loop over the LM head, no
+ * gradient; store/checkpoint: the forward), then a host step (DPO_COEF) computes the loss and
+ * each row's coefficient dL/dlogp(row), and the backward takes dlogp per token = its row's
+ * coefficient: exact, at the cost of the LM head's forward run twice with stream.
+ *
  * Chunk loops (stream). A block may hold loops (tp_block.loops): a loop is a range of the
  * block's instructions run once per chunk, the chunk being rows [t0, t0 + len) of each batch
  * element b of a [batch, seq] row space (layers: batch = B, seq = T; the LM head: batch = 1,
@@ -71,10 +83,22 @@ typedef enum {
 typedef enum {
     SBP_OBJECTIVE_SFT,        /* mean token cross-entropy over labels != -100 (appended) */
     SBP_OBJECTIVE_GRAPH_LOSS, /* the graph's own scalar loss */
+    SBP_OBJECTIVE_DPO,        /* DPO over pairs (row i, row B/2 + i) (objective_pref.c) */
+    SBP_OBJECTIVE_GRPO,       /* GRPO, clipped ratio + KL per token (objective_pref.c) */
 } sbp_objective;
 
+/* GRPO's normalisation of the token losses. */
+typedef enum {
+    SBP_GRPO_NORM_SEQUENCE,   /* mean over rows of (Σ_t l / the row's scored tokens) */
+    SBP_GRPO_NORM_TOKEN,      /* Σ l / the scored tokens of the batch */
+} sbp_grpo_norm;
+
 const char *sbp_strategy_name(sbp_strategy s);  /* "store" | "checkpoint" | "stream" */
-const char *sbp_objective_name(sbp_objective o); /* "sft" | "graph-loss" */
+const char *sbp_objective_name(sbp_objective o); /* "sft" | "graph-loss" | "dpo" | "grpo" */
+const char *sbp_grpo_norm_name(sbp_grpo_norm n); /* "sequence" | "token" */
+/* The objectives' default β (DPO 0.1, GRPO 0.04; 0 for the others) and GRPO's default ε. */
+double sbp_objective_default_beta(sbp_objective o);
+#define SBP_GRPO_DEFAULT_EPSILON 0.2
 
 /* ---------------------------------------------------------------- objective.c */
 
@@ -82,7 +106,10 @@ const char *sbp_objective_name(sbp_objective o); /* "sft" | "graph-loss" */
  * produces: exactly one graph output, a scalar float loss made by a CrossEntropy node; *chosen
  *           says whether it was appended (SFT) or already there (GRAPH_LOSS). Asking for
  *           GRAPH_LOSS on a graph without a loss is an error; asking for SFT on a graph that
- *           ends in a loss uses that loss. Other graph outputs are dropped (and dce'd). */
+ *           ends in a loss uses that loss. Other graph outputs are dropped (and dce'd).
+ *           DPO and GRPO need the logits: they append the same CrossEntropy node (logits,
+ *           labels), which then stands for the objective at the LM head and is lowered by
+ *           passes/objective_pref.c; a graph that already ends in a loss is an error. */
 int sbp_pass_objective(ir_graph *g, sbp_objective requested, sbp_objective *chosen);
 
 /* Marks every used parameter whose ONNX name matches `regex` (POSIX extended, unanchored, as
@@ -291,6 +318,14 @@ typedef struct sbp_train_program {
     /* the workspace plan, bytes */
     size_t persist_act_bytes, persist_grad_bytes, overlay_bytes, workspace_bytes;
     size_t grad_zero_begin, grad_zero_end; /* persistent gradients: zeroed at backward start */
+
+    /* DPO / GRPO (passes/objective_pref.c; loss_is_mean is false: the loss buffer holds the
+     * loss itself) */
+    double beta, epsilon;    /* as sbp_train_options */
+    sbp_grpo_norm grpo_norm;
+    int tok_logp_buf;        /* float [B*T] each token's label log-probability (DPO), or -1 */
+    int tok_dlogp_buf;       /* float [B*T] dL/dlogp per token (DPO: its row's coefficient) */
+    int row_weight_buf;      /* float [B] GRPO: each row's weight of its token losses */
 } sbp_train_program;
 
 typedef struct sbp_train_options {
@@ -301,6 +336,11 @@ typedef struct sbp_train_options {
                               * fit; stream picks the largest chunks (of those not given) whose
                               * plan fits. Too small: NULL, and a diagnostic with the smallest
                               * budget that fits (the plan at chunk 1, logits chunk 1) */
+    /* DPO / GRPO, used as given (sbpc applies the defaults: sbp_objective_default_beta,
+     * SBP_GRPO_DEFAULT_EPSILON, sequence) */
+    double beta;             /* DPO's β; GRPO's KL coefficient (0: no KL, no reference) */
+    double epsilon;          /* GRPO: the ratio is clipped to [1 - ε, 1 + ε] */
+    sbp_grpo_norm grpo_norm; /* GRPO */
 } sbp_train_options;
 
 /* requires: sbp_pass_objective done (one scalar loss output); dims bound.

@@ -159,6 +159,24 @@ void tx_zero_buf(tctx *t, int buf);
  * memory planner turns into per-buffer zeroing before each one's first access. */
 void tx_zero_region(tctx *t, int region);
 
+/* ---- DPO and GRPO at the LM head (objective_pref.c) */
+
+/* Whether the program's objective is DPO or GRPO (lowered here rather than as cross-entropy). */
+bool pref_objective(const sbp_train_program *p);
+/* requires: the inputs bound. Takes the objective's hyper-parameters from opt and checks what
+ * it needs of the batch (DPO: an even B); no-op for SFT and the graph's own loss. */
+int pref_setup(tctx *t, const sbp_train_options *opt);
+/* The loss node's forward (store, checkpoint) and gradient (in a stream head chunk, fused: the
+ * loss's forward too), for DPO / GRPO: the rules of autodiff.c's loss for these objectives. */
+int pref_loss_fwd(tctx *t, const ir_node *n);
+int pref_loss_bwd(tctx *t, const ir_node *n);
+/* Stream, DPO's first pass: each token's log-probability into tok_logp (in a head chunk). */
+int pref_loss_logp(tctx *t, const ir_node *n);
+/* Host steps: DPO's loss and coefficients after the first pass; GRPO's row weights before the
+ * head's chunk loop. */
+int pref_emit_coefficients(tctx *t);
+int pref_emit_row_weights(tctx *t);
+
 /* ---- the sequence analysis (sequence.c) */
 
 /* Fills p->seq_values / seq_class / seq_why (requires the layout plan and the inputs bound). */

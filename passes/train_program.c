@@ -1177,7 +1177,7 @@ sbp_train_program *sbp_train_build(ir_graph *g, sbp_objective objective,
                    ? loss->producer->in[0]->dims[loss->producer->in[0]->rank - 1].value
                    : 0;
 
-    if (build_params(t) != IR_OK || bind_inputs(t) != IR_OK)
+    if (build_params(t) != IR_OK || bind_inputs(t) != IR_OK || pref_setup(t, opt) != IR_OK)
         return NULL;
     if (plan(t, g->nodes, nn, loss) != IR_OK)
         return NULL;

@@ -383,6 +383,41 @@ int sbprt_device_memory(sbprt_ctx *ctx, size_t *used, size_t *total);
  *     (1e-3 for TF32 GEMMs).  The embedding backward adds rows in row order like the CPU
  *     twin and is bitwise equal to it. */
 
+/* ---- preference / RL objectives (runtime/cpu/objectives.c, runtime/cuda/objectives.cu) --
+ * What the DPO and GRPO objectives add at the LM head (passes/objective_pref.c): the per-token
+ * log-probability of the label comes from sbprt_label_logprob_forward; these turn a gradient
+ * by it into dlogits, and compute GRPO's per-token loss and its derivative. */
+
+/* dlogits as the gradient of Σ_r dlogp[r]·logp[r], WRITTEN: for each row r with a scored
+ * label, dlogits[r, :] = dlogp[r] * (onehot(labels[r]) - softmax(logits[r])); rows labelled
+ * SBPRT_IGNORE_INDEX get 0.  lse: each row's logsumexp from sbprt_label_logprob_forward, or
+ * NULL (computed here).  dlogits may alias logits (the gradient then overwrites the logits
+ * row by row, as with the fused cross-entropy).  Any other label gives SBPRT_ERR_RANGE.
+ *   dlogits: [n, v]    dlogp: [n]    logits: [n, v]    labels: [n]    lse: [n] */
+int sbprt_label_logprob_grad(sbprt_ctx *ctx, float *dlogits, const float *dlogp,
+                             const float *logits, const int32_t *labels, const float *lse,
+                             int n, int v);
+
+/* GRPO's per-token loss (clipped policy ratio plus the k3 estimate of the KL divergence to a
+ * reference policy) and its derivative by the token's log-probability.  Row i < n is token
+ * r = r0 + i of the batch, in sequence s = r / seq_len.  For each row with a scored label:
+ *   lp = logp[i],  old = old_logp ? old_logp[r] : lp,  ratio = exp(lp - old),
+ *   A = advantages[s],  w = row_weight[s],  d = ref_logp[r] - lp,
+ *   l = -min(ratio * A, clip(ratio, 1 - epsilon, 1 + epsilon) * A) + beta * (exp(d) - d - 1),
+ *   loss_sum[0] += Σ_i w * l   (in double, in row order);
+ *   dlogp[i] = w * dl/dlp = w * (g - beta * (exp(d) - 1)),  g = -A * ratio where the unclipped
+ *              term is the minimum or ratio is in [1 - epsilon, 1 + epsilon], else 0;
+ * rows labelled SBPRT_IGNORE_INDEX add 0 and get dlogp 0.  old_logp NULL is on-policy: old is
+ * lp itself, not differentiated (ratio 1 in value, its gradient that of lp).  With beta == 0
+ * the KL term is left out and ref_logp is not read (may be NULL).  dlogp may be NULL (the loss
+ * only).  Requires seq_len > 0, r0 >= 0.
+ *   loss_sum: [1]    dlogp, logp, labels: [n]    old_logp, ref_logp: [r0 + n] (read at r0 + i)
+ *   advantages, row_weight: [(r0 + n - 1) / seq_len + 1] */
+int sbprt_grpo_token_loss(sbprt_ctx *ctx, float *loss_sum, float *dlogp, const float *logp,
+                          const int32_t *labels, const float *old_logp, const float *ref_logp,
+                          const float *advantages, const float *row_weight, int n, int r0,
+                          int seq_len, float beta, float epsilon);
+
 #ifdef __cplusplus
 }
 #endif

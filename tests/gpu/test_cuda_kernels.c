@@ -871,6 +871,47 @@ static void t_loss(void)
     obuf *g = kc_out(&K, "dlogits", hrand((size_t)n * v, -1e-3f, 1e-3f), (size_t)n * v, 1);
     REF(cpuref_sbprt_label_logprob_backward(C, g->ref, dlogp, logits, labels, lse, n, v));
     KC_RUN(K, sbprt_label_logprob_backward(G, g->d, ddl, dlog, dlab, dls, n, v));
+
+    /* the objectives' kernels (runtime/cuda/objectives.cu) */
+    for (int variant = 0; variant < 3; variant++) { /* with lse; computed; in place */
+        kc_begin(&K, "label_logprob_grad", TOL_FP32, "n=%d v=%d %s", n, v,
+                 variant == 0 ? "" : variant == 1 ? "no lse" : "in place");
+        int32_t *dl2 = KC_IN_I(&K, labels, n);
+        float *dd = KC_IN_F(&K, dlogp, n), *dz = KC_IN_F(&K, lse, n);
+        if (variant == 2) {
+            obuf *io = kc_out(&K, "dlogits", logits, (size_t)n * v, 0);
+            REF(cpuref_sbprt_label_logprob_grad(C, io->ref, dlogp, io->ref, labels, NULL, n, v));
+            KC_RUN(K, sbprt_label_logprob_grad(G, io->d, dd, io->d, dl2, NULL, n, v));
+        } else {
+            float *dx = KC_IN_F(&K, logits, (size_t)n * v);
+            obuf *o = kc_out_rand(&K, "dlogits", (size_t)n * v, 0);
+            REF(cpuref_sbprt_label_logprob_grad(C, o->ref, dlogp, logits, labels,
+                                                variant ? NULL : lse, n, v));
+            KC_RUN(K, sbprt_label_logprob_grad(G, o->d, dd, dx, dl2, variant ? NULL : dz, n, v));
+        }
+    }
+    const int seq = quick ? 3 : 100, r0 = quick ? 2 : 150, nseq = (r0 + n - 1) / seq + 1;
+    float *old = hnew((size_t)(r0 + n) * sizeof(float)), *ref = hnew((size_t)(r0 + n) * sizeof(float));
+    for (int i = 0; i < r0 + n; i++) {
+        old[i] = (i >= r0 ? logp[i - r0] : 0) + 0.6f * (float)(rng_int(1000) - 500) / 500;
+        ref[i] = (i >= r0 ? logp[i - r0] : 0) + 0.3f * (float)(rng_int(1000) - 500) / 500;
+    }
+    const float *adv = hrand(nseq, -1.5f, 1.5f), *roww = hrand(nseq, 0.01f, 0.2f);
+    for (int variant = 0; variant < 2; variant++) { /* off-policy with KL; on-policy, beta 0 */
+        kc_begin(&K, "grpo_token_loss", TOL_FP32, "n=%d r0=%d seq=%d %s", n, r0, seq,
+                 variant ? "on-policy beta 0" : "");
+        int32_t *dl2 = KC_IN_I(&K, labels, n);
+        float *dlp = KC_IN_F(&K, logp, n), *dold = KC_IN_F(&K, old, r0 + n);
+        float *dref = KC_IN_F(&K, ref, r0 + n), *dadv = KC_IN_F(&K, adv, nseq);
+        float *dw = KC_IN_F(&K, roww, nseq);
+        float init = 0.5f;
+        obuf *ls = kc_out(&K, "loss_sum", &init, 1, 1), *o = kc_out_rand(&K, "dlogp", n, 0);
+        const float beta = variant ? 0.0f : 0.04f;
+        REF(cpuref_sbprt_grpo_token_loss(C, ls->ref, o->ref, logp, labels, variant ? NULL : old,
+                                         variant ? NULL : ref, adv, roww, n, r0, seq, beta, 0.2f));
+        KC_RUN(K, sbprt_grpo_token_loss(G, ls->d, o->d, dlp, dl2, variant ? NULL : dold,
+                                        variant ? NULL : dref, dadv, dw, n, r0, seq, beta, 0.2f));
+    }
     hfree_all();
 }
 
@@ -1058,7 +1099,7 @@ static void t_range_errors(void)
     upload(d_neg, neg, sizeof neg);
     upload(d_lab, labels, sizeof labels);
     check_status("sync before", sbprt_sync(G), SBPRT_OK);
-    for (int which = 0; which < 7; which++) {
+    for (int which = 0; which < 8; which++) {
         int st = -1;
         const char *name = "";
         switch (which) {
@@ -1069,6 +1110,7 @@ static void t_range_errors(void)
         case 4: name = "cross_entropy"; st = sbprt_cross_entropy_forward_backward(G, loss, buf2, buf, d_lab, n, v, 0.5f); break;
         case 5: name = "label_logprob_forward"; st = sbprt_label_logprob_forward(G, buf2, buf2 + 64, buf, d_lab, n, v); break;
         case 6: name = "label_logprob_backward"; st = sbprt_label_logprob_backward(G, buf2, buf, buf, d_lab, buf + 100, n, v); break;
+        case 7: name = "label_logprob_grad"; st = sbprt_label_logprob_grad(G, buf2, buf, buf, d_lab, NULL, n, v); break;
         }
         s->cases++;
         int st1 = sbprt_sync(G), st2 = sbprt_sync(G);

@@ -343,7 +343,8 @@ cudaError_t cudaMalloc(void **p, size_t bytes)
     *p = NULL;
     if (bytes > EMU_DEVICE_BYTES - g_alloc_total)
         return g_last = cudaErrorMemoryAllocation;
-    void *q = malloc(bytes ? bytes : 1);
+    /* 256-byte aligned, as cudaMalloc's allocations are (callers rely on it: SBPRT_ALIGN) */
+    void *q = aligned_alloc(256, (bytes + 255) / 256 * 256 + (bytes == 0) * 256);
     if (!q)
         return g_last = cudaErrorMemoryAllocation;
     fill_nan(q, bytes);

@@ -1,0 +1,69 @@
+# tests/gpu/codegen.cmake — `sbpc --target cuda` end to end, without a GPU (included from
+# tests/gpu/CMakeLists.txt in the full build, where sbpc and sbp-train exist).
+#
+#   gpu.step_cuda_build   (CUDA enabled) sbpc compiles llama_op17_dyn for B=2, T=64 with
+#                         --target cuda into a .so linked against libsbprt_cuda.a, cuBLAS and
+#                         the CUDA runtime; step_info finds target "cuda" and every export.
+#   gpu.step_cuda_run     (CUDA enabled) sbp-train on that .so: without a GPU it must exit 1
+#                         saying "no CUDA device"; with one, it must train.
+#   gpu.step_emu_*        (emulator enabled) the generated CUDA step on the CPU, linked
+#                         against libsbprt_cuda_emu.a (emu_step.cmake): gradients of the
+#                         fixture families against the float64 PyTorch references, for each
+#                         strategy (stream also with chunks that do not divide T), plus AdamW
+#                         losses, and an SGD step saved and checked.
+if(NOT TARGET sbpc OR NOT TARGET sbp-train)
+  return()
+endif()
+
+add_executable(sbp_step_info step_info.c)
+target_include_directories(sbp_step_info PRIVATE "${SBP_ROOT}/codegen" "${SBP_ROOT}/runtime")
+target_link_libraries(sbp_step_info PRIVATE ${CMAKE_DL_LIBS})
+sbp_gpu_test_target(sbp_step_info)
+
+set(_fx "${SBP_ROOT}/tests/fixtures")
+set(_gen "${CMAKE_CURRENT_BINARY_DIR}/gen")
+file(MAKE_DIRECTORY "${_gen}")
+
+if(SBP_CUDA_ENABLED)
+  add_test(NAME gpu.step_cuda_build
+           COMMAND ${CMAKE_COMMAND} -DMODE=build -DSBPC=$<TARGET_FILE:sbpc>
+                   -DINFO=$<TARGET_FILE:sbp_step_info> -DOUT=${_gen}/cuda_llama.so
+                   "-DARGS=${_fx}/llama_op17_dyn.onnx;--batch;2;--seq-len;64;--target;cuda;-o;${_gen}/cuda_llama.so"
+                   -P "${CMAKE_CURRENT_SOURCE_DIR}/cuda_step.cmake")
+  set_tests_properties(gpu.step_cuda_build PROPERTIES LABELS gpu TIMEOUT 300
+                       FIXTURES_SETUP gpu_cuda_step)
+  add_test(NAME gpu.step_cuda_run
+           COMMAND ${CMAKE_COMMAND} -DMODE=run -DTRAIN=$<TARGET_FILE:sbp-train>
+                   "-DARGS=${_gen}/cuda_llama.so;--model;${_fx}/llama_op17_dyn.onnx;--input-ids;${_fx}/ref/llama_input_ids.npy;--labels;${_fx}/ref/llama_labels.npy"
+                   -P "${CMAKE_CURRENT_SOURCE_DIR}/cuda_step.cmake")
+  set_tests_properties(gpu.step_cuda_run PROPERTIES LABELS gpu TIMEOUT 300
+                       FIXTURES_REQUIRED gpu_cuda_step)
+endif()
+
+if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
+  add_dependencies(sbp_step_info sbprt_cuda_emu) # the emulated runtime the steps link
+  set(_emu_cflags "")
+  if(SBP_SANITIZE)
+    set(_emu_cflags "-fsanitize=address,undefined;-fno-omit-frame-pointer")
+  endif()
+  # gpu_emu_step(NAME FAMILY STEPS [LOSSES] [SGD_SAVE lr] SBPC_ARGS...)
+  function(gpu_emu_step name family steps)
+    cmake_parse_arguments(E "LOSSES" "SGD_SAVE" "SBPC_ARGS" ${ARGN})
+    add_test(NAME gpu.step_emu_${name}
+             COMMAND ${CMAKE_COMMAND} -DSBPC=$<TARGET_FILE:sbpc> -DTRAIN=$<TARGET_FILE:sbp-train>
+                     -DFIXTURE=$<TARGET_FILE:train_fixture> -DINFO=$<TARGET_FILE:sbp_step_info>
+                     -DCC=${CMAKE_C_COMPILER} -DEMU_LIB=$<TARGET_FILE:sbprt_cuda_emu>
+                     "-DINCLUDES=${SBP_ROOT}/codegen;${SBP_ROOT}/runtime" "-DCFLAGS=${_emu_cflags}"
+                     -DMODEL=${_fx}/${family}_op17_static.onnx -DFAMILY=${family}
+                     -DREF=${_fx}/ref -DOUT=${_gen} -DNAME=emu_${name} -DSTEPS=${steps}
+                     "-DSBPC_ARGS=${E_SBPC_ARGS}" -DLOSSES=${E_LOSSES} -DSGD_SAVE=${E_SGD_SAVE}
+                     -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_step.cmake")
+    set_tests_properties(gpu.step_emu_${name} PROPERTIES LABELS gpu TIMEOUT 900)
+  endfunction()
+  # The emulator runs every CUDA thread as a coroutine: a fixture step takes 10-30 s.
+  gpu_emu_step(llama_store llama 2 LOSSES SBPC_ARGS --strategy store)
+  gpu_emu_step(gpt2_stream gpt2 1 SGD_SAVE 0.1 SBPC_ARGS --strategy stream)
+  gpu_emu_step(qwen3_checkpoint qwen3 1 SBPC_ARGS --strategy checkpoint)
+  gpu_emu_step(llama_stream_chunks llama 1
+               SBPC_ARGS --strategy stream --chunk 24 --logits-chunk 40)
+endif()

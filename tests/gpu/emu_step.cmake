@@ -1,0 +1,61 @@
+# emu_step.cmake — a whole CUDA training step on the CPU, run by ctest (tests/gpu/codegen.cmake).
+#
+# The step is what `sbpc --target cuda` emits (the C file), compiled with the C compiler and
+# linked, instead of the CUDA runtime, against libsbprt_cuda_emu.a: the CUDA backend's own
+# sources (ctx.c and every .cu kernel) built for tests/gpu/emu, the CPU emulator of CUDA. So the
+# generated launch code, the device constants, the host copy of the labels, the final
+# sbprt_sync, sbp-train's device-memory path (arena, copies in and out, the optimizer on the
+# device) and the CUDA kernels all run, and the first step's gradients are held to the float64
+# PyTorch references exactly as tests/train does for the CPU steps.
+#
+#   -DSBPC= -DTRAIN= -DFIXTURE= -DINFO= -DCC= -DEMU_LIB= -DINCLUDES=a;b -DCFLAGS=...
+#   -DMODEL= -DFAMILY= -DREF= -DOUT= -DNAME= -DSBPC_ARGS=... -DSTEPS=N
+#   [-DLOSSES=ON: also the AdamW losses against ref/<family>_adamw.json (STEPS >= 2)]
+#   [-DSGD_SAVE=LR: train with SGD at LR, --save, and check the saved weights]
+function(run what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message("${out}${err}")
+  if(NOT rc STREQUAL "0")
+    message(FATAL_ERROR "${what} failed (${rc}): ${ARGN}")
+  endif()
+  set(LAST_OUT "${out}" PARENT_SCOPE)
+endfunction()
+
+set(c "${OUT}/${NAME}.c")
+set(so "${OUT}/${NAME}.so")
+set(grads "${OUT}/${NAME}_grads.safetensors")
+file(REMOVE "${so}" "${grads}")
+run("sbpc" ${SBPC} ${MODEL} ${SBPC_ARGS} --target cuda -o ${c})
+set(inc)
+foreach(d "${OUT}" ${INCLUDES})
+  list(APPEND inc "-I${d}")
+endforeach()
+run("compiling the step against the emulated CUDA runtime"
+    ${CC} -std=c11 -O2 -fPIC -shared -Wall -Wextra -Werror ${CFLAGS} ${inc} -o ${so} ${c}
+    -Wl,--whole-archive ${EMU_LIB} -Wl,--no-whole-archive -lstdc++ -lm)
+run("step_info" ${INFO} ${so} cuda)
+
+set(train ${TRAIN} ${so} --model ${MODEL} --input-ids ${REF}/${FAMILY}_input_ids.npy
+          --labels ${REF}/${FAMILY}_labels.npy --steps ${STEPS} --dump-grads ${grads})
+if(SGD_SAVE)
+  set(saved "${OUT}/${NAME}_saved.onnx")
+  file(REMOVE "${saved}")
+  list(APPEND train --optimizer sgd --lr ${SGD_SAVE} --save ${saved})
+else()
+  list(APPEND train --lr 0.01 --weight-decay 0.01)
+endif()
+run("sbp-train" ${train})
+if(NOT LAST_OUT MATCHES "\\(cuda, " OR NOT LAST_OUT MATCHES "peak device memory: planned")
+  message(FATAL_ERROR "sbp-train did not run the step as a cuda step with device memory")
+endif()
+set(log "${OUT}/${NAME}.log")
+file(WRITE "${log}" "${LAST_OUT}")
+
+set(check ${FIXTURE} check-ref ${grads} ${REF}/${FAMILY}_grads.safetensors)
+if(LOSSES)
+  list(APPEND check ${log} ${REF}/${FAMILY}_adamw.json)
+endif()
+run("the gradients against the PyTorch reference" ${check})
+if(SGD_SAVE)
+  run("the saved weights" ${FIXTURE} check-sgd-save ${MODEL} ${saved} ${grads} ${SGD_SAVE})
+endif()
