@@ -9,6 +9,7 @@
  * kernel's template in passes/train_kernels.def.
  */
 #include "codegen.h"
+#include "emit_objective.h"
 #include "emit_target.h"
 #include "memplan.h"
 
@@ -296,10 +297,12 @@ static void emit_info(const sbp_train_program *p, const sbp_codegen_options *o, 
             "    .batch = %lld,\n    .seq_len = %lld,\n    .vocab = %lld,\n"
             "    .n_params = %d,\n    .params = step_params,\n"
             "    .param_elems = %zu,\n    .workspace_bytes = %zu,\n"
-            "    .planned_peak_bytes = %zu, /* parameters + gradients + workspace */\n};\n",
+            "    .planned_peak_bytes = %zu, /* parameters + gradients + workspace */\n",
             (unsigned long long)sbp_codegen_fingerprint(p), (long long)p->batch,
             (long long)p->seq_len, (long long)p->vocab, p->n_params, p->param_elems,
             p->workspace_bytes, peak);
+    sbp_emit_objective_info(p, f); /* DPO / GRPO: beta, epsilon, grpo_norm */
+    fputs("};\n", f);
     fputs("\nconst sbp_step_info *sbp_step_get_info(void) { return &step_info; }\n", f);
 }
 
@@ -453,7 +456,7 @@ static void put_node_comment(FILE *f, const tp_inst *in, const char *indent)
     fputs(" */\n", f);
 }
 
-static const char *const block_params[] = {"P", "G", "ws", "ids", "labels", "scale"};
+static const char *const block_params[] = {"P", "G", "ws", "ids", "labels", "scale", "args"};
 
 /* The header of a chunk loop (the body follows, indented by the returned string): b runs over
  * the sequences, t0 over the chunk starts, r0 = b * seq + t0 is the chunk's first row. */
@@ -496,9 +499,10 @@ static const char *put_loop_open(FILE *f, const tp_block *blk, const tp_loop *l)
 static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
 {
     bool *used = calloc((size_t)p->n_bufs + 1, sizeof *used);
-    bool uses[6] = {false, false, false, false, false, false};
+    bool uses[7] = {false, false, false, false, false, false, false};
     for (int i = 0; i < blk->n_insts; i++) {
         const tp_inst *in = &blk->insts[i];
+        uses[6] |= strstr(tp_kernel_table[in->k].call, "args") != NULL; /* DPO / GRPO inputs */
         for (int j = 0; j < TP_MAX_BUFS; j++)
             if (in->buf[j] >= 0)
                 used[in->buf[j]] = true;
@@ -521,11 +525,12 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
     fputs("\n/* ", f);
     put_comment_text(f, blk->comment ? blk->comment : blk->name);
     fprintf(f, " */\nstatic int %s(sbprt_ctx *ctx, const float *P, float *G, unsigned char *ws,\n"
-               "    const int32_t *ids, const int32_t *labels, float scale)\n{\n",
+               "    const int32_t *ids, const int32_t *labels, float scale,\n"
+               "    const sbp_step_args *args)\n{\n",
             blk->name);
     if (blk->n_insts == 0)
         fputs("    (void)ctx;\n", f);
-    for (int k = 0; k < 6; k++)
+    for (int k = 0; k < 7; k++)
         if (!uses[k])
             fprintf(f, "    (void)%s;\n", block_params[k]);
     for (int i = 0; i < p->n_bufs && used; i++) {
@@ -617,6 +622,7 @@ static void emit_run(const sbp_train_program *p, const sbp_codegen_options *o, F
           "    unsigned char *ws = (unsigned char *)args->workspace;\n"
           "    const int32_t *ids = args->input_ids, *labels = args->labels;\n\n",
           f);
+    sbp_emit_objective_checks(p, f); /* DPO / GRPO: their inputs */
     if (sbp_codegen_target_cuda(o))
         sbp_emit_target_run_start(p, o, bt, f);
     else
@@ -635,14 +641,16 @@ static void emit_run(const sbp_train_program *p, const sbp_codegen_options *o, F
               "    const float scale = denom > 0 ? (float)(1.0 / denom) : 0.0f;\n\n",
               f);
     else
-        fputs("    const double denom = 1.0; /* the graph's loss is a sum */\n"
-              "    const float scale = 1.0f;\n\n",
-              f);
+        fprintf(f, "    const double denom = 1.0; /* %s */\n"
+                   "    const float scale = 1.0f;\n\n",
+                p->objective == SBP_OBJECTIVE_DPO || p->objective == SBP_OBJECTIVE_GRPO
+                    ? "the loss buffer holds the loss, normalised by its host steps"
+                    : "the graph's loss is a sum");
     fprintf(f, "    if (!args->accumulate)\n"
                "        TRY(sbprt_memset_zero(ctx, G, sizeof(float) * %s_PARAM_ELEMS));\n",
             prefix);
     for (int i = 0; i < p->n_blocks; i++)
-        fprintf(f, "    TRY(%s(ctx, P, G, ws, ids, labels, scale));\n", p->blocks[i]->name);
+        fprintf(f, "    TRY(%s(ctx, P, G, ws, ids, labels, scale, args));\n", p->blocks[i]->name);
     sbp_emit_target_run_end(p, o, f);
     if (p->loss_buf >= 0)
         fprintf(f,
@@ -745,6 +753,7 @@ int sbp_codegen_emit(const sbp_train_program *p, const sbp_codegen_options *o, F
     sbp_emit_target_constants(p, &oo, c); /* CUDA: their device copies; sbp_step_init */
     emit_info(p, &oo, c);
     emit_offsets(p, c);
+    sbp_emit_objective_helpers(p, c); /* DPO / GRPO: the host steps */
     fputs("\n/* ---------------------------------------------------------------- blocks */\n", c);
     for (int i = 0; i < p->n_blocks; i++)
         emit_block(p, p->blocks[i], c);

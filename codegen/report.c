@@ -100,7 +100,9 @@ static int categorize(figures *f)
                 mp_role r = memplan_operand_role(in, j, p->bufs[b]->numel * 4);
                 if (r != MP_R && s >= 0 && wseg[b] != s)
                     wseg[b] = wseg[b] == -1 ? s : -2;
-                if (in->k == TP_K_CROSS_ENTROPY && (j == 1 || j == 2))
+                if ((in->k == TP_K_CROSS_ENTROPY && (j == 1 || j == 2)) ||
+                    (in->k == TP_K_LOGPROB_FWD && j == 2) || /* DPO / GRPO */
+                    (in->k == TP_K_LOGPROB_GRAD && (j == 0 || j == 2)))
                     logits[b] = true;
                 if ((in->k == TP_K_ATTENTION_FWD && (j == 3 || j == 4)) ||
                     (in->k == TP_K_ATTENTION_BWD && (j == 1 || j == 2 || j == 5 || j == 6)))

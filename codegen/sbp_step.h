@@ -19,6 +19,23 @@
  * covers every kernel of the step (an out-of-range token id or label: SBPRT_ERR_RANGE), and
  * sbprt_ctx_last_error(ctx) describes a failure.
  *
+ * Objectives (info->objective). The logp of a row b is Σ_t log softmax(logits[b,t])[labels[b,t]]
+ * over its scored positions; values at unscored positions of the [B*T] inputs are not read.
+ *   "sft"   the mean cross-entropy: Σ over scored tokens / denominator (scored positions).
+ *   "dpo"   rows 0..B/2-1 are the chosen responses, B/2..B-1 the rejected ones, pair i =
+ *           (row i, row B/2 + i): loss = Σ over pairs of -log σ(β ((logp_c - ref_c) - (logp_r -
+ *           ref_r))) / denominator (pairs). The step computes each row's logp first (with
+ *           stream, a first pass over the LM head only), then the backward: exact.
+ *   "grpo"  per scored token: ratio = exp(logp - old), l = -min(ratio A, clip(ratio, 1-ε,
+ *           1+ε) A) + β (exp(ref - logp) - (ref - logp) - 1), A the row's advantage; loss =
+ *           Σ_rows (Σ_t l / the row's scored tokens) / denominator (rows) for grpo_norm
+ *           "sequence", Σ l / denominator (scored positions) for "token". A "sequence" row
+ *           with no scored token adds nothing.
+ * Gradient accumulation over K micro-batches: pass the denominator of the whole batch (of all
+ * K) to each step with accumulate = 1 after the first; the losses then add up to the whole
+ * batch's loss and the gradients to its gradient. For DPO each micro-batch must hold whole
+ * pairs (its own rows i and B/2 + i).
+ *
  * Layout of the parameter block: each parameter with storage occupies numel floats at its
  * offset, row-major in the ONNX initializer's own shape. A re-tied parameter (tied_to >= 0) has
  * no storage of its own: it is the transpose of its owner, and its gradient is the owner's
@@ -49,7 +66,7 @@ typedef struct sbp_step_info {
     int abi_version;                   /* SBP_STEP_ABI_VERSION */
     const char *target;                /* "cpu" | "cuda" */
     const char *strategy;              /* "store" | "checkpoint" | "stream" */
-    const char *objective;             /* "sft" | "graph-loss" */
+    const char *objective;             /* "sft" | "graph-loss" | "dpo" | "grpo" */
     const char *model_path;            /* the model it was compiled from (informational) */
     uint64_t model_fingerprint;        /* FNV-1a over parameter names, dtypes and shapes */
     int64_t batch, seq_len, vocab;     /* B, T, V */
@@ -58,6 +75,12 @@ typedef struct sbp_step_info {
     size_t param_elems;                /* floats in the parameter block = gradient block */
     size_t workspace_bytes;            /* the planned arena for activations and scratch */
     size_t planned_peak_bytes;         /* params + grads + workspace (+ optimizer state: caller) */
+    /* Appended to ABI 1 for DPO / GRPO (sbpc --objective dpo|grpo --beta --epsilon
+     * --grpo-norm, fixed at compile time). Steps from an older sbpc lack them: read them only
+     * when objective is "dpo" or "grpo". */
+    double beta;                       /* DPO β; GRPO's KL coefficient (0: no KL term) */
+    double epsilon;                    /* GRPO: the ratio is clipped to [1 - ε, 1 + ε] */
+    const char *grpo_norm;             /* GRPO: "sequence" | "token" (else NULL) */
 } sbp_step_info;
 
 typedef struct sbp_step_args {
@@ -67,10 +90,20 @@ typedef struct sbp_step_args {
     const int32_t *input_ids;          /* [B*T] token ids in [0, V) (cuda: device memory) */
     const int32_t *labels;             /* [B*T] target of position t, -100 = not scored
                                         * (cuda: device memory) */
-    double denominator;                /* SFT mean's divisor; 0 = scored positions of this batch */
+    double denominator;                /* the mean's divisor, 0 = this batch's: SFT and GRPO
+                                        * token: scored positions; GRPO sequence: rows; DPO:
+                                        * pairs (see "Objectives") */
     void *workspace;                   /* [workspace_bytes], SBPRT_ALIGN-aligned */
     double *loss;                      /* out: the loss (mean over the denominator) */
     int64_t *n_scored;                 /* out, may be NULL: scored positions in this batch */
+    /* Appended to ABI 1: the DPO / GRPO inputs (other objectives ignore them; a caller that
+     * zero-initialises the struct stays valid), in the memory labels are in (cuda: device). */
+    const float *ref_logps;            /* DPO: [B] the reference model's logp of each row;
+                                        * GRPO: [B*T] its logp of each label, required when
+                                        * beta > 0, not read when beta == 0 */
+    const float *old_logps;            /* GRPO: [B*T] the sampling policy's logp of each label;
+                                        * NULL: on-policy (old = the current logp, detached) */
+    const float *advantages;           /* GRPO: [B] one per row */
 } sbp_step_args;
 
 const sbp_step_info *sbp_step_get_info(void);

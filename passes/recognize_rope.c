@@ -308,6 +308,10 @@ int sbp_recognize_rope(ir_graph *g)
         const ir_value *o = add->out[0];
         if (o->rank != 4 || !ir_value_shape_known(o))
             continue;
+        /* x*cos + rotate_half(x)*sin adds two products: anything else (the attention mask's
+         * Add on [B,H,T,T] scores) must not size the table buffer (2*T*T floats at long T) */
+        if (!rz_producer(add->in[0], IR_OP_MUL) || !rz_producer(add->in[1], IR_OP_MUL))
+            continue;
         size_t need = 2 * (size_t)(o->dims[2].value * o->dims[3].value);
         if (need > buf_n) {
             float *nb = realloc(buf, need * sizeof(float));

@@ -2,7 +2,8 @@
  *
  *   sbp-train STEP.so --model MODEL.onnx (--input-ids X.npy --labels Y.npy | --data SHARD.bin)
  *             [--steps N] [--lr F] [--optimizer sgd|adamw] [--weight-decay F] [--threads N]
- *             [--dump-grads FILE.safetensors] [--save OUT.onnx]
+ *             [--dump-grads FILE.safetensors] [--save OUT.onnx] [--grad-accum K]
+ *             [--ref-logps R.npy] [--old-logps O.npy] [--advantages A.npy]
  *
  * Approach: the step library (codegen/sbp_step.h) describes itself — dims, parameter table,
  * workspace size — so this program only has to check that the user's files agree with that
@@ -19,6 +20,12 @@
  *      then update every trainable parameter with sbprt_adamw_update / sbprt_sgd_update;
  *   6. optionally dump the first step's gradients (safetensors) and save the trained weights
  *      into a copy of the model (ONNX); both are written atomically by sbpio.
+ *
+ * --grad-accum K: each optimizer step runs the step on K micro-batches of B rows (the input
+ * files hold K*B rows; --data reads K batches), accumulating the gradients, with the whole
+ * batch's denominator (scored positions, GRPO rows or DPO pairs: train_inputs.c), so that the
+ * update is the one of a single step on all K*B rows. DPO and GRPO steps take their extra
+ * inputs (--ref-logps, --old-logps, --advantages) for all rows, checked by train_inputs.c.
  *
  * A cuda step (sbpc --target cuda) runs the same way with the same flags: the arena is device
  * memory (the step's own sbprt_arena_alloc), the weights are copied in with sbprt_memcpy, the
@@ -39,6 +46,7 @@
 #include "ir.h"
 #include "sbp_step.h"
 #include "sbpio.h"
+#include "train_inputs.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -130,6 +138,16 @@ static void usage(FILE *f)
             "  --dump-grads FILE       write the first step's gradients as safetensors (float32,\n"
             "                          keyed by initializer name; the loss in __metadata__)\n"
             "  --save OUT.onnx         write the trained weights into a copy of the model\n"
+            "  --grad-accum K          K micro-batches of B rows per optimizer step (default 1):\n"
+            "                          the input files hold K*B rows (--data: K batches); the\n"
+            "                          update equals one step on the whole batch\n"
+            "DPO and GRPO steps (sbpc --objective dpo|grpo), N = K*B rows:\n"
+            "  --ref-logps R.npy       dpo: the reference model's logp of each row [N] (rows\n"
+            "                          i < N/2 are chosen, row N/2+i is i's rejected partner);\n"
+            "                          grpo: its logp of each label [N,T] (needed when beta > 0)\n"
+            "  --old-logps O.npy       grpo: the sampling policy's logp of each label [N,T]\n"
+            "                          (default: on-policy, the current logp)\n"
+            "  --advantages A.npy      grpo: one advantage per row [N]\n"
             "  -h, --help              this text\n"
             "  --version               print the version\n"
             "\n"
@@ -151,6 +169,10 @@ typedef struct options {
     double weight_decay;     /* --weight-decay, >= 0 */
     bool adamw;              /* --optimizer adamw (else sgd) */
     int64_t threads;         /* --threads, 0 = the runtime's default */
+    int64_t grad_accum;      /* --grad-accum K >= 1 */
+    const char *ref_logps;   /* --ref-logps (DPO, GRPO), or NULL */
+    const char *old_logps;   /* --old-logps (GRPO), or NULL */
+    const char *advantages;  /* --advantages (GRPO), or NULL */
 } options;
 
 /* A strict count: decimal digits only, in [lo, hi]. */
@@ -207,7 +229,7 @@ static const char *flag_value(int argc, char **argv, int *i, const char *flag)
 /* Returns 0 to go on, 1 for a clean exit (--help), -1 on an error. */
 static int parse_args(int argc, char **argv, options *o)
 {
-    *o = (options){.steps = 1, .lr = 1e-3, .adamw = true};
+    *o = (options){.steps = 1, .lr = 1e-3, .adamw = true, .grad_accum = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         const char **path = NULL;
@@ -229,6 +251,15 @@ static int parse_args(int argc, char **argv, options *o)
             path = &o->dump_grads;
         } else if ((v = flag_value(argc, argv, &i, "--save"))) {
             path = &o->save;
+        } else if ((v = flag_value(argc, argv, &i, "--ref-logps"))) {
+            path = &o->ref_logps;
+        } else if ((v = flag_value(argc, argv, &i, "--old-logps"))) {
+            path = &o->old_logps;
+        } else if ((v = flag_value(argc, argv, &i, "--advantages"))) {
+            path = &o->advantages;
+        } else if ((v = flag_value(argc, argv, &i, "--grad-accum"))) {
+            if (parse_count("--grad-accum", v, 1, 1 << 20, &o->grad_accum))
+                return -1;
         } else if ((v = flag_value(argc, argv, &i, "--steps"))) {
             if (parse_count("--steps", v, 1, (int64_t)1 << 30, &o->steps))
                 return -1;
@@ -693,9 +724,10 @@ static void model_copy_weights(const model *m, const options *o, const sbp_step_
 
 /* ------------------------------------------------------------------ inputs */
 
-/* Reads token ids or labels [B,T] from a .npy file into out, checking dtype, shape and range. */
+/* Reads token ids or labels [K*B,T] (K micro-batches) from a .npy file into out, checking
+ * dtype, shape and range; `pairs` (DPO): the rows must pair up. */
 static int load_tokens(const char *path, bool labels, const sbp_step_info *in,
-                       const char *step_path, int32_t *out)
+                       const char *step_path, int64_t k, bool pairs, int32_t *out)
 {
     const char *what = labels ? "labels" : "input_ids";
     char err[512];
@@ -706,14 +738,20 @@ static int load_tokens(const char *path, bool labels, const sbp_step_info *in,
     if (a.dtype != SBPIO_DT_I32 && a.dtype != SBPIO_DT_I64) {
         rc = error("%s: %s must be int32 or int64, but the file holds %s", path, what,
                    numpy_name(a.dtype));
-    } else if (a.rank != 2 || a.shape[0] != in->batch || a.shape[1] != in->seq_len) {
-        char hs[256], ws[64];
-        int64_t want[2] = {in->batch, in->seq_len};
-        rc = error("%s: %s have shape %s, but %s was compiled for batch %lld and sequence "
+    } else if (pairs && a.rank == 2 && a.shape[0] % 2 != 0) {
+        rc = error("%s: %s have %lld rows, an odd number: the step's objective is dpo, which "
+                   "pairs row i (chosen) with row N/2 + i (rejected)", path, what,
+                   (long long)a.shape[0]);
+    } else if (a.rank != 2 || a.shape[0] != k * in->batch || a.shape[1] != in->seq_len) {
+        char hs[256], ws[64], acc[96] = "";
+        int64_t want[2] = {k * in->batch, in->seq_len};
+        if (k > 1)
+            snprintf(acc, sizeof acc, " times --grad-accum %lld", (long long)k);
+        rc = error("%s: %s have shape %s, but %s was compiled for batch %lld%s and sequence "
                    "length %lld (%s): pass inputs of that shape or recompile the step with "
                    "sbpc --batch and --seq-len", path, what,
                    shape_str(hs, sizeof hs, a.rank, a.shape), step_path, (long long)in->batch,
-                   (long long)in->seq_len, shape_str(ws, sizeof ws, 2, want));
+                   acc, (long long)in->seq_len, shape_str(ws, sizeof ws, 2, want));
     } else {
         for (int64_t i = 0; i < a.numel && rc == 0; i++) {
             int64_t v = a.dtype == SBPIO_DT_I32 ? ((const int32_t *)a.data)[i]
@@ -844,16 +882,20 @@ static void draw_bar(int64_t s, int64_t total, double loss, double tps)
 
 static size_t align_up(size_t n) { return (n + SBPRT_ALIGN - 1) / SBPRT_ALIGN * SBPRT_ALIGN; }
 
+static void note_message(const char *msg) { message("note", "%s", msg); }
+
 /* After an arena of `asked` bytes did not fit on a device that had free_bytes free: the
  * --memory-budget (sbpc's planned peak: parameters + gradients + workspace) that would fit,
  * keeping the optimizer state, the ids and labels, and some headroom (the step's constants,
- * the runtime's scratch, cuBLAS's workspace: 5% of the free memory, at least 256 MiB) out. */
+ * the runtime's scratch, cuBLAS's workspace: 5% of the free memory, at least 256 MiB or a
+ * quarter of it) out. */
 static void fit_advice(const sbp_step_info *in, size_t asked, size_t free_bytes, bool adamw)
 {
     const size_t pbytes = in->param_elems * sizeof(float);
     const size_t rest = asked - in->workspace_bytes - 2 * pbytes; /* optimizer, ids, labels */
-    const size_t headroom = free_bytes / 20 > ((size_t)256 << 20) ? free_bytes / 20
-                                                                   : ((size_t)256 << 20);
+    const size_t floor = free_bytes / 4 < ((size_t)256 << 20) ? free_bytes / 4
+                                                               : ((size_t)256 << 20);
+    const size_t headroom = free_bytes / 20 > floor ? free_bytes / 20 : floor;
     char b1[32], b2[32], b3[32], b4[32];
     if (2 * pbytes + rest + headroom >= free_bytes) {
         message("note", "the device has %s free, and the parameters, gradients%s alone take %s: "
@@ -863,15 +905,17 @@ static void fit_advice(const sbp_step_info *in, size_t asked, size_t free_bytes,
                 adamw ? " with AdamW (--optimizer sgd keeps no optimizer state)" : "");
         return;
     }
-    const size_t budget_mib = (free_bytes - headroom - rest) >> 20;
+    const size_t budget = free_bytes - headroom - rest;
+    const int shift = budget >= ((size_t)64 << 20) ? 20 : budget >= ((size_t)64 << 10) ? 10 : 0;
     message("note", "the device has %s free; the step plans %s (parameters, gradients and a "
-            "workspace of %s) and needs %s more for %s: a step planned within %zu MiB would "
-            "fit: recompile it with sbpc --memory-budget %zuM (the stream strategy picks the "
+            "workspace of %s) and needs %s more for %s: a step planned within %zu bytes would "
+            "fit: recompile it with sbpc --memory-budget %zu%s (the stream strategy picks the "
             "largest chunks that fit)", bytes_str(b1, sizeof b1, (double)free_bytes),
             bytes_str(b2, sizeof b2, (double)in->planned_peak_bytes),
             bytes_str(b3, sizeof b3, (double)in->workspace_bytes),
             bytes_str(b4, sizeof b4, (double)rest),
-            adamw ? "AdamW state, ids and labels" : "ids and labels", budget_mib, budget_mib);
+            adamw ? "AdamW state, ids and labels" : "ids and labels", budget, budget >> shift,
+            shift == 20 ? "M" : shift == 10 ? "K" : "");
 }
 
 int main(int argc, char **argv)
@@ -887,7 +931,8 @@ int main(int argc, char **argv)
     char *arena = NULL;
     float *host_params = NULL, *host_grads = NULL; /* [param_elems] host views of the blocks */
     bool own_host = false; /* host_params/host_grads were malloc'd (not the arena itself) */
-    int32_t *ids = NULL, *labels = NULL;
+    int32_t *ids = NULL, *labels = NULL; /* [K*B*T]: the K micro-batches of one step */
+    train_inputs ti = {0};                /* micro-batches, DPO / GRPO inputs (train_inputs.h) */
     sbpio_shard shard = {0};
     bool have_shard = false;
     model mdl = {0};
@@ -932,12 +977,20 @@ int main(int argc, char **argv)
     const int64_t B = in->batch, T = in->seq_len, V = in->vocab;
     const size_t ntok = (size_t)(B * T);
     const bool host_visible = strcmp(rt.backend_name(), "cpu") == 0;
+    const int64_t K = o.grad_accum;
+    const bool pairs = in->objective && strcmp(in->objective, "dpo") == 0;
 
     /* 2. inputs (cheap to check, so first), 3. the model, 4. memory and initial weights */
-    ids = malloc(ntok * sizeof *ids);
-    labels = malloc(ntok * sizeof *labels);
+    ids = malloc((size_t)K * ntok * sizeof *ids);
+    labels = malloc((size_t)K * ntok * sizeof *labels);
     if (!ids || !labels) {
         error("out of memory");
+        goto out;
+    }
+    if (o.data_path && in->objective &&
+        (pairs || strcmp(in->objective, "grpo") == 0)) {
+        error("--data: %s is a %s step, which trains on --input-ids and --labels with its "
+              "own inputs (see --help)", o.step_path, in->objective);
         goto out;
     }
     if (o.data_path) {
@@ -958,17 +1011,23 @@ int main(int argc, char **argv)
             goto out;
         }
     } else {
-        if (load_tokens(o.ids_path, false, in, o.step_path, ids) ||
-            load_tokens(o.labels_path, true, in, o.step_path, labels))
+        if (load_tokens(o.ids_path, false, in, o.step_path, K, pairs, ids) ||
+            load_tokens(o.labels_path, true, in, o.step_path, K, pairs, labels))
             goto out;
         size_t scored = 0;
-        for (size_t i = 0; i < ntok; i++)
+        for (size_t i = 0; i < (size_t)K * ntok; i++)
             scored += labels[i] != SBPRT_IGNORE_INDEX;
         if (scored == 0) {
             error("%s: every label is -100: no position is scored, there is nothing to train",
                   o.labels_path);
             goto out;
         }
+    }
+    if (ti_open(&ti, in, K, o.ref_logps, o.old_logps, o.advantages, note_message, err,
+                sizeof err) ||
+        (!o.data_path && ti_check(&ti, labels, o.labels_path, err, sizeof err))) {
+        error("%s", err);
+        goto out;
     }
 
     /* the context first: no device is quicker to find than a large model is to read */
@@ -996,7 +1055,11 @@ int main(int argc, char **argv)
     const size_t off_ws = off_v + (o.adamw ? align_up(pbytes) : 0);
     const size_t off_ids = off_ws + align_up(in->workspace_bytes);
     const size_t off_labels = off_ids + align_up(ntok * sizeof(int32_t));
-    const size_t arena_bytes = off_labels + align_up(ntok * sizeof(int32_t));
+    /* DPO / GRPO inputs of one micro-batch: reference logp ([B] or [B*T]), old logp, advantages */
+    const size_t off_ref = off_labels + align_up(ntok * sizeof(int32_t));
+    const size_t off_old = off_ref + (ti.mb_ref ? align_up(ntok * sizeof(float)) : 0);
+    const size_t off_adv = off_old + (ti.mb_old ? align_up(ntok * sizeof(float)) : 0);
+    const size_t arena_bytes = off_adv + (ti.mb_adv ? align_up((size_t)B * sizeof(float)) : 0);
     st = RT(rt, arena_alloc, arena_ctx, (void **)&arena, arena_bytes);
     if (st) {
         char b1[32];
@@ -1011,6 +1074,8 @@ int main(int argc, char **argv)
     float *d_params = (float *)(arena + off_params), *d_grads = (float *)(arena + off_grads);
     float *d_m = (float *)(arena + off_m), *d_v = (float *)(arena + off_v);
     int32_t *d_ids = (int32_t *)(arena + off_ids), *d_labels = (int32_t *)(arena + off_labels);
+    float *d_ref = (float *)(arena + off_ref), *d_old = (float *)(arena + off_old);
+    float *d_adv = (float *)(arena + off_adv);
     if (host_visible) {
         host_params = d_params;
         host_grads = d_grads;
@@ -1064,9 +1129,10 @@ int main(int argc, char **argv)
     const bool bar = isatty(STDERR_FILENO);
     const int64_t epoch0 = shard.epoch;
     for (int64_t s = 1; s <= o.steps; s++) {
-        if (have_shard) {
+        for (int64_t k = 0; have_shard && k < K; k++) {
             int64_t epoch = shard.epoch;
-            if (sbpio_shard_next_batch(&shard, (int)B, (int)T, ids, labels, err, sizeof err)) {
+            if (sbpio_shard_next_batch(&shard, (int)B, (int)T, ids + (size_t)k * ntok,
+                                       labels + (size_t)k * ntok, err, sizeof err)) {
                 error("step %lld: %s", (long long)s, err);
                 goto out;
             }
@@ -1076,29 +1142,51 @@ int main(int argc, char **argv)
                         (long long)shard.epoch + 1);
         }
         double t0 = now_seconds();
-        if ((st = RT(rt, copy, copy_ctx, d_ids, ids, ntok * sizeof *ids,
-                     SBPRT_COPY_HOST_TO_DEVICE)) ||
-            (st = RT(rt, copy, copy_ctx, d_labels, labels, ntok * sizeof *labels,
-                     SBPRT_COPY_HOST_TO_DEVICE)))
-            goto copy_failed;
-        double loss = NAN;
-        int64_t scored = 0;
-        sbp_step_args args = {
-            .params = d_params,
-            .grads = d_grads,
-            .accumulate = 0,
-            .input_ids = d_ids,
-            .labels = d_labels,
-            .denominator = 0,
-            .workspace = arena + off_ws,
-            .loss = &loss,
-            .n_scored = &scored,
-        };
-        st = run(rt.step_ctx, &args);
-        if (!st)
-            st = rt.sync(*rt.sync_ctx);
+        /* K micro-batches, the gradients accumulated, with the whole batch's denominator */
+        const double denominator = ti_denominator(&ti, labels);
+        double loss = 0;
+        int64_t micro = 0; /* after a failure: the failed micro-batch's number, from 1 */
+        st = SBPRT_OK;
+        for (; micro < K && st == SBPRT_OK; micro++) {
+            ti_micro(&ti, ids, labels, micro);
+            if ((st = RT(rt, copy, copy_ctx, d_ids, ti.mb_ids, ntok * sizeof *ids,
+                         SBPRT_COPY_HOST_TO_DEVICE)) ||
+                (st = RT(rt, copy, copy_ctx, d_labels, ti.mb_labels, ntok * sizeof *labels,
+                         SBPRT_COPY_HOST_TO_DEVICE)) ||
+                (ti.mb_ref &&
+                 (st = RT(rt, copy, copy_ctx, d_ref, ti.mb_ref,
+                          (ti.dpo ? (size_t)B : ntok) * sizeof(float),
+                          SBPRT_COPY_HOST_TO_DEVICE))) ||
+                (ti.mb_old && (st = RT(rt, copy, copy_ctx, d_old, ti.mb_old, ntok * sizeof(float),
+                                       SBPRT_COPY_HOST_TO_DEVICE))) ||
+                (ti.mb_adv && (st = RT(rt, copy, copy_ctx, d_adv, ti.mb_adv,
+                                       (size_t)B * sizeof(float), SBPRT_COPY_HOST_TO_DEVICE))))
+                goto copy_failed;
+            double micro_loss = NAN;
+            sbp_step_args args = {
+                .params = d_params,
+                .grads = d_grads,
+                .accumulate = micro > 0,
+                .input_ids = d_ids,
+                .labels = d_labels,
+                .denominator = denominator,
+                .workspace = arena + off_ws,
+                .loss = &micro_loss,
+                .ref_logps = ti.mb_ref ? d_ref : NULL,
+                .old_logps = ti.mb_old ? d_old : NULL,
+                .advantages = ti.mb_adv ? d_adv : NULL,
+            };
+            st = run(rt.step_ctx, &args);
+            if (!st)
+                st = rt.sync(*rt.sync_ctx);
+            loss += micro_loss;
+        }
         if (st) {
-            error("step %lld: the step failed: %s%s%s", (long long)s, rt.status_string(st),
+            char mb[64] = "";
+            if (K > 1)
+                snprintf(mb, sizeof mb, " (micro-batch %lld of %lld)", (long long)micro,
+                         (long long)K);
+            error("step %lld%s: the step failed: %s%s%s", (long long)s, mb, rt.status_string(st),
                   st == SBPRT_ERR_RANGE ? " (a token id or label outside the vocabulary)" : "",
                   rt_why(&rt, rt.step_ctx, why, sizeof why));
             if (dev_mem && st == SBPRT_ERR_NOMEM) {
@@ -1154,7 +1242,7 @@ int main(int argc, char **argv)
         }
         SAMPLE_DEVICE_MEMORY();
         double dt = t_run + (now_seconds() - t0);
-        double tps = dt > 0 ? (double)ntok / dt : 0;
+        double tps = dt > 0 ? (double)ntok * (double)K / dt : 0;
         clear_bar();
         printf("step %lld loss %.6f tokens/s %.1f\n", (long long)s, loss, tps);
         fflush(stdout);
@@ -1218,6 +1306,7 @@ out:
     runtime_stop(&rt);
     free(ids);
     free(labels);
+    ti_free(&ti);
     if (have_shard)
         sbpio_shard_close(&shard);
     model_free(&mdl);

@@ -3,7 +3,8 @@
  *   sbpc MODEL.onnx [--batch N] [--seq-len N] [--no-retie] [--dump-ir[=PASS]]
  *        [-o train_step.c|train_step.so] [--strategy stream|store|checkpoint] [--target cpu|cuda]
  *        [--chunk N] [--logits-chunk N] [--memory-budget BYTES]
- *        [--objective sft|graph-loss] [--freeze REGEX]... [--report] [--memory-plot FILE.svg]
+ *        [--objective sft|graph-loss|dpo|grpo] [--beta F] [--epsilon F]
+ *        [--grpo-norm sequence|token] [--freeze REGEX]... [--report] [--memory-plot FILE.svg]
  *
  * Reads the model, runs the canonicalisation pipeline (passes/pipeline.c) and prints the IR or a
  * summary; with -o it also builds the training program (passes/train.h: objective, freeze,
@@ -19,6 +20,7 @@
 #include "train.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,7 +57,16 @@ static void usage(FILE *f)
             "                     K, M, G: powers of 1024); stream picks the largest chunks\n"
             "                     that fit, else the error says the smallest budget that would\n"
             "  --objective O      sft (default: mean cross-entropy of the logits over labels\n"
-            "                     != -100; a graph that ends in a loss keeps it) or graph-loss\n"
+            "                     != -100; a graph that ends in a loss keeps it), graph-loss,\n"
+            "                     dpo (rows i and B/2+i are a chosen/rejected pair; the step\n"
+            "                     takes the reference logp of each row) or grpo (clipped policy\n"
+            "                     ratio + KL per token; takes advantages, old and reference\n"
+            "                     logp per token); codegen/sbp_step.h has the definitions\n"
+            "  --beta F           dpo: beta (default 0.1); grpo: the KL coefficient (default\n"
+            "                     0.04; 0: no KL term, no reference logp needed)\n"
+            "  --epsilon F        grpo: the ratio is clipped to [1-F, 1+F] (default 0.2)\n"
+            "  --grpo-norm N      grpo: sequence (default: mean over rows of each row's mean\n"
+            "                     token loss) or token (sum over tokens / scored tokens)\n"
             "  --freeze REGEX     do not train parameters whose name matches (POSIX extended;\n"
             "                     may be repeated)\n"
             "  --report           print the memory plan: peak bytes and their breakdown, the\n"
@@ -89,6 +100,21 @@ static int parse_count(const char *flag, const char *s, int64_t *out)
     if (errno || v <= 0 || v > (1ll << 30)) {
         fprintf(stderr, "%s: error: %s: '%s' is out of range (1 to %lld)\n", prog, flag, s,
                 1ll << 30);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* A finite real number >= 0, the whole string. */
+static int parse_real(const char *flag, const char *s, double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = s && *s && *s != ' ' ? strtod(s, &end) : 0;
+    if (!end || end == s || *end || errno || !isfinite(v) || v < 0) {
+        fprintf(stderr, "%s: error: %s: '%s' is not a finite number >= 0\n", prog, flag,
+                s ? s : "");
         return -1;
     }
     *out = v;
@@ -212,6 +238,8 @@ int main(int argc, char **argv)
     sbp_pass_options opt = {.verify = true};
     sbp_train_options topt = {.strategy = SBP_STRATEGY_STREAM};
     sbp_objective objective = SBP_OBJECTIVE_SFT;
+    const char *beta_given = NULL, *grpo_given = NULL; /* a DPO / GRPO flag seen */
+    topt.epsilon = -1; /* unset */
     const char *target = "cpu";
 
     for (int i = 1; i < argc; i++) {
@@ -267,11 +295,34 @@ int main(int argc, char **argv)
                 objective = SBP_OBJECTIVE_SFT;
             } else if (strcmp(v, "graph-loss") == 0) {
                 objective = SBP_OBJECTIVE_GRAPH_LOSS;
+            } else if (strcmp(v, "dpo") == 0) {
+                objective = SBP_OBJECTIVE_DPO;
+            } else if (strcmp(v, "grpo") == 0) {
+                objective = SBP_OBJECTIVE_GRPO;
             } else {
-                fprintf(stderr, "%s: error: --objective: '%s' is not sft or graph-loss\n", prog,
+                fprintf(stderr, "%s: error: --objective: '%s' is not sft, graph-loss, dpo or "
+                                "grpo\n", prog, v);
+                return 1;
+            }
+        } else if ((v = flag_value(argc, argv, &i, "--beta"))) {
+            if (parse_real("--beta", v, &topt.beta))
+                return 1;
+            beta_given = "--beta";
+        } else if ((v = flag_value(argc, argv, &i, "--epsilon"))) {
+            if (parse_real("--epsilon", v, &topt.epsilon))
+                return 1;
+            grpo_given = "--epsilon";
+        } else if ((v = flag_value(argc, argv, &i, "--grpo-norm"))) {
+            if (strcmp(v, "sequence") == 0) {
+                topt.grpo_norm = SBP_GRPO_NORM_SEQUENCE;
+            } else if (strcmp(v, "token") == 0) {
+                topt.grpo_norm = SBP_GRPO_NORM_TOKEN;
+            } else {
+                fprintf(stderr, "%s: error: --grpo-norm: '%s' is not sequence or token\n", prog,
                         v);
                 return 1;
             }
+            grpo_given = "--grpo-norm";
         } else if ((v = flag_value(argc, argv, &i, "--freeze"))) {
             if (!*v || n_freeze == MAX_FREEZE) {
                 fprintf(stderr, "%s: error: --freeze needs a regular expression (at most %d)\n",
@@ -305,6 +356,19 @@ int main(int argc, char **argv)
             model = a;
         }
     }
+    /* DPO / GRPO hyper-parameters: the defaults, and no flag for another objective */
+    bool pref = objective == SBP_OBJECTIVE_DPO || objective == SBP_OBJECTIVE_GRPO;
+    if ((beta_given && !pref) || (grpo_given && objective != SBP_OBJECTIVE_GRPO)) {
+        fprintf(stderr, "%s: error: %s applies to --objective %s, not %s\n", prog,
+                grpo_given && objective != SBP_OBJECTIVE_GRPO ? grpo_given : beta_given,
+                grpo_given && objective != SBP_OBJECTIVE_GRPO ? "grpo" : "dpo or grpo",
+                sbp_objective_name(objective));
+        return 1;
+    }
+    if (!beta_given)
+        topt.beta = sbp_objective_default_beta(objective);
+    if (topt.epsilon < 0)
+        topt.epsilon = objective == SBP_OBJECTIVE_GRPO ? SBP_GRPO_DEFAULT_EPSILON : 0;
     if (!model) {
         fprintf(stderr, "%s: error: no model given\n", prog);
         usage(stderr);

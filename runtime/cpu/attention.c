@@ -91,6 +91,374 @@ static int att_check(const float *q, const float *k, const float *v, int b, int 
     return SBPRT_OK;
 }
 
+/* ------------------------------------------------------------------ AVX2/FMA fast path
+ *
+ * On x86-64 CPUs with AVX2 and FMA (checked at run time) and d a multiple of 8, the kernels
+ * below replace the per-row loops above: a task packs its query (or key) tile, computes the
+ * 64 x 64 score tile with a register-blocked micro-kernel (4 rows x 16 columns, FMAs over d
+ * in order), runs the softmax on whole rows with a vectorised exp, and does P·V (and the
+ * backward's dS·K, Pᵀ·dO, dSᵀ·Q) with a second micro-kernel (4 rows x 16 columns, FMAs over
+ * the keys in order).  Every output element is still summed in an order fixed by the
+ * absolute key tiles and the partitioning alone: a row's scores depend only on its own q
+ * and the key tile, masked keys (after the row's position, or padding) get p = 0 exactly
+ * and add nothing, so a chunk's rows equal the full call's rows bitwise and nothing depends
+ * on the thread count.  Keys at or after the chunk's end are never read. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define ATT_FAST 1
+#define FX __attribute__((target("avx2,fma")))
+#define FB 64 /* query rows and keys per tile */
+
+static int att_fast_ok(int d)
+{
+    static int cpu = -1;
+    if (cpu < 0) {
+        __builtin_cpu_init();
+        cpu = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
+    return cpu && d % 8 == 0 && d <= 256;
+}
+
+/* C[r, j] = scale * Σ_c A[r, c] Bt[c, j] for r < m (a multiple of 4), j < n (a multiple of
+ * 16); A is [m, d], Bt is [d, FB], C is [m, FB]. */
+FX static void fx_nt(float *restrict C, const float *restrict A, const float *restrict Bt,
+                     int m, int n, int d, float scale)
+{
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (int r = 0; r < m; r += 4) {
+        const float *a = A + (size_t)r * d;
+        for (int j = 0; j < n; j += 16) {
+            __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,
+                   c21 = c00, c30 = c00, c31 = c00;
+            for (int c = 0; c < d; c++) {
+                const __m256 b0 = _mm256_loadu_ps(Bt + (size_t)c * FB + j);
+                const __m256 b1 = _mm256_loadu_ps(Bt + (size_t)c * FB + j + 8);
+                __m256 x = _mm256_broadcast_ss(a + c);
+                c00 = _mm256_fmadd_ps(x, b0, c00), c01 = _mm256_fmadd_ps(x, b1, c01);
+                x = _mm256_broadcast_ss(a + d + c);
+                c10 = _mm256_fmadd_ps(x, b0, c10), c11 = _mm256_fmadd_ps(x, b1, c11);
+                x = _mm256_broadcast_ss(a + 2 * d + c);
+                c20 = _mm256_fmadd_ps(x, b0, c20), c21 = _mm256_fmadd_ps(x, b1, c21);
+                x = _mm256_broadcast_ss(a + 3 * d + c);
+                c30 = _mm256_fmadd_ps(x, b0, c30), c31 = _mm256_fmadd_ps(x, b1, c31);
+            }
+            float *o = C + (size_t)r * FB + j;
+            _mm256_storeu_ps(o, _mm256_mul_ps(c00, sc));
+            _mm256_storeu_ps(o + 8, _mm256_mul_ps(c01, sc));
+            _mm256_storeu_ps(o + FB, _mm256_mul_ps(c10, sc));
+            _mm256_storeu_ps(o + FB + 8, _mm256_mul_ps(c11, sc));
+            _mm256_storeu_ps(o + 2 * FB, _mm256_mul_ps(c20, sc));
+            _mm256_storeu_ps(o + 2 * FB + 8, _mm256_mul_ps(c21, sc));
+            _mm256_storeu_ps(o + 3 * FB, _mm256_mul_ps(c30, sc));
+            _mm256_storeu_ps(o + 3 * FB + 8, _mm256_mul_ps(c31, sc));
+        }
+    }
+}
+
+/* C[r, :d] += Σ_{k < kn} A[r, k] B[k, :d] for r < m (a multiple of 4); A is [m, FB], B's
+ * rows are ldb apart, C is [m, d]; the sum runs over k in order. */
+FX static void fx_acc(float *restrict C, const float *restrict A, const float *restrict B,
+                      size_t ldb, int m, int kn, int d)
+{
+    for (int r = 0; r < m; r += 4) {
+        const float *a = A + (size_t)r * FB;
+        float *o = C + (size_t)r * d;
+        int c = 0;
+        for (; c + 16 <= d; c += 16) {
+            __m256 c00 = _mm256_loadu_ps(o + c), c01 = _mm256_loadu_ps(o + c + 8);
+            __m256 c10 = _mm256_loadu_ps(o + d + c), c11 = _mm256_loadu_ps(o + d + c + 8);
+            __m256 c20 = _mm256_loadu_ps(o + 2 * d + c), c21 = _mm256_loadu_ps(o + 2 * d + c + 8);
+            __m256 c30 = _mm256_loadu_ps(o + 3 * d + c), c31 = _mm256_loadu_ps(o + 3 * d + c + 8);
+            for (int k = 0; k < kn; k++) {
+                const __m256 b0 = _mm256_loadu_ps(B + k * ldb + c);
+                const __m256 b1 = _mm256_loadu_ps(B + k * ldb + c + 8);
+                __m256 x = _mm256_broadcast_ss(a + k);
+                c00 = _mm256_fmadd_ps(x, b0, c00), c01 = _mm256_fmadd_ps(x, b1, c01);
+                x = _mm256_broadcast_ss(a + FB + k);
+                c10 = _mm256_fmadd_ps(x, b0, c10), c11 = _mm256_fmadd_ps(x, b1, c11);
+                x = _mm256_broadcast_ss(a + 2 * FB + k);
+                c20 = _mm256_fmadd_ps(x, b0, c20), c21 = _mm256_fmadd_ps(x, b1, c21);
+                x = _mm256_broadcast_ss(a + 3 * FB + k);
+                c30 = _mm256_fmadd_ps(x, b0, c30), c31 = _mm256_fmadd_ps(x, b1, c31);
+            }
+            _mm256_storeu_ps(o + c, c00), _mm256_storeu_ps(o + c + 8, c01);
+            _mm256_storeu_ps(o + d + c, c10), _mm256_storeu_ps(o + d + c + 8, c11);
+            _mm256_storeu_ps(o + 2 * d + c, c20), _mm256_storeu_ps(o + 2 * d + c + 8, c21);
+            _mm256_storeu_ps(o + 3 * d + c, c30), _mm256_storeu_ps(o + 3 * d + c + 8, c31);
+        }
+        for (; c < d; c += 8) {
+            __m256 c0 = _mm256_loadu_ps(o + c), c1 = _mm256_loadu_ps(o + d + c);
+            __m256 c2 = _mm256_loadu_ps(o + 2 * d + c), c3 = _mm256_loadu_ps(o + 3 * d + c);
+            for (int k = 0; k < kn; k++) {
+                const __m256 b0 = _mm256_loadu_ps(B + k * ldb + c);
+                c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(a + k), b0, c0);
+                c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(a + FB + k), b0, c1);
+                c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(a + 2 * FB + k), b0, c2);
+                c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(a + 3 * FB + k), b0, c3);
+            }
+            _mm256_storeu_ps(o + c, c0), _mm256_storeu_ps(o + d + c, c1);
+            _mm256_storeu_ps(o + 2 * d + c, c2), _mm256_storeu_ps(o + 3 * d + c, c3);
+        }
+    }
+}
+
+/* exp(x) for x <= 0 (Cephes expf polynomial, about 1 ulp); exactly 0 below -87, so
+ * exp(-inf) = 0; NaN propagates. */
+FX static inline __m256 fx_exp(__m256 x)
+{
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(lo, x);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    p = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, p);
+}
+
+/* Row r of an FB-wide tile: s[jj] = -inf for jj >= vis; then p = exp(s - sub) written over
+ * s; returns the sum of p (fixed tree order). */
+FX static float fx_exp_row(float *restrict s, int vis, float sub)
+{
+    for (int jj = vis < 0 ? 0 : vis; jj < FB; jj++)
+        s[jj] = -INFINITY;
+    const __m256 m = _mm256_set1_ps(sub);
+    __m256 acc = _mm256_setzero_ps();
+    for (int jj = 0; jj < FB; jj += 8) {
+        __m256 p = fx_exp(_mm256_sub_ps(_mm256_loadu_ps(s + jj), m));
+        _mm256_storeu_ps(s + jj, p);
+        acc = _mm256_add_ps(acc, p);
+    }
+    float a[8];
+    _mm256_storeu_ps(a, acc);
+    return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+}
+
+/* Copies n rows of d floats, row_stride apart, into a packed [FB, d] tile; rows n..n4 are 0. */
+static void fx_pack(float *restrict dst, const float *restrict src, size_t row_stride, int n,
+                    int n4, int d)
+{
+    for (int r = 0; r < n; r++)
+        memcpy(dst + (size_t)r * d, src + r * row_stride, (size_t)d * sizeof(float));
+    memset(dst + (size_t)n * d, 0, (size_t)(n4 - n) * d * sizeof(float));
+}
+
+/* A transposed [d, FB] tile of n rows with columns n..FB zero. */
+static void fx_transpose(float *restrict dst, const float *restrict src, size_t row_stride,
+                         int n, int d)
+{
+    for (int c = 0; c < d; c++)
+        memset(dst + (size_t)c * FB + n, 0, (size_t)(FB - n) * sizeof(float));
+    for (int jj = 0; jj < n; jj++)
+        for (int c = 0; c < d; c++)
+            dst[(size_t)c * FB + jj] = src[jj * row_stride + c];
+}
+
+static int r4(int n) { return (n + 3) & ~3; }
+static int r16(int n) { return (n + 15) & ~15; }
+
+FX static int fx_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q, const float *k,
+                         const float *v, int b, int t, int tk, int hq, int hkv, int d,
+                         int q_start, float scale)
+{
+    (void)tk;
+    const int group = hq / hkv;
+    const int nqt = (t + FB - 1) / FB;
+    const int64_t ntasks = (int64_t)b * hq * nqt;
+    const size_t kv_row = (size_t)hkv * d, q_row = (size_t)hq * d;
+    /* per thread: qp, acc [FB, d]; kt [d, FB]; s [FB, FB]; m, l [FB] */
+    const size_t per_thread = att_round16((size_t)3 * FB * d + (size_t)FB * FB + 2 * FB);
+    float *scratch;
+    int st = cpu_scratch(ctx, per_thread * ctx->nthreads * sizeof(float), (void **)&scratch);
+    if (st)
+        return st;
+#pragma omp parallel for schedule(static, 1) num_threads(ctx->nthreads)
+    for (int64_t task = 0; task < ntasks; task++) {
+        const int qt = (int)(task % nqt);
+        const int h = (int)(task / nqt % hq);
+        const int bi = (int)(task / nqt / hq);
+        const int g = h / group;
+        const int i0 = qt * FB;
+        const int nr = t - i0 < FB ? t - i0 : FB, nr4 = r4(nr);
+        float *qp = scratch + per_thread * omp_get_thread_num();
+        float *acc = qp + (size_t)FB * d, *kt = acc + (size_t)FB * d;
+        float *s = kt + (size_t)FB * d, *m = s + (size_t)FB * FB, *l = m + FB;
+        fx_pack(qp, q + (((size_t)bi * t + i0) * hq + h) * d, q_row, nr, nr4, d);
+        memset(acc, 0, (size_t)nr4 * d * sizeof(float));
+        for (int r = 0; r < nr; r++)
+            m[r] = -INFINITY, l[r] = 0;
+        const int kend = q_start + i0 + nr;
+        for (int j0 = 0; j0 < kend; j0 += FB) {
+            const int jn = kend - j0 < FB ? kend - j0 : FB;
+            const float *kbase = k + (((size_t)bi * tk + j0) * hkv + g) * d;
+            const float *vbase = v + (((size_t)bi * tk + j0) * hkv + g) * d;
+            fx_transpose(kt, kbase, kv_row, jn, d);
+            fx_nt(s, qp, kt, nr4, r16(jn), d, scale);
+            for (int r = 0; r < nr; r++) {
+                float *sr = s + (size_t)r * FB;
+                int vis = q_start + i0 + r + 1 - j0;
+                vis = vis < jn ? vis : jn;
+                float mt = -INFINITY;
+                for (int jj = 0; jj < vis; jj++)
+                    mt = sr[jj] > mt ? sr[jj] : mt;
+                const float mnew = m[r] > mt ? m[r] : mt;
+                const float alpha = expf(m[r] - mnew);
+                const float sum = fx_exp_row(sr, vis, mnew);
+                l[r] = l[r] * alpha + sum;
+                float *ar = acc + (size_t)r * d;
+                for (int c = 0; c < d; c++)
+                    ar[c] *= alpha;
+                m[r] = mnew;
+            }
+            memset(s + (size_t)nr * FB, 0, (size_t)(nr4 - nr) * FB * sizeof(float));
+            fx_acc(acc, s, vbase, kv_row, nr4, jn, d);
+        }
+        for (int r = 0; r < nr; r++) {
+            float *orow = out + (((size_t)bi * t + i0 + r) * hq + h) * d;
+            const float inv = 1.0f / l[r];
+            for (int c = 0; c < d; c++)
+                orow[c] = acc[(size_t)r * d + c] * inv;
+            if (lse)
+                lse[((size_t)bi * hq + h) * t + i0 + r] = m[r] + logf(l[r]);
+        }
+    }
+    return SBPRT_OK;
+}
+
+/* The backward's two passes with the fast kernels; delta as computed by the caller. */
+FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread,
+                           const float *delta, float *dq, float *dk, float *dv,
+                           const float *dout, const float *q, const float *k, const float *v,
+                           const float *lse, int b, int t, int tk, int hq, int hkv, int d,
+                           int q_start, float scale)
+{
+    const int group = hq / hkv;
+    const size_t kv_row = (size_t)hkv * d, q_row = (size_t)hq * d;
+    if (dq) {
+        const int nqt = (t + FB - 1) / FB;
+        const int64_t ntasks = (int64_t)b * hq * nqt;
+#pragma omp parallel for schedule(static, 1) num_threads(ctx->nthreads)
+        for (int64_t task = 0; task < ntasks; task++) {
+            const int qt = (int)(task % nqt);
+            const int h = (int)(task / nqt % hq);
+            const int bi = (int)(task / nqt / hq);
+            const int g = h / group;
+            const int i0 = qt * FB;
+            const int nr = t - i0 < FB ? t - i0 : FB, nr4 = r4(nr);
+            float *qp = thread_base + per_thread * omp_get_thread_num();
+            float *gp = qp + (size_t)FB * d, *kt = gp + (size_t)FB * d, *vt = kt + (size_t)FB * d;
+            float *acc = vt + (size_t)FB * d, *s = acc + (size_t)FB * d, *dp = s + (size_t)FB * FB;
+            const size_t qoff = (((size_t)bi * t + i0) * hq + h) * d;
+            const size_t srow = ((size_t)bi * hq + h) * t + i0;
+            fx_pack(qp, q + qoff, q_row, nr, nr4, d);
+            fx_pack(gp, dout + qoff, q_row, nr, nr4, d);
+            memset(acc, 0, (size_t)nr4 * d * sizeof(float));
+            const int kend = q_start + i0 + nr;
+            for (int j0 = 0; j0 < kend; j0 += FB) {
+                const int jn = kend - j0 < FB ? kend - j0 : FB;
+                const float *kbase = k + (((size_t)bi * tk + j0) * hkv + g) * d;
+                fx_transpose(kt, kbase, kv_row, jn, d);
+                fx_transpose(vt, v + (((size_t)bi * tk + j0) * hkv + g) * d, kv_row, jn, d);
+                fx_nt(s, qp, kt, nr4, r16(jn), d, scale);
+                fx_nt(dp, gp, vt, nr4, r16(jn), d, 1.0f);
+                for (int r = 0; r < nr; r++) {
+                    float *sr = s + (size_t)r * FB;
+                    const float *dpr = dp + (size_t)r * FB;
+                    int vis = q_start + i0 + r + 1 - j0;
+                    fx_exp_row(sr, vis < jn ? vis : jn, lse[srow + r]);
+                    const float dl = delta[srow + r];
+                    for (int jj = 0; jj < FB; jj++)
+                        sr[jj] = sr[jj] * (dpr[jj] - dl);
+                }
+                memset(s + (size_t)nr * FB, 0, (size_t)(nr4 - nr) * FB * sizeof(float));
+                fx_acc(acc, s, kbase, kv_row, nr4, jn, d);
+            }
+            for (int r = 0; r < nr; r++)
+                cpu_axpy(dq + qoff + r * q_row, scale, acc + (size_t)r * d, d);
+        }
+    }
+    if (dk) {
+        const int kend = q_start + t;
+        const int nkt = (kend + FB - 1) / FB;
+        const int64_t ntasks = (int64_t)b * hkv * nkt;
+#pragma omp parallel for schedule(static, 1) num_threads(ctx->nthreads)
+        for (int64_t task = 0; task < ntasks; task++) {
+            const int kt_idx = (int)(task % nkt);
+            const int g = (int)(task / nkt % hkv);
+            const int bi = (int)(task / nkt / hkv);
+            const int j0 = kt_idx * FB;
+            const int nc = kend - j0 < FB ? kend - j0 : FB, nc4 = r4(nc);
+            float *kp = thread_base + per_thread * omp_get_thread_num();
+            float *vp = kp + (size_t)FB * d, *qt = vp + (size_t)FB * d, *gt = qt + (size_t)FB * d;
+            float *dka = gt + (size_t)FB * d, *dva = dka + (size_t)FB * d;
+            float *s = dva + (size_t)FB * d, *dp = s + (size_t)FB * FB;
+            float *ls = dp + (size_t)FB * FB, *dl = ls + FB;
+            const size_t koff = (((size_t)bi * tk + j0) * hkv + g) * d;
+            fx_pack(kp, k + koff, kv_row, nc, nc4, d);
+            fx_pack(vp, v + koff, kv_row, nc, nc4, d);
+            memset(dka, 0, (size_t)2 * FB * d * sizeof(float));
+            const int ifirst = j0 - q_start > 0 ? j0 - q_start : 0;
+            for (int hh = 0; hh < group; hh++) {
+                const int h = g * group + hh;
+                for (int i0 = ifirst; i0 < t; i0 += FB) {
+                    const int ni = t - i0 < FB ? t - i0 : FB;
+                    const size_t qoff = (((size_t)bi * t + i0) * hq + h) * d;
+                    const size_t srow = ((size_t)bi * hq + h) * t + i0;
+                    fx_transpose(qt, q + qoff, q_row, ni, d);
+                    fx_transpose(gt, dout + qoff, q_row, ni, d);
+                    for (int ii = 0; ii < FB; ii++) {
+                        ls[ii] = ii < ni ? lse[srow + ii] : 0;
+                        dl[ii] = ii < ni ? delta[srow + ii] : 0;
+                    }
+                    fx_nt(s, kp, qt, nc4, r16(ni), d, scale);
+                    fx_nt(dp, vp, gt, nc4, r16(ni), d, 1.0f);
+                    for (int jj = 0; jj < nc; jj++) {
+                        float *sr = s + (size_t)jj * FB, *dpr = dp + (size_t)jj * FB;
+                        /* query ii sees key j0 + jj when q_start + i0 + ii >= j0 + jj */
+                        int ilo = j0 + jj - q_start - i0;
+                        ilo = ilo < 0 ? 0 : ilo;
+                        for (int ii = 0; ii < FB; ii += 8) {
+                            __m256 x = _mm256_sub_ps(_mm256_loadu_ps(sr + ii),
+                                                     _mm256_loadu_ps(ls + ii));
+                            const __m256i idx = _mm256_add_epi32(
+                                _mm256_set1_epi32(ii),
+                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+                            const __m256 vis = _mm256_castsi256_ps(_mm256_and_si256(
+                                _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(ilo - 1)),
+                                _mm256_cmpgt_epi32(_mm256_set1_epi32(ni), idx)));
+                            x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, vis);
+                            const __m256 p = fx_exp(x);
+                            _mm256_storeu_ps(sr + ii, p);
+                            _mm256_storeu_ps(dpr + ii, _mm256_mul_ps(
+                                p, _mm256_sub_ps(_mm256_loadu_ps(dpr + ii),
+                                                 _mm256_loadu_ps(dl + ii))));
+                        }
+                    }
+                    memset(s + (size_t)nc * FB, 0, (size_t)(nc4 - nc) * FB * sizeof(float));
+                    memset(dp + (size_t)nc * FB, 0, (size_t)(nc4 - nc) * FB * sizeof(float));
+                    fx_acc(dva, s, dout + qoff, q_row, nc4, ni, d);
+                    fx_acc(dka, dp, q + qoff, q_row, nc4, ni, d);
+                }
+            }
+            for (int jj = 0; jj < nc; jj++) {
+                cpu_axpy(dk + koff + jj * kv_row, scale, dka + (size_t)jj * d, d);
+                cpu_axpy(dv + koff + jj * kv_row, 1.0f, dva + (size_t)jj * d, d);
+            }
+        }
+    }
+}
+#endif /* fast path */
+
 int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
                             const float *k, const float *v, int b, int t, int tk, int hq,
                             int hkv, int d, int q_start, float scale)
@@ -102,6 +470,10 @@ int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float 
     if (b == 0 || t == 0 || hq == 0)
         return SBPRT_OK;
     CPU_CHECK(out);
+#ifdef ATT_FAST
+    if (att_fast_ok(d))
+        return fx_forward(ctx, out, lse, q, k, v, b, t, tk, hq, hkv, d, q_start, scale);
+#endif
 
     const int group = hq / hkv;
     const int nqt = (t + ATT_BR - 1) / ATT_BR;
@@ -196,7 +568,12 @@ int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
     /* per thread: kt, vt [d, ATT_BC]; s, dp [ATT_BC]; then acc [ATT_BR, d] (pass 1) or
      * dkacc, dvacc [ATT_BC, d] (pass 2) */
     const size_t acc_len = (size_t)(2 * ATT_BC > ATT_BR ? 2 * ATT_BC : ATT_BR) * d;
-    const size_t per_thread = att_round16((size_t)2 * d * ATT_BC + 2 * ATT_BC + acc_len);
+    size_t per_thread = att_round16((size_t)2 * d * ATT_BC + 2 * ATT_BC + acc_len);
+#ifdef ATT_FAST
+    const int fast = att_fast_ok(d);
+    if (fast) /* qp, gp, kt, vt, acc or kp, vp, qt, gt, dka, dva; s, dp; ls, dl */
+        per_thread = att_round16((size_t)6 * FB * d + (size_t)2 * FB * FB + 2 * FB);
+#endif
     float *scratch;
     st = cpu_scratch(ctx, (att_round16(nrows) + per_thread * ctx->nthreads) * sizeof(float),
                      (void **)&scratch);
@@ -215,6 +592,14 @@ int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
             delta[((size_t)bi * hq + h) * t + i] = cpu_dot(dout + off, out + off, d);
         }
     }
+
+#ifdef ATT_FAST
+    if (fast) {
+        fx_backward(ctx, thread_base, per_thread, delta, dq, dk, dv, dout, q, k, v, lse, b, t,
+                    tk, hq, hkv, d, q_start, scale);
+        return SBPRT_OK;
+    }
+#endif
 
     /* Pass 1: dq, one task per (batch, query head, query tile), as in the forward. */
     if (dq) {

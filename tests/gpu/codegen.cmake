@@ -10,7 +10,9 @@
 #                         against libsbprt_cuda_emu.a (emu_step.cmake): gradients of the
 #                         fixture families against the float64 PyTorch references, for each
 #                         strategy (stream also with chunks that do not divide T), plus AdamW
-#                         losses, and an SGD step saved and checked.
+#                         losses, and an SGD step saved and checked; and a device too small
+#                         for a step: the error, the --memory-budget it suggests, and a stream
+#                         step compiled for that budget that fits (emu_oom.cmake).
 if(NOT TARGET sbpc OR NOT TARGET sbp-train)
   return()
 endif()
@@ -66,4 +68,14 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
   gpu_emu_step(qwen3_checkpoint qwen3 1 SBPC_ARGS --strategy checkpoint)
   gpu_emu_step(llama_stream_chunks llama 1
                SBPC_ARGS --strategy stream --chunk 24 --logits-chunk 40)
+  # A device too small for the store step: the error names the bytes, the note the budget,
+  # and a stream step compiled for that budget fits and is exact (emu_oom.cmake).
+  add_test(NAME gpu.step_emu_oom
+           COMMAND ${CMAKE_COMMAND} -DSBPC=$<TARGET_FILE:sbpc> -DTRAIN=$<TARGET_FILE:sbp-train>
+                   -DFIXTURE=$<TARGET_FILE:train_fixture> -DCC=${CMAKE_C_COMPILER}
+                   -DEMU_LIB=$<TARGET_FILE:sbprt_cuda_emu>
+                   "-DINCLUDES=${SBP_ROOT}/codegen;${SBP_ROOT}/runtime" "-DCFLAGS=${_emu_cflags}"
+                   -DFX=${_fx} -DOUT=${_gen} -DDEVICE=300000
+                   -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_oom.cmake")
+  set_tests_properties(gpu.step_emu_oom PROPERTIES LABELS gpu TIMEOUT 900)
 endif()

@@ -1,37 +1,67 @@
 #!/usr/bin/env bash
-# tests/gpu/run.sh — build the CUDA backend and run its kernel tests on a machine with an
-# NVIDIA GPU: every kernel against its CPU twin on random data, a table of max relative
-# errors and timings per kernel, and a summary.  Takes about 2-3 minutes on an H200 with 16
-# cores (most of it compiling); everything has a timeout, the whole script stays under 8.
+# tests/gpu/run.sh — the GPU checks, as one script for a machine with an NVIDIA GPU, in three
+# stages, each with its own timeout, the whole under 8 minutes (SBP_GPU_TOTAL seconds, default
+# 470); a stage that cannot run says why and is skipped.
 #
-# Builds tests/gpu standalone (only the runtime and these tests: needs cmake >= 3.20, a C
-# compiler, nvcc (PATH, CUDACXX or /usr/local/cuda), OpenBLAS and OpenMP — not protobuf-c,
-# ONNX or cmocka), in Release, for sm_90 unless CMAKE_CUDA_ARCHITECTURES or CUDAARCHS says
-# otherwise.
+#   1. kernels: every CUDA kernel against its CPU twin on random data, a table of max relative
+#      errors and timings per kernel, and a summary (tests/gpu/test_cuda_kernels.c);
+#   2. fixtures: the tiny GPT-2 / Llama / Qwen3 fixture models compiled with
+#      `sbpc --target cuda` (store, checkpoint, stream; stream also with chunks that do not
+#      divide T), 10 AdamW steps each with sbp-train on the GPU: the first step's gradients and
+#      the 10 losses against the float64 PyTorch references (tests/fixtures/ref, via
+#      check_ref.py: numpy);
+#   3. benchmark: bench/gpu_bench.py — step time and peak device memory of store, checkpoint
+#      and stream on a Qwen3-0.6B-shaped random model for T = 4096, 8192, ..., next to PyTorch
+#      with and without per-layer checkpointing, and the largest T each fits on the card
+#      (needs torch with CUDA).
 #
-#   tests/gpu/run.sh              build, then the full-size test
-#   tests/gpu/run.sh --quick      small sizes only (seconds)
-#   tests/gpu/run.sh --sanitize   also run the small sizes under compute-sanitizer
+# Building: stages 2 and 3 need the whole project (sbpc, sbp-train: protobuf-c, protoc-c and
+# Debian's /usr/include/onnx/onnx.proto besides what the runtime needs). When those are there
+# it is configured once (SBP_GPU_FULL_BUILD, default build-gpu-full; -DSBP_TESTS=OFF, so
+# cmocka is not needed) and stage 1 uses its kernel test; otherwise tests/gpu is built on its
+# own as before (cmake >= 3.20, a C compiler, nvcc (PATH, CUDACXX or /usr/local/cuda),
+# OpenBLAS, OpenMP; SBP_GPU_BUILD, default build-gpu) and stages 2 and 3 are skipped. Release,
+# for sm_90 unless CMAKE_CUDA_ARCHITECTURES or CUDAARCHS says otherwise.
+#
+#   tests/gpu/run.sh              everything
+#   tests/gpu/run.sh --quick      small kernel sizes, one fixture per family, bench at T=4096
+#   tests/gpu/run.sh --sanitize   also run the small kernel sizes under compute-sanitizer
 #                                 (memcheck, racecheck, synccheck), a few minutes more
-# Environment: SBP_GPU_BUILD (build folder, default build-gpu at the repository root).
-# Exit status: 0 when everything passed; 1 otherwise (including "no GPU visible").
+#   --no-fixtures, --no-bench     leave out stage 2 / stage 3
+# Environment: SBP_GPU_BUILD, SBP_GPU_FULL_BUILD (build folders), SBP_GPU_TOTAL (seconds),
+# PYTHON (the Python with numpy and torch, default python3).
+# Exit status: 0 when every stage that ran passed; 1 otherwise (including "no GPU visible").
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${SBP_GPU_BUILD:-$root/build-gpu}
+full=${SBP_GPU_FULL_BUILD:-$root/build-gpu-full}
+py=${PYTHON:-python3}
 quick=0
 sanitize=0
+fixtures=1
+bench=1
 for arg in "$@"; do
     case "$arg" in
     --quick) quick=1 ;;
     --sanitize) sanitize=1 ;;
-    *) echo "usage: $0 [--quick] [--sanitize]" >&2; exit 2 ;;
+    --no-fixtures) fixtures=0 ;;
+    --no-bench) bench=0 ;;
+    *) echo "usage: $0 [--quick] [--sanitize] [--no-fixtures] [--no-bench]" >&2; exit 2 ;;
     esac
 done
 
 t_start=$(date +%s)
+deadline=$((t_start + ${SBP_GPU_TOTAL:-470}))
 stamp() { echo "== [$(( $(date +%s) - t_start ))s] $*"; }
+left() { echo $((deadline - $(date +%s))); }
+# cap SECONDS: min(SECONDS, the time left before the deadline), at least 1
+cap() { local l; l=$(left); [ "$l" -lt "$1" ] && echo $((l > 1 ? l : 1)) || echo "$1"; }
+
+status=0
+summary=()
+note() { summary+=("$1"); }
 
 stamp "tests/gpu/run.sh on $(hostname) ($(nproc) cores)"
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -44,34 +74,65 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -z "${CUDACXX:-}" ] && [ -x /usr/local
 fi
 command -v nvcc >/dev/null 2>&1 && nvcc --version | tail -n 2 | head -n 1
 
-stamp "configure ($build)"
-mkdir -p "$build"
-cfg=(-S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release)
+# ---------------------------------------------------------------- build
+arch=()
 if [ -n "${CMAKE_CUDA_ARCHITECTURES:-}" ]; then
-    cfg+=("-DCMAKE_CUDA_ARCHITECTURES=$CMAKE_CUDA_ARCHITECTURES")
+    arch=("-DCMAKE_CUDA_ARCHITECTURES=$CMAKE_CUDA_ARCHITECTURES")
 fi
-if ! timeout 120 cmake "${cfg[@]}" >"$build/configure.log" 2>&1; then
-    tail -n 30 "$build/configure.log"
-    stamp "FAILED: configure (log: $build/configure.log)"
-    exit 1
+missing=()
+command -v protoc-c >/dev/null 2>&1 || missing+=("protoc-c (protobuf-c-compiler)")
+{ command -v pkg-config >/dev/null 2>&1 && pkg-config --exists libprotobuf-c; } ||
+    missing+=("libprotobuf-c (libprotobuf-c-dev, pkg-config)")
+[ -f /usr/include/onnx/onnx.proto ] || missing+=("/usr/include/onnx/onnx.proto (libonnx-dev)")
+have_full=0
+if [ ${#missing[@]} -eq 0 ]; then
+    stamp "configure the project ($full)"
+    mkdir -p "$full"
+    if timeout "$(cap 120)" cmake -S "$root" -B "$full" -DCMAKE_BUILD_TYPE=Release \
+        -DSBP_TESTS=OFF -DSBP_CUDA_EMU=OFF "${arch[@]}" >"$full/configure.log" 2>&1; then
+        grep -E "CUDA compiler identification|Found CUDAToolkit|SBP_CUDA" "$full/configure.log" || true
+        stamp "build (kernel test, sbpc, sbp-train, CUDA runtime)"
+        if timeout "$(cap 300)" cmake --build "$full" -j"$(nproc)" \
+            --target test_cuda_kernels sbpc sbp-train sbprt_cuda >"$full/build.log" 2>&1; then
+            have_full=1
+            build=$full
+        else
+            grep -E "error|Error" "$full/build.log" | head -n 40 || tail -n 40 "$full/build.log"
+            echo "the project did not build (log: $full/build.log); falling back to tests/gpu alone"
+        fi
+    else
+        tail -n 30 "$full/configure.log"
+        echo "the project did not configure (log: $full/configure.log); falling back to tests/gpu alone"
+    fi
+else
+    echo "not building sbpc/sbp-train (stages 2 and 3 need them); missing: ${missing[*]}"
 fi
-grep -E "CUDA compiler identification|Found CUDAToolkit" "$build/configure.log" || true
-
-stamp "build"
-if ! timeout 300 cmake --build "$build" -j"$(nproc)" --target test_cuda_kernels >"$build/build.log" 2>&1; then
-    grep -E "error|Error" "$build/build.log" | head -n 40 || tail -n 40 "$build/build.log"
-    stamp "FAILED: build (log: $build/build.log)"
-    exit 1
+if [ $have_full -eq 0 ]; then
+    stamp "configure tests/gpu alone ($build)"
+    mkdir -p "$build"
+    cfg=(-S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release "${arch[@]}")
+    if ! timeout "$(cap 120)" cmake "${cfg[@]}" >"$build/configure.log" 2>&1; then
+        tail -n 30 "$build/configure.log"
+        stamp "FAILED: configure (log: $build/configure.log)"
+        exit 1
+    fi
+    grep -E "CUDA compiler identification|Found CUDAToolkit" "$build/configure.log" || true
+    stamp "build"
+    if ! timeout "$(cap 300)" cmake --build "$build" -j"$(nproc)" --target test_cuda_kernels >"$build/build.log" 2>&1; then
+        grep -E "error|Error" "$build/build.log" | head -n 40 || tail -n 40 "$build/build.log"
+        stamp "FAILED: build (log: $build/build.log)"
+        exit 1
+    fi
 fi
 if grep -qi "warning" "$build/build.log"; then
     echo "build warnings:"
     grep -i "warning" "$build/build.log" | head -n 20
 fi
-test_bin="$build/test_cuda_kernels"
+test_bin=$(find "$build" -name test_cuda_kernels -type f -perm -u+x | head -n 1)
 
-status=0
 run_test() { # label, timeout, command...
-    local label=$1 limit=$2
+    local label=$1 limit
+    limit=$(cap "$2")
     shift 2
     stamp "$label"
     set +e
@@ -84,13 +145,17 @@ run_test() { # label, timeout, command...
     124) echo "TIMEOUT after ${limit}s: $label"; status=1 ;;
     *) echo "FAILED ($rc): $label"; status=1 ;;
     esac
+    return $rc
 }
 
+# ---------------------------------------------------------------- stage 1: kernels
+s1=0
 if [ $quick -eq 1 ]; then
-    run_test "kernel tests, small sizes" 120 "$test_bin" --quick
+    run_test "stage 1: kernel tests, small sizes" 120 "$test_bin" --quick || s1=$?
 else
-    run_test "kernel tests, full sizes" 300 "$test_bin"
+    run_test "stage 1: kernel tests, full sizes" 300 "$test_bin" || s1=$?
 fi
+[ $s1 -eq 0 ] && note "stage 1 (kernels): passed" || note "stage 1 (kernels): FAILED ($s1)"
 
 if [ $sanitize -eq 1 ]; then
     if command -v compute-sanitizer >/dev/null 2>&1; then
@@ -98,7 +163,7 @@ if [ $sanitize -eq 1 ]; then
             # API errors are expected: the test provokes an out-of-memory on purpose.
             run_test "compute-sanitizer --tool $tool (small sizes)" 240 \
                 compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 3 \
-                "$test_bin" --quick
+                "$test_bin" --quick || true
         done
     else
         echo "compute-sanitizer not found; --sanitize skipped"
@@ -106,6 +171,106 @@ if [ $sanitize -eq 1 ]; then
     fi
 fi
 
+# ---------------------------------------------------------------- stage 2: fixtures
+stage2() {
+    local fx=$root/tests/fixtures gen=$full/gpu_fixtures fails=0 n=0
+    mkdir -p "$gen"
+    local -a configs=("llama store" "gpt2 stream" "qwen3 checkpoint")
+    if [ $quick -eq 0 ]; then
+        configs+=("llama checkpoint" "llama stream --chunk 24 --logits-chunk 40" "gpt2 store"
+                  "qwen3 stream --chunk 16 --logits-chunk 48" "qwen3 store")
+    fi
+    local stage_end=$(( $(date +%s) + $(cap 150) ))
+    for c in "${configs[@]}"; do
+        # shellcheck disable=SC2086
+        set -- $c
+        local fam=$1 strategy=$2
+        shift 2
+        local name="${fam}_${strategy}${1:+_chunked}"
+        local limit=$((stage_end - $(date +%s)))
+        if [ $limit -lt 5 ]; then
+            echo "  $name: out of time"
+            fails=$((fails + 1))
+            continue
+        fi
+        n=$((n + 1))
+        local ok=1
+        timeout "$limit" "$full/tools/sbpc" "$fx/${fam}_op17_static.onnx" --strategy "$strategy" "$@" \
+            --target cuda -o "$gen/$name.so" >"$gen/$name.sbpc.log" 2>&1 || ok=0
+        if [ $ok -eq 1 ]; then
+            limit=$((stage_end - $(date +%s)))
+            timeout "$((limit > 1 ? limit : 1))" "$full/tools/sbp-train" "$gen/$name.so" \
+                --model "$fx/${fam}_op17_static.onnx" --input-ids "$fx/ref/${fam}_input_ids.npy" \
+                --labels "$fx/ref/${fam}_labels.npy" --steps 10 --lr 0.01 --weight-decay 0.01 \
+                --dump-grads "$gen/$name.safetensors" >"$gen/$name.log" 2>"$gen/$name.err" || ok=0
+        else
+            tail -n 5 "$gen/$name.sbpc.log"
+        fi
+        if [ $ok -eq 1 ] && "$py" "$here/check_ref.py" "$gen/$name.safetensors" \
+            "$fx/ref/${fam}_grads.safetensors" "$gen/$name.log" "$fx/ref/${fam}_adamw.json" \
+            >"$gen/$name.check" 2>&1; then
+            echo "  $name: $(grep -h "gradients against" "$gen/$name.check" | sed 's/ against .*: / /')," \
+                 "$(grep -h "losses against" "$gen/$name.check" | sed 's/ against .*: / /')"
+        else
+            fails=$((fails + 1))
+            echo "  $name: FAILED"
+            cat "$gen/$name.err" "$gen/$name.check" 2>/dev/null | tail -n 12
+        fi
+    done
+    grep -h "peak device memory" "$gen"/*.log 2>/dev/null | head -n 1 | sed 's/^/  (e.g.) /'
+    return $fails
+}
+if [ $fixtures -eq 0 ]; then
+    note "stage 2 (fixtures): left out (--no-fixtures)"
+elif [ $have_full -eq 0 ]; then
+    note "stage 2 (fixtures): SKIPPED, sbpc/sbp-train not built (see above)"
+elif ! "$py" -c "import numpy" >/dev/null 2>&1; then
+    note "stage 2 (fixtures): SKIPPED, $py has no numpy (check_ref.py needs it; set PYTHON)"
+elif [ "$(left)" -lt 20 ]; then
+    note "stage 2 (fixtures): SKIPPED, out of time"
+else
+    stamp "stage 2: fixture gradients on the GPU against PyTorch (sbpc --target cuda, sbp-train)"
+    s2=0
+    stage2 || s2=$?
+    if [ $s2 -eq 0 ]; then
+        note "stage 2 (fixtures): passed"
+    else
+        note "stage 2 (fixtures): FAILED ($s2 configurations)"
+        status=1
+    fi
+fi
+
+# ---------------------------------------------------------------- stage 3: benchmark
+if [ $bench -eq 0 ]; then
+    note "stage 3 (benchmark): left out (--no-bench)"
+elif [ $have_full -eq 0 ]; then
+    note "stage 3 (benchmark): SKIPPED, sbpc/sbp-train not built (see above)"
+elif ! "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
+    note "stage 3 (benchmark): SKIPPED, $py has no torch with CUDA (set PYTHON)"
+elif [ "$(left)" -lt 60 ]; then
+    note "stage 3 (benchmark): SKIPPED, out of time ($(left) s left)"
+else
+    b=$(($(left) - 10))
+    stamp "stage 3: benchmark, Qwen3-0.6B-shaped model ($b s)"
+    seq=()
+    [ $quick -eq 1 ] && seq=(--seq-lens 4096)
+    set +e
+    timeout "$((b + 5))" "$py" "$root/bench/gpu_bench.py" --build "$full" --out "$full/gpu_bench" \
+        --budget "$b" --python "$py" "${seq[@]}"
+    rc=$?
+    set -e
+    if [ $rc -eq 0 ]; then
+        note "stage 3 (benchmark): done ($full/gpu_bench/gpu_bench.md)"
+    else
+        note "stage 3 (benchmark): FAILED ($rc)"
+        status=1
+    fi
+fi
+
+stamp "summary"
+for s in "${summary[@]}"; do
+    echo "  $s"
+done
 if [ $status -eq 0 ]; then
     stamp "PASSED: tests/gpu"
 else

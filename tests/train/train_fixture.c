@@ -14,6 +14,14 @@
  *   train_fixture check-sgd-save MODEL.onnx SAVED.onnx GRADS.safetensors LR
  *       after one SGD step: every saved initializer with a gradient is original - lr * grad,
  *       every other one unchanged.
+ *   train_fixture compare-grads GOT.safetensors GOT.onnx WANT.safetensors WANT.onnx TOL
+ *       gradients of two models with the same weights under other names (the exporters number
+ *       folded initializers per file): each of GOT's tensors against WANT's tensor whose
+ *       initializer holds the same bytes, per-tensor relative L2 error <= TOL, and the losses
+ *       in the metadata within TOL relative (--grad-accum against one big batch; a dump against
+ *       the PyTorch references of tests/fixtures/ref);
+ *   train_fixture pref-inputs REF_DIR DIR
+ *       bad variants of the DPO / GRPO inputs of tests/fixtures/ref for sbp-train's checks.
  *
  * KIND is "bigram" (logits = W[ids], W: [V,V]) or "tied" (logits = E[ids] @ head + bias with
  * head = Eᵀ re-tied and bias frozen), V = 16, D = 4 — the models of test_step.c. The weights
@@ -902,6 +910,127 @@ static int cmd_check_frozen(const char *orig_path, const char *saved_path, const
     return failures ? 1 : 0;
 }
 
+/* ------------------------------------------------------------------ DPO / GRPO */
+
+/* The initializer of g holding the same bytes as v. */
+static const ir_value *same_weights(const ir_graph *g, const ir_value *v)
+{
+    for (int i = 0; i < g->n_values; i++) {
+        const ir_value *w = g->values[i];
+        if (w->kind == IR_VAL_PARAM && w->nbytes == v->nbytes && w->rank == v->rank &&
+            w->data && memcmp(w->data, v->data, v->nbytes) == 0)
+            return w;
+    }
+    return NULL;
+}
+
+static int cmd_compare_grads(const char *got, const char *got_model, const char *want,
+                             const char *want_model, const char *tol_s)
+{
+    double tol = strtod(tol_s, NULL);
+    char err[512];
+    sbpio_st_file *g = NULL, *w = NULL;
+    ir_diag d0, d1;
+    ir_diag_init(&d0, got_model);
+    ir_diag_init(&d1, want_model);
+    ir_graph *gm = ir_import_onnx(got_model, &d0, NULL), *wm = ir_import_onnx(want_model, &d1, NULL);
+    if (!gm || !wm)
+        fail("cannot read the models");
+    else if (sbpio_st_open(got, &g, err, sizeof err) || sbpio_st_open(want, &w, err, sizeof err))
+        fail("%s", err);
+    if (failures)
+        goto out;
+    const char *gl = sbpio_st_meta(g, "loss"), *wl = sbpio_st_meta(w, "loss");
+    if (!gl || !wl) {
+        fail("no loss in the metadata");
+    } else {
+        double e = fabs(strtod(gl, NULL) - strtod(wl, NULL)) / fabs(strtod(wl, NULL));
+        printf("loss %s, want %s: relative error %.3g\n", gl, wl, e);
+        if (!(e <= tol))
+            fail("the loss is off");
+    }
+    double worst = 0;
+    for (int i = 0; i < sbpio_st_count(g); i++) {
+        const sbpio_st_info *gi = sbpio_st_at(g, i);
+        const ir_value *v = ir_value_find(gm, gi->name);
+        const ir_value *u = v && v->data ? same_weights(wm, v) : NULL;
+        const sbpio_st_info *wi = u ? sbpio_st_find(w, u->name) : NULL;
+        if (!wi || wi->numel != gi->numel) {
+            fail("'%s': no gradient of the same weights in %s", gi->name, want);
+            continue;
+        }
+        double *a = malloc((size_t)gi->numel * sizeof(double) + 8);
+        double *b = malloc((size_t)gi->numel * sizeof(double) + 8);
+        if (a && b && !sbpio_st_copy_f64(g, gi->name, a, gi->numel, err, sizeof err) &&
+            !sbpio_st_copy_f64(w, wi->name, b, wi->numel, err, sizeof err)) {
+            double d2 = 0, r2 = 0;
+            for (int64_t k = 0; k < gi->numel; k++) {
+                d2 += (a[k] - b[k]) * (a[k] - b[k]);
+                r2 += b[k] * b[k];
+            }
+            double e = sqrt(d2) / fmax(sqrt(r2), 1e-30);
+            worst = fmax(worst, e);
+            if (!(e <= tol))
+                fail("gradient of '%s': relative error %.3g > %g", gi->name, e, tol);
+        } else {
+            fail("%s", err);
+        }
+        free(a);
+        free(b);
+    }
+    printf("%d gradients against %s: worst relative error %.3g (tolerance %g)\n",
+           sbpio_st_count(g), want, worst, tol);
+out:
+    sbpio_st_close(g);
+    sbpio_st_close(w);
+    ir_graph_free(gm);
+    ir_graph_free(wm);
+    ir_diag_free(&d0);
+    ir_diag_free(&d1);
+    return failures ? 1 : 0;
+}
+
+/* Copies REF_DIR/name (.npy) to DIR/out keeping its first `rows` rows (0: all), with a NaN at
+ * flat index nan_at (float32 arrays; -1: none) and row clear_row all -100 (int32 labels; -1:
+ * none). */
+static void write_variant(const char *ref_dir, const char *name, const char *dir,
+                          const char *out, int64_t rows, float nan_at, int32_t clear_row)
+{
+    char path[1024], err[512];
+    snprintf(path, sizeof path, "%s/%s", ref_dir, name);
+    sbpio_array a;
+    if (sbpio_npy_read(path, &a, err, sizeof err) != SBPIO_OK) {
+        fail("%s", err);
+        return;
+    }
+    int64_t shape[2] = {a.shape[0], a.rank > 1 ? a.shape[1] : 1};
+    int64_t per_row = a.rank > 1 ? shape[1] : 1;
+    if (rows > 0)
+        shape[0] = rows; /* the first rows */
+    if (nan_at >= 0 && a.dtype == SBPIO_DT_F32)
+        ((float *)a.data)[(int64_t)nan_at] = NAN;
+    if (clear_row >= 0 && a.dtype == SBPIO_DT_I32)
+        for (int64_t t = 0; t < per_row; t++)
+            ((int32_t *)a.data)[clear_row * per_row + t] = -100;
+    snprintf(path, sizeof path, "%s/%s", dir, out);
+    if (sbpio_npy_write(path, a.dtype, a.rank, shape, a.data, err, sizeof err) != SBPIO_OK)
+        fail("%s", err);
+    sbpio_array_free(&a);
+}
+
+static int cmd_pref_inputs(const char *ref_dir, const char *dir)
+{
+    write_variant(ref_dir, "llama_grpo_advantages.npy", dir, "nan_advantages.npy", 0, 2, -1);
+    write_variant(ref_dir, "llama_grpo_advantages.npy", dir, "advantages_3.npy", 3, -1, -1);
+    write_variant(ref_dir, "llama_grpo_old_logps.npy", dir, "old_logps_nan.npy", 0, 64 + 20,
+                  -1); /* row 1, t 20: scored (its prompt is 3 tokens) */
+    write_variant(ref_dir, "pref_labels.npy", dir, "labels_row2_unscored.npy", 0, -1, 2);
+    write_variant(ref_dir, "pref_input_ids.npy", dir, "ids_3rows.npy", 3, -1, -1);
+    write_variant(ref_dir, "pref_labels.npy", dir, "labels_3rows.npy", 3, -1, -1);
+    write_variant(ref_dir, "llama_grpo_ref_logps.npy", dir, "ref_logps_3rows.npy", 3, -1, -1);
+    return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "all") == 0)
@@ -917,6 +1046,10 @@ int main(int argc, char **argv)
         return cmd_check_frozen(argv[2], argv[3], argv[4], argv[5]);
     if (argc == 6 && strcmp(argv[1], "check-sgd-save") == 0)
         return cmd_check_sgd_save(argv[2], argv[3], argv[4], argv[5]);
+    if (argc == 7 && strcmp(argv[1], "compare-grads") == 0)
+        return cmd_compare_grads(argv[2], argv[3], argv[4], argv[5], argv[6]);
+    if (argc == 4 && strcmp(argv[1], "pref-inputs") == 0)
+        return cmd_pref_inputs(argv[2], argv[3]);
     fprintf(stderr, "usage: train_fixture all DIR\n"
                     "       train_fixture check-grads GRADS.safetensors KIND IDS.npy LABELS.npy\n"
                     "       train_fixture check-saved SAVED.onnx KIND OPT LR WD IDS.npy "
@@ -926,6 +1059,9 @@ int main(int argc, char **argv)
                     "       train_fixture check-sgd-save MODEL.onnx SAVED.onnx GRADS.safetensors "
                     "LR\n"
                     "       train_fixture check-frozen MODEL.onnx SAVED.onnx GRADS.safetensors "
-                    "SUBSTRING\n");
+                    "SUBSTRING\n"
+                    "       train_fixture compare-grads GOT.safetensors GOT.onnx "
+                    "WANT.safetensors WANT.onnx TOL\n"
+                    "       train_fixture pref-inputs REF_DIR DIR\n");
     return 2;
 }

@@ -263,6 +263,20 @@ void emu_launch(const void *fn, dim3 grid, dim3 block, size_t smem,
 
 /* ---- runtime API -------------------------------------------------------------------- */
 
+/* The emulated device's capacity: EMU_DEVICE_BYTES, or SBP_CUDA_EMU_DEVICE_BYTES from the
+ * environment (tests of out-of-memory paths). */
+static size_t emu_device_bytes(void)
+{
+    static size_t bytes;
+    if (!bytes) {
+        const char *e = getenv("SBP_CUDA_EMU_DEVICE_BYTES");
+        char *end = NULL;
+        unsigned long long v = e ? strtoull(e, &end, 10) : 0;
+        bytes = v && end && !*end ? (size_t)v : EMU_DEVICE_BYTES;
+    }
+    return bytes;
+}
+
 extern "C" {
 
 unsigned long long emu_launch_count(void) { return g_launches; }
@@ -320,7 +334,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int dev)
         return cudaErrorInvalidValue;
     memset(prop, 0, sizeof *prop);
     snprintf(prop->name, sizeof prop->name, "cuda_emu (CPU emulation of sm_90)");
-    prop->totalGlobalMem = EMU_DEVICE_BYTES;
+    prop->totalGlobalMem = emu_device_bytes();
     prop->multiProcessorCount = 1;
     prop->major = 9;
     prop->minor = 0;
@@ -341,7 +355,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 cudaError_t cudaMalloc(void **p, size_t bytes)
 {
     *p = NULL;
-    if (bytes > EMU_DEVICE_BYTES - g_alloc_total)
+    if (bytes > emu_device_bytes() - g_alloc_total)
         return g_last = cudaErrorMemoryAllocation;
     /* 256-byte aligned, as cudaMalloc's allocations are (callers rely on it: SBPRT_ALIGN) */
     void *q = aligned_alloc(256, (bytes + 255) / 256 * 256 + (bytes == 0) * 256);
@@ -381,8 +395,8 @@ cudaError_t cudaFreeHost(void *p)
 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 {
-    *free_bytes = EMU_DEVICE_BYTES - g_alloc_total;
-    *total_bytes = EMU_DEVICE_BYTES;
+    *free_bytes = emu_device_bytes() - g_alloc_total;
+    *total_bytes = emu_device_bytes();
     return cudaSuccess;
 }
 

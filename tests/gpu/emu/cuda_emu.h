@@ -92,7 +92,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value);
 
-/* Device memory the emulator pretends to have (cudaMemGetInfo; cudaMalloc fails beyond it). */
+/* Device memory the emulator pretends to have (cudaMemGetInfo; cudaMalloc fails beyond it);
+ * the environment variable SBP_CUDA_EMU_DEVICE_BYTES overrides it. */
 #define EMU_DEVICE_BYTES ((size_t)8 << 30)
 /* The opt-in dynamic shared memory limit of an sm_90 device (227 KiB). */
 #define EMU_SMEM_OPTIN (227 * 1024)

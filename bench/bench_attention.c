@@ -1,0 +1,88 @@
+/* bench_attention.c — the CPU attention kernel alone: causal GQA forward and backward at the
+ * benchmark model's shape (D=32, Hq=8, Hkv=4, batch 1), GFLOP/s counting the causal
+ * products only (forward: QK^T and PV, 2 * 2 * T^2/2 * D per head; backward: the kernel's
+ * own work is QK^T, dO V^T, dS K, dS^T Q, P^T dO = 5 products, counted as 5 * T^2 * D per
+ * head — the nominal FLOPs, independent of how many times an implementation recomputes).
+ * Median of the runs.
+ *
+ *   build/bench/bench_attention [threads] [runs] [T ...]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "sbprt.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static float *randv(size_t n, unsigned *seed)
+{
+    float *p = malloc(n * sizeof *p);
+    for (size_t i = 0; i < n; i++) {
+        *seed = *seed * 1103515245u + 12345u;
+        p[i] = ((float)((*seed >> 8) & 0xffff) / 65536.0f - 0.5f);
+    }
+    return p;
+}
+
+int main(int argc, char **argv)
+{
+    int threads = argc > 1 ? atoi(argv[1]) : 2;
+    int runs = argc > 2 ? atoi(argv[2]) : 3;
+    int tdef[] = {1024, 4096}, nt = 2, *ts = tdef;
+    if (argc > 3) {
+        nt = argc - 3;
+        ts = malloc(sizeof(int) * nt);
+        for (int i = 0; i < nt; i++)
+            ts[i] = atoi(argv[3 + i]);
+    }
+    const int b = 1, hq = 8, hkv = 4, d = 32;
+    sbprt_ctx *ctx;
+    if (sbprt_ctx_create(&ctx, threads)) {
+        fprintf(stderr, "ctx\n");
+        return 1;
+    }
+    printf("%6s %10s %10s %10s %10s\n", "T", "fwd s", "fwd GF/s", "bwd s", "bwd GF/s");
+    for (int ti = 0; ti < nt; ti++) {
+        int t = ts[ti];
+        unsigned seed = 1;
+        size_t nq = (size_t)b * t * hq * d, nk = (size_t)b * t * hkv * d;
+        float *q = randv(nq, &seed), *k = randv(nk, &seed), *v = randv(nk, &seed);
+        float *dout = randv(nq, &seed);
+        float *out = calloc(nq, 4), *lse = calloc((size_t)b * hq * t, 4);
+        float *dq = calloc(nq, 4), *dk = calloc(nk, 4), *dv = calloc(nk, 4);
+        double tf[64], tb[64];
+        float scale = 0.17677669f;
+        for (int r = 0; r < runs && r < 64; r++) {
+            double t0 = now();
+            sbprt_attention_forward(ctx, out, lse, q, k, v, b, t, t, hq, hkv, d, 0, scale);
+            double t1 = now();
+            sbprt_attention_backward(ctx, dq, dk, dv, dout, q, k, v, out, lse, b, t, t, hq, hkv,
+                                     d, 0, scale);
+            double t2 = now();
+            tf[r] = t1 - t0;
+            tb[r] = t2 - t1;
+        }
+        qsort(tf, runs, sizeof(double), cmp);
+        qsort(tb, runs, sizeof(double), cmp);
+        double causal = (double)t * t / 2 * d * hq * b;
+        double ff = 2 * 2 * causal, fb = 5 * 2 * causal;
+        printf("%6d %10.4f %10.2f %10.4f %10.2f   (checksum %.6g %.6g)\n", t, tf[runs / 2],
+               ff / tf[runs / 2] * 1e-9, tb[runs / 2], fb / tb[runs / 2] * 1e-9, (double)out[7],
+               (double)dk[5]);
+        free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv);
+    }
+    sbprt_ctx_destroy(ctx);
+    return 0;
+}

@@ -1,0 +1,54 @@
+/* train_inputs.h — the batch of one optimizer step in sbp-train: K micro-batches of the step's
+ * B rows (--grad-accum K), the DPO / GRPO inputs (--ref-logps, --old-logps, --advantages),
+ * their checks, and the denominator that makes K accumulated steps equal one step on the
+ * whole batch (codegen/sbp_step.h, "Objectives").
+ *
+ * The files hold N = K * B rows. Micro-batch k takes rows k*B .. k*B + B - 1, except for DPO,
+ * whose pairs are (row i, row N/2 + i) of the files: micro-batch k takes the chosen rows
+ * k*B/2 .. k*B/2 + B/2 - 1 and their rejected partners, so that each of its own pairs (row j,
+ * row B/2 + j) is one of the files' pairs. Every function that can fail writes a message
+ * (without the program's prefix) into err and returns -1.
+ */
+#ifndef SBP_TRAIN_INPUTS_H
+#define SBP_TRAIN_INPUTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sbp_step.h"
+
+typedef struct train_inputs {
+    int64_t B, T, K, N;        /* the step's batch and sequence length; micro-batches; N = K*B */
+    bool dpo, grpo;            /* the step's objective */
+    bool grpo_token;           /* GRPO's token normalisation (else sequence) */
+    double beta;               /* the step's beta (DPO / GRPO) */
+    const char *ref_path, *old_path, *adv_path; /* the files given, or NULL */
+    float *ref;                /* DPO [N]; GRPO [N*T] (NULL when beta == 0); else NULL */
+    float *old;                /* GRPO [N*T], NULL: on-policy */
+    float *adv;                /* GRPO [N] */
+    int32_t *mb_ids, *mb_labels; /* [B*T] one micro-batch, in the step's row order */
+    float *mb_ref, *mb_old, *mb_adv; /* [B] or [B*T], [B*T], [B] (NULL when not used) */
+} train_inputs;
+
+/* Reads and checks the objective's files against the step (in) for K micro-batches: which
+ * flags the objective takes and needs, dtypes (float32 or float64), shapes ([N], [N,T]);
+ * notes go to stderr through `note` (e.g. --ref-logps ignored with beta 0). */
+int ti_open(train_inputs *ti, const sbp_step_info *in, int64_t k, const char *ref_path,
+            const char *old_path, const char *adv_path, void (*note)(const char *msg),
+            char *err, size_t errlen);
+void ti_free(train_inputs *ti);
+
+/* Checks the values against the labels [N*T]: every per-row value and every per-token value at
+ * a scored position finite; GRPO with the sequence normalisation: every row scored. */
+int ti_check(const train_inputs *ti, const int32_t *labels, const char *labels_path, char *err,
+             size_t errlen);
+
+/* The whole batch's denominator (sbp_step_args.denominator) from its labels [N*T]: scored
+ * positions (SFT, graph-loss, GRPO token), rows (GRPO sequence) or pairs (DPO). */
+double ti_denominator(const train_inputs *ti, const int32_t *labels);
+
+/* Fills mb_* with micro-batch k of the whole batch's ids and labels [N*T] and the inputs. */
+void ti_micro(train_inputs *ti, const int32_t *ids, const int32_t *labels, int64_t k);
+
+#endif
