@@ -13,7 +13,8 @@ twice: a per-token log-probability pass, then the fused backward), so DPO and GR
 like SFT does; checkpoint holds B*T*V logits for all three.
 
 Table 2 (--run): the same steps run by sbp-train (one SGD step, lr 0, after loading), peak RSS
-against the plan, on random tokens with prompts/padding masked and the objectives' inputs.
+against the plan and the step's speed, on random tokens with prompts/padding masked and the
+objectives' inputs.
 """
 import argparse
 import os
@@ -87,9 +88,10 @@ def measured(a, tmp, obj, strategy, T):
     if out is None:
         return None
     m = re.search(r"planned ([0-9.]+) (\w+) .*actual ([0-9.]+) (\w+) \(peak RSS\)", out)
-    loss = re.search(r"step 1 loss ([0-9.eE+-]+)", out)
+    loss = re.search(r"step 1 loss ([0-9.eE+-]+) tokens/s ([0-9.]+)", out)
     return (float(m.group(1)) * UNIT[m.group(2)], float(m.group(3)) * UNIT[m.group(4)],
-            float(loss.group(1)) if loss else float("nan"))
+            float(loss.group(1)) if loss else float("nan"),
+            float(loss.group(2)) if loss else float("nan"))
 
 
 def mib(x):
@@ -137,8 +139,8 @@ def main():
                     for s in ("checkpoint", "stream"):
                         r = measured(a, tmp, obj, s, T)
                         if r:
-                            print("  T=%-6d %-5s %-11s planned %8s  RSS %8s  loss %.5f"
-                                  % (T, obj, s, mib(r[0]), mib(r[1]), r[2]))
+                            print("  T=%-6d %-5s %-11s planned %8s  RSS %8s  loss %.5f  "
+                                  "tokens/s %.0f" % (T, obj, s, mib(r[0]), mib(r[1]), r[2], r[3]))
                         else:
                             print("  T=%-6d %-5s %-11s failed" % (T, obj, s))
                         sys.stdout.flush()

@@ -22,10 +22,13 @@ of --budget (it prints what it has when time runs out):
      F.scaled_dot_product_attention (causal; what Hugging Face runs by default), logits and
      cross-entropy as HF does; torch.cuda.max_memory_allocated as its peak; stops a mode at
      its first out-of-memory;
-  4. the largest T that fits on the card: for sbpc from its memory plan (sbpc --memory-budget
-     with the device's free memory less the step's constants, ids/labels and 1 GiB for the
-     CUDA context, scratch and cuBLAS: a compile-time answer, bisected to 1024 tokens), for
-     PyTorch by extrapolating its measured peaks (linear in T with SDPA) below its first OOM.
+  4. the largest T that fits on the card: for sbpc from its memory plan, a compile-time answer:
+     each strategy's smallest plan (sbpc's refusal of a tiny --memory-budget states it) at two
+     T is affine in T; the T where it meets the device's free memory, less the step's constants,
+     ids/labels and 1 GiB for the CUDA context, scratch and cuBLAS, is checked with
+     `sbpc --memory-budget` (it fits, and T + 1024 does not) when it is within the model's
+     131072 positions; for PyTorch by extrapolating its measured peaks (linear in T with SDPA)
+     below its first OOM. Runs at such T would take long (attention is quadratic in T).
 Prints a table (also written to DIR/gpu_bench.md).
 
 --small uses a tiny model of the same family and --target cpu runs the sbpc side on the CPU
@@ -48,7 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 GIB = 1 << 30
 
-FULL = dict(D=1024, L=28, H=16, KV=8, HD=128, FF=3072, V=151936, MAX_POS=1 << 20, THETA=1e6)
+FULL = dict(D=1024, L=28, H=16, KV=8, HD=128, FF=3072, V=151936, MAX_POS=1 << 17, THETA=1e6)
 SMALL = dict(D=64, L=2, H=4, KV=2, HD=16, FF=128, V=1000, MAX_POS=1 << 14, THETA=1e6)
 STRATEGIES = ["store", "checkpoint", "stream"]
 TORCH_MODES = ["torch", "torch+ckpt"]
@@ -274,6 +277,7 @@ class Bench:
         self.consts = {}    # T -> bytes of the step's constants
         self.rows = {}      # (T, method) -> result dict
         self.largest = {}   # method -> text
+        self.min_plans = {}  # (strategy, T) -> smallest planned peak
 
     def left(self):
         return self.t_end - time.monotonic()
@@ -349,6 +353,8 @@ class Bench:
                 (err.strip().splitlines() or ["?"])[-1][:200]
             return dict(ok=False, why=why, log=text)
         steps = re.findall(r"^step (\d+) loss (\S+) tokens/s (\S+)", out, re.M)
+        if not steps:
+            return dict(ok=False, why="failed: no 'step N loss' line", log=text)
         tps = float(steps[-1][2])
         res = dict(ok=True, time=T / tps if tps > 0 else float("nan"), loss=float(steps[-1][1]))
         m = re.search(r"actual \S+ \S+ more in use than before the arena \((\d+) bytes", out)
@@ -418,7 +424,9 @@ class Bench:
                "--seq-lens"] + [str(t) for t in self.a.seq_lens if t <= self.cfg["MAX_POS"]] \
             + (["--small"] if self.a.small else [])
         t_stop = time.monotonic() + max(10.0, min(limit, self.left()))
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        err_path = os.path.join(self.dir, "torch_worker.err")
+        err_f = open(err_path, "w")
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_f, text=True)
         import selectors
         sel = selectors.DefaultSelector()
         sel.register(p.stdout, selectors.EVENT_READ)
@@ -447,61 +455,75 @@ class Bench:
             else:
                 log(f"T={r['T']} {r['mode']}: {r['why']}")
         p.wait()
-        err = p.stderr.read()
+        err_f.close()
+        err = open(err_path).read()
         if p.returncode not in (0, -9) and err:
             log("PyTorch worker failed:\n" + err[-2000:])
 
     # -- 4. the largest T
+    def min_plan(self, s, T):
+        """The smallest planned peak of strategy s at T (stream: chunk 1, logits chunk 1), from
+        sbpc's refusal of a 1 KiB budget (one import and plan, nothing written)."""
+        if (s, T) in self.min_plans:
+            return self.min_plans[(s, T)]
+        rc, _, err = self.run([self.sbpc, self.model, "--batch", "1", "--seq-len", str(T),
+                               "--strategy", s, "--memory-budget", "1K", "-o",
+                               os.path.join(self.dir, "probe.c")], 300)
+        m = re.search(r"smallest \S+ plan.*? needs (\d+) bytes", err)
+        v = int(m.group(1)) if m else None
+        self.min_plans[(s, T)] = v
+        return v
+
     def fits(self, s, T):
+        """sbpc plans strategy s at T within what the device has free (stream chooses the
+        largest chunks that fit)."""
         budget = self.free_for_step(T)
         if budget <= 0:
             return False
         rc, _, _ = self.run([self.sbpc, self.model, "--batch", "1", "--seq-len", str(T),
-                             "--strategy", s, "--memory-budget", str(budget), "--report"], 300)
+                             "--strategy", s, "--memory-budget", str(budget), "-o",
+                             os.path.join(self.dir, "probe.c")], 300)
         return rc == 0
 
     def largest_sbpc(self):
-        pts = sorted(self.plans.items())
+        """Each strategy's smallest plan is affine in T (sbpc's buffers are rows of tokens; no
+        T x T buffer exists): two plans give the largest T whose plan fits in the free memory
+        (less the step's constants, ids, labels and 1 GiB); verified with sbpc --memory-budget
+        where that T is within the model's positions and the time allows."""
+        cap = self.cfg["MAX_POS"]
+        runs = sorted(self.plans)
+        t1 = runs[0] if runs else 4096
+        t2 = runs[-1] if len(runs) > 1 and runs[-1] >= 2 * t1 else 4 * t1
+        for T in runs:  # store and checkpoint have one plan: the report's is the smallest
+            for s in ("store", "checkpoint"):
+                if self.plans[T].get(s) is not None:
+                    self.min_plans.setdefault((s, T), self.plans[T][s])
         for s in STRATEGIES:
-            if self.left() < 20:
+            if self.left() < 30:
                 self.largest[s] = "(out of time)"
                 continue
-            data = [(T, p[s]) for T, p in pts if p.get(s) is not None]
-            cap = self.cfg["MAX_POS"]
-            fit = [T for T, v in data if v <= self.free_for_step(T)]
-            lo = max(fit) if fit else 0
-            if len(data) >= 2 and data[-1][1] > data[0][1]:
-                (t1, p1), (t2, p2) = data[0], data[-1]
-                slope = (p2 - p1) / (t2 - t1)
-                est = int(t2 + (self.free0 - GIB - p2) / (slope + 1036))
+            p1, p2 = self.min_plan(s, t1), self.min_plan(s, t2)
+            if p1 is None or p2 is None or p2 <= p1:
+                self.largest[s] = "(no plan)"
+                log(f"largest T, {s}: no plan at T={t1}/{t2}")
+                continue
+            slope = (p2 - p1) / (t2 - t1) + 1028 + 8  # + constants, ids and labels per token
+            est = int(t1 + (self.free0 - GIB - (p1 + 1036 * t1)) / slope) // 1024 * 1024
+            what = f"memory plan, extrapolated from T={t1} and {t2}"
+            if est <= 0:
+                self.largest[s] = f"< {t1} ({what})"
+            elif est <= cap and self.left() > 60:
+                ok = self.fits(s, est)
+                tight = ok and est + 1024 <= cap and self.left() > 120
+                nxt = tight and self.fits(s, est + 1024)
+                tag = "NOT confirmed by sbpc --memory-budget" if not ok else \
+                    f"sbpc --memory-budget fits {est + 1024} too" if nxt else \
+                    f"sbpc --memory-budget: fits, {est + 1024} does not" if tight else \
+                    "sbpc --memory-budget: fits"
+                self.largest[s] = f"{est} ({what}; {tag})"
             else:
-                est = 2 * max(lo, 1024)
-            est = max(1024, min(cap, est // 1024 * 1024))
-            hi = None
-            calls = 0
-            t = est
-            # bisect between lo (fits) and hi (does not), starting at the estimate
-            while calls < 6 and self.left() > 20:
-                calls += 1
-                if self.fits(s, t):
-                    lo = t
-                    if t >= cap:
-                        break
-                    t = min(cap, t * 5 // 4 // 1024 * 1024) if hi is None else \
-                        (lo + hi) // 2 // 1024 * 1024
-                else:
-                    hi = t
-                    t = (lo + hi) // 2 // 1024 * 1024 if lo else t * 3 // 4 // 1024 * 1024
-                if hi is not None and hi - lo <= 1024:
-                    break
-                if t <= lo or (hi is not None and t >= hi):
-                    break
-            if lo >= cap:
-                self.largest[s] = f">= {lo} (the model's position limit; memory plan)"
-            elif lo:
-                self.largest[s] = f"{lo} (memory plan{'' if hi and hi - lo <= 1024 else ', not tight'})"
-            else:
-                self.largest[s] = "none found"
+                beyond = f"; beyond the model's {cap} positions" if est > cap else ""
+                self.largest[s] = f"{est} ({what}{beyond})"
             log(f"largest T, {s}: {self.largest[s]}")
 
     def largest_torch(self):
@@ -572,7 +594,9 @@ class Bench:
         if not self.free0:
             log("cannot read the device's memory (nvidia-smi)")
             return 1
-        if self.a.small and self.a.target == "cpu":
+        if self.a.device_free:
+            self.free0 = self.a.device_free
+        elif self.a.small and self.a.target == "cpu":
             self.free0 = min(self.free0, 4 * GIB)
         log(f"device: {self.device_name}, {self.free0 / GIB:.1f} GiB free; budget "
             f"{self.left():.0f} s")
@@ -598,11 +622,13 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "gpu_bench"))
     ap.add_argument("--budget", type=float, default=300, help="seconds for everything")
     ap.add_argument("--seq-lens", type=int, nargs="+",
-                    default=[4096, 8192, 16384, 32768, 65536])
+                    default=[4096, 8192, 16384, 32768])
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--target", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--small", action="store_true", help="a tiny model (smoke test)")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--device-free", type=int, default=0,
+                    help="bytes to take as the device's free memory (default: measured)")
     ap.add_argument("--python", default=sys.executable, help="the Python with torch")
     # subprocess modes
     ap.add_argument("--export", help=argparse.SUPPRESS)

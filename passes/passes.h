@@ -29,7 +29,7 @@ typedef struct sbp_pass_options {
     int64_t seq_len; /* --seq-len N, 0 if not given */
     bool no_retie;   /* --no-retie */
     bool verify;     /* run ir_verify after every pass (always on in tests and debug) */
-    int64_t fold_max_elems; /* 0: default 16 Mi */
+    int64_t fold_max_elems; /* 0: the default, 16 Mi or 1024 per token (B*T) if larger */
 } sbp_pass_options;
 
 /* bind_dims.c */

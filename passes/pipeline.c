@@ -11,9 +11,21 @@ static int run_bind(ir_graph *g, const sbp_pass_options *o)
 {
     return sbp_pass_bind_dims(g, o->batch, o->seq_len);
 }
+/* The fold cap: the caller's, else 16 Mi elements or 1024 per token (B*T), whichever is larger,
+ * so that tables with a row per token (RoPE's [T, head_dim], which the recogniser needs as
+ * constants) fold at any sequence length, while T x T mask chains stay nodes at long T. */
+static int64_t fold_cap(const sbp_pass_options *o)
+{
+    if (o->fold_max_elems)
+        return o->fold_max_elems;
+    const int64_t cap = (int64_t)1 << 24;
+    const int64_t tokens = (o->batch > 0 ? o->batch : 1) * (o->seq_len > 0 ? o->seq_len : 0);
+    return tokens > cap / 1024 ? tokens * 1024 : cap;
+}
+
 static int run_fold(ir_graph *g, const sbp_pass_options *o)
 {
-    return sbp_pass_fold_max(g, o->fold_max_elems);
+    return sbp_pass_fold_max(g, fold_cap(o));
 }
 static int run_dce(ir_graph *g, const sbp_pass_options *o) { (void)o; return sbp_pass_dce(g); }
 static int run_retie(ir_graph *g, const sbp_pass_options *o)
@@ -27,7 +39,7 @@ static int run_recognize(ir_graph *g, const sbp_pass_options *o)
 }
 static int run_cleanup(ir_graph *g, const sbp_pass_options *o)
 {
-    if (sbp_pass_fold_max(g, o->fold_max_elems) != IR_OK)
+    if (sbp_pass_fold_max(g, fold_cap(o)) != IR_OK)
         return IR_ERR;
     return sbp_pass_dce(g);
 }

@@ -58,7 +58,8 @@ static const char *fixture(const char *name)
     static char buf[4][1024];
     static int k;
     k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", SBP_FIXTURES_DIR, name);
+    if (snprintf(buf[k], sizeof buf[k], "%s/%s", SBP_FIXTURES_DIR, name) >= (int)sizeof buf[k])
+        fail_msg("fixture path too long: %s", name);
     return buf[k];
 }
 

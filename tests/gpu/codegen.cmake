@@ -1,6 +1,8 @@
 # tests/gpu/codegen.cmake — `sbpc --target cuda` end to end, without a GPU (included from
 # tests/gpu/CMakeLists.txt in the full build, where sbpc and sbp-train exist).
 #
+#   gpu.step_cuda_c       the C of a cuda step (written with or without nvcc); and the driver
+#                         refusing an unknown --target, or (no nvcc) a cuda .so, with a message.
 #   gpu.step_cuda_build   (CUDA enabled) sbpc compiles llama_op17_dyn for B=2, T=64 with
 #                         --target cuda into a .so linked against libsbprt_cuda.a, cuBLAS and
 #                         the CUDA runtime; step_info finds target "cuda" and every export.
@@ -8,11 +10,14 @@
 #                         saying "no CUDA device"; with one, it must train.
 #   gpu.step_emu_*        (emulator enabled) the generated CUDA step on the CPU, linked
 #                         against libsbprt_cuda_emu.a (emu_step.cmake): gradients of the
-#                         fixture families against the float64 PyTorch references, for each
-#                         strategy (stream also with chunks that do not divide T), plus AdamW
-#                         losses, and an SGD step saved and checked; and a device too small
-#                         for a step: the error, the --memory-budget it suggests, and a stream
-#                         step compiled for that budget that fits (emu_oom.cmake).
+#                         llama and gpt2 fixtures against the float64 PyTorch references, for
+#                         each strategy (stream also with chunks that do not divide T), plus
+#                         AdamW losses, an SGD step saved and checked, DPO and GRPO with
+#                         gradient accumulation; and a device too small for a step: the error,
+#                         the --memory-budget it suggests, and a stream step compiled for that
+#                         budget that fits (emu_oom.cmake). The emulator runs each CUDA thread
+#                         as a coroutine: these take 15-70 s each. (qwen3 runs on a real GPU in
+#                         tests/gpu/run.sh; its kernels are in gpu.kernels_emu.)
 if(NOT TARGET sbpc OR NOT TARGET sbp-train)
   return()
 endif()
@@ -25,6 +30,26 @@ sbp_gpu_test_target(sbp_step_info)
 set(_fx "${SBP_ROOT}/tests/fixtures")
 set(_gen "${CMAKE_CURRENT_BINARY_DIR}/gen")
 file(MAKE_DIRECTORY "${_gen}")
+
+# The C of a cuda step, with or without nvcc; the driver's refusals.
+add_test(NAME gpu.step_cuda_c
+         COMMAND ${CMAKE_COMMAND} -DMODE=c -DSBPC=$<TARGET_FILE:sbpc> -DOUT=${_gen}/cuda_qwen3.c
+                 "-DARGS=${_fx}/qwen3_op17_dyn.onnx;--batch;2;--seq-len;64;--strategy;checkpoint;--target;cuda;-o;${_gen}/cuda_qwen3.c"
+                 -P "${CMAKE_CURRENT_SOURCE_DIR}/cuda_step.cmake")
+set_tests_properties(gpu.step_cuda_c PROPERTIES LABELS gpu TIMEOUT 300)
+add_test(NAME gpu.step_bad_target
+         COMMAND ${CMAKE_COMMAND} -DPROG=$<TARGET_FILE:sbpc> "-DREGEX=--target: 'tpu' is not cpu or cuda"
+                 "-DARGS=${_fx}/llama_op17_dyn.onnx;--target;tpu;-o;${_gen}/x.c"
+                 -P "${SBP_ROOT}/tests/cli/expect_fail.cmake")
+set_tests_properties(gpu.step_bad_target PROPERTIES LABELS gpu)
+if(NOT SBP_CUDA_ENABLED)
+  add_test(NAME gpu.step_cuda_unavailable
+           COMMAND ${CMAKE_COMMAND} -DPROG=$<TARGET_FILE:sbpc>
+                   "-DREGEX=configured without a CUDA compiler"
+                   "-DARGS=${_fx}/llama_op17_dyn.onnx;--batch;2;--seq-len;64;--target;cuda;-o;${_gen}/x.so"
+                   -P "${SBP_ROOT}/tests/cli/expect_fail.cmake")
+  set_tests_properties(gpu.step_cuda_unavailable PROPERTIES LABELS gpu)
+endif()
 
 if(SBP_CUDA_ENABLED)
   add_test(NAME gpu.step_cuda_build
@@ -48,9 +73,10 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
   if(SBP_SANITIZE)
     set(_emu_cflags "-fsanitize=address,undefined;-fno-omit-frame-pointer")
   endif()
-  # gpu_emu_step(NAME FAMILY STEPS [LOSSES] [SGD_SAVE lr] SBPC_ARGS...)
+  # gpu_emu_step(NAME FAMILY STEPS [LOSSES] [SGD_SAVE lr] [REF_GRADS file]
+  #              [TRAIN_INPUTS args...] SBPC_ARGS args...)
   function(gpu_emu_step name family steps)
-    cmake_parse_arguments(E "LOSSES" "SGD_SAVE" "SBPC_ARGS" ${ARGN})
+    cmake_parse_arguments(E "LOSSES" "SGD_SAVE;REF_GRADS" "SBPC_ARGS;TRAIN_INPUTS" ${ARGN})
     add_test(NAME gpu.step_emu_${name}
              COMMAND ${CMAKE_COMMAND} -DSBPC=$<TARGET_FILE:sbpc> -DTRAIN=$<TARGET_FILE:sbp-train>
                      -DFIXTURE=$<TARGET_FILE:train_fixture> -DINFO=$<TARGET_FILE:sbp_step_info>
@@ -59,15 +85,27 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
                      -DMODEL=${_fx}/${family}_op17_static.onnx -DFAMILY=${family}
                      -DREF=${_fx}/ref -DOUT=${_gen} -DNAME=emu_${name} -DSTEPS=${steps}
                      "-DSBPC_ARGS=${E_SBPC_ARGS}" -DLOSSES=${E_LOSSES} -DSGD_SAVE=${E_SGD_SAVE}
+                     "-DTRAIN_INPUTS=${E_TRAIN_INPUTS}" "-DREF_GRADS=${E_REF_GRADS}"
                      -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_step.cmake")
     set_tests_properties(gpu.step_emu_${name} PROPERTIES LABELS gpu TIMEOUT 900)
   endfunction()
-  # The emulator runs every CUDA thread as a coroutine: a fixture step takes 10-30 s.
   gpu_emu_step(llama_store llama 2 LOSSES SBPC_ARGS --strategy store)
   gpu_emu_step(gpt2_stream gpt2 1 SGD_SAVE 0.1 SBPC_ARGS --strategy stream)
-  gpu_emu_step(qwen3_checkpoint qwen3 1 SBPC_ARGS --strategy checkpoint)
+  gpu_emu_step(llama_checkpoint llama 1 SBPC_ARGS --strategy checkpoint)
   gpu_emu_step(llama_stream_chunks llama 1
                SBPC_ARGS --strategy stream --chunk 24 --logits-chunk 40)
+  # The preference objectives (their host steps read and write device memory through the
+  # runtime), with gradient accumulation over the 4-row preference batch.
+  set(_pref --input-ids ${_fx}/ref/pref_input_ids.npy --labels ${_fx}/ref/pref_labels.npy
+            --grad-accum 2)
+  gpu_emu_step(llama_dpo llama 1 REF_GRADS ${_fx}/ref/llama_dpo_grads.safetensors
+               TRAIN_INPUTS ${_pref} --ref-logps ${_fx}/ref/llama_dpo_ref_logps.npy
+               SBPC_ARGS --objective dpo)
+  gpu_emu_step(llama_grpo_token llama 1 REF_GRADS ${_fx}/ref/llama_grpo_token_grads.safetensors
+               TRAIN_INPUTS ${_pref} --advantages ${_fx}/ref/llama_grpo_advantages.npy
+                            --old-logps ${_fx}/ref/llama_grpo_old_logps.npy
+                            --ref-logps ${_fx}/ref/llama_grpo_ref_logps.npy
+               SBPC_ARGS --objective grpo --grpo-norm token)
   # A device too small for the store step: the error names the bytes, the note the budget,
   # and a stream step compiled for that budget fits and is exact (emu_oom.cmake).
   add_test(NAME gpu.step_emu_oom

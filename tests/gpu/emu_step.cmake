@@ -12,6 +12,10 @@
 #   -DMODEL= -DFAMILY= -DREF= -DOUT= -DNAME= -DSBPC_ARGS=... -DSTEPS=N
 #   [-DLOSSES=ON: also the AdamW losses against ref/<family>_adamw.json (STEPS >= 2)]
 #   [-DSGD_SAVE=LR: train with SGD at LR, --save, and check the saved weights]
+#   [-DTRAIN_INPUTS=...: sbp-train's inputs instead of ref/<family>_{input_ids,labels}.npy
+#    (DPO / GRPO: the preference batch, --ref-logps, --grad-accum ...)]
+#   [-DREF_GRADS=file: compare the gradients with this reference (train_fixture
+#    compare-grads, 1e-4) instead of ref/<family>_grads.safetensors (check-ref)]
 function(run what)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   message("${out}${err}")
@@ -35,8 +39,10 @@ run("compiling the step against the emulated CUDA runtime"
     -Wl,--whole-archive ${EMU_LIB} -Wl,--no-whole-archive -lstdc++ -lm)
 run("step_info" ${INFO} ${so} cuda)
 
-set(train ${TRAIN} ${so} --model ${MODEL} --input-ids ${REF}/${FAMILY}_input_ids.npy
-          --labels ${REF}/${FAMILY}_labels.npy --steps ${STEPS} --dump-grads ${grads})
+if(NOT TRAIN_INPUTS)
+  set(TRAIN_INPUTS --input-ids ${REF}/${FAMILY}_input_ids.npy --labels ${REF}/${FAMILY}_labels.npy)
+endif()
+set(train ${TRAIN} ${so} --model ${MODEL} ${TRAIN_INPUTS} --steps ${STEPS} --dump-grads ${grads})
 if(SGD_SAVE)
   set(saved "${OUT}/${NAME}_saved.onnx")
   file(REMOVE "${saved}")
@@ -52,6 +58,9 @@ set(log "${OUT}/${NAME}.log")
 file(WRITE "${log}" "${LAST_OUT}")
 
 set(check ${FIXTURE} check-ref ${grads} ${REF}/${FAMILY}_grads.safetensors)
+if(REF_GRADS)
+  set(check ${FIXTURE} compare-grads ${grads} ${MODEL} ${REF_GRADS} ${MODEL} 1e-4)
+endif()
 if(LOSSES)
   list(APPEND check ${log} ${REF}/${FAMILY}_adamw.json)
 endif()

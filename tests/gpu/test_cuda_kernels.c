@@ -1074,6 +1074,15 @@ static void t_memory(void)
     check_status("memcpy bad kind", sbprt_memcpy(G, d2, d1, 4, 7), SBPRT_ERR_INVALID);
     check_status("memcpy 0 bytes", sbprt_memcpy(G, NULL, NULL, 0, SBPRT_COPY_HOST_TO_DEVICE),
                  SBPRT_OK);
+    /* device memory: what is in use covers the two buffers, within the capacity */
+    size_t used = 0, total = 0;
+    check_status("device_memory", sbprt_device_memory(G, &used, &total), SBPRT_OK);
+    if (total == 0 || used > total || used < 2 * n * sizeof(float)) {
+        fail("device_memory: %zu bytes in use of %zu, with %zu allocated", used, total,
+             2 * n * sizeof(float));
+        s->fails++;
+    }
+    check_status("device_memory NULL", sbprt_device_memory(NULL, &used, NULL), SBPRT_ERR_INVALID);
     sbprt_arena_free(G, d1);
     sbprt_arena_free(G, d2);
     sbprt_arena_free(G, NULL);

@@ -27,6 +27,12 @@ static void test_ctx_and_memory(void **state)
     for (int i = 0; i < 250; i++)
         assert_true(((float *)arena)[i] == 0.0f);
     assert_int_equal(sbprt_memcpy(ctx, back, arena, 4, 7), SBPRT_ERR_INVALID);
+    /* the "device" is the host: this process's resident set within physical memory */
+    size_t used = 0, total = 0;
+    rt_assert_ok(sbprt_device_memory(ctx, &used, &total));
+    assert_true(used > 0 && used <= total);
+    rt_assert_ok(sbprt_device_memory(ctx, NULL, NULL));
+    assert_int_equal(sbprt_device_memory(NULL, &used, &total), SBPRT_ERR_INVALID);
     sbprt_arena_free(ctx, arena);
     sbprt_arena_free(ctx, NULL);
 
