@@ -336,6 +336,36 @@ FX static int fx_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
 }
 
 /* The backward's two passes with the fast kernels; delta as computed by the caller. */
+/* P = exp(S - lse) on the visible entries and dP <- P * (dP - delta), one 64-row tile of
+ * transposed scores. Its own function because clang outlines OpenMP region bodies without the
+ * enclosing function's target("avx2,fma") attribute. */
+FX static void fx_probs_dp(float *s, float *dp, const float *ls, const float *dl, int nc, int j0,
+                           int q_start, int i0, int ni)
+{
+    for (int jj = 0; jj < nc; jj++) {
+        float *sr = s + (size_t)jj * FB, *dpr = dp + (size_t)jj * FB;
+        /* query ii sees key j0 + jj when q_start + i0 + ii >= j0 + jj */
+        int ilo = j0 + jj - q_start - i0;
+        ilo = ilo < 0 ? 0 : ilo;
+        for (int ii = 0; ii < FB; ii += 8) {
+            __m256 x = _mm256_sub_ps(_mm256_loadu_ps(sr + ii),
+                                     _mm256_loadu_ps(ls + ii));
+            const __m256i idx = _mm256_add_epi32(
+                _mm256_set1_epi32(ii),
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            const __m256 vis = _mm256_castsi256_ps(_mm256_and_si256(
+                _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(ilo - 1)),
+                _mm256_cmpgt_epi32(_mm256_set1_epi32(ni), idx)));
+            x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, vis);
+            const __m256 p = fx_exp(x);
+            _mm256_storeu_ps(sr + ii, p);
+            _mm256_storeu_ps(dpr + ii, _mm256_mul_ps(
+                p, _mm256_sub_ps(_mm256_loadu_ps(dpr + ii),
+                                 _mm256_loadu_ps(dl + ii))));
+        }
+    }
+}
+
 FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread,
                            const float *delta, float *dq, float *dk, float *dv,
                            const float *dout, const float *q, const float *k, const float *v,
@@ -422,28 +452,7 @@ FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread
                     }
                     fx_nt(s, kp, qt, nc4, r16(ni), d, scale);
                     fx_nt(dp, vp, gt, nc4, r16(ni), d, 1.0f);
-                    for (int jj = 0; jj < nc; jj++) {
-                        float *sr = s + (size_t)jj * FB, *dpr = dp + (size_t)jj * FB;
-                        /* query ii sees key j0 + jj when q_start + i0 + ii >= j0 + jj */
-                        int ilo = j0 + jj - q_start - i0;
-                        ilo = ilo < 0 ? 0 : ilo;
-                        for (int ii = 0; ii < FB; ii += 8) {
-                            __m256 x = _mm256_sub_ps(_mm256_loadu_ps(sr + ii),
-                                                     _mm256_loadu_ps(ls + ii));
-                            const __m256i idx = _mm256_add_epi32(
-                                _mm256_set1_epi32(ii),
-                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-                            const __m256 vis = _mm256_castsi256_ps(_mm256_and_si256(
-                                _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(ilo - 1)),
-                                _mm256_cmpgt_epi32(_mm256_set1_epi32(ni), idx)));
-                            x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, vis);
-                            const __m256 p = fx_exp(x);
-                            _mm256_storeu_ps(sr + ii, p);
-                            _mm256_storeu_ps(dpr + ii, _mm256_mul_ps(
-                                p, _mm256_sub_ps(_mm256_loadu_ps(dpr + ii),
-                                                 _mm256_loadu_ps(dl + ii))));
-                        }
-                    }
+                    fx_probs_dp(s, dp, ls, dl, nc, j0, q_start, i0, ni);
                     memset(s + (size_t)nc * FB, 0, (size_t)(nc4 - nc) * FB * sizeof(float));
                     memset(dp + (size_t)nc * FB, 0, (size_t)(nc4 - nc) * FB * sizeof(float));
                     fx_acc(dva, s, dout + qoff, q_row, nc4, ni, d);
