@@ -90,22 +90,26 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
     set_tests_properties(gpu.step_emu_${name} PROPERTIES LABELS gpu TIMEOUT 900)
   endfunction()
   gpu_emu_step(llama_store llama 2 LOSSES SBPC_ARGS --strategy store)
-  gpu_emu_step(gpt2_stream gpt2 1 SGD_SAVE 0.1 SBPC_ARGS --strategy stream)
-  gpu_emu_step(llama_checkpoint llama 1 SBPC_ARGS --strategy checkpoint)
   gpu_emu_step(llama_stream_chunks llama 1
                SBPC_ARGS --strategy stream --chunk 24 --logits-chunk 40)
-  # The preference objectives (their host steps read and write device memory through the
-  # runtime), with gradient accumulation over the 4-row preference batch.
-  set(_pref --input-ids ${_fx}/ref/pref_input_ids.npy --labels ${_fx}/ref/pref_labels.npy
-            --grad-accum 2)
-  gpu_emu_step(llama_dpo llama 1 REF_GRADS ${_fx}/ref/llama_dpo_grads.safetensors
-               TRAIN_INPUTS ${_pref} --ref-logps ${_fx}/ref/llama_dpo_ref_logps.npy
-               SBPC_ARGS --objective dpo)
-  gpu_emu_step(llama_grpo_token llama 1 REF_GRADS ${_fx}/ref/llama_grpo_token_grads.safetensors
-               TRAIN_INPUTS ${_pref} --advantages ${_fx}/ref/llama_grpo_advantages.npy
-                            --old-logps ${_fx}/ref/llama_grpo_old_logps.npy
-                            --ref-logps ${_fx}/ref/llama_grpo_ref_logps.npy
-               SBPC_ARGS --objective grpo --grpo-norm token)
+  # Under the sanitizers the emulator is several times slower: the two above and the
+  # out-of-memory test below are enough to check the generated code and sbp-train there.
+  if(NOT SBP_SANITIZE)
+    gpu_emu_step(gpt2_stream gpt2 1 SGD_SAVE 0.1 SBPC_ARGS --strategy stream)
+    gpu_emu_step(llama_checkpoint llama 1 SBPC_ARGS --strategy checkpoint)
+    # The preference objectives (their host steps read and write device memory through the
+    # runtime), with gradient accumulation over the 4-row preference batch.
+    set(_pref --input-ids ${_fx}/ref/pref_input_ids.npy --labels ${_fx}/ref/pref_labels.npy
+              --grad-accum 2)
+    gpu_emu_step(llama_dpo llama 1 REF_GRADS ${_fx}/ref/llama_dpo_grads.safetensors
+                 TRAIN_INPUTS ${_pref} --ref-logps ${_fx}/ref/llama_dpo_ref_logps.npy
+                 SBPC_ARGS --objective dpo)
+    gpu_emu_step(llama_grpo_token llama 1 REF_GRADS ${_fx}/ref/llama_grpo_token_grads.safetensors
+                 TRAIN_INPUTS ${_pref} --advantages ${_fx}/ref/llama_grpo_advantages.npy
+                              --old-logps ${_fx}/ref/llama_grpo_old_logps.npy
+                              --ref-logps ${_fx}/ref/llama_grpo_ref_logps.npy
+                 SBPC_ARGS --objective grpo --grpo-norm token)
+  endif()
   # A device too small for the store step: the error names the bytes, the note the budget,
   # and a stream step compiled for that budget fits and is exact (emu_oom.cmake).
   add_test(NAME gpu.step_emu_oom
