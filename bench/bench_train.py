@@ -6,6 +6,7 @@ same machine, same threads, same model (bench_model.py: Llama-style d=256, 4 lay
     /usr/bin/python3 bench/gen_bench_model.py          # once: bench/models/llama_bench.onnx
     /usr/bin/python3 bench/bench_train.py [--build build] [--seq-lens 1024 4096]
                      [--strategies store checkpoint stream] [--threads 2] [--steps 3]
+                     [--rounds N] [--no-torch]
 
 Every configuration runs in its own process (peak RSS is its own). Step time is the median over
 the steps after the first; GFLOP/s counts the step's model FLOPs (forward GEMMs + causal
@@ -58,7 +59,8 @@ def run(cmd, env=None):
     return r.stdout + r.stderr
 
 
-def sbpc_config(a, model, T, strategy, tmp):
+def sbpc_compile(a, model, T, strategy, tmp):
+    """Compiles the step and writes its inputs; returns the sbp-train command, or None."""
     so = os.path.join(tmp, f"step_{strategy}_{T}.so")
     if run([os.path.join(a.build, "tools", "sbpc"), model, "--batch", "1", "--seq-len", str(T),
             "--strategy", strategy, "-o", so]) is None:
@@ -68,9 +70,13 @@ def sbpc_config(a, model, T, strategy, tmp):
     lab = os.path.join(tmp, f"labels_{T}.npy")
     np.save(ids, rng.integers(0, V, (1, T), dtype=np.int64))
     np.save(lab, rng.integers(0, V, (1, T), dtype=np.int64))
-    out = run([os.path.join(a.build, "tools", "sbp-train"), so, "--model", model,
-               "--input-ids", ids, "--labels", lab, "--steps", str(a.steps), "--lr", "0",
-               "--optimizer", "sgd", "--threads", str(a.threads)])
+    return [os.path.join(a.build, "tools", "sbp-train"), so, "--model", model,
+            "--input-ids", ids, "--labels", lab, "--steps", str(a.steps), "--lr", "0",
+            "--optimizer", "sgd", "--threads", str(a.threads)]
+
+
+def sbpc_run(cmd, T):
+    out = run(cmd)
     if out is None:
         return None
     tps = [float(x) for x in re.findall(r"tokens/s ([0-9.]+)", out)]
@@ -99,6 +105,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every configuration this many times, interleaved; medians")
     a = ap.parse_args()
     model = os.path.join(HERE, "models", "llama_bench.onnx")
     if not os.path.exists(model):
@@ -106,15 +114,32 @@ def main():
     rate_out = run([os.path.join(a.build, "bench", "sgemm_rate"), str(a.threads)])
     peak = float(re.search(r"peak ([0-9.]+)", rate_out).group(1)) if rate_out else float("nan")
     print(f"OpenBLAS sgemm peak on this machine: {peak:.1f} GFLOP/s ({a.threads} threads)")
-    rows = []
+    # Every configuration runs once per round, the rounds interleaved, so that a burst of
+    # load from other jobs on this shared machine falls on all of them; a configuration's
+    # figures are its medians over the rounds, and the stream/checkpoint ratio is the median
+    # of the ratios measured within each round.
+    configs = []  # (T, name, recompute, run function)
+    results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for T in a.seq_lens:
             for s in a.strategies:
-                r = sbpc_config(a, model, T, s, tmp)
-                rows.append((T, f"sbpc {s}", r, s != "store"))
+                cmd = sbpc_compile(a, model, T, s, tmp)
+                configs.append((T, f"sbpc {s}", s != "store",
+                                (lambda c=cmd, t=T: sbpc_run(c, t)) if cmd else (lambda: None)))
             if not a.no_torch:
                 for m in ("store", "checkpoint"):
-                    rows.append((T, f"torch {m}", torch_config(a, T, m), m == "checkpoint"))
+                    configs.append((T, f"torch {m}", m == "checkpoint",
+                                    lambda t=T, mm=m: torch_config(a, t, mm)))
+        for rnd in range(a.rounds):
+            for T, name, _, fn in configs:
+                results.setdefault((T, name), []).append(fn())
+    rows = []
+    for T, name, recompute, _ in configs:
+        runs = [r for r in results[(T, name)] if r is not None]
+        r = None
+        if runs:
+            r = tuple(statistics.median(x[i] for x in runs) for i in range(3))
+        rows.append((T, name, r, recompute))
     print(f"{'T':>6} {'config':<18} {'step_s':>8} {'peak_RSS_MiB':>13} {'planned_MiB':>12} "
           f"{'GFLOP/s':>8} {'%sgemm':>7}")
     for T, name, r, recompute in rows:
@@ -125,6 +150,15 @@ def main():
         gf = step_flops(T, recompute) / t / 1e9
         print(f"{T:>6} {name:<18} {t:8.3f} {rss / 2**20:13.1f} {planned / 2**20:12.1f} "
               f"{gf:8.1f} {100 * gf / peak:6.1f}%")
+    # stream against checkpoint, per round (both ran within minutes of each other)
+    for T in a.seq_lens:
+        st, ck = results.get((T, "sbpc stream")), results.get((T, "sbpc checkpoint"))
+        if st and ck:
+            ratios = [x[0] / y[0] for x, y in zip(st, ck) if x and y]
+            if ratios:
+                print(f"T={T}: sbpc stream / sbpc checkpoint step time, median of "
+                      f"{len(ratios)} rounds: {statistics.median(ratios):.3f} "
+                      f"(each round: {' '.join(f'{r:.3f}' for r in ratios)})")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,8 @@ int sbprt_ctx_create(sbprt_ctx **out, int nthreads)
     if (ctx->nthreads < 1)
         ctx->nthreads = 1;
 #ifdef SBPRT_HAVE_OPENBLAS
-    openblas_set_num_threads(ctx->nthreads);
+    /* gemm.c splits the products over the OpenMP team: one thread pool, not two */
+    openblas_set_num_threads(1);
 #endif
     *out = ctx;
     return SBPRT_OK;

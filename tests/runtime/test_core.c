@@ -120,6 +120,67 @@ static void test_gemm_strided_batched(void **state)
     sbprt_ctx_destroy(ctx);
 }
 
+/* The products large enough to be split over threads (gemm.c): rows split (m >= n) and
+ * columns split (n > m), every transposition, sizes that are not multiples of the split's
+ * alignment, leading dimensions wider than the rows, 1 to 3 threads; and a batch of small
+ * products run one per thread. Each against the float64 reference; the padding of C and
+ * the results for the same thread count run twice must be untouched / identical. */
+static void test_gemm_split(void **state)
+{
+    (void)state;
+    rt_rng r = {4};
+    const int shapes[][3] = {{150, 70, 40}, {37, 301, 29}, {64, 64, 130}};
+    for (int si = 0; si < 3; si++)
+        for (int nt = 1; nt <= 3; nt++)
+            for (int ta = 0; ta < 2; ta++)
+                for (int tb = 0; tb < 2; tb++) {
+                    sbprt_ctx *ctx = rt_ctx(nt);
+                    const int m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
+                    const int lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 5;
+                    float *a = rt_random(&r, (size_t)(ta ? k : m) * lda, -1, 1);
+                    float *b = rt_random(&r, (size_t)(tb ? n : k) * ldb, -1, 1);
+                    float *c = rt_random(&r, (size_t)m * ldc, -1, 1);
+                    float *c0 = rt_copy(c, (size_t)m * ldc);
+                    double *ref = RT_NEW(double, (size_t)m * n);
+                    float *got = RT_NEW(float, (size_t)m * n);
+                    ref_gemm(ref, a, b, c0, ta, tb, m, n, k, 0.5, -1.25, lda, ldb, ldc);
+                    rt_assert_ok(sbprt_gemm_strided_batched(ctx, c, a, b, ta, tb, m, n, k, 0.5f,
+                                                            -1.25f, lda, 0, ldb, 0, ldc, 0, 1));
+                    for (int row = 0; row < m; row++) {
+                        memcpy(got + (size_t)row * n, c + (size_t)row * ldc, n * sizeof(float));
+                        for (int j = n; j < ldc; j++)
+                            assert_true(c[(size_t)row * ldc + j] == c0[(size_t)row * ldc + j]);
+                    }
+                    rt_assert_err(rt_rel_err(got, ref, (size_t)m * n), RT_TOL, "split gemm");
+                    float *again = rt_copy(c0, (size_t)m * ldc);
+                    rt_assert_ok(sbprt_gemm_strided_batched(ctx, again, a, b, ta, tb, m, n, k,
+                                                            0.5f, -1.25f, lda, 0, ldb, 0, ldc, 0,
+                                                            1));
+                    assert_memory_equal(again, c, (size_t)m * ldc * sizeof(float));
+                    free(a), free(b), free(c), free(c0), free(ref), free(got), free(again);
+                    sbprt_ctx_destroy(ctx);
+                }
+    /* 7 products of [9, 12] x [12, 6]^T on 3 threads: each product on one thread */
+    sbprt_ctx *ctx = rt_ctx(3);
+    const int m = 9, n = 6, k = 12, batch = 7;
+    float *a = rt_random(&r, (size_t)batch * m * k, -1, 1);
+    float *b = rt_random(&r, (size_t)batch * n * k, -1, 1);
+    float *c = rt_random(&r, (size_t)batch * m * n, -1, 1);
+    float *c0 = rt_copy(c, (size_t)batch * m * n);
+    rt_assert_ok(sbprt_gemm_strided_batched(ctx, c, a, b, 0, 1, m, n, k, 1.0f, 1.0f, k,
+                                            (int64_t)m * k, k, (int64_t)n * k, n,
+                                            (int64_t)m * n, batch));
+    double *ref = RT_NEW(double, (size_t)m * n);
+    for (int i = 0; i < batch; i++) {
+        ref_gemm(ref, a + (size_t)i * m * k, b + (size_t)i * n * k, c0 + (size_t)i * m * n, 0, 1,
+                 m, n, k, 1.0, 1.0, k, k, n);
+        rt_assert_err(rt_rel_err(c + (size_t)i * m * n, ref, (size_t)m * n), RT_TOL,
+                      "batched gemm over threads");
+    }
+    free(a), free(b), free(c), free(c0), free(ref);
+    sbprt_ctx_destroy(ctx);
+}
+
 /* Finite-difference state for the bias: f(bias) = Σ w[r, j] * (y0[r, j] + bias[j]). */
 typedef struct {
     const double *w, *y0;
@@ -214,6 +275,7 @@ int main(void)
         cmocka_unit_test(test_ctx_and_memory),
         cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_gemm_strided_batched),
+        cmocka_unit_test(test_gemm_split),
         cmocka_unit_test(test_bias),
         cmocka_unit_test(test_elementwise_helpers),
     };
