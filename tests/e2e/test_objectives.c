@@ -14,130 +14,43 @@
  * (sequence), its gradient is the mean cross-entropy's and its loss -1 exactly; the stream
  * plans of DPO and GRPO hold no B*T*V buffer, and DPO's head runs two chunk loops (the logp
  * pass, then the fused backward) with the host step between; a step refuses missing inputs.
+ * Compiling, running and the comparisons are the e2e tests' shared steps (e2e_util.c).
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
 
-#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codegen.h"
-#include "ir.h"
-#include "passes.h"
-#include "sbp_step.h"
-#include "sbpio.h"
-#include "sbprt.h"
-#include "train.h"
+#include "e2e_util.h"
 
-#define T 64
+#define T E2E_T
 #define PB 4 /* rows of the DPO / GRPO batch */
-#define REF_GRAD_TOL 1e-4
-#define REF_LOSS_TOL 1e-5
-#define STORE_TOL 1e-5
-
-static sbprt_ctx *ctx;
 
 /* ------------------------------------------------------------------ compiling */
 
-typedef struct step {
-    ir_diag diag;
-    ir_graph *g;
-    sbp_train_program *p;
-    void *lib;
-    const sbp_step_info *info;
-    int (*run)(sbprt_ctx *, const sbp_step_args *);
-} step;
-
-static const char *fixture(const char *name)
-{
-    static char buf[4][1024];
-    static int k;
-    k = (k + 1) % 4;
-    if (snprintf(buf[k], sizeof buf[k], "%s/%s", SBP_FIXTURES_DIR, name) >= (int)sizeof buf[k])
-        fail_msg("fixture path too long: %s", name);
-    return buf[k];
-}
-
-static void print_diag(const ir_diag *d)
-{
-    for (int i = 0; i < d->n; i++)
-        if (d->entries[i].sev == IR_SEV_ERROR)
-            print_message("  %s: %s\n", d->entries[i].node ? d->entries[i].node : "",
-                          d->entries[i].msg);
-}
-
-/* The program only. */
-static void build(step *s, const char *model, int64_t b, sbp_objective obj,
+/* The program only: fixture `model` bound to b rows of T, objective obj with options o. */
+static void build(e2e_step *s, const char *model, int64_t b, sbp_objective obj,
                   const sbp_train_options *o)
 {
-    memset(s, 0, sizeof *s);
-    ir_diag_init(&s->diag, model);
-    s->g = ir_import_onnx(fixture(model), &s->diag, NULL);
-    assert_non_null(s->g);
-    sbp_pass_options po = {.batch = b, .seq_len = T, .verify = true};
-    assert_int_equal(sbp_canonicalize(s->g, &po, NULL), IR_OK);
-    sbp_objective chosen;
-    assert_int_equal(sbp_pass_objective(s->g, obj, &chosen), IR_OK);
-    assert_int_equal(chosen, obj);
-    s->p = sbp_train_build(s->g, chosen, o);
-    if (!s->p)
-        print_diag(&s->diag);
-    assert_non_null(s->p);
+    assert_int_equal(e2e_build(s, model, b, T, obj, NULL, o), obj);
 }
 
-static void compile_step(step *s, const char *model, int64_t b, sbp_objective obj,
+static void compile_step(e2e_step *s, const char *model, int64_t b, sbp_objective obj,
                          const sbp_train_options *o, const char *tag)
 {
-    build(s, model, b, obj, o);
-    char so[1024];
-    snprintf(so, sizeof so, "%s/%s.so", SBP_E2E_OUT, tag);
-    if (sbp_codegen_write(s->p, so, model, "-Werror", &s->diag) != IR_OK)
-        print_diag(&s->diag);
-    assert_int_equal(s->diag.n_errors, 0);
-    s->lib = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-    if (!s->lib)
-        print_message("dlopen: %s\n", dlerror());
-    assert_non_null(s->lib);
-    const sbp_step_info *(*get_info)(void);
-    *(void **)&get_info = dlsym(s->lib, "sbp_step_get_info");
-    *(void **)&s->run = dlsym(s->lib, "sbp_step_run");
-    assert_true(get_info && s->run);
-    s->info = get_info();
-    assert_string_equal(s->info->strategy, sbp_strategy_name(o->strategy));
+    assert_int_equal(e2e_compile(s, model, b, T, obj, NULL, o, tag), obj);
     assert_string_equal(s->info->objective, sbp_objective_name(obj));
     assert_true(s->info->beta == o->beta);
     if (obj == SBP_OBJECTIVE_GRPO) {
         assert_true(s->info->epsilon == o->epsilon);
         assert_string_equal(s->info->grpo_norm, sbp_grpo_norm_name(o->grpo_norm));
     }
-}
-
-static void free_step(step *s)
-{
-    if (s->lib)
-        dlclose(s->lib);
-    ir_graph_free(s->g);
-    ir_diag_free(&s->diag);
-}
-
-static float *param_block(const step *s)
-{
-    float *p = calloc(s->info->param_elems + 1, sizeof *p);
-    assert_non_null(p);
-    for (int i = 0; i < s->info->n_params; i++) {
-        const sbp_step_param *q = &s->info->params[i];
-        if (q->tied_to >= 0)
-            continue;
-        const ir_value *v = ir_value_find(s->g, q->name);
-        assert_non_null(v);
-        memcpy(p + q->offset, v->data, v->nbytes);
-    }
-    return p;
 }
 
 /* ------------------------------------------------------------------ inputs */
@@ -148,184 +61,33 @@ typedef struct inputs {
     float dpo_ref[PB], adv[PB], old[PB * T], ref[PB * T];
 } inputs;
 
-static void read_i32(const char *name, int32_t *dst, int64_t n)
-{
-    char path[1024], err[256];
-    snprintf(path, sizeof path, "%s/ref/%s", SBP_FIXTURES_DIR, name);
-    sbpio_array a;
-    if (sbpio_npy_read_i32(path, &a, err, sizeof err) != 0)
-        print_message("%s\n", err);
-    assert_int_equal(a.numel, n);
-    memcpy(dst, a.data, sizeof(int32_t) * (size_t)n);
-    sbpio_array_free(&a);
-}
-
-static void read_f32(const char *name, float *dst, int64_t n)
-{
-    char path[1024], err[256];
-    snprintf(path, sizeof path, "%s/ref/%s", SBP_FIXTURES_DIR, name);
-    sbpio_array a;
-    if (sbpio_npy_read_f32(path, &a, err, sizeof err) != 0)
-        print_message("%s\n", err);
-    assert_int_equal(a.numel, n);
-    memcpy(dst, a.data, sizeof(float) * (size_t)n);
-    sbpio_array_free(&a);
-}
-
 static void load_inputs(const char *family, inputs *in)
 {
     char name[256];
     in->b = PB;
-    read_i32("pref_input_ids.npy", in->ids, PB * T);
-    read_i32("pref_labels.npy", in->labels, PB * T);
+    e2e_read_i32("pref_input_ids.npy", in->ids, PB * T);
+    e2e_read_i32("pref_labels.npy", in->labels, PB * T);
     snprintf(name, sizeof name, "%s_dpo_ref_logps.npy", family);
-    read_f32(name, in->dpo_ref, PB);
+    e2e_read_f32(name, in->dpo_ref, PB);
     snprintf(name, sizeof name, "%s_grpo_advantages.npy", family);
-    read_f32(name, in->adv, PB);
+    e2e_read_f32(name, in->adv, PB);
     snprintf(name, sizeof name, "%s_grpo_old_logps.npy", family);
-    read_f32(name, in->old, PB * T);
+    e2e_read_f32(name, in->old, PB * T);
     snprintf(name, sizeof name, "%s_grpo_ref_logps.npy", family);
-    read_f32(name, in->ref, PB * T);
+    e2e_read_f32(name, in->ref, PB * T);
 }
 
 /* One step with the objective's inputs (old NULL: on-policy); returns the loss. */
-static double run_step(const step *s, const float *params, float *grads, const int32_t *ids,
+static double run_step(const e2e_step *s, const float *params, float *grads, const int32_t *ids,
                        const int32_t *labels, const float *ref, const float *old,
                        const float *adv)
 {
-    size_t wsb = s->info->workspace_bytes;
-    void *ws = aligned_alloc(SBPRT_ALIGN, (wsb + SBPRT_ALIGN - 1) / SBPRT_ALIGN * SBPRT_ALIGN);
-    assert_non_null(ws);
-    memset(ws, 0xff, wsb); /* garbage: the step must not rely on zeroed memory */
-    for (size_t i = 0; i < s->info->param_elems; i++)
-        grads[i] = NAN;
-    double loss = NAN;
     sbp_step_args a = {.params = params, .grads = grads, .input_ids = ids, .labels = labels,
-                       .workspace = ws, .loss = &loss, .ref_logps = ref, .old_logps = old,
-                       .advantages = adv};
-    int rc = s->run(ctx, &a);
-    if (rc)
-        print_message("sbp_step_run: %s\n", sbprt_status_string(rc));
-    assert_int_equal(rc, SBPRT_OK);
-    free(ws);
-    return loss;
+                       .ref_logps = ref, .old_logps = old, .advantages = adv};
+    return e2e_run(s, &a, true);
 }
 
-/* ------------------------------------------------------------------ comparisons */
-
-static void grad_of(const step *s, const float *grads, int i, double *out)
-{
-    const sbp_step_param *q = &s->info->params[i];
-    if (q->tied_to < 0) {
-        for (size_t k = 0; k < q->numel; k++)
-            out[k] = grads[q->offset + k];
-        return;
-    }
-    const sbp_step_param *o = &s->info->params[q->tied_to];
-    int64_t m = o->dims[0], n = o->dims[1];
-    for (int64_t a = 0; a < n; a++)
-        for (int64_t b = 0; b < m; b++)
-            out[a * m + b] = grads[o->offset + (size_t)(b * n + a)];
-}
-
-static double rel_err(const double *got, const double *ref, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t k = 0; k < n; k++) {
-        num += (got[k] - ref[k]) * (got[k] - ref[k]);
-        den += ref[k] * ref[k];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static double max_rel_vs(const step *a, const float *ga, const step *b, const float *gb)
-{
-    double worst = 0;
-    for (int i = 0; i < a->info->n_params; i++) {
-        const sbp_step_param *q = &a->info->params[i];
-        assert_string_equal(q->name, b->info->params[i].name);
-        double *x = malloc(q->numel * sizeof *x), *y = malloc(q->numel * sizeof *y);
-        assert_true(x && y);
-        grad_of(a, ga, i, x);
-        grad_of(b, gb, i, y);
-        double r = rel_err(x, y, q->numel);
-        if (!(r <= STORE_TOL))
-            print_message("    %s: rel difference %.3e\n", q->name, r);
-        worst = r > worst ? r : worst;
-        free(x);
-        free(y);
-    }
-    return worst;
-}
-
-typedef struct reference {
-    ir_diag diag;
-    ir_graph *g;          /* the static model: its initializers name the reference tensors */
-    sbpio_st_file *st;
-    double loss;
-} reference;
-
-static void load_reference(reference *r, const char *family, const char *file)
-{
-    char path[1024], err[256];
-    snprintf(path, sizeof path, "%s_op17_static.onnx", family);
-    ir_diag_init(&r->diag, path);
-    r->g = ir_import_onnx(fixture(path), &r->diag, NULL);
-    assert_non_null(r->g);
-    snprintf(path, sizeof path, "%s/ref/%s", SBP_FIXTURES_DIR, file);
-    if (sbpio_st_open(path, &r->st, err, sizeof err) != 0)
-        print_message("%s\n", err);
-    assert_non_null(r->st);
-    const char *l = sbpio_st_meta(r->st, "loss");
-    assert_non_null(l);
-    r->loss = strtod(l, NULL);
-}
-
-static void free_reference(reference *r)
-{
-    sbpio_st_close(r->st);
-    ir_graph_free(r->g);
-    ir_diag_free(&r->diag);
-}
-
-/* The reference gradient of a parameter: the static model's initializer with the same bytes. */
-static bool ref_grad(const reference *r, const ir_value *v, double *out)
-{
-    for (int i = 0; i < r->g->n_values; i++) {
-        const ir_value *w = r->g->values[i];
-        if (w->kind != IR_VAL_PARAM || w->nbytes != v->nbytes || w->rank != v->rank ||
-            memcmp(w->data, v->data, v->nbytes) != 0)
-            continue;
-        char err[256];
-        if (sbpio_st_copy_f64(r->st, w->name, out, ir_value_numel(v), err, sizeof err) == 0)
-            return true;
-    }
-    return false;
-}
-
-/* Max per-tensor relative error against PyTorch; every parameter must have a reference. */
-static double max_rel_vs_ref(const step *s, const float *grads, const reference *r)
-{
-    double worst = 0;
-    for (int i = 0; i < s->info->n_params; i++) {
-        const sbp_step_param *q = &s->info->params[i];
-        const ir_value *v = ir_value_find(s->g, q->name);
-        assert_non_null(v);
-        double *ref = malloc(q->numel * sizeof *ref), *got = malloc(q->numel * sizeof *got);
-        assert_true(ref && got);
-        if (!ref_grad(r, v, ref))
-            print_message("    %s: no reference gradient\n", q->name);
-        assert_true(ref_grad(r, v, ref));
-        grad_of(s, grads, i, got);
-        double e = rel_err(got, ref, q->numel);
-        if (!(e <= REF_GRAD_TOL))
-            print_message("    %s: rel err vs PyTorch %.3e\n", q->name, e);
-        worst = e > worst ? e : worst;
-        free(ref);
-        free(got);
-    }
-    return worst;
-}
+/* ------------------------------------------------------------------ plans */
 
 /* No workspace buffer of B*T*V elements (the full logits) in a stream plan. */
 static void check_no_full_logits(const sbp_train_program *p)
@@ -375,10 +137,10 @@ static void run_family(const char *family)
         const objective_case *oc = &objective_cases[oi];
         char file[256];
         snprintf(file, sizeof file, "%s_%s_grads.safetensors", family, oc->name);
-        reference r;
-        load_reference(&r, family, file);
+        e2e_reference r;
+        e2e_load_reference(&r, family, file);
         bool dpo = oc->obj == SBP_OBJECTIVE_DPO;
-        step st = {0};
+        e2e_step st = {0};
         float *params = NULL, *gstore = NULL;
         double lstore = 0;
         for (size_t si = 0; si < sizeof strategy_cases / sizeof strategy_cases[0]; si++) {
@@ -389,43 +151,43 @@ static void run_family(const char *family)
             char tag[256];
             snprintf(tag, sizeof tag, "obj_%s_%s_%s%lld", family, oc->name,
                      sbp_strategy_name(sc->strategy), (long long)sc->chunk);
-            step s;
+            e2e_step s;
             compile_step(&s, model, PB, oc->obj, &o, tag);
             if (sc->strategy == SBP_STRATEGY_STREAM)
                 check_no_full_logits(s.p);
             if (!params)
-                params = param_block(&s);
+                params = e2e_param_block(s.info, s.g);
             float *g = malloc(s.info->param_elems * sizeof(float));
             double l = run_step(&s, params, g, in.ids, in.labels, dpo ? in.dpo_ref : in.ref,
                                 dpo ? NULL : in.old, dpo ? NULL : in.adv);
-            double e_ref = max_rel_vs_ref(&s, g, &r);
+            double e_ref = e2e_max_rel_vs_ref(&s, g, &r, true);
             double e_loss = fabs(l - r.loss) / fabs(r.loss);
             double e_store = 0, e_lstore = 0;
             if (si > 0) {
-                e_store = max_rel_vs(&s, g, &st, gstore);
+                e_store = e2e_max_rel_vs(&s, g, &st, gstore, E2E_STORE_TOL);
                 e_lstore = fabs(l - lstore) / fabs(lstore);
             }
             print_message("  %-36s loss %.9f (PyTorch %.9f, rel %.2e; store %.2e)  grads: vs "
                           "PyTorch %.2e, vs store %.2e; workspace %zu\n",
                           tag, l, r.loss, e_loss, e_lstore, e_ref, e_store,
                           s.info->workspace_bytes);
-            assert_true(e_loss <= REF_LOSS_TOL);
-            assert_true(e_ref <= REF_GRAD_TOL);
-            assert_true(e_lstore <= STORE_TOL);
-            assert_true(e_store <= STORE_TOL);
+            assert_true(e_loss <= E2E_REF_LOSS_TOL);
+            assert_true(e_ref <= E2E_REF_GRAD_TOL);
+            assert_true(e_lstore <= E2E_STORE_TOL);
+            assert_true(e_store <= E2E_STORE_TOL);
             if (si == 0) {
                 st = s;
                 gstore = g;
                 lstore = l;
             } else {
                 free(g);
-                free_step(&s);
+                e2e_free_step(&s);
             }
         }
         free(params);
         free(gstore);
-        free_step(&st);
-        free_reference(&r);
+        e2e_free_step(&st);
+        e2e_free_reference(&r);
     }
 }
 
@@ -446,13 +208,13 @@ static void test_grpo_on_policy(void **state)
         char model[256], file[256], name[256];
         snprintf(model, sizeof model, "%s_op17_static.onnx", families[fi]);
         snprintf(file, sizeof file, "%s_grads.safetensors", families[fi]);
-        reference r;
-        load_reference(&r, families[fi], file);
+        e2e_reference r;
+        e2e_load_reference(&r, families[fi], file);
         int32_t ids[2 * T], labels[2 * T];
         snprintf(name, sizeof name, "%s_input_ids.npy", families[fi]);
-        read_i32(name, ids, 2 * T);
+        e2e_read_i32(name, ids, 2 * T);
         snprintf(name, sizeof name, "%s_labels.npy", families[fi]);
-        read_i32(name, labels, 2 * T);
+        e2e_read_i32(name, labels, 2 * T);
         double n[2] = {0, 0};
         for (int i = 0; i < 2 * T; i++)
             n[i / T] += labels[i] != SBPRT_IGNORE_INDEX;
@@ -469,20 +231,21 @@ static void test_grpo_on_policy(void **state)
             char tag[256];
             snprintf(tag, sizeof tag, "obj_%s_grpo_onpolicy_%s", families[fi],
                      norm ? "token" : "sequence");
-            step s;
+            e2e_step s;
             compile_step(&s, model, 0, SBP_OBJECTIVE_GRPO, &o, tag);
-            float *params = param_block(&s), *g = malloc(s.info->param_elems * sizeof(float));
+            float *params = e2e_param_block(s.info, s.g);
+            float *g = malloc(s.info->param_elems * sizeof(float));
             double l = run_step(&s, params, g, ids, labels, NULL, NULL, adv);
-            double e = max_rel_vs_ref(&s, g, &r);
+            double e = e2e_max_rel_vs_ref(&s, g, &r, true);
             print_message("  %-36s loss %.9f (want -1), grads vs the SFT reference %.2e\n", tag,
                           l, e);
             assert_true(fabs(l + 1) <= 1e-6);
-            assert_true(e <= REF_GRAD_TOL);
+            assert_true(e <= E2E_REF_GRAD_TOL);
             free(params);
             free(g);
-            free_step(&s);
+            e2e_free_step(&s);
         }
-        free_reference(&r);
+        e2e_free_reference(&r);
     }
 }
 
@@ -497,7 +260,7 @@ static void test_plan_shape(void **state)
         sbp_objective obj = k ? SBP_OBJECTIVE_GRPO : SBP_OBJECTIVE_DPO;
         sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM, .chunk = 17, .logits_chunk = 13,
                                .beta = 0.1, .epsilon = 0.2};
-        step s;
+        e2e_step s;
         build(&s, "llama_op17_dyn.onnx", PB, obj, &o);
         assert_int_equal(sbp_train_verify(s.p, &s.diag), IR_OK);
         check_no_full_logits(s.p);
@@ -521,7 +284,7 @@ static void test_plan_shape(void **state)
             assert_true(host < first_loop);
         else /* between the two groups */
             assert_true(host >= head->loops[1].end && host < head->loops[2].first);
-        free_step(&s);
+        e2e_free_step(&s);
     }
 }
 
@@ -535,24 +298,25 @@ static void test_missing_inputs(void **state)
         sbp_objective obj = k ? SBP_OBJECTIVE_GRPO : SBP_OBJECTIVE_DPO;
         sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM, .chunk = 17, .logits_chunk = 13,
                                .beta = 0.1, .epsilon = 0.2};
-        step s;
+        e2e_step s;
         compile_step(&s, "llama_op17_dyn.onnx", PB, obj, &o, k ? "obj_missing_grpo" : "obj_missing_dpo");
-        float *params = param_block(&s), *g = malloc(s.info->param_elems * sizeof(float));
+        float *params = e2e_param_block(s.info, s.g);
+        float *g = malloc(s.info->param_elems * sizeof(float));
         void *ws = aligned_alloc(SBPRT_ALIGN, (s.info->workspace_bytes + SBPRT_ALIGN) / SBPRT_ALIGN * SBPRT_ALIGN);
         double loss;
         sbp_step_args a = {.params = params, .grads = g, .input_ids = in.ids,
                            .labels = in.labels, .workspace = ws, .loss = &loss,
                            .advantages = in.adv};
-        assert_int_equal(s.run(ctx, &a), SBPRT_ERR_INVALID); /* no ref_logps (beta > 0) */
+        assert_int_equal(s.run(e2e_ctx, &a), SBPRT_ERR_INVALID); /* no ref_logps (beta > 0) */
         if (k) {
             a.ref_logps = in.ref;
             a.advantages = NULL;
-            assert_int_equal(s.run(ctx, &a), SBPRT_ERR_INVALID);
+            assert_int_equal(s.run(e2e_ctx, &a), SBPRT_ERR_INVALID);
         }
         free(ws);
         free(params);
         free(g);
-        free_step(&s);
+        e2e_free_step(&s);
     }
 }
 
@@ -562,7 +326,7 @@ static void test_refusals(void **state)
     (void)state;
     ir_diag d;
     ir_diag_init(&d, "llama");
-    ir_graph *g = ir_import_onnx(fixture("llama_op17_dyn.onnx"), &d, NULL);
+    ir_graph *g = ir_import_onnx(e2e_fixture("llama_op17_dyn.onnx"), &d, NULL);
     sbp_pass_options po = {.batch = 3, .seq_len = T, .verify = true};
     assert_int_equal(sbp_canonicalize(g, &po, NULL), IR_OK);
     sbp_objective chosen;
@@ -574,7 +338,7 @@ static void test_refusals(void **state)
     ir_diag_free(&d);
 
     ir_diag_init(&d, "llama_loss");
-    g = ir_import_onnx(fixture("llama_op17_loss.onnx"), &d, NULL);
+    g = ir_import_onnx(e2e_fixture("llama_op17_loss.onnx"), &d, NULL);
     sbp_pass_options po2 = {.verify = true};
     assert_int_equal(sbp_canonicalize(g, &po2, NULL), IR_OK);
     assert_int_equal(sbp_pass_objective(g, SBP_OBJECTIVE_GRPO, &chosen), IR_ERR);
@@ -586,13 +350,13 @@ static void test_refusals(void **state)
 static int setup(void **state)
 {
     (void)state;
-    return sbprt_ctx_create(&ctx, 2) == SBPRT_OK ? 0 : -1;
+    return sbprt_ctx_create(&e2e_ctx, 2) == SBPRT_OK ? 0 : -1;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    sbprt_ctx_destroy(ctx);
+    sbprt_ctx_destroy(e2e_ctx);
     return 0;
 }
 

@@ -14,25 +14,20 @@
  * (L(w+h) - L(w-h)) / 2h, h = 1e-2, per tensor by relative norm (float32 losses: tolerance
  * 2e-2, far below what a wrong layout or rule gives), and the other strategies' gradients
  * with store's (1e-5 per tensor). Graphs stream cannot chunk are refused, naming the node.
+ * Compiling and running a step are the e2e tests' shared steps (e2e_util.c).
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
 
-#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "codegen.h"
-#include "ir.h"
-#include "passes.h"
-#include "sbp_step.h"
-#include "sbprt.h"
-#include "train.h"
+#include "e2e_util.h"
 
 #define V 11
 #define B 2
@@ -43,7 +38,6 @@
 #define FD_H 1e-2
 #define FD_TOL 2e-2
 
-static sbprt_ctx *ctx;
 static unsigned rng_state = 12345;
 
 static float frand(void)
@@ -302,50 +296,32 @@ static void build_elementwise(gb *b)
 
 /* ------------------------------------------------------------------ compile and check */
 
-typedef struct step {
-    void *lib;
-    const sbp_step_info *info;
-    int (*run)(sbprt_ctx *, const sbp_step_args *);
-} step;
-
-static void compile(gb *b, const sbp_train_options *to, const char *tag, step *s)
+/* The graph b holds (b keeps it: s->g stays NULL), compiled for SFT with options to into
+ * SBP_E2E_OUT/<tag>.so and loaded. */
+static void compile(gb *b, const sbp_train_options *to, const char *tag, e2e_step *s)
 {
+    memset(s, 0, sizeof *s);
     sbp_objective chosen;
     assert_int_equal(sbp_pass_objective(b->g, SBP_OBJECTIVE_SFT, &chosen), IR_OK);
-    sbp_train_program *p = sbp_train_build(b->g, chosen, to);
-    for (int i = 0; i < b->d.n; i++)
-        if (b->d.entries[i].sev == IR_SEV_ERROR)
-            print_message("%s: %s\n", b->d.entries[i].node ? b->d.entries[i].node : "",
-                          b->d.entries[i].msg);
-    assert_non_null(p);
-    char so[1024];
-    snprintf(so, sizeof so, "%s/%s.so", SBP_E2E_OUT, tag);
-    assert_int_equal(sbp_codegen_write(p, so, "handmade", "-Werror", &b->d), IR_OK);
-    s->lib = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-    assert_non_null(s->lib);
-    const sbp_step_info *(*get_info)(void);
-    *(void **)&get_info = dlsym(s->lib, "sbp_step_get_info");
-    *(void **)&s->run = dlsym(s->lib, "sbp_step_run");
-    assert_true(get_info && s->run);
-    s->info = get_info();
+    s->p = sbp_train_build(b->g, chosen, to);
+    if (!s->p)
+        e2e_print_diag(&b->d);
+    assert_non_null(s->p);
+    e2e_load_so(s, s->p, "handmade", tag, &b->d);
 }
 
-static double loss_and_grads(const step *s, const float *params, float *grads)
+static double loss_and_grads(const e2e_step *s, const float *params, float *grads)
 {
     static int32_t ids[B * T], labels[B * T];
     for (int i = 0; i < B * T; i++) {
         ids[i] = (i * 7 + 3) % V;
         labels[i] = i == 3 ? SBPRT_IGNORE_INDEX : (i * 5 + 1) % V;
     }
-    void *ws = aligned_alloc(SBPRT_ALIGN, (s->info->workspace_bytes + 63) / 64 * 64);
     float *g = grads ? grads : malloc(s->info->param_elems * sizeof(float));
-    double loss = NAN;
-    sbp_step_args a = {.params = params, .grads = g, .input_ids = ids, .labels = labels,
-                       .workspace = ws, .loss = &loss};
-    assert_int_equal(s->run(ctx, &a), SBPRT_OK);
+    sbp_step_args a = {.params = params, .grads = g, .input_ids = ids, .labels = labels};
+    double loss = e2e_run(s, &a, false);
     if (!grads)
         free(g);
-    free(ws);
     return loss;
 }
 
@@ -363,16 +339,12 @@ static void check_fd(void (*build)(gb *), unsigned seed, const char *tag, bool s
         rng_state = seed;
         gb_init(&b);
         build(&b);
-        step s;
+        e2e_step s;
         char t[128];
         snprintf(t, sizeof t, "%s_%s", tag, sbp_strategy_name(sts[k].strategy));
         compile(&b, &sts[k], t, &s);
-        float *params = calloc(s.info->param_elems, sizeof *params);
+        float *params = e2e_param_block(s.info, b.g);
         float *grads = calloc(s.info->param_elems, sizeof *grads);
-        for (int i = 0; i < s.info->n_params; i++) {
-            const ir_value *v = ir_value_find(b.g, s.info->params[i].name);
-            memcpy(params + s.info->params[i].offset, v->data, v->nbytes);
-        }
         double loss = loss_and_grads(&s, params, grads);
         assert_true(isfinite(loss));
         double worst = 0;
@@ -418,7 +390,7 @@ static void check_fd(void (*build)(gb *), unsigned seed, const char *tag, bool s
         }
         free(params);
         free(grads);
-        dlclose(s.lib);
+        e2e_free_step(&s);
         ir_graph_free(b.g);
         ir_diag_free(&b.d);
     }
@@ -473,9 +445,8 @@ static void test_elementwise(void **state)
 
 int main(void)
 {
-    setenv("CC", SBP_TEST_CC, 1);
-    mkdir(SBP_E2E_OUT, 0777);
-    if (sbprt_ctx_create(&ctx, 1) != SBPRT_OK)
+    e2e_init();
+    if (sbprt_ctx_create(&e2e_ctx, 1) != SBPRT_OK)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention_layouts),
@@ -484,6 +455,6 @@ int main(void)
         cmocka_unit_test(test_stream_refusals),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    sbprt_ctx_destroy(ctx);
+    sbprt_ctx_destroy(e2e_ctx);
     return rc;
 }

@@ -13,302 +13,51 @@
  * elements, runs K/V once per layer outside the chunk loops and attention inside them with the
  * chunk's start as q_start; the verifier accepts every built program and rejects loops that
  * miss or repeat rows or slices past a buffer; a graph that mixes sequence positions is refused
- * by stream with a diagnostic naming the node, and built by checkpoint.
+ * by stream with a diagnostic naming the node, and built by checkpoint. Compiling, running and
+ * the comparisons are the e2e tests' shared steps (e2e_util.c).
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
 
-#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "codegen.h"
-#include "ir.h"
-#include "passes.h"
-#include "sbp_step.h"
-#include "sbpio.h"
-#include "sbprt.h"
-#include "train.h"
+#include "e2e_util.h"
 
-#define B 2
-#define T 64
-#define REF_GRAD_TOL 1e-4
-#define REF_LOSS_TOL 1e-5
-#define STORE_TOL 1e-5
-
-static sbprt_ctx *ctx;
+#define B E2E_B
+#define T E2E_T
 
 static const int64_t layer_chunks[] = {64, 17, 5, 1};
 static const int64_t logits_chunks[] = {64, 13, 1};
 
 /* ------------------------------------------------------------------ compiling */
 
-typedef struct step {
-    ir_diag diag;
-    ir_graph *g;
-    sbp_train_program *p;
-    void *lib;
-    const sbp_step_info *info;
-    int (*run)(sbprt_ctx *, const sbp_step_args *);
-} step;
-
-static const char *fixture(const char *name)
-{
-    static char buf[4][1024];
-    static int k;
-    k = (k + 1) % 4;
-    if (snprintf(buf[k], sizeof buf[k], "%s/%s", SBP_FIXTURES_DIR, name) >= (int)sizeof buf[k])
-        fail_msg("fixture path too long: %s", name);
-    return buf[k];
-}
-
-static void print_diag(const ir_diag *d)
-{
-    for (int i = 0; i < d->n; i++)
-        if (d->entries[i].sev == IR_SEV_ERROR)
-            print_message("  %s: %s\n", d->entries[i].node ? d->entries[i].node : "",
-                          d->entries[i].msg);
-}
-
-static ir_graph *front(const char *model, int64_t b, int64_t t, ir_diag *d,
-                       sbp_objective *chosen)
-{
-    ir_diag_init(d, model);
-    ir_graph *g = ir_import_onnx(fixture(model), d, NULL);
-    assert_non_null(g);
-    sbp_pass_options po = {.batch = b, .seq_len = t, .verify = true};
-    assert_int_equal(sbp_canonicalize(g, &po, NULL), IR_OK);
-    assert_int_equal(sbp_pass_objective(g, SBP_OBJECTIVE_SFT, chosen), IR_OK);
-    return g;
-}
-
 static const char *freeze_re; /* --freeze for the next builds (NULL: none) */
 
 /* The program only (no C). */
-static void build(step *s, const char *model, int64_t b, int64_t t, const sbp_train_options *o)
+static void build(e2e_step *s, const char *model, int64_t b, int64_t t,
+                  const sbp_train_options *o)
 {
-    memset(s, 0, sizeof *s);
-    sbp_objective chosen;
-    s->g = front(model, b, t, &s->diag, &chosen);
-    if (freeze_re)
-        assert_int_equal(sbp_freeze_params(s->g, freeze_re, NULL), IR_OK);
-    s->p = sbp_train_build(s->g, chosen, o);
-    if (!s->p)
-        print_diag(&s->diag);
-    assert_non_null(s->p);
+    e2e_build(s, model, b, t, SBP_OBJECTIVE_SFT, freeze_re, o);
 }
 
-static void compile_step(step *s, const char *model, int64_t b, int64_t t,
+static void compile_step(e2e_step *s, const char *model, int64_t b, int64_t t,
                          const sbp_train_options *o, const char *tag)
 {
-    build(s, model, b, t, o);
-    char so[1024];
-    snprintf(so, sizeof so, "%s/%s.so", SBP_E2E_OUT, tag);
-    if (sbp_codegen_write(s->p, so, model, "-Werror", &s->diag) != IR_OK)
-        print_diag(&s->diag);
-    assert_int_equal(s->diag.n_errors, 0);
-    s->lib = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-    if (!s->lib)
-        print_message("dlopen: %s\n", dlerror());
-    assert_non_null(s->lib);
-    const sbp_step_info *(*get_info)(void);
-    *(void **)&get_info = dlsym(s->lib, "sbp_step_get_info");
-    *(void **)&s->run = dlsym(s->lib, "sbp_step_run");
-    assert_true(get_info && s->run);
-    s->info = get_info();
-    assert_string_equal(s->info->strategy, sbp_strategy_name(o->strategy));
-}
-
-static void free_step(step *s)
-{
-    if (s->lib)
-        dlclose(s->lib);
-    ir_graph_free(s->g);
-    ir_diag_free(&s->diag);
-}
-
-static float *param_block(const step *s)
-{
-    float *p = calloc(s->info->param_elems + 1, sizeof *p);
-    assert_non_null(p);
-    for (int i = 0; i < s->info->n_params; i++) {
-        const sbp_step_param *q = &s->info->params[i];
-        if (q->tied_to >= 0)
-            continue;
-        const ir_value *v = ir_value_find(s->g, q->name);
-        assert_non_null(v);
-        memcpy(p + q->offset, v->data, v->nbytes);
-    }
-    return p;
-}
-
-typedef struct batch {
-    int64_t b, t;
-    int32_t ids[B * T], labels[B * T];
-} batch;
-
-static void load_batch(const char *family, batch *bt)
-{
-    const char *what[2] = {"input_ids", "labels"};
-    int32_t *dst[2] = {bt->ids, bt->labels};
-    bt->b = B;
-    bt->t = T;
-    for (int k = 0; k < 2; k++) {
-        char path[1024], err[256];
-        snprintf(path, sizeof path, "%s/ref/%s_%s.npy", SBP_FIXTURES_DIR, family, what[k]);
-        sbpio_array a;
-        if (sbpio_npy_read_i32(path, &a, err, sizeof err) != 0)
-            print_message("%s\n", err);
-        assert_int_equal(a.numel, B * T);
-        memcpy(dst[k], a.data, sizeof(int32_t) * B * T);
-        sbpio_array_free(&a);
-    }
+    e2e_compile(s, model, b, t, SBP_OBJECTIVE_SFT, freeze_re, o, tag);
 }
 
 /* One step; returns the loss; grads gets param_elems floats (overwritten). */
-static double run_step(const step *s, const float *params, float *grads, const batch *bt)
+static double run_step(const e2e_step *s, const float *params, float *grads, const e2e_batch *bt)
 {
-    size_t wsb = s->info->workspace_bytes;
-    void *ws = aligned_alloc(SBPRT_ALIGN, (wsb + SBPRT_ALIGN - 1) / SBPRT_ALIGN * SBPRT_ALIGN);
-    assert_non_null(ws);
-    memset(ws, 0xff, wsb); /* garbage: the step must not rely on zeroed memory */
-    for (size_t i = 0; i < s->info->param_elems; i++)
-        grads[i] = NAN;
-    double loss = NAN;
     sbp_step_args a = {.params = params, .grads = grads, .input_ids = bt->ids,
-                       .labels = bt->labels, .workspace = ws, .loss = &loss};
-    int rc = s->run(ctx, &a);
-    if (rc)
-        print_message("sbp_step_run: %s\n", sbprt_status_string(rc));
-    assert_int_equal(rc, SBPRT_OK);
-    free(ws);
-    return loss;
-}
-
-/* ------------------------------------------------------------------ comparisons */
-
-/* Parameter i's gradient in its own layout (a tied copy's is its owner's, transposed). */
-static void grad_of(const step *s, const float *grads, int i, double *out)
-{
-    const sbp_step_param *q = &s->info->params[i];
-    if (q->tied_to < 0) {
-        for (size_t k = 0; k < q->numel; k++)
-            out[k] = grads[q->offset + k];
-        return;
-    }
-    const sbp_step_param *o = &s->info->params[q->tied_to];
-    int64_t m = o->dims[0], n = o->dims[1];
-    for (int64_t a = 0; a < n; a++)
-        for (int64_t b = 0; b < m; b++)
-            out[a * m + b] = grads[o->offset + (size_t)(b * n + a)];
-}
-
-static double rel_err(const double *got, const double *ref, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t k = 0; k < n; k++) {
-        num += (got[k] - ref[k]) * (got[k] - ref[k]);
-        den += ref[k] * ref[k];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-/* Max over parameters of the per-tensor relative difference of two steps' gradients (same
- * model, so the same parameter table). */
-static double max_rel_vs(const step *a, const float *ga, const step *b, const float *gb)
-{
-    assert_int_equal(a->info->n_params, b->info->n_params);
-    double worst = 0;
-    for (int i = 0; i < a->info->n_params; i++) {
-        const sbp_step_param *q = &a->info->params[i];
-        assert_string_equal(q->name, b->info->params[i].name);
-        double *x = malloc(q->numel * sizeof *x), *y = malloc(q->numel * sizeof *y);
-        assert_true(x && y);
-        grad_of(a, ga, i, x);
-        grad_of(b, gb, i, y);
-        double r = rel_err(x, y, q->numel);
-        if (!(r <= STORE_TOL))
-            print_message("    %s: rel difference %.3e\n", q->name, r);
-        worst = r > worst ? r : worst;
-        free(x);
-        free(y);
-    }
-    return worst;
-}
-
-typedef struct reference {
-    ir_diag diag;
-    ir_graph *g;
-    sbpio_st_file *st;
-    double loss;
-    batch bt;
-} reference;
-
-static void load_reference(reference *r, const char *family)
-{
-    char path[1024], err[256];
-    snprintf(path, sizeof path, "%s_op17_static.onnx", family);
-    ir_diag_init(&r->diag, path);
-    r->g = ir_import_onnx(fixture(path), &r->diag, NULL);
-    assert_non_null(r->g);
-    snprintf(path, sizeof path, "%s/ref/%s_grads.safetensors", SBP_FIXTURES_DIR, family);
-    if (sbpio_st_open(path, &r->st, err, sizeof err) != 0)
-        print_message("%s\n", err);
-    assert_non_null(r->st);
-    const char *l = sbpio_st_meta(r->st, "loss");
-    assert_non_null(l);
-    r->loss = strtod(l, NULL);
-    load_batch(family, &r->bt);
-}
-
-static void free_reference(reference *r)
-{
-    sbpio_st_close(r->st);
-    ir_graph_free(r->g);
-    ir_diag_free(&r->diag);
-}
-
-/* The reference gradient of a parameter: the static model's initializer with the same bytes. */
-static bool ref_grad(const reference *r, const ir_value *v, double *out)
-{
-    for (int i = 0; i < r->g->n_values; i++) {
-        const ir_value *w = r->g->values[i];
-        if (w->kind != IR_VAL_PARAM || w->nbytes != v->nbytes || w->rank != v->rank ||
-            memcmp(w->data, v->data, v->nbytes) != 0)
-            continue;
-        char err[256];
-        if (sbpio_st_copy_f64(r->st, w->name, out, ir_value_numel(v), err, sizeof err) == 0)
-            return true;
-    }
-    return false;
-}
-
-/* Max per-tensor relative error against PyTorch (every parameter with a reference). */
-static double max_rel_vs_ref(const step *s, const float *grads, const reference *r)
-{
-    double worst = 0;
-    for (int i = 0; i < s->info->n_params; i++) {
-        const sbp_step_param *q = &s->info->params[i];
-        const ir_value *v = ir_value_find(s->g, q->name);
-        assert_non_null(v);
-        double *ref = malloc(q->numel * sizeof *ref), *got = malloc(q->numel * sizeof *got);
-        assert_true(ref && got);
-        if (ref_grad(r, v, ref)) {
-            grad_of(s, grads, i, got);
-            double e = rel_err(got, ref, q->numel);
-            if (!(e <= REF_GRAD_TOL))
-                print_message("    %s: rel err vs PyTorch %.3e\n", q->name, e);
-            worst = e > worst ? e : worst;
-        }
-        free(ref);
-        free(got);
-    }
-    return worst;
+                       .labels = bt->labels};
+    return e2e_run(s, &a, true);
 }
 
 /* ------------------------------------------------------------------ plan properties */
@@ -385,14 +134,15 @@ static void tag_of(char *tag, size_t n, const char *model, const char *what)
 
 static void run_family(const family_case *fc)
 {
-    reference r;
-    load_reference(&r, fc->family);
+    e2e_reference r;
+    e2e_load_reference(&r, fc->family, NULL);
     char tag[256];
     tag_of(tag, sizeof tag, fc->model, "store");
-    step st;
+    e2e_step st;
     sbp_train_options so = {.strategy = SBP_STRATEGY_STORE};
     compile_step(&st, fc->model, fc->b, fc->t, &so, tag);
-    float *params = param_block(&st), *gstore = malloc(st.info->param_elems * sizeof(float));
+    float *params = e2e_param_block(st.info, st.g);
+    float *gstore = malloc(st.info->param_elems * sizeof(float));
     double lstore = run_step(&st, params, gstore, &r.bt);
     double worst_store = 0, worst_ref = 0, worst_loss = 0;
     for (size_t ci = 0; ci < sizeof layer_chunks / sizeof layer_chunks[0]; ci++) {
@@ -404,7 +154,7 @@ static void run_family(const family_case *fc)
             snprintf(what, sizeof what, "c%lld_l%lld", (long long)o.chunk,
                      (long long)o.logits_chunk);
             tag_of(tag, sizeof tag, fc->model, what);
-            step s;
+            e2e_step s;
             compile_step(&s, fc->model, fc->b, fc->t, &o, tag);
             assert_int_equal(s.p->chunk, o.chunk);
             assert_int_equal(s.p->logits_chunk, o.logits_chunk);
@@ -412,22 +162,22 @@ static void run_family(const family_case *fc)
             check_plan(s.p);
             float *g = malloc(s.info->param_elems * sizeof(float));
             double l = run_step(&s, params, g, &r.bt);
-            double e_store = max_rel_vs(&s, g, &st, gstore);
-            double e_ref = max_rel_vs_ref(&s, g, &r);
+            double e_store = e2e_max_rel_vs(&s, g, &st, gstore, E2E_STORE_TOL);
+            double e_ref = e2e_max_rel_vs_ref(&s, g, &r, false);
             double e_loss = fabs(l - r.loss) / fabs(r.loss);
             double e_lstore = fabs(l - lstore) / fabs(lstore);
             print_message("  %-40s loss %.9f (store %.2e, ref %.2e)  grads: vs store %.2e, "
                           "vs PyTorch %.2e; workspace %zu\n",
                           tag, l, e_lstore, e_loss, e_store, e_ref, s.info->workspace_bytes);
-            assert_true(e_lstore <= STORE_TOL);
-            assert_true(e_loss <= REF_LOSS_TOL);
-            assert_true(e_store <= STORE_TOL);
-            assert_true(e_ref <= REF_GRAD_TOL);
+            assert_true(e_lstore <= E2E_STORE_TOL);
+            assert_true(e_loss <= E2E_REF_LOSS_TOL);
+            assert_true(e_store <= E2E_STORE_TOL);
+            assert_true(e_ref <= E2E_REF_GRAD_TOL);
             worst_store = e_store > worst_store ? e_store : worst_store;
             worst_ref = e_ref > worst_ref ? e_ref : worst_ref;
             worst_loss = e_loss > worst_loss ? e_loss : worst_loss;
             free(g);
-            free_step(&s);
+            e2e_free_step(&s);
         }
     }
     print_message("  %s: max rel err over the chunkings: gradients vs store %.2e, vs PyTorch "
@@ -435,8 +185,8 @@ static void run_family(const family_case *fc)
                   fc->model, worst_store, worst_ref, worst_loss, st.info->workspace_bytes);
     free(params);
     free(gstore);
-    free_step(&st);
-    free_reference(&r);
+    e2e_free_step(&st);
+    e2e_free_reference(&r);
 }
 
 static void test_gpt2(void **state) { (void)state; run_family(&cases[0]); }
@@ -448,52 +198,53 @@ static void test_gpt2_nofold(void **state) { (void)state; run_family(&cases[4]);
 /* ------------------------------------------------------------------ batches */
 
 /* stream against store on a batch of the given model (store compiled once). */
-static void stream_vs_store(const char *model, int64_t b, const batch *bt, const char *name,
+static void stream_vs_store(const char *model, int64_t b, const e2e_batch *bt, const char *name,
                             const int64_t (*chunks)[2], int n_chunks)
 {
     char tag[256];
-    step st;
+    e2e_step st;
     sbp_train_options so = {.strategy = SBP_STRATEGY_STORE};
     snprintf(tag, sizeof tag, "stream_%s_store", name);
     compile_step(&st, model, b, T, &so, tag);
-    float *params = param_block(&st), *gstore = malloc(st.info->param_elems * sizeof(float));
+    float *params = e2e_param_block(st.info, st.g);
+    float *gstore = malloc(st.info->param_elems * sizeof(float));
     double lstore = run_step(&st, params, gstore, bt);
     for (int i = 0; i < n_chunks; i++) {
         sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM, .chunk = chunks[i][0],
                                .logits_chunk = chunks[i][1]};
         snprintf(tag, sizeof tag, "stream_%s_c%lld_l%lld", name, (long long)o.chunk,
                  (long long)o.logits_chunk);
-        step s;
+        e2e_step s;
         compile_step(&s, model, b, T, &o, tag);
         float *g = malloc(s.info->param_elems * sizeof(float));
         double l = run_step(&s, params, g, bt);
-        double e = max_rel_vs(&s, g, &st, gstore);
+        double e = e2e_max_rel_vs(&s, g, &st, gstore, E2E_STORE_TOL);
         double el = lstore != 0 ? fabs(l - lstore) / fabs(lstore) : fabs(l);
         print_message("  %-40s loss %.9f (store %.9f, rel %.2e), grads vs store %.2e\n", tag,
                       l, lstore, el, e);
-        assert_true(el <= STORE_TOL);
-        assert_true(e <= STORE_TOL);
+        assert_true(el <= E2E_STORE_TOL);
+        assert_true(e <= E2E_STORE_TOL);
         free(g);
-        free_step(&s);
+        e2e_free_step(&s);
     }
     free(params);
     free(gstore);
-    free_step(&st);
+    e2e_free_step(&st);
 }
 
 /* B = 1: chunks are one sequence's rows; the head's rows are that sequence. */
 static void test_batch1(void **state)
 {
     (void)state;
-    batch full, one;
-    load_batch("llama", &full);
+    e2e_batch full, one;
+    e2e_load_batch("llama", &full);
     one.b = 1;
     one.t = T;
     memcpy(one.ids, full.ids, sizeof(int32_t) * T);
     memcpy(one.labels, full.labels, sizeof(int32_t) * T);
     const int64_t chunks[][2] = {{64, 64}, {17, 13}, {5, 1}, {1, 64}};
     stream_vs_store("llama_op17_dyn.onnx", 1, &one, "llama_b1", chunks, 4);
-    load_batch("gpt2", &full);
+    e2e_load_batch("gpt2", &full);
     memcpy(one.ids, full.ids, sizeof(int32_t) * T);
     memcpy(one.labels, full.labels, sizeof(int32_t) * T);
     stream_vs_store("gpt2_op17_dyn.onnx", 1, &one, "gpt2_b1", chunks, 2);
@@ -506,8 +257,8 @@ static void test_batch1(void **state)
 static void test_masked_chunks(void **state)
 {
     (void)state;
-    batch bt;
-    load_batch("qwen3", &bt);
+    e2e_batch bt;
+    e2e_load_batch("qwen3", &bt);
     for (int t = 0; t < 15; t++)
         bt.labels[t] = SBPRT_IGNORE_INDEX;
     for (int t = 30; t < T; t++)
@@ -518,16 +269,16 @@ static void test_masked_chunks(void **state)
     for (int i = 0; i < B * T; i++)
         bt.labels[i] = SBPRT_IGNORE_INDEX;
     sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM, .chunk = 5, .logits_chunk = 13};
-    step s;
+    e2e_step s;
     compile_step(&s, "qwen3_op17_dyn.onnx", B, T, &o, "stream_qwen3_unscored");
-    float *params = param_block(&s), *g = malloc(s.info->param_elems * sizeof(float));
+    float *params = e2e_param_block(s.info, s.g), *g = malloc(s.info->param_elems * sizeof(float));
     double l = run_step(&s, params, g, &bt);
     assert_true(l == 0.0);
     for (size_t i = 0; i < s.info->param_elems; i++)
         assert_true(g[i] == 0.0f);
     free(params);
     free(g);
-    free_step(&s);
+    e2e_free_step(&s);
 }
 
 /* --freeze of the embedding and the first layer: stream drops the backward blocks with no
@@ -535,13 +286,13 @@ static void test_masked_chunks(void **state)
 static void test_frozen_prefix(void **state)
 {
     (void)state;
-    batch bt;
-    load_batch("llama", &bt);
+    e2e_batch bt;
+    e2e_load_batch("llama", &bt);
     /* layer 0's norms by name, its projections by their folded initializer names */
     freeze_re = "embed_tokens|layers\\.0\\.|MatMul_(665|666|667|691|692|693|694)$";
     const int64_t chunks[][2] = {{17, 13}};
     stream_vs_store("llama_op17_dyn.onnx", B, &bt, "llama_frozen", chunks, 1);
-    step s;
+    e2e_step s;
     sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM, .chunk = 17, .logits_chunk = 13};
     build(&s, "llama_op17_dyn.onnx", B, T, &o);
     freeze_re = NULL;
@@ -551,7 +302,7 @@ static void test_frozen_prefix(void **state)
         assert_true(strcmp(s.p->blocks[bi]->name, "backward_prologue") != 0);
     }
     assert_int_equal(s.p->n_blocks, 3); /* forward, head, backward_layer_1 */
-    free_step(&s);
+    e2e_free_step(&s);
 }
 
 /* Defaults: automatic chunk sizes; the plan is verified and has no B*T*V buffer for B > 1. */
@@ -560,14 +311,14 @@ static void test_defaults(void **state)
     (void)state;
     sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM};
     for (size_t i = 0; i < 3; i++) {
-        step s;
+        e2e_step s;
         build(&s, cases[i].model, B, T, &o);
         print_message("  %s: automatic chunk %lld, logits chunk %lld\n", cases[i].model,
                       (long long)s.p->chunk, (long long)s.p->logits_chunk);
         assert_true(s.p->chunk >= 1 && s.p->chunk <= T);
         assert_true(s.p->logits_chunk >= 1 && s.p->logits_chunk <= T);
         check_plan(s.p);
-        free_step(&s);
+        e2e_free_step(&s);
     }
 }
 
@@ -586,22 +337,22 @@ static void test_memory_budget(void **state)
 {
     (void)state;
     const char *model = "llama_op17_dyn.onnx";
-    step s;
+    e2e_step s;
     sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM, .chunk = 1, .logits_chunk = 1};
     build(&s, model, B, T, &o);
     size_t smallest = sbp_train_planned_peak(s.p);
-    free_step(&s);
+    e2e_free_step(&s);
     char want[64];
     snprintf(want, sizeof want, "needs %zu bytes", smallest);
 
     sbp_train_options b = {.strategy = SBP_STRATEGY_STREAM, .memory_budget = smallest - 1};
     sbp_objective chosen;
     memset(&s, 0, sizeof s);
-    s.g = front(model, B, T, &s.diag, &chosen);
+    s.g = e2e_front(model, B, T, SBP_OBJECTIVE_SFT, &s.diag, &chosen);
     assert_null(sbp_train_build(s.g, chosen, &b));
-    print_diag(&s.diag);
+    e2e_print_diag(&s.diag);
     assert_true(has_diag(&s.diag, want) && has_diag(&s.diag, "too small"));
-    free_step(&s);
+    e2e_free_step(&s);
 
     const size_t budgets[] = {smallest, smallest + 30000, smallest + 60000, 1u << 30};
     for (size_t i = 0; i < sizeof budgets / sizeof budgets[0]; i++) {
@@ -612,13 +363,13 @@ static void test_memory_budget(void **state)
                       budgets[i], (long long)s.p->chunk, (long long)s.p->logits_chunk, peak);
         assert_true(peak <= budgets[i]);
         int64_t c = s.p->chunk, l = s.p->logits_chunk;
-        free_step(&s);
+        e2e_free_step(&s);
         if (c < T) { /* one more row per chunk does not fit */
             sbp_train_options bigger = {.strategy = SBP_STRATEGY_STREAM, .chunk = c + 1,
                                         .logits_chunk = l};
             build(&s, model, B, T, &bigger);
             assert_true(sbp_train_planned_peak(s.p) > budgets[i]);
-            free_step(&s);
+            e2e_free_step(&s);
         }
         if (i == 3) {
             assert_int_equal(c, T);
@@ -643,13 +394,13 @@ static tp_block *tail_block(sbp_train_program *p, int *main_loop)
     return NULL;
 }
 
-static void expect_broken(step *s, const char *needle)
+static void expect_broken(e2e_step *s, const char *needle)
 {
     ir_diag d;
     ir_diag_init(&d, "verify");
     assert_int_equal(sbp_train_verify(s->p, &d), IR_ERR);
     if (!has_diag(&d, needle)) {
-        print_diag(&d);
+        e2e_print_diag(&d);
         print_message("  expected a diagnostic with '%s'\n", needle);
     }
     assert_true(has_diag(&d, needle));
@@ -660,7 +411,7 @@ static void test_verifier(void **state)
 {
     (void)state;
     sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM, .chunk = 17, .logits_chunk = 13};
-    step s;
+    e2e_step s;
     build(&s, "llama_op17_dyn.onnx", B, T, &o);
     ir_diag d;
     ir_diag_init(&d, "verify");
@@ -669,13 +420,13 @@ static void test_verifier(void **state)
     ir_diag_free(&d);
     /* store and checkpoint programs (no loops) verify too */
     for (int k = 0; k < 2; k++) {
-        step t;
+        e2e_step t;
         sbp_train_options so = {.strategy = k ? SBP_STRATEGY_CHECKPOINT : SBP_STRATEGY_STORE};
         build(&t, "qwen3_op17_dyn.onnx", B, T, &so);
         ir_diag_init(&d, "verify");
         assert_int_equal(sbp_train_verify(t.p, &d), IR_OK);
         ir_diag_free(&d);
-        free_step(&t);
+        e2e_free_step(&t);
     }
 
     int l;
@@ -719,7 +470,7 @@ static void test_verifier(void **state)
     ir_diag_init(&d, "verify");
     assert_int_equal(sbp_train_verify(s.p, &d), IR_OK);
     ir_diag_free(&d);
-    free_step(&s);
+    e2e_free_step(&s);
 }
 
 /* ------------------------------------------------------------------ refusal */
@@ -780,7 +531,7 @@ static void test_refuses_mixing(void **state)
     ir_graph *g = mixing_graph(&d);
     sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM};
     assert_null(sbp_train_build(g, SBP_OBJECTIVE_SFT, &o));
-    print_diag(&d);
+    e2e_print_diag(&d);
     bool found = false;
     for (int i = 0; i < d.n; i++)
         if (d.entries[i].node && strcmp(d.entries[i].node, "the_time_mixer") == 0 &&
@@ -804,41 +555,23 @@ static void test_warnings(void **state)
 {
     (void)state;
     const char *models[] = {"gpt2_op17_dyn.onnx", "qwen3_op17_dyn.onnx", "llama_op17_loss.onnx"};
-    const char *compilers[] = {"gcc", "clang"};
     for (size_t m = 0; m < sizeof models / sizeof models[0]; m++) {
         sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM, .chunk = 17,
                                .logits_chunk = m == 2 ? 1 : 13};
-        step s;
+        e2e_step s;
         bool dyn = strstr(models[m], "dyn") != NULL;
         build(&s, models[m], dyn ? B : 0, dyn ? T : 0, &o);
-        char c[1024];
-        snprintf(c, sizeof c, "%s/stream_warn_%zu.txt", SBP_E2E_OUT, m);
-        FILE *listing = fopen(c, "w"); /* the program listing, for reading */
-        assert_non_null(listing);
-        sbp_train_print(s.p, listing);
-        fclose(listing);
-        snprintf(c, sizeof c, "%s/stream_warn_%zu.c", SBP_E2E_OUT, m);
-        assert_int_equal(sbp_codegen_write(s.p, c, models[m], NULL, &s.diag), IR_OK);
-        for (int k = 0; k < 2; k++) {
-            char cmd[4096];
-            snprintf(cmd, sizeof cmd,
-                     "command -v %s >/dev/null 2>&1 || exit 0; %s -std=c11 -Wall -Wextra "
-                     "-Wpedantic -Werror -fsyntax-only %s %s",
-                     compilers[k], compilers[k], SBP_E2E_INCLUDES, c);
-            int rc = system(cmd);
-            if (rc != 0)
-                print_message("%s\n", cmd);
-            assert_int_equal(rc, 0);
-        }
-        free_step(&s);
+        char stem[64];
+        snprintf(stem, sizeof stem, "stream_warn_%zu", m);
+        e2e_check_warnings(s.p, models[m], stem, &s.diag);
+        e2e_free_step(&s);
     }
 }
 
 int main(int argc, char **argv)
 {
-    setenv("CC", SBP_TEST_CC, 1);
-    mkdir(SBP_E2E_OUT, 0777);
-    if (sbprt_ctx_create(&ctx, 0) != SBPRT_OK)
+    e2e_init();
+    if (sbprt_ctx_create(&e2e_ctx, 0) != SBPRT_OK)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_verifier),
@@ -859,6 +592,6 @@ int main(int argc, char **argv)
     if (argc > 1)
         cmocka_set_test_filter(argv[1]);
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    sbprt_ctx_destroy(ctx);
+    sbprt_ctx_destroy(e2e_ctx);
     return rc;
 }
