@@ -14,12 +14,16 @@
  * as the forward saw it, dP_ij = dout_i·v_j and dS_ij = P_ij (dP_ij - delta_i).  Then
  *   dq_i += scale Σ_j dS_ij k_j,   dk_j += scale Σ_i dS_ij q_i,   dv_j += Σ_i P_ij dout_i.
  * GPU kernels usually produce dq with atomics from the key-tile loop; to stay deterministic
- * without atomics this backend runs two passes instead, each owning its outputs: pass 1 is
- * partitioned like the forward (by query tile) and writes dq; pass 2 is partitioned by
- * (batch, kv head, key tile) and visits every query head of the group and every query row
- * that can see the tile, so the GQA reduction over heads happens inside one task too.  The
- * price is computing the scores twice, which a CPU backend can afford; every output element
- * is summed in an order fixed by the tiling alone, so results do not depend on threads.
+ * without atomics this backend gives every output row one owner.  With at least
+ * FX_FUSED_MIN_TASKS (batch, kv head) pairs (the AVX2 path) one task per pair walks the key
+ * tiles in order and computes each tile's scores and dP once for dq, dk and dv together: the
+ * task owns its heads' dq rows and its kv head's dk/dv rows.  Otherwise two passes, each
+ * owning its outputs: pass 1 is partitioned like the forward (by query tile) and writes dq;
+ * pass 2 is partitioned by (batch, kv head, key tile) and visits every query head of the
+ * group and every query row that can see the tile, so the GQA reduction over heads happens
+ * inside one task too (the price: the scores computed twice).  Which form runs depends on
+ * the shape alone, and every output element is summed in an order fixed by the tiling, so
+ * results do not depend on threads.
  *
  * Inner loops: a task copies its key tile (and, in the backward, its value tile) transposed
  * into [d, ATT_BC] scratch, so a row's scores for 16 keys at once accumulate over d in
@@ -108,6 +112,9 @@ static int att_check(const float *q, const float *k, const float *v, int b, int 
 #define ATT_FAST 1
 #define FX __attribute__((target("avx2,fma")))
 #define FB 64 /* query rows and keys per tile */
+/* The fused backward (one task per batch and kv head) needs this many tasks to keep a few
+ * threads busy; below it the two passes (tasks per query or key tile) run instead. */
+#define FX_FUSED_MIN_TASKS 4
 
 static int att_fast_ok(int d)
 {
@@ -160,15 +167,16 @@ FX static void fx_nt(float *restrict C, const float *restrict A, const float *re
 FX static void fx_acc(float *restrict C, const float *restrict A, const float *restrict B,
                       size_t ldb, int m, int kn, int d)
 {
+    const size_t ldc = (size_t)d;
     for (int r = 0; r < m; r += 4) {
         const float *a = A + (size_t)r * FB;
-        float *o = C + (size_t)r * d;
+        float *o0 = C + (size_t)r * ldc, *o1 = o0 + ldc, *o2 = o1 + ldc, *o3 = o2 + ldc;
         int c = 0;
         for (; c + 16 <= d; c += 16) {
-            __m256 c00 = _mm256_loadu_ps(o + c), c01 = _mm256_loadu_ps(o + c + 8);
-            __m256 c10 = _mm256_loadu_ps(o + d + c), c11 = _mm256_loadu_ps(o + d + c + 8);
-            __m256 c20 = _mm256_loadu_ps(o + 2 * d + c), c21 = _mm256_loadu_ps(o + 2 * d + c + 8);
-            __m256 c30 = _mm256_loadu_ps(o + 3 * d + c), c31 = _mm256_loadu_ps(o + 3 * d + c + 8);
+            __m256 c00 = _mm256_loadu_ps(o0 + c), c01 = _mm256_loadu_ps(o0 + c + 8);
+            __m256 c10 = _mm256_loadu_ps(o1 + c), c11 = _mm256_loadu_ps(o1 + c + 8);
+            __m256 c20 = _mm256_loadu_ps(o2 + c), c21 = _mm256_loadu_ps(o2 + c + 8);
+            __m256 c30 = _mm256_loadu_ps(o3 + c), c31 = _mm256_loadu_ps(o3 + c + 8);
             for (int k = 0; k < kn; k++) {
                 const __m256 b0 = _mm256_loadu_ps(B + k * ldb + c);
                 const __m256 b1 = _mm256_loadu_ps(B + k * ldb + c + 8);
@@ -181,14 +189,14 @@ FX static void fx_acc(float *restrict C, const float *restrict A, const float *r
                 x = _mm256_broadcast_ss(a + 3 * FB + k);
                 c30 = _mm256_fmadd_ps(x, b0, c30), c31 = _mm256_fmadd_ps(x, b1, c31);
             }
-            _mm256_storeu_ps(o + c, c00), _mm256_storeu_ps(o + c + 8, c01);
-            _mm256_storeu_ps(o + d + c, c10), _mm256_storeu_ps(o + d + c + 8, c11);
-            _mm256_storeu_ps(o + 2 * d + c, c20), _mm256_storeu_ps(o + 2 * d + c + 8, c21);
-            _mm256_storeu_ps(o + 3 * d + c, c30), _mm256_storeu_ps(o + 3 * d + c + 8, c31);
+            _mm256_storeu_ps(o0 + c, c00), _mm256_storeu_ps(o0 + c + 8, c01);
+            _mm256_storeu_ps(o1 + c, c10), _mm256_storeu_ps(o1 + c + 8, c11);
+            _mm256_storeu_ps(o2 + c, c20), _mm256_storeu_ps(o2 + c + 8, c21);
+            _mm256_storeu_ps(o3 + c, c30), _mm256_storeu_ps(o3 + c + 8, c31);
         }
         for (; c < d; c += 8) {
-            __m256 c0 = _mm256_loadu_ps(o + c), c1 = _mm256_loadu_ps(o + d + c);
-            __m256 c2 = _mm256_loadu_ps(o + 2 * d + c), c3 = _mm256_loadu_ps(o + 3 * d + c);
+            __m256 c0 = _mm256_loadu_ps(o0 + c), c1 = _mm256_loadu_ps(o1 + c);
+            __m256 c2 = _mm256_loadu_ps(o2 + c), c3 = _mm256_loadu_ps(o3 + c);
             for (int k = 0; k < kn; k++) {
                 const __m256 b0 = _mm256_loadu_ps(B + k * ldb + c);
                 c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(a + k), b0, c0);
@@ -196,8 +204,8 @@ FX static void fx_acc(float *restrict C, const float *restrict A, const float *r
                 c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(a + 2 * FB + k), b0, c2);
                 c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(a + 3 * FB + k), b0, c3);
             }
-            _mm256_storeu_ps(o + c, c0), _mm256_storeu_ps(o + d + c, c1);
-            _mm256_storeu_ps(o + 2 * d + c, c2), _mm256_storeu_ps(o + 3 * d + c, c3);
+            _mm256_storeu_ps(o0 + c, c0), _mm256_storeu_ps(o1 + c, c1);
+            _mm256_storeu_ps(o2 + c, c2), _mm256_storeu_ps(o3 + c, c3);
         }
     }
 }
@@ -366,12 +374,91 @@ FX static void fx_probs_dp(float *s, float *dp, const float *ls, const float *dl
     }
 }
 
+/* The fused backward: one task per (batch, kv head) walks the key tiles in order and, for
+ * each, every query head of the group and every query row that sees the tile: the scores and
+ * dP once (5 tile products instead of the two passes' 7). dK and dV of the tile accumulate as
+ * in pass 2; dQ rows get the tile's scale * dS^T K added at once, in key-tile order. The task
+ * owns the dQ rows of its group's heads, so no two threads write the same row; a row's sum
+ * runs over the key tiles in order, whatever the thread count or the chunk it belongs to. */
+FX static void fx_backward_fused(sbprt_ctx *ctx, float *thread_base, size_t per_thread,
+                                 const float *delta, float *dq, float *dk, float *dv,
+                                 const float *dout, const float *q, const float *k,
+                                 const float *v, const float *lse, int b, int t, int tk, int hq,
+                                 int hkv, int d, int q_start, float scale)
+{
+    const int group = hq / hkv;
+    const size_t kv_row = (size_t)hkv * d, q_row = (size_t)hq * d;
+    const int kend = q_start + t;
+    const int nkt = (kend + FB - 1) / FB;
+    const int ntasks = b * hkv;
+#pragma omp parallel for schedule(static, 1) num_threads(ctx->nthreads)
+    for (int task = 0; task < ntasks; task++) {
+        const int g = task % hkv, bi = task / hkv;
+        float *kp = thread_base + per_thread * omp_get_thread_num();
+        float *vp = kp + (size_t)FB * d, *qt = vp + (size_t)FB * d, *gt = qt + (size_t)FB * d;
+        float *dka = gt + (size_t)FB * d, *dva = dka + (size_t)FB * d;
+        float *tmp = dva + (size_t)FB * d, *s = tmp + (size_t)FB * d, *dp = s + (size_t)FB * FB;
+        float *dpt = dp + (size_t)FB * FB, *ls = dpt + (size_t)FB * FB, *dl = ls + FB;
+        for (int kt_idx = 0; kt_idx < nkt; kt_idx++) {
+            const int j0 = kt_idx * FB;
+            const int nc = kend - j0 < FB ? kend - j0 : FB, nc4 = r4(nc);
+            const size_t koff = (((size_t)bi * tk + j0) * hkv + g) * d;
+            fx_pack(kp, k + koff, kv_row, nc, nc4, d);
+            fx_pack(vp, v + koff, kv_row, nc, nc4, d);
+            memset(dka, 0, (size_t)2 * FB * d * sizeof(float));
+            const int ifirst = j0 - q_start > 0 ? j0 - q_start : 0;
+            for (int hh = 0; hh < group; hh++) {
+                const int h = g * group + hh;
+                for (int i0 = ifirst; i0 < t; i0 += FB) {
+                    const int ni = t - i0 < FB ? t - i0 : FB, ni4 = r4(ni);
+                    const size_t qoff = (((size_t)bi * t + i0) * hq + h) * d;
+                    const size_t srow = ((size_t)bi * hq + h) * t + i0;
+                    fx_transpose(qt, q + qoff, q_row, ni, d);
+                    fx_transpose(gt, dout + qoff, q_row, ni, d);
+                    for (int ii = 0; ii < FB; ii++) {
+                        ls[ii] = ii < ni ? lse[srow + ii] : 0;
+                        dl[ii] = ii < ni ? delta[srow + ii] : 0;
+                    }
+                    fx_nt(s, kp, qt, nc4, r16(ni), d, scale);
+                    fx_nt(dp, vp, gt, nc4, r16(ni), d, 1.0f);
+                    fx_probs_dp(s, dp, ls, dl, nc, j0, q_start, i0, ni);
+                    memset(s + (size_t)nc * FB, 0, (size_t)(nc4 - nc) * FB * sizeof(float));
+                    memset(dp + (size_t)nc * FB, 0, (size_t)(nc4 - nc) * FB * sizeof(float));
+                    fx_acc(dva, s, dout + qoff, q_row, nc4, ni, d);
+                    fx_acc(dka, dp, q + qoff, q_row, nc4, ni, d);
+                    /* dq rows [i0, i0 + ni) += (scale dS)^T K: dS^T as an [ni4, FB] tile */
+                    for (int ii = 0; ii < ni4; ii++)
+                        for (int jj = 0; jj < nc; jj++)
+                            dpt[(size_t)ii * FB + jj] = ii < ni ? scale * dp[(size_t)jj * FB + ii]
+                                                                : 0.0f;
+                    /* the tile's sum from zero, then added: a row's arithmetic is the same
+                     * whichever tile of rows it falls in (a chunk's rows equal the full call's) */
+                    memset(tmp, 0, (size_t)ni4 * d * sizeof(float));
+                    fx_acc(tmp, dpt, kp, (size_t)d, ni4, nc, d);
+                    for (int r = 0; r < ni; r++)
+                        cpu_axpy(dq + qoff + r * q_row, 1.0f, tmp + (size_t)r * d, d);
+                }
+            }
+            for (int jj = 0; jj < nc; jj++) {
+                cpu_axpy(dk + koff + jj * kv_row, scale, dka + (size_t)jj * d, d);
+                cpu_axpy(dv + koff + jj * kv_row, 1.0f, dva + (size_t)jj * d, d);
+            }
+        }
+    }
+}
+
 FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread,
                            const float *delta, float *dq, float *dk, float *dv,
                            const float *dout, const float *q, const float *k, const float *v,
                            const float *lse, int b, int t, int tk, int hq, int hkv, int d,
                            int q_start, float scale)
 {
+    /* by shape only (never by thread count), so results do not depend on the threads */
+    if (dq && dk && (int64_t)b * hkv >= FX_FUSED_MIN_TASKS) {
+        fx_backward_fused(ctx, thread_base, per_thread, delta, dq, dk, dv, dout, q, k, v, lse,
+                          b, t, tk, hq, hkv, d, q_start, scale);
+        return;
+    }
     const int group = hq / hkv;
     const size_t kv_row = (size_t)hkv * d, q_row = (size_t)hq * d;
     if (dq) {
@@ -580,8 +667,8 @@ int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
     size_t per_thread = att_round16((size_t)2 * d * ATT_BC + 2 * ATT_BC + acc_len);
 #ifdef ATT_FAST
     const int fast = att_fast_ok(d);
-    if (fast) /* qp, gp, kt, vt, acc or kp, vp, qt, gt, dka, dva; s, dp; ls, dl */
-        per_thread = att_round16((size_t)6 * FB * d + (size_t)2 * FB * FB + 2 * FB);
+    if (fast) /* qp, gp, kt, vt, acc or kp, vp, qt, gt, dka, dva, tmp; s, dp, dpt; ls, dl */
+        per_thread = att_round16((size_t)7 * FB * d + (size_t)3 * FB * FB + 2 * FB);
 #endif
     float *scratch;
     st = cpu_scratch(ctx, (att_round16(nrows) + per_thread * ctx->nthreads) * sizeof(float),
