@@ -90,7 +90,7 @@ static void put_dims(FILE *f, const tp_buf *b, bool stored)
 /* "f32[2,64,16]"; a buffer stored with axes 1 and 2 exchanged adds its stored order. */
 static void put_type(FILE *f, const tp_buf *b)
 {
-    fputs(b->is_int ? "i32" : "f32", f);
+    fputs(b->is_int ? "i32" : b->bf16 ? "bf16" : "f32", f);
     put_dims(f, b, false);
     if (b->swapped) {
         fputs(" stored as ", f);
@@ -184,6 +184,14 @@ static void emit_header_comment(const sbp_train_program *p, const sbp_codegen_op
                 " * Inside a chunk loop, r0 = b * T + t0 is the chunk's first row; operands\n"
                 " * holding every token's rows are passed at the chunk's rows.\n",
                 (long long)p->chunk, (long long)p->logits_chunk);
+    if (p->bf16)
+        fputs(" * Precision bf16: the parameters, their gradients and the statistics (norm rstd,\n"
+              " * attention lse, the loss sum) are fp32; activations and their gradients are\n"
+              " * bf16 (type bf16 above), the kernels computing in fp32 (the *_bf16 functions\n"
+              " * of runtime/sbprt.h); the GEMMs read a bf16 copy of the parameters made at the\n"
+              " * start of each step (SBP_BF16_SHADOW, in the workspace) and write weight\n"
+              " * gradients in fp32 (sbprt_gemm_bf16_f32).\n",
+              f);
     sbp_emit_target_comment(p, o, f);
     fputs(" */\n", f);
 }
@@ -359,6 +367,11 @@ static void emit_offsets(const sbp_train_program *p, FILE *f)
         if (b->kind == TP_BUF_WS && b->span) /* the builder's zeroing spans: unused once planned */
             fprintf(f, "#define %-60s 0 /* unused */\n", ws_macro(b));
     }
+    if (p->bf16)
+        fprintf(f,
+                "#define %-60s %zu /* bf16[%zu] the parameters' bf16 copy, for the GEMMs; "
+                "live the whole step */\n",
+                "SBP_BF16_SHADOW", p->bf16_shadow_offset, p->param_elems);
     fprintf(f, "/* end of the workspace: %zu bytes", p->workspace_bytes);
     if (m)
         fprintf(f, "; the most bytes live at once: %zu, at %s", m->lower_bound,
@@ -367,6 +380,13 @@ static void emit_offsets(const sbp_train_program *p, FILE *f)
 }
 
 /* An operand as C: the buffer, or inside a chunk loop its slice at the chunk. */
+/* A bf16 program's GEMM reads a parameter through its bf16 copy (bf16_name). */
+static bool reads_shadow(const sbp_train_program *p, const tp_inst *in, int j)
+{
+    return p->bf16 && in->k == TP_K_GEMM && j > 0 && in->buf[j] >= 0 &&
+           p->bufs[in->buf[j]]->kind == TP_BUF_PARAM;
+}
+
 static void put_operand(const sbp_train_program *p, FILE *f, const tp_inst *in, int j)
 {
     int id = in->buf[j];
@@ -374,12 +394,13 @@ static void put_operand(const sbp_train_program *p, FILE *f, const tp_inst *in, 
         fputs("NULL", f);
         return;
     }
+    const char *pre = reads_shadow(p, in, j) ? "bf16_" : "";
     const tp_off *o = &in->off[j];
     if (!o->per_row && !o->per_batch) {
-        fputs(p->bufs[id]->name, f);
+        fprintf(f, "%s%s", pre, p->bufs[id]->name);
         return;
     }
-    fprintf(f, "(%s", p->bufs[id]->name);
+    fprintf(f, "(%s%s", pre, p->bufs[id]->name);
     if (o->per_row)
         fprintf(f, " + %lld * r0", (long long)o->per_row);
     if (o->per_batch)
@@ -412,15 +433,39 @@ static void put_arg(FILE *f, const tp_arg *a)
     }
 }
 
+/* A bf16 program: the byte count of a MEMSET_ZERO / COPY (#0, in fp32 units in the program)
+ * as the operands are stored; and the bf16 entry point's name suffix for the others. */
+static bool put_bf16_arg(const sbp_train_program *p, FILE *f, const tp_inst *in, int k)
+{
+    if (!p->bf16 || k != 0 || (in->k != TP_K_MEMSET_ZERO && in->k != TP_K_COPY) ||
+        in->arg[0].kind != TP_ARG_INT || in->buf[0] < 0 || !p->bufs[in->buf[0]]->bf16)
+        return false;
+    fprintf(f, "%lld", (long long)(in->arg[0].i / 4 * 2));
+    return true;
+}
+
+static const char *bf16_suffix(const sbp_train_program *p, const tp_inst *in)
+{
+    if (!p->bf16 || in->k == TP_K_MEMSET_ZERO || in->k == TP_K_COPY)
+        return "";
+    if (in->k == TP_K_GEMM && in->buf[0] >= 0 && !p->bufs[in->buf[0]]->bf16)
+        return "_bf16_f32"; /* a weight gradient: fp32 C */
+    return "_bf16";
+}
+
 static void put_call(const sbp_train_program *p, FILE *f, const tp_inst *in)
 {
     const char *s = tp_kernel_table[in->k].call;
+    const char *suffix = bf16_suffix(p, in);
+    const char *paren = *suffix ? strchr(s, '(') : NULL;
     for (; *s; s++) {
+        if (s == paren)
+            fputs(suffix, f);
         if ((*s == '@' || *s == '#') && isdigit((unsigned char)s[1])) {
             int k = s[1] - '0';
             if (*s == '@')
                 put_operand(p, f, in, k);
-            else
+            else if (!put_bf16_arg(p, f, in, k))
                 put_arg(f, &in->arg[k]);
             s++;
         } else {
@@ -499,12 +544,18 @@ static const char *put_loop_open(FILE *f, const tp_block *blk, const tp_loop *l)
 static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
 {
     bool *used = calloc((size_t)p->n_bufs + 1, sizeof *used);
+    bool *shadow = p->bf16 ? calloc((size_t)p->n_bufs + 1, sizeof *shadow) : NULL;
     bool uses[7] = {false, false, false, false, false, false, false};
     for (int i = 0; i < blk->n_insts; i++) {
         const tp_inst *in = &blk->insts[i];
+        for (int j = 0; shadow && j < TP_MAX_BUFS; j++)
+            if (reads_shadow(p, in, j)) {
+                shadow[in->buf[j]] = true;
+                uses[2] = true; /* the copy is in the workspace */
+            }
         uses[6] |= strstr(tp_kernel_table[in->k].call, "args") != NULL; /* DPO / GRPO inputs */
         for (int j = 0; j < TP_MAX_BUFS; j++)
-            if (in->buf[j] >= 0)
+            if (in->buf[j] >= 0 && used && !reads_shadow(p, in, j))
                 used[in->buf[j]] = true;
         for (int j = 0; j < tp_kernel_table[in->k].n_arg; j++)
             if (in->arg[j].kind == TP_ARG_EXPR && strcmp(in->arg[j].expr, "scale") == 0)
@@ -534,10 +585,10 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
         if (!uses[k])
             fprintf(f, "    (void)%s;\n", block_params[k]);
     for (int i = 0; i < p->n_bufs && used; i++) {
-        if (!used[i])
+        if (!used[i] && !(shadow && shadow[i]))
             continue;
         const tp_buf *b = p->bufs[i];
-        switch (b->kind) {
+        switch (used[i] ? b->kind : TP_BUF_CONST) { /* (shadow only: its copy, below) */
         case TP_BUF_PARAM:
             fprintf(f, "    const float *const %s = P + %zu; /* ", b->name, b->offset);
             put_type(f, b);
@@ -552,9 +603,9 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
             put_comment_text(f, b->value->name);
             fputs(" */\n", f);
             break;
-        case TP_BUF_WS:
-            fprintf(f, "    %s *const %s = (%s *)(ws + %s); /* ", b->is_int ? "int32_t" : "float",
-                    b->name, b->is_int ? "int32_t" : "float", ws_macro(b));
+        case TP_BUF_WS: {
+            const char *ty = b->is_int ? "int32_t" : b->bf16 ? "sbprt_bf16" : "float";
+            fprintf(f, "    %s *const %s = (%s *)(ws + %s); /* ", ty, b->name, ty, ws_macro(b));
             if (b->span)
                 fputs("every gradient buffer of the region", f);
             else
@@ -568,9 +619,16 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
             }
             fputs(" */\n", f);
             break;
+        }
         default: break;
         }
+        if (shadow && shadow[i])
+            fprintf(f,
+                    "    const sbprt_bf16 *const bf16_%s = (const sbprt_bf16 *)(ws + "
+                    "SBP_BF16_SHADOW) + %zu; /* its bf16 copy */\n",
+                    b->name, b->offset);
     }
+    free(shadow);
     const ir_node *prev = NULL;
     const char *prev_what = NULL;
     const char *indent = "    ";
@@ -649,6 +707,12 @@ static void emit_run(const sbp_train_program *p, const sbp_codegen_options *o, F
     fprintf(f, "    if (!args->accumulate)\n"
                "        TRY(sbprt_memset_zero(ctx, G, sizeof(float) * %s_PARAM_ELEMS));\n",
             prefix);
+    if (p->bf16)
+        fprintf(f,
+                "    /* the GEMMs read the parameters as bf16: this step's copy of them */\n"
+                "    TRY(sbprt_convert_f32_to_bf16(ctx, (sbprt_bf16 *)(ws + SBP_BF16_SHADOW), P,\n"
+                "                                  %s_PARAM_ELEMS));\n",
+                prefix);
     for (int i = 0; i < p->n_blocks; i++)
         fprintf(f, "    TRY(%s(ctx, P, G, ws, ids, labels, scale, args));\n", p->blocks[i]->name);
     sbp_emit_target_run_end(p, o, f);
@@ -725,6 +789,8 @@ static void emit_h(const sbp_train_program *p, const sbp_codegen_options *o, FIL
 int sbp_codegen_emit(const sbp_train_program *p, const sbp_codegen_options *o, FILE *c, FILE *h,
                      ir_diag *d)
 {
+    if (p->bf16 && !sbp_codegen_target_cuda(o)) /* the CPU runtime's bf16 forms are twins */
+        return ir_diag_error(d, "--precision bf16 needs --target cuda");
     const char *hname = o->header_name ? o->header_name : "train_step.h";
     sbp_codegen_options oo = *o;
     oo.header_name = hname;

@@ -179,7 +179,8 @@ static int compute(figures *f, ir_diag *d)
         if (p->bufs[i]->kind == TP_BUF_CONST)
             f->consts += p->bufs[i]->numel * 4;
     f->ws = p->workspace_bytes;
-    f->lower = f->m->lower_bound;
+    /* a bf16 program's parameter copy (passes/precision.c) is live the whole step */
+    f->lower = f->m->lower_bound + (p->bf16 ? p->param_elems * 2 : 0);
     int q = f->m->lower_bound_pos;
     for (int i = 0; i < p->n_bufs; i++) {
         if (!f->m->bytes[i])
@@ -307,7 +308,7 @@ static void largest_buffers(FILE *out, const figures *f, int top)
         fprintf(out, "  %12zu %12zu  %-12s %-44s %s", m->bytes[i], b->offset,
                 cat_short[f->cat[i]], live, b->name);
         fputs(" ", out);
-        fputs(b->is_int ? "i32[" : "f32[", out);
+        fputs(b->is_int ? "i32[" : b->bf16 ? "bf16[" : "f32[", out);
         for (int k2 = 0; k2 < b->rank; k2++)
             fprintf(out, "%s%lld", k2 ? "," : "", (long long)b->dims[k2]);
         fputs("]\n", out);

@@ -19,6 +19,12 @@
  * covers every kernel of the step (an out-of-range token id or label: SBPRT_ERR_RANGE), and
  * sbprt_ctx_last_error(ctx) describes a failure.
  *
+ * Precision (sbpc --precision bf16, cuda steps only): nothing changes for the caller. The
+ * parameter and gradient blocks stay fp32 (the master weights; the optimizer updates them as
+ * always); the step stores its activations as bf16 in the workspace, which also holds a bf16
+ * copy of the parameters that the step refreshes at its start (workspace_bytes and
+ * planned_peak_bytes include it).
+ *
  * Objectives (info->objective). The logp of a row b is Σ_t log softmax(logits[b,t])[labels[b,t]]
  * over its scored positions; values at unscored positions of the [B*T] inputs are not read.
  *   "sft"   the mean cross-entropy: Σ over scored tokens / denominator (scored positions).

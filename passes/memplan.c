@@ -718,7 +718,7 @@ static memplan *linearize(const sbp_train_program *p)
         return NULL;
     for (int i = 0; i < p->n_bufs; i++)
         if (planned(p->bufs[i]))
-            m->bytes[i] = align_up(p->bufs[i]->numel * 4);
+            m->bytes[i] = align_up(p->bufs[i]->numel * tp_buf_elem_bytes(p->bufs[i]));
     int pos = 0, na = 0;
     for (int bi = 0; bi < p->n_blocks; bi++) {
         const tp_block *blk = p->blocks[bi];

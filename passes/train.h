@@ -60,6 +60,14 @@
  * loop, unless every use in the body is preceded, in the same iteration, by its write (the
  * chunk-local buffers: activations written by the body, gradients zeroed at its start).
  *
+ * Precision (sbp_train_options.bf16, sbpc --precision bf16 for the CUDA target). The program
+ * is the fp32 one; then every float workspace buffer used only as an activation operand of a
+ * kernel (tp_kernel_bf16_types 'b' / 'c') is marked bf16 and planned at 2 bytes an element,
+ * while parameters and their gradients (the caller's fp32 blocks), statistics (mean, rstd,
+ * lse), loss sums and any buffer some kernel reads or writes as fp32 stay fp32. GEMMs read a
+ * parameter through its bf16 copy in the workspace (bf16_shadow_offset), which the step fills
+ * from the fp32 parameters at its start. A DPO / GRPO objective has no bf16 form: an error.
+ *
  * Memory plan (passes/memplan.h, the last step of sbp_train_build): every workspace buffer
  * gets a lifetime over the linearised schedule (loops included) and an offset in one arena by
  * a best-fit heap simulation; workspace_bytes is the plan's peak. The builder marks where a
@@ -207,6 +215,10 @@ typedef struct tp_buf {
     bool chunk_local;        /* WS, stream: holds one chunk's rows; every iteration of the loops
                               * that use it writes it (activations) or zeroes it (gradients)
                               * before reading it */
+    bool bf16;               /* WS float, bf16 program: stored as bfloat16 (2 bytes an element;
+                              * see "Precision" above). MEMSET_ZERO / COPY byte counts and the
+                              * planner's roles stay in fp32 units (4 per element); the planner
+                              * sizes the buffer and codegen halves the byte counts it prints */
 } tp_buf;
 
 typedef enum {
@@ -326,6 +338,12 @@ typedef struct sbp_train_program {
     int tok_logp_buf;        /* float [B*T] each token's label log-probability (DPO), or -1 */
     int tok_dlogp_buf;       /* float [B*T] dL/dlogp per token (DPO: its row's coefficient) */
     int row_weight_buf;      /* float [B] GRPO: each row's weight of its token losses */
+
+    /* Precision (sbp_train_options.bf16; see "Precision" above) */
+    bool bf16;               /* activations bf16, parameters / gradients / statistics fp32 */
+    size_t bf16_shadow_offset; /* bytes: the bf16 copy of the parameter block in the workspace
+                              * ([param_elems] bf16, element offsets as the parameter block's),
+                              * after every planned buffer */
 } sbp_train_program;
 
 typedef struct sbp_train_options {
@@ -341,7 +359,18 @@ typedef struct sbp_train_options {
     double beta;             /* DPO's β; GRPO's KL coefficient (0: no KL, no reference) */
     double epsilon;          /* GRPO: the ratio is clipped to [1 - ε, 1 + ε] */
     sbp_grpo_norm grpo_norm; /* GRPO */
+    bool bf16;               /* mixed precision (CUDA target): see "Precision" above */
 } sbp_train_options;
+
+/* The operand types of kernel k in a bf16 program, one character per buffer operand: 'b' bf16
+ * (an activation or activation gradient), 'f' fp32 (a parameter, a parameter gradient, a
+ * statistic, a loss sum, a table), 'i' int32, 'c' a GEMM's C (bf16, or fp32 for a gradient in
+ * the gradient block), 'x' typeless bytes (memset, copy: as the buffer is stored). NULL: the
+ * kernel has no bf16 form (the preference objectives' kernels). */
+const char *tp_kernel_bf16_types(tp_kernel k);
+
+/* Bytes of one element of b as stored: 4, or 2 for a bf16 workspace buffer. */
+size_t tp_buf_elem_bytes(const tp_buf *b);
 
 /* requires: sbp_pass_objective done (one scalar loss output); dims bound.
  * produces: the program, allocated in g's arena; NULL with diagnostics when an op has no

@@ -203,4 +203,13 @@ int stream_emit(tctx *t, ir_node **nodes, int nn, const ir_value *loss);
 sbp_train_program *stream_fit_budget(ir_graph *g, sbp_objective objective,
                                      const sbp_train_options *opt);
 
+/* ---- precision (precision.c) */
+
+/* bf16 program: marks the float workspace buffers stored as bf16 (before the memory plan);
+ * IR_ERR with a diagnostic for a kernel without a bf16 form or an activation operand that
+ * must stay fp32. */
+int sbp_train_mark_bf16(sbp_train_program *p, ir_diag *d);
+/* bf16 program, after the memory plan: the parameters' bf16 copy at the end of the workspace. */
+void sbp_train_place_bf16_shadow(sbp_train_program *p);
+
 #endif

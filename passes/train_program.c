@@ -1195,8 +1195,13 @@ sbp_train_program *sbp_train_build(ir_graph *g, sbp_objective objective,
         return NULL;
     if (sbp_train_verify(p, g->diag) != IR_OK)
         return NULL;
+    p->bf16 = opt && opt->bf16; /* precision.c: bf16 storage, sized by the plan */
+    if (p->bf16 && sbp_train_mark_bf16(p, g->diag) != IR_OK)
+        return NULL;
     if (sbp_memplan(p, g->diag) != IR_OK)
         return NULL;
+    if (p->bf16)
+        sbp_train_place_bf16_shadow(p);
     return p;
 }
 
@@ -1263,7 +1268,7 @@ void sbp_train_print(const sbp_train_program *p, FILE *f)
         if (b->kind != TP_BUF_WS)
             continue;
         fprintf(f, "  %-48s %-10s @%-9zu %9zu B  %s%s\n", b->name, region_name(p, b->region),
-                b->offset, b->numel * 4, b->what ? b->what : "",
+                b->offset, b->numel * tp_buf_elem_bytes(b), b->what ? b->what : "",
                 b->chunk_local ? " (one chunk)" : "");
     }
     for (int bi = 0; bi < p->n_blocks; bi++) {

@@ -3,7 +3,8 @@
  *
  * Two backends implement exactly these functions: CPU (runtime/cpu/, OpenBLAS + OpenMP)
  * and CUDA (runtime/cuda/, cuBLAS + .cu kernels; see "CUDA notes" at the end for where it
- * differs).  Everything here is fp32.  The API is shaped so that both backends fit behind it:
+ * differs).  Everything here is fp32 but the bf16 section near the end.  The API is shaped
+ * so that both backends fit behind it:
  *
  *   - Every function takes an opaque `sbprt_ctx *` first.  On the CPU it carries the thread
  *     count and a scratch buffer; on CUDA it will carry the stream and cuBLAS handle.  A
@@ -27,7 +28,8 @@
  *     `size_t`; products are computed in 64 bits internally.  A size of 0 is a no-op.
  *
  * Determinism: on the CPU backend every kernel gives bitwise identical results run to run
- * AND for any thread count, except the GEMMs (OpenBLAS partitions by its own thread count).
+ * AND for any thread count, except the GEMMs, which are the same run to run for a given
+ * thread count (each thread computes a fixed block of C with single-threaded OpenBLAS).
  * Reductions over rows are partitioned over output columns or done in fixed-size blocks
  * combined in a fixed order; there are no atomics.
  */
@@ -64,7 +66,8 @@ const char *sbprt_backend_name(void);
 typedef struct sbprt_ctx sbprt_ctx;
 
 /* Creates a context.  nthreads <= 0 means "the OpenMP default" (OMP_NUM_THREADS or the
- * core count).  The CPU backend also sets OpenBLAS's thread count, which is process-wide. */
+ * core count).  The CPU backend sets OpenBLAS's thread count (process-wide) to 1: it splits
+ * the products over its own OpenMP team, so the cores have one pool of threads, not two. */
 int sbprt_ctx_create(sbprt_ctx **out, int nthreads);
 void sbprt_ctx_destroy(sbprt_ctx *ctx); /* NULL is allowed */
 int sbprt_ctx_nthreads(const sbprt_ctx *ctx);
@@ -380,7 +383,8 @@ int sbprt_device_memory(sbprt_ctx *ctx, size_t *used, size_t *total);
  *     included, for a given GPU model and library version).  They are not bitwise equal to
  *     the CPU backend's (different summation orders, FMA contraction, math library):
  *     tests/gpu holds every kernel to 1e-5 normalised relative error against its CPU twin
- *     (1e-3 for TF32 GEMMs).  The embedding backward adds rows in row order like the CPU
+ *     (1e-3 for TF32 GEMMs, 1e-2 for the bf16 entry points, whose twins are
+ *     runtime/cpu/bf16.c).  The embedding backward adds rows in row order like the CPU
  *     twin and is bitwise equal to it. */
 
 /* ---- preference / RL objectives (runtime/cpu/objectives.c, runtime/cuda/objectives.cu) --
@@ -417,6 +421,118 @@ int sbprt_grpo_token_loss(sbprt_ctx *ctx, float *loss_sum, float *dlogp, const f
                           const int32_t *labels, const float *old_logp, const float *ref_logp,
                           const float *advantages, const float *row_weight, int n, int r0,
                           int seq_len, float beta, float epsilon);
+
+/* ---- bf16 mixed precision (sbpc --precision bf16; runtime/cuda/, runtime/cpu/bf16.c) --
+ * A bf16 step keeps its parameters, their gradients and the optimizer state in fp32 (the
+ * "master weights") and stores activations and activation gradients as bfloat16: the upper
+ * 16 bits of an IEEE fp32 (8-bit exponent, 7-bit mantissa, ~3 significant digits).  The
+ * functions below are the fp32 ones with the ACTIVATION operands typed sbprt_bf16 (a distinct
+ * type, so a float buffer passed by mistake is a compile-time warning) and everything else as
+ * before: parameters (gamma, beta, bias, embedding tables), parameter gradients (dgamma,
+ * dbeta, dbias, dtable, a GEMM's C when it is a weight gradient: *_f32 variants), statistics
+ * (mean, rstd, lse) and loss sums stay float.  Semantics are exactly the fp32 function's
+ * applied to the bf16 values converted to fp32: every kernel converts on load, computes and
+ * accumulates in fp32 (reductions as in fp32: double where the fp32 kernel uses double), and
+ * rounds each bf16 output once, to nearest even (NaN stays NaN); an accumulating output
+ * (dx +=) is read, added to in fp32 and rounded back.  GEMMs are cuBLAS with bf16 A and B,
+ * fp32 accumulation (CUBLAS_COMPUTE_32F) and alpha/beta in fp32; C bf16 or fp32.  The CPU
+ * backend implements every one of them as that definition (convert to fp32 temporaries, call
+ * its fp32 kernel, round): the reference twin of the CUDA kernels (tests/gpu, 1e-2 relative).
+ * Aliasing, NULL and size rules are those of the fp32 function.  Element counts and leading
+ * dimensions are in elements, as for fp32. */
+
+typedef struct sbprt_bf16 {
+    uint16_t bits; /* the upper half of an fp32's bits */
+} sbprt_bf16;
+
+/* dst[i] = bf16(src[i]) (round to nearest even) and dst[i] = (float)src[i] (exact).
+ *   dst, src: [n] */
+int sbprt_convert_f32_to_bf16(sbprt_ctx *ctx, sbprt_bf16 *dst, const float *src, size_t n);
+int sbprt_convert_bf16_to_f32(sbprt_ctx *ctx, float *dst, const sbprt_bf16 *src, size_t n);
+
+/* sbprt_gemm with bf16 a, b and c; the _f32 form writes (beta = 1: accumulates into) an fp32
+ * c, e.g. a weight gradient in the fp32 gradient block.  Shapes as sbprt_gemm. */
+int sbprt_gemm_bf16(sbprt_ctx *ctx, sbprt_bf16 *c, const sbprt_bf16 *a, const sbprt_bf16 *b,
+                    int trans_a, int trans_b, int m, int n, int k, float alpha, float beta);
+int sbprt_gemm_bf16_f32(sbprt_ctx *ctx, float *c, const sbprt_bf16 *a, const sbprt_bf16 *b,
+                        int trans_a, int trans_b, int m, int n, int k, float alpha, float beta);
+/* y: [n, c] bf16    bias: [c] fp32 */
+int sbprt_bias_add_bf16(sbprt_ctx *ctx, sbprt_bf16 *y, const float *bias, int n, int c);
+/* dbias: [c] fp32 (summed in fp32)    dy: [n, c] bf16 */
+int sbprt_bias_backward_bf16(sbprt_ctx *ctx, float *dbias, const sbprt_bf16 *dy, int n, int c);
+int sbprt_add_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *a, const sbprt_bf16 *b,
+                   size_t n);
+int sbprt_accumulate_bf16(sbprt_ctx *ctx, sbprt_bf16 *y, const sbprt_bf16 *x, size_t n);
+/* out: [n, c] bf16    table: [v, c] fp32 */
+int sbprt_embedding_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const float *table,
+                                 const int32_t *ids, int n, int v, int c);
+/* dtable: [v, c] fp32    dout: [n, c] bf16 */
+int sbprt_embedding_backward_bf16(sbprt_ctx *ctx, float *dtable, const sbprt_bf16 *dout,
+                                  const int32_t *ids, int n, int v, int c);
+/* out, x: bf16; mean, rstd, gamma, beta: fp32 */
+int sbprt_layernorm_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *mean, float *rstd,
+                                 const sbprt_bf16 *x, const float *gamma, const float *beta,
+                                 int n, int c, float eps);
+/* dx, dout, x: bf16; dgamma, dbeta, gamma, mean, rstd: fp32 */
+int sbprt_layernorm_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, float *dgamma, float *dbeta,
+                                  const sbprt_bf16 *dout, const sbprt_bf16 *x,
+                                  const float *gamma, const float *mean, const float *rstd,
+                                  int n, int c);
+int sbprt_rmsnorm_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *rstd,
+                               const sbprt_bf16 *x, const float *gamma, int n, int c, float eps);
+int sbprt_rmsnorm_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, float *dgamma,
+                                const sbprt_bf16 *dout, const sbprt_bf16 *x, const float *gamma,
+                                const float *rstd, int n, int c);
+int sbprt_gelu_tanh_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *x, size_t n);
+int sbprt_gelu_tanh_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *dout,
+                                  const sbprt_bf16 *x, size_t n);
+int sbprt_gelu_erf_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *x, size_t n);
+int sbprt_gelu_erf_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *dout,
+                                 const sbprt_bf16 *x, size_t n);
+int sbprt_silu_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *x, size_t n);
+int sbprt_silu_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *dout,
+                             const sbprt_bf16 *x, size_t n);
+int sbprt_swiglu_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *gate,
+                              const sbprt_bf16 *up, size_t n);
+int sbprt_swiglu_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dgate, sbprt_bf16 *dup,
+                               const sbprt_bf16 *dout, const sbprt_bf16 *gate,
+                               const sbprt_bf16 *up, size_t n);
+/* out, x (dx, dout): bf16; cos_tab, sin_tab: fp32 */
+int sbprt_rope_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *x,
+                            const int32_t *pos, const float *cos_tab, const float *sin_tab,
+                            int rows, int heads, int head_dim, int rot_dim, int max_pos);
+int sbprt_rope_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *dout,
+                             const int32_t *pos, const float *cos_tab, const float *sin_tab,
+                             int rows, int heads, int head_dim, int rot_dim, int max_pos);
+/* q, k, v, out (and their gradients): bf16; lse: fp32.  Scores, the online softmax and the
+ * accumulators are fp32 as in the fp32 kernel. */
+int sbprt_attention_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *lse,
+                                 const sbprt_bf16 *q, const sbprt_bf16 *k, const sbprt_bf16 *v,
+                                 int b, int t, int tk, int hq, int hkv, int d, int q_start,
+                                 float scale);
+int sbprt_attention_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbprt_bf16 *dk,
+                                  sbprt_bf16 *dv, const sbprt_bf16 *dout, const sbprt_bf16 *q,
+                                  const sbprt_bf16 *k, const sbprt_bf16 *v,
+                                  const sbprt_bf16 *out, const float *lse, int b, int t, int tk,
+                                  int hq, int hkv, int d, int q_start, float scale);
+/* logits, dlogits: bf16; loss_sum: fp32 (the row's logsumexp and loss in fp32) */
+int sbprt_cross_entropy_forward_backward_bf16(sbprt_ctx *ctx, float *loss_sum,
+                                              sbprt_bf16 *dlogits, const sbprt_bf16 *logits,
+                                              const int32_t *labels, int n, int v, float scale);
+int sbprt_permute_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *x, int rank,
+                               const int *dims, const int *perm);
+int sbprt_permute_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *dout,
+                                int rank, const int *dims, const int *perm);
+int sbprt_copy_cols_bf16(sbprt_ctx *ctx, sbprt_bf16 *dst, const sbprt_bf16 *src, int rows,
+                         int w, int dst_ld, int dst_off, int src_ld, int src_off,
+                         int accumulate);
+int sbprt_broadcast_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *a,
+                                 const sbprt_bf16 *b, int op, int rank, const int *dims,
+                                 const int *a_dims, const int *b_dims);
+int sbprt_broadcast_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *da, sbprt_bf16 *db,
+                                  const sbprt_bf16 *dout, const sbprt_bf16 *a,
+                                  const sbprt_bf16 *b, int op, int rank, const int *dims,
+                                  const int *a_dims, const int *b_dims);
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,7 @@
  *
  *   sbpc MODEL.onnx [--batch N] [--seq-len N] [--no-retie] [--dump-ir[=PASS]]
  *        [-o train_step.c|train_step.so] [--strategy stream|store|checkpoint] [--target cpu|cuda]
+ *        [--precision fp32|bf16]
  *        [--chunk N] [--logits-chunk N] [--memory-budget BYTES]
  *        [--objective sft|graph-loss|dpo|grpo] [--beta F] [--epsilon F]
  *        [--grpo-norm sequence|token] [--freeze REGEX]... [--report] [--memory-plot FILE.svg]
@@ -44,6 +45,12 @@ static void usage(FILE *f)
             "  --target T         cpu (default: the CPU runtime, OpenBLAS) or cuda (the CUDA\n"
             "                     runtime, cuBLAS: every tensor of the step is device memory;\n"
             "                     the .so links the CUDA backend built with sbpc)\n"
+            "  --precision P      fp32 (default) or bf16 (--target cuda only): activations and\n"
+            "                     their gradients stored as bfloat16, computed in fp32; the\n"
+            "                     parameters (fp32 master weights), their gradients, the\n"
+            "                     optimizer state and the statistics stay fp32; the GEMMs read\n"
+            "                     a bf16 copy of the weights and accumulate in fp32; the\n"
+            "                     workspace is planned at 2 bytes per activation element\n"
             "  --strategy S       stream (default: StreamBP, each layer and the LM head run\n"
             "                     chunk by chunk over the sequence in the forward and the\n"
             "                     backward; exact gradients), store (keep every activation) or\n"
@@ -281,6 +288,12 @@ int main(int argc, char **argv)
                 return 1;
             }
             target = v;
+        } else if ((v = flag_value(argc, argv, &i, "--precision"))) {
+            if (strcmp(v, "fp32") != 0 && strcmp(v, "bf16") != 0) {
+                fprintf(stderr, "%s: error: --precision: '%s' is not fp32 or bf16\n", prog, v);
+                return 1;
+            }
+            topt.bf16 = strcmp(v, "bf16") == 0;
         } else if ((v = flag_value(argc, argv, &i, "--chunk"))) {
             if (parse_count("--chunk", v, &topt.chunk))
                 return 1;
@@ -372,6 +385,15 @@ int main(int argc, char **argv)
     if (!model) {
         fprintf(stderr, "%s: error: no model given\n", prog);
         usage(stderr);
+        return 1;
+    }
+    if (topt.bf16 && strcmp(target, "cuda") != 0) {
+        fprintf(stderr, "%s: error: --precision bf16 needs --target cuda\n", prog);
+        return 1;
+    }
+    if (topt.bf16 && (objective == SBP_OBJECTIVE_DPO || objective == SBP_OBJECTIVE_GRPO)) {
+        fprintf(stderr, "%s: error: --precision bf16: the %s objective is fp32 only\n", prog,
+                sbp_objective_name(objective));
         return 1;
     }
     size_t out_len = out ? strlen(out) : 0;

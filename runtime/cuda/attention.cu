@@ -44,17 +44,19 @@ static_assert(ATT_RPW * ATT_WARPS == ATT_BR && ATT_BR == ATT_BC && ATT_BC == 32,
 
 /* Copies rows [0, n) of a tile (row stride `stride` in global memory, d columns) into shared
  * memory with stride ld, zero-filling rows n..nrows-1. */
-__device__ __forceinline__ void att_load_tile(float *dst, const float *src, size_t stride, int n,
+template <class T>
+__device__ __forceinline__ void att_load_tile(float *dst, const T *src, size_t stride, int n,
                                               int nrows, int d, int ld)
 {
     for (int e = threadIdx.x; e < nrows * d; e += blockDim.x) {
         const int r = e / d, c = e - r * d;
-        dst[r * ld + c] = r < n ? src[r * stride + c] : 0.0f;
+        dst[r * ld + c] = r < n ? (float)src[r * stride + c] : 0.0f;
     }
 }
 
+template <class T>
 __global__ __launch_bounds__(ATT_THREADS) void att_forward_kernel(
-    float *out, float *lse, const float *q, const float *k, const float *v, int t, int tk, int hq,
+    T *out, float *lse, const T *q, const T *k, const T *v, int t, int tk, int hq,
     int hkv, int d, int q_start, float scale)
 {
     CU_SHARED_DYN(float, sm);
@@ -147,7 +149,7 @@ __global__ __launch_bounds__(ATT_THREADS) void att_forward_kernel(
         const int row = w * ATT_RPW + r;
         if (row >= nr)
             continue;
-        float *orow = out + ((size_t)bi * t + i0 + row) * q_row + (size_t)h * d;
+        T *orow = out + ((size_t)bi * t + i0 + row) * q_row + (size_t)h * d;
         const float inv = 1.0f / l[r];
 #pragma unroll
         for (int u = 0; u < ATT_MAXU; u++) {
@@ -161,14 +163,15 @@ __global__ __launch_bounds__(ATT_THREADS) void att_forward_kernel(
 }
 
 /* delta[b, h, i] = dout[b, i, h, :] · out[b, i, h, :], one warp per (b, i, h). */
-__global__ void att_delta_kernel(float *delta, const float *dout, const float *out, int t, int hq,
+template <class T>
+__global__ void att_delta_kernel(float *delta, const T *dout, const T *out, int t, int hq,
                                  int d, size_t nrows)
 {
     const size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (row >= nrows) /* whole warps */
         return;
-    const float *a = dout + row * d, *b = out + row * d;
+    const T *a = dout + row * d, *b = out + row * d;
     float s = 0;
     for (int c = lane; c < d; c += 32)
         s += a[c] * b[c];
@@ -181,8 +184,9 @@ __global__ void att_delta_kernel(float *delta, const float *dout, const float *o
 }
 
 /* Pass 1: dq for one (query tile, query head, batch). */
+template <class T>
 __global__ __launch_bounds__(ATT_THREADS) void att_dq_kernel(
-    float *dq, const float *dout, const float *q, const float *k, const float *v, const float *lse,
+    T *dq, const T *dout, const T *q, const T *k, const T *v, const float *lse,
     const float *delta, int t, int tk, int hq, int hkv, int d, int q_start, float scale)
 {
     CU_SHARED_DYN(float, sm);
@@ -270,7 +274,7 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dq_kernel(
         const int row = w * ATT_RPW + r;
         if (row >= nr)
             continue;
-        float *dqrow = dq + ((size_t)bi * t + i0 + row) * q_row + (size_t)h * d;
+        T *dqrow = dq + ((size_t)bi * t + i0 + row) * q_row + (size_t)h * d;
 #pragma unroll
         for (int u = 0; u < ATT_MAXU; u++) {
             const int c = lane + 32 * u;
@@ -281,8 +285,9 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dq_kernel(
 }
 
 /* Pass 2: dk, dv for one (key tile, kv head, batch) over every query row that sees it. */
+template <class T>
 __global__ __launch_bounds__(ATT_THREADS) void att_dkdv_kernel(
-    float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v,
+    T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
     const float *lse, const float *delta, int t, int tk, int hq, int hkv, int d, int q_start,
     float scale)
 {
@@ -395,7 +400,7 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dkdv_kernel(
 
 /* ---- host side ------------------------------------------------------------------------ */
 
-static int att_check(const float *q, const float *k, const float *v, int b, int t, int tk, int hq,
+static int att_check(const void *q, const void *k, const void *v, int b, int t, int tk, int hq,
                      int hkv, int d, int q_start)
 {
     if (b < 0 || t < 0 || tk < 0 || hq < 0 || hkv <= 0 || d <= 0 || q_start < 0)
@@ -433,9 +438,9 @@ static int att_optin(sbprt_ctx *ctx, const void *kernel, size_t smem)
     return SBPRT_OK;
 }
 
-extern "C" int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
-                                       const float *k, const float *v, int b, int t, int tk,
-                                       int hq, int hkv, int d, int q_start, float scale)
+template <class T>
+static int attention_forward(sbprt_ctx *ctx, T *out, float *lse, const T *q, const T *k, const T *v,
+                             int b, int t, int tk, int hq, int hkv, int d, int q_start, float scale)
 {
     CU_CHECK(ctx);
     CU_STATUS(att_check(q, k, v, b, t, tk, hq, hkv, d, q_start));
@@ -444,18 +449,17 @@ extern "C" int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, c
     CU_CHECK(out);
     const size_t smem = (size_t)(ATT_BR + 2 * ATT_BC) * (d | 1) * sizeof(float);
     CU_STATUS(att_fits(ctx, b, hq, d, smem));
-    CU_STATUS(att_optin(ctx, (const void *)&att_forward_kernel, smem));
+    CU_STATUS(att_optin(ctx, (const void *)&att_forward_kernel<T>, smem));
     const dim3 grid((t + ATT_BR - 1) / ATT_BR, hq, b);
-    CU_LAUNCH(ctx, att_forward_kernel, grid, ATT_THREADS, smem, out, lse, q, k, v, t, tk, hq, hkv,
-              d, q_start, scale);
+    CU_LAUNCH(ctx, att_forward_kernel<T>, grid, ATT_THREADS, smem, out, lse, q, k, v, t, tk, hq,
+              hkv, d, q_start, scale);
     return SBPRT_OK;
 }
 
-extern "C" int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
-                                        const float *dout, const float *q, const float *k,
-                                        const float *v, const float *out, const float *lse, int b,
-                                        int t, int tk, int hq, int hkv, int d, int q_start,
-                                        float scale)
+template <class T>
+static int attention_backward(sbprt_ctx *ctx, T *dq, T *dk, T *dv, const T *dout, const T *q,
+                              const T *k, const T *v, const T *out, const float *lse, int b, int t,
+                              int tk, int hq, int hkv, int d, int q_start, float scale)
 {
     CU_CHECK(ctx);
     CU_STATUS(att_check(q, k, v, b, t, tk, hq, hkv, d, q_start));
@@ -472,20 +476,60 @@ extern "C" int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, fl
     const size_t rows_per_block = ATT_THREADS / 32;
     const size_t dblocks = (nrows + rows_per_block - 1) / rows_per_block;
     CU_CHECK(dblocks <= 0x7fffffffu);
-    CU_LAUNCH(ctx, att_delta_kernel, (unsigned)dblocks, ATT_THREADS, 0, delta, dout, out, t, hq, d,
-              nrows);
+    CU_LAUNCH(ctx, att_delta_kernel<T>, (unsigned)dblocks, ATT_THREADS, 0, delta, dout, out, t, hq,
+              d, nrows);
 
     if (dq) {
-        CU_STATUS(att_optin(ctx, (const void *)&att_dq_kernel, smem));
+        CU_STATUS(att_optin(ctx, (const void *)&att_dq_kernel<T>, smem));
         const dim3 grid((t + ATT_BR - 1) / ATT_BR, hq, b);
-        CU_LAUNCH(ctx, att_dq_kernel, grid, ATT_THREADS, smem, dq, dout, q, k, v, lse, delta, t, tk,
-                  hq, hkv, d, q_start, scale);
+        CU_LAUNCH(ctx, att_dq_kernel<T>, grid, ATT_THREADS, smem, dq, dout, q, k, v, lse, delta, t,
+                  tk, hq, hkv, d, q_start, scale);
     }
     if (dk) {
-        CU_STATUS(att_optin(ctx, (const void *)&att_dkdv_kernel, smem));
+        CU_STATUS(att_optin(ctx, (const void *)&att_dkdv_kernel<T>, smem));
         const dim3 grid((q_start + t + ATT_BC - 1) / ATT_BC, hkv, b);
-        CU_LAUNCH(ctx, att_dkdv_kernel, grid, ATT_THREADS, smem, dk, dv, dout, q, k, v, lse, delta,
-                  t, tk, hq, hkv, d, q_start, scale);
+        CU_LAUNCH(ctx, att_dkdv_kernel<T>, grid, ATT_THREADS, smem, dk, dv, dout, q, k, v, lse,
+                  delta, t, tk, hq, hkv, d, q_start, scale);
     }
     return SBPRT_OK;
+}
+
+extern "C" int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
+                                       const float *k, const float *v, int b, int t, int tk,
+                                       int hq, int hkv, int d, int q_start, float scale)
+{
+    return attention_forward(ctx, out, lse, q, k, v, b, t, tk, hq, hkv, d, q_start, scale);
+}
+
+extern "C" int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
+                                        const float *dout, const float *q, const float *k,
+                                        const float *v, const float *out, const float *lse, int b,
+                                        int t, int tk, int hq, int hkv, int d, int q_start,
+                                        float scale)
+{
+    return attention_backward(ctx, dq, dk, dv, dout, q, k, v, out, lse, b, t, tk, hq, hkv, d,
+                              q_start, scale);
+}
+
+/* bf16: the tiles are converted to fp32 as they are loaded into shared memory; scores, the
+ * online softmax, lse and the accumulators are fp32; each output element is rounded once. */
+extern "C" int sbprt_attention_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *lse,
+                                            const sbprt_bf16 *q, const sbprt_bf16 *k,
+                                            const sbprt_bf16 *v, int b, int t, int tk, int hq,
+                                            int hkv, int d, int q_start, float scale)
+{
+    return attention_forward(ctx, cu_bf(out), lse, cu_bf(q), cu_bf(k), cu_bf(v), b, t, tk, hq, hkv,
+                             d, q_start, scale);
+}
+
+extern "C" int sbprt_attention_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbprt_bf16 *dk,
+                                             sbprt_bf16 *dv, const sbprt_bf16 *dout,
+                                             const sbprt_bf16 *q, const sbprt_bf16 *k,
+                                             const sbprt_bf16 *v, const sbprt_bf16 *out,
+                                             const float *lse, int b, int t, int tk, int hq,
+                                             int hkv, int d, int q_start, float scale)
+{
+    return attention_backward(ctx, cu_bf(dq), cu_bf(dk), cu_bf(dv), cu_bf(dout), cu_bf(q),
+                              cu_bf(k), cu_bf(v), cu_bf(out), lse, b, t, tk, hq, hkv, d, q_start,
+                              scale);
 }

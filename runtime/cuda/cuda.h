@@ -32,6 +32,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef SBPRT_CUDA_EMU
 #include "cuda_emu.h"
@@ -193,6 +194,71 @@ __device__ __forceinline__ float cu_block_max(float v, float *red)
     __syncthreads();
     v = lane < nw ? red[lane] : -INFINITY;
     return cu_warp_max(v);
+}
+
+/* ---- bf16 storage (the *_bf16 entry points of sbprt.h) --------------------------------
+ * cu_bf16 has sbprt_bf16's layout and reads as a float: a kernel written for float data
+ * becomes its bf16 twin by being a template over the element type T (float or cu_bf16) of
+ * its activation operands.  A read converts exactly (the bits shifted up); an assignment or
+ * a compound assignment computes in fp32 and rounds once to nearest even (NaN stays NaN).
+ * No CUDA bf16 intrinsics: the same integer code runs in the emulator and on the device,
+ * and matches the CPU twin's rounding (cpu/bf16.c) bit for bit. */
+__host__ __device__ __forceinline__ float cu_bf16_bits_to_float(uint16_t h)
+{
+#ifdef __CUDA_ARCH__
+    return __uint_as_float((unsigned)h << 16);
+#else
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+
+__host__ __device__ __forceinline__ uint16_t cu_float_to_bf16_bits(float f)
+{
+#ifdef __CUDA_ARCH__
+    uint32_t u = __float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+#endif
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+struct cu_bf16 {
+    uint16_t bits;
+    __host__ __device__ __forceinline__ operator float() const
+    {
+        return cu_bf16_bits_to_float(bits);
+    }
+    __host__ __device__ __forceinline__ cu_bf16 &operator=(float v)
+    {
+        bits = cu_float_to_bf16_bits(v);
+        return *this;
+    }
+    __host__ __device__ __forceinline__ cu_bf16 &operator+=(float v)
+    {
+        return *this = (float)*this + v;
+    }
+    __host__ __device__ __forceinline__ cu_bf16 &operator-=(float v)
+    {
+        return *this = (float)*this - v;
+    }
+    __host__ __device__ __forceinline__ cu_bf16 &operator*=(float v)
+    {
+        return *this = (float)*this * v;
+    }
+};
+
+/* The public bf16 pointers as the kernels' element type (same layout). */
+static inline cu_bf16 *cu_bf(sbprt_bf16 *p) { return reinterpret_cast<cu_bf16 *>(p); }
+static inline const cu_bf16 *cu_bf(const sbprt_bf16 *p)
+{
+    return reinterpret_cast<const cu_bf16 *>(p);
 }
 
 /* Marks an index error for sbprt_sync. */

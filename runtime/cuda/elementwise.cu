@@ -6,6 +6,9 @@
  * instantiation.  The scalar formulas are the CPU twin's (cpu/elementwise.c) written again
  * for the device; nvcc's default FMA contraction can change a last bit, nothing more.
  *
+ * The bf16 entry points run the same kernel on cu_bf16 elements (cuda.h): each element is
+ * read as fp32, computed in fp32 and rounded once when stored.
+ *
  * sbprt_sum_squares is the one reduction: blocks of EW_SUMSQ_BLOCK elements (the CPU twin's
  * block size) are summed in double by one thread block each, in a fixed tree order; then one
  * block adds the block sums in a fixed order (cu_sum_doubles_into, shared with the losses).
@@ -70,8 +73,8 @@ enum ew_op {
 
 /* Every operand is indexed by the same i, and each element reads its inputs before it
  * writes out, so out may alias an input wherever the API allows it. */
-__global__ void ew_kernel(int op, float *out, const float *a, const float *b, const float *c,
-                          float alpha, size_t n)
+template <class T>
+__global__ void ew_kernel(int op, T *out, const T *a, const T *b, const T *c, float alpha, size_t n)
 {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -92,77 +95,80 @@ __global__ void ew_kernel(int op, float *out, const float *a, const float *b, co
     }
 }
 
-static int ew_run(sbprt_ctx *ctx, int op, float *out, const float *a, const float *b,
-                  const float *c, float alpha, size_t n)
+template <class T>
+static int ew_run(sbprt_ctx *ctx, int op, T *out, const T *a, const T *b, const T *c, float alpha,
+                  size_t n)
 {
     if (n == 0)
         return SBPRT_OK;
-    CU_LAUNCH(ctx, ew_kernel, cu_blocks(n, EW_THREADS), EW_THREADS, 0, op, out, a, b, c, alpha, n);
+    CU_LAUNCH(ctx, ew_kernel<T>, cu_blocks(n, EW_THREADS), EW_THREADS, 0, op, out, a, b, c, alpha,
+              n);
     return SBPRT_OK;
 }
 
 extern "C" int sbprt_add(sbprt_ctx *ctx, float *out, const float *a, const float *b, size_t n)
 {
     CU_CHECK(ctx && (n == 0 || (out && a && b)));
-    return ew_run(ctx, EW_ADD, out, a, b, NULL, 0, n);
+    return ew_run<float>(ctx, EW_ADD, out, a, b, NULL, 0, n);
 }
 
 extern "C" int sbprt_accumulate(sbprt_ctx *ctx, float *y, const float *x, size_t n)
 {
     CU_CHECK(ctx && (n == 0 || (y && x)));
-    return ew_run(ctx, EW_ACCUMULATE, y, x, NULL, NULL, 0, n);
+    return ew_run<float>(ctx, EW_ACCUMULATE, y, x, NULL, NULL, 0, n);
 }
 
 extern "C" int sbprt_scale(sbprt_ctx *ctx, float *y, float alpha, size_t n)
 {
     CU_CHECK(ctx && (n == 0 || y));
-    return ew_run(ctx, EW_SCALE, y, NULL, NULL, NULL, alpha, n);
+    return ew_run(ctx, EW_SCALE, y, (const float *)NULL, (const float *)NULL, (const float *)NULL,
+                  alpha, n);
 }
 
 extern "C" int sbprt_gelu_tanh_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n)
 {
     CU_CHECK(ctx && (n == 0 || (out && x)));
-    return ew_run(ctx, EW_GELU_TANH, out, x, NULL, NULL, 0, n);
+    return ew_run<float>(ctx, EW_GELU_TANH, out, x, NULL, NULL, 0, n);
 }
 
 extern "C" int sbprt_gelu_tanh_backward(sbprt_ctx *ctx, float *dx, const float *dout,
                                         const float *x, size_t n)
 {
     CU_CHECK(ctx && (n == 0 || (dx && dout && x)));
-    return ew_run(ctx, EW_GELU_TANH_BW, dx, x, dout, NULL, 0, n);
+    return ew_run<float>(ctx, EW_GELU_TANH_BW, dx, x, dout, NULL, 0, n);
 }
 
 extern "C" int sbprt_gelu_erf_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n)
 {
     CU_CHECK(ctx && (n == 0 || (out && x)));
-    return ew_run(ctx, EW_GELU_ERF, out, x, NULL, NULL, 0, n);
+    return ew_run<float>(ctx, EW_GELU_ERF, out, x, NULL, NULL, 0, n);
 }
 
 extern "C" int sbprt_gelu_erf_backward(sbprt_ctx *ctx, float *dx, const float *dout,
                                        const float *x, size_t n)
 {
     CU_CHECK(ctx && (n == 0 || (dx && dout && x)));
-    return ew_run(ctx, EW_GELU_ERF_BW, dx, x, dout, NULL, 0, n);
+    return ew_run<float>(ctx, EW_GELU_ERF_BW, dx, x, dout, NULL, 0, n);
 }
 
 extern "C" int sbprt_silu_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n)
 {
     CU_CHECK(ctx && (n == 0 || (out && x)));
-    return ew_run(ctx, EW_SILU, out, x, NULL, NULL, 0, n);
+    return ew_run<float>(ctx, EW_SILU, out, x, NULL, NULL, 0, n);
 }
 
 extern "C" int sbprt_silu_backward(sbprt_ctx *ctx, float *dx, const float *dout, const float *x,
                                    size_t n)
 {
     CU_CHECK(ctx && (n == 0 || (dx && dout && x)));
-    return ew_run(ctx, EW_SILU_BW, dx, x, dout, NULL, 0, n);
+    return ew_run<float>(ctx, EW_SILU_BW, dx, x, dout, NULL, 0, n);
 }
 
 extern "C" int sbprt_swiglu_forward(sbprt_ctx *ctx, float *out, const float *gate,
                                     const float *up, size_t n)
 {
     CU_CHECK(ctx && (n == 0 || (out && gate && up)));
-    return ew_run(ctx, EW_SWIGLU, out, gate, up, NULL, 0, n);
+    return ew_run<float>(ctx, EW_SWIGLU, out, gate, up, NULL, 0, n);
 }
 
 extern "C" int sbprt_swiglu_backward(sbprt_ctx *ctx, float *dgate, float *dup, const float *dout,
@@ -173,6 +179,97 @@ extern "C" int sbprt_swiglu_backward(sbprt_ctx *ctx, float *dgate, float *dup, c
         CU_STATUS(ew_run(ctx, EW_SWIGLU_BW_GATE, dgate, gate, up, dout, 0, n));
     if (dup)
         CU_STATUS(ew_run(ctx, EW_SWIGLU_BW_UP, dup, gate, up, dout, 0, n));
+    return SBPRT_OK;
+}
+
+/* ---- bf16 (the same kernel on cu_bf16 elements: fp32 arithmetic, one rounding) --------- */
+
+#define EW_BF16_FWD(name, op)                                                                  \
+    extern "C" int name(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *x, size_t n)        \
+    {                                                                                          \
+        CU_CHECK(ctx && (n == 0 || (out && x)));                                               \
+        return ew_run<cu_bf16>(ctx, op, cu_bf(out), cu_bf(x), NULL, NULL, 0, n);               \
+    }
+#define EW_BF16_BWD(name, op)                                                                  \
+    extern "C" int name(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *dout,                \
+                        const sbprt_bf16 *x, size_t n)                                         \
+    {                                                                                          \
+        CU_CHECK(ctx && (n == 0 || (dx && dout && x)));                                        \
+        return ew_run<cu_bf16>(ctx, op, cu_bf(dx), cu_bf(x), cu_bf(dout), NULL, 0, n);         \
+    }
+EW_BF16_FWD(sbprt_gelu_tanh_forward_bf16, EW_GELU_TANH)
+EW_BF16_BWD(sbprt_gelu_tanh_backward_bf16, EW_GELU_TANH_BW)
+EW_BF16_FWD(sbprt_gelu_erf_forward_bf16, EW_GELU_ERF)
+EW_BF16_BWD(sbprt_gelu_erf_backward_bf16, EW_GELU_ERF_BW)
+EW_BF16_FWD(sbprt_silu_forward_bf16, EW_SILU)
+EW_BF16_BWD(sbprt_silu_backward_bf16, EW_SILU_BW)
+
+extern "C" int sbprt_add_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *a,
+                              const sbprt_bf16 *b, size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (out && a && b)));
+    return ew_run<cu_bf16>(ctx, EW_ADD, cu_bf(out), cu_bf(a), cu_bf(b), NULL, 0, n);
+}
+
+extern "C" int sbprt_accumulate_bf16(sbprt_ctx *ctx, sbprt_bf16 *y, const sbprt_bf16 *x, size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (y && x)));
+    return ew_run<cu_bf16>(ctx, EW_ACCUMULATE, cu_bf(y), cu_bf(x), NULL, NULL, 0, n);
+}
+
+extern "C" int sbprt_swiglu_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *gate,
+                                         const sbprt_bf16 *up, size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (out && gate && up)));
+    return ew_run<cu_bf16>(ctx, EW_SWIGLU, cu_bf(out), cu_bf(gate), cu_bf(up), NULL, 0, n);
+}
+
+extern "C" int sbprt_swiglu_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dgate, sbprt_bf16 *dup,
+                                          const sbprt_bf16 *dout, const sbprt_bf16 *gate,
+                                          const sbprt_bf16 *up, size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (dout && gate && up)));
+    if (dgate)
+        CU_STATUS(ew_run<cu_bf16>(ctx, EW_SWIGLU_BW_GATE, cu_bf(dgate), cu_bf(gate), cu_bf(up),
+                                  cu_bf(dout), 0, n));
+    if (dup)
+        CU_STATUS(ew_run<cu_bf16>(ctx, EW_SWIGLU_BW_UP, cu_bf(dup), cu_bf(gate), cu_bf(up),
+                                  cu_bf(dout), 0, n));
+    return SBPRT_OK;
+}
+
+/* dst[i] = bf16(src[i]) (the cu_bf16 assignment rounds), and back (exact). */
+__global__ void to_bf16_kernel(cu_bf16 *dst, const float *src, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+
+__global__ void from_bf16_kernel(float *dst, const cu_bf16 *src, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+
+extern "C" int sbprt_convert_f32_to_bf16(sbprt_ctx *ctx, sbprt_bf16 *dst, const float *src,
+                                         size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (dst && src)));
+    if (n == 0)
+        return SBPRT_OK;
+    CU_LAUNCH(ctx, to_bf16_kernel, cu_blocks(n, EW_THREADS), EW_THREADS, 0, cu_bf(dst), src, n);
+    return SBPRT_OK;
+}
+
+extern "C" int sbprt_convert_bf16_to_f32(sbprt_ctx *ctx, float *dst, const sbprt_bf16 *src,
+                                         size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (dst && src)));
+    if (n == 0)
+        return SBPRT_OK;
+    CU_LAUNCH(ctx, from_bf16_kernel, cu_blocks(n, EW_THREADS), EW_THREADS, 0, dst, cu_bf(src), n);
     return SBPRT_OK;
 }
 

@@ -14,14 +14,17 @@
  * threads.  Each table element receives exactly the CPU twin's additions in the same order,
  * so the results are bitwise equal to it.  The sort costs log²(n)/2 small launches, which is
  * nothing next to a step; rows with a bad id sort to the end as "no id" and are skipped.
+ * The bf16 entry points read the table (fp32) into bf16 rows, and add bf16 rows of dout into
+ * the fp32 table gradient, summing in fp32 (templates over the activation element type).
  */
 #include "cuda.h"
 
 #define EMB_THREADS 256
 #define EMB_NO_KEY 0xffffffffffffffffull /* padding and bad ids; sorts last */
 
-__global__ void emb_forward_kernel(float *out, const float *table, const int32_t *ids, int v,
-                                   int c, int *flag)
+template <class T>
+__global__ void emb_forward_kernel(T *out, const float *table, const int32_t *ids, int v, int c,
+                                   int *flag)
 {
     const size_t r = blockIdx.x;
     const int id = ids[r];
@@ -31,7 +34,7 @@ __global__ void emb_forward_kernel(float *out, const float *table, const int32_t
         return;
     }
     const float *src = table + (size_t)id * c;
-    float *dst = out + r * c;
+    T *dst = out + r * c;
     for (int j = threadIdx.x; j < c; j += blockDim.x)
         dst[j] = src[j];
 }
@@ -74,7 +77,8 @@ __global__ void emb_bitonic_kernel(unsigned long long *keys, int npad, int j, in
 
 /* Block p handles the group of equal ids starting at sorted position p (if p starts one):
  * dtable[id, :] += dout[row, :] for the group's rows in ascending order. */
-__global__ void emb_backward_kernel(float *dtable, const float *dout,
+template <class T>
+__global__ void emb_backward_kernel(float *dtable, const T *dout,
                                     const unsigned long long *keys, int n, int c)
 {
     const int p = blockIdx.x;
@@ -96,20 +100,22 @@ __global__ void emb_backward_kernel(float *dtable, const float *dout,
     }
 }
 
-extern "C" int sbprt_embedding_forward(sbprt_ctx *ctx, float *out, const float *table,
-                                       const int32_t *ids, int n, int v, int c)
+template <class T>
+static int embedding_forward(sbprt_ctx *ctx, T *out, const float *table, const int32_t *ids, int n,
+                             int v, int c)
 {
     CU_CHECK(ctx && n >= 0 && v >= 0 && c >= 0);
     if (n == 0)
         return SBPRT_OK;
     CU_CHECK(out && table && ids);
-    CU_LAUNCH(ctx, emb_forward_kernel, (unsigned)n, EMB_THREADS, 0, out, table, ids, v, c,
+    CU_LAUNCH(ctx, emb_forward_kernel<T>, (unsigned)n, EMB_THREADS, 0, out, table, ids, v, c,
               ctx->dev_flag);
     return SBPRT_OK;
 }
 
-extern "C" int sbprt_embedding_backward(sbprt_ctx *ctx, float *dtable, const float *dout,
-                                        const int32_t *ids, int n, int v, int c)
+template <class T>
+static int embedding_backward(sbprt_ctx *ctx, float *dtable, const T *dout, const int32_t *ids,
+                              int n, int v, int c)
 {
     CU_CHECK(ctx && n >= 0 && v >= 0 && c >= 0);
     if (n == 0 || c == 0)
@@ -126,6 +132,31 @@ extern "C" int sbprt_embedding_backward(sbprt_ctx *ctx, float *dtable, const flo
     for (int k = 2; k <= npad; k <<= 1)
         for (int j = k >> 1; j > 0; j >>= 1)
             CU_LAUNCH(ctx, emb_bitonic_kernel, blocks, EMB_THREADS, 0, keys, npad, j, k);
-    CU_LAUNCH(ctx, emb_backward_kernel, (unsigned)n, EMB_THREADS, 0, dtable, dout, keys, n, c);
+    CU_LAUNCH(ctx, emb_backward_kernel<T>, (unsigned)n, EMB_THREADS, 0, dtable, dout, keys, n, c);
     return SBPRT_OK;
+}
+
+extern "C" int sbprt_embedding_forward(sbprt_ctx *ctx, float *out, const float *table,
+                                       const int32_t *ids, int n, int v, int c)
+{
+    return embedding_forward(ctx, out, table, ids, n, v, c);
+}
+
+extern "C" int sbprt_embedding_backward(sbprt_ctx *ctx, float *dtable, const float *dout,
+                                        const int32_t *ids, int n, int v, int c)
+{
+    return embedding_backward(ctx, dtable, dout, ids, n, v, c);
+}
+
+extern "C" int sbprt_embedding_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const float *table,
+                                            const int32_t *ids, int n, int v, int c)
+{
+    return embedding_forward(ctx, cu_bf(out), table, ids, n, v, c);
+}
+
+extern "C" int sbprt_embedding_backward_bf16(sbprt_ctx *ctx, float *dtable,
+                                             const sbprt_bf16 *dout, const int32_t *ids, int n,
+                                             int v, int c)
+{
+    return embedding_backward(ctx, dtable, cu_bf(dout), ids, n, v, c);
 }

@@ -82,8 +82,8 @@ static int ex_bcast_strides(int rank, const int *dims, const int *od, unsigned l
 
 /* ---- permute ---------------------------------------------------------------------------- */
 
-__global__ void permute_kernel(float *out, const float *x, ex_perm_args pa, size_t n,
-                               int accumulate)
+template <class T>
+__global__ void permute_kernel(T *out, const T *x, ex_perm_args pa, size_t n, int accumulate)
 {
     for (size_t o = (size_t)blockIdx.x * blockDim.x + threadIdx.x; o < n;
          o += (size_t)gridDim.x * blockDim.x) {
@@ -99,7 +99,8 @@ __global__ void permute_kernel(float *out, const float *x, ex_perm_args pa, size
     }
 }
 
-static int ex_permute(sbprt_ctx *ctx, float *out, const float *x, int rank, const int *dims,
+template <class T>
+static int ex_permute(sbprt_ctx *ctx, T *out, const T *x, int rank, const int *dims,
                       const int *perm, int accumulate)
 {
     CU_CHECK(ctx && ex_check_dims(rank, dims) && ex_check_perm(rank, perm));
@@ -115,32 +116,21 @@ static int ex_permute(sbprt_ctx *ctx, float *out, const float *x, int rank, cons
         pa.odims[i] = dims[perm[i]];
         pa.xst[i] = xst[perm[i]];
     }
-    CU_LAUNCH(ctx, permute_kernel, cu_blocks(n, EX_THREADS), EX_THREADS, 0, out, x, pa, n,
+    CU_LAUNCH(ctx, permute_kernel<T>, cu_blocks(n, EX_THREADS), EX_THREADS, 0, out, x, pa, n,
               accumulate);
     return SBPRT_OK;
 }
 
-extern "C" int sbprt_permute_forward(sbprt_ctx *ctx, float *out, const float *x, int rank,
-                                     const int *dims, const int *perm)
-{
-    return ex_permute(ctx, out, x, rank, dims, perm, 0);
-}
-
-extern "C" int sbprt_permute_backward(sbprt_ctx *ctx, float *dx, const float *dout, int rank,
-                                      const int *dims, const int *perm)
-{
-    return ex_permute(ctx, dx, dout, rank, dims, perm, 1);
-}
-
 /* ---- column copies ------------------------------------------------------------------------ */
 
-__global__ void copy_cols_kernel(float *dst, const float *src, int w, int dst_ld, int dst_off,
+template <class T>
+__global__ void copy_cols_kernel(T *dst, const T *src, int w, int dst_ld, int dst_off,
                                  int src_ld, int src_off, size_t total, int accumulate)
 {
     for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
          e += (size_t)gridDim.x * blockDim.x) {
         const size_t r = e / w, j = e % w;
-        float *d = dst + r * dst_ld + dst_off + j;
+        T *d = dst + r * dst_ld + dst_off + j;
         const float s = src[r * src_ld + src_off + j];
         if (accumulate)
             *d += s;
@@ -149,15 +139,16 @@ __global__ void copy_cols_kernel(float *dst, const float *src, int w, int dst_ld
     }
 }
 
-extern "C" int sbprt_copy_cols(sbprt_ctx *ctx, float *dst, const float *src, int rows, int w,
-                               int dst_ld, int dst_off, int src_ld, int src_off, int accumulate)
+template <class T>
+static int copy_cols(sbprt_ctx *ctx, T *dst, const T *src, int rows, int w, int dst_ld, int dst_off,
+                     int src_ld, int src_off, int accumulate)
 {
     CU_CHECK(ctx && rows >= 0 && w >= 0 && dst_off >= 0 && src_off >= 0);
     if (rows == 0 || w == 0)
         return SBPRT_OK;
     CU_CHECK(dst && src && dst_off + w <= dst_ld && src_off + w <= src_ld);
     const size_t total = (size_t)rows * w;
-    CU_LAUNCH(ctx, copy_cols_kernel, cu_blocks(total, EX_THREADS), EX_THREADS, 0, dst, src, w,
+    CU_LAUNCH(ctx, copy_cols_kernel<T>, cu_blocks(total, EX_THREADS), EX_THREADS, 0, dst, src, w,
               dst_ld, dst_off, src_ld, src_off, total, accumulate);
     return SBPRT_OK;
 }
@@ -175,7 +166,8 @@ __device__ __forceinline__ size_t ex_bcast_off(size_t o, const ex_bcast_args &ba
     return off;
 }
 
-__global__ void bcast_forward_kernel(float *out, const float *a, const float *b, int op,
+template <class T>
+__global__ void bcast_forward_kernel(T *out, const T *a, const T *b, int op,
                                      ex_bcast_args ba, size_t n)
 {
     for (size_t o = (size_t)blockIdx.x * blockDim.x + threadIdx.x; o < n;
@@ -193,9 +185,10 @@ __global__ void bcast_forward_kernel(float *out, const float *a, const float *b,
 }
 
 /* Terms [t0, t1) of the reduction of operand element e (which: 0 = a, 1 = b), in double. */
+template <class T>
 __device__ __forceinline__ double ex_grad_terms(size_t e, size_t t0, size_t t1,
-                                                const ex_bcast_args &ba, const float *dout,
-                                                const float *a, const float *b, int op, int which)
+                                                const ex_bcast_args &ba, const T *dout, const T *a,
+                                                const T *b, int op, int which)
 {
     /* output offset of the first element this operand element feeds */
     size_t base = 0, rest = e;
@@ -227,8 +220,9 @@ __device__ __forceinline__ double ex_grad_terms(size_t e, size_t t0, size_t t1,
 }
 
 /* grid: (operand element blocks, parts).  One part: dself[e] += sum; else parts[q, e] = sum. */
-__global__ void bcast_grad_kernel(float *dself, double *parts, const float *dout, const float *a,
-                                  const float *b, int op, int which, ex_bcast_args ba, size_t ns,
+template <class T>
+__global__ void bcast_grad_kernel(T *dself, double *parts, const T *dout, const T *a, const T *b,
+                                  int op, int which, ex_bcast_args ba, size_t ns,
                                   size_t nred, size_t per_part)
 {
     const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -243,7 +237,8 @@ __global__ void bcast_grad_kernel(float *dself, double *parts, const float *dout
         dself[e] += (float)s;
 }
 
-__global__ void bcast_grad_finish_kernel(float *dself, const double *parts, size_t ns, int nparts)
+template <class T>
+__global__ void bcast_grad_finish_kernel(T *dself, const double *parts, size_t ns, int nparts)
 {
     const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= ns)
@@ -259,9 +254,9 @@ static int ex_check_bcast(int op, int rank, const int *dims)
     return op >= SBPRT_BIN_ADD && op <= SBPRT_BIN_DIV && ex_check_dims(rank, dims);
 }
 
-extern "C" int sbprt_broadcast_forward(sbprt_ctx *ctx, float *out, const float *a, const float *b,
-                                       int op, int rank, const int *dims, const int *a_dims,
-                                       const int *b_dims)
+template <class T>
+static int broadcast_forward(sbprt_ctx *ctx, T *out, const T *a, const T *b, int op, int rank,
+                             const int *dims, const int *a_dims, const int *b_dims)
 {
     CU_CHECK(ctx && ex_check_bcast(op, rank, dims));
     ex_bcast_args ba;
@@ -275,13 +270,14 @@ extern "C" int sbprt_broadcast_forward(sbprt_ctx *ctx, float *out, const float *
     ba.rank = rank;
     for (int i = 0; i < rank; i++)
         ba.dims[i] = dims[i];
-    CU_LAUNCH(ctx, bcast_forward_kernel, cu_blocks(n, EX_THREADS), EX_THREADS, 0, out, a, b, op, ba,
-              n);
+    CU_LAUNCH(ctx, bcast_forward_kernel<T>, cu_blocks(n, EX_THREADS), EX_THREADS, 0, out, a, b, op,
+              ba, n);
     return SBPRT_OK;
 }
 
-static int ex_bcast_grad(sbprt_ctx *ctx, float *dself, const float *dout, const float *a,
-                         const float *b, int op, int which, ex_bcast_args ba, const int *sdims)
+template <class T>
+static int ex_bcast_grad(sbprt_ctx *ctx, T *dself, const T *dout, const T *a, const T *b, int op,
+                         int which, ex_bcast_args ba, const int *sdims)
 {
     unsigned long long sst[EX_MAX_RANK];
     const size_t ns = ex_strides(ba.rank, sdims, sst);
@@ -304,17 +300,18 @@ static int ex_bcast_grad(sbprt_ctx *ctx, float *dself, const float *dout, const 
     if (nparts > 1)
         CU_STATUS(cu_scratch(ctx, nparts * ns * sizeof(double), (void **)&parts));
     const dim3 grid((unsigned)xblocks, (unsigned)nparts);
-    CU_LAUNCH(ctx, bcast_grad_kernel, grid, EX_THREADS, 0, dself, parts, dout, a, b, op, which, ba,
-              ns, nred, per_part);
+    CU_LAUNCH(ctx, bcast_grad_kernel<T>, grid, EX_THREADS, 0, dself, parts, dout, a, b, op, which,
+              ba, ns, nred, per_part);
     if (nparts > 1)
-        CU_LAUNCH(ctx, bcast_grad_finish_kernel, (unsigned)xblocks, EX_THREADS, 0, dself, parts, ns,
-                  (int)nparts);
+        CU_LAUNCH(ctx, bcast_grad_finish_kernel<T>, (unsigned)xblocks, EX_THREADS, 0, dself, parts,
+                  ns, (int)nparts);
     return SBPRT_OK;
 }
 
-extern "C" int sbprt_broadcast_backward(sbprt_ctx *ctx, float *da, float *db, const float *dout,
-                                        const float *a, const float *b, int op, int rank,
-                                        const int *dims, const int *a_dims, const int *b_dims)
+template <class T>
+static int broadcast_backward(sbprt_ctx *ctx, T *da, T *db, const T *dout, const T *a, const T *b,
+                              int op, int rank, const int *dims, const int *a_dims,
+                              const int *b_dims)
 {
     CU_CHECK(ctx && ex_check_bcast(op, rank, dims));
     ex_bcast_args ba;
@@ -333,4 +330,76 @@ extern "C" int sbprt_broadcast_backward(sbprt_ctx *ctx, float *da, float *db, co
     if (db)
         CU_STATUS(ex_bcast_grad(ctx, db, dout, a, b, op, 1, ba, b_dims));
     return SBPRT_OK;
+}
+
+/* ---- entry points: fp32, and bf16 (the same kernels on cu_bf16 elements) ------------------ */
+
+extern "C" int sbprt_permute_forward(sbprt_ctx *ctx, float *out, const float *x, int rank,
+                                     const int *dims, const int *perm)
+{
+    return ex_permute(ctx, out, x, rank, dims, perm, 0);
+}
+
+extern "C" int sbprt_permute_backward(sbprt_ctx *ctx, float *dx, const float *dout, int rank,
+                                      const int *dims, const int *perm)
+{
+    return ex_permute(ctx, dx, dout, rank, dims, perm, 1);
+}
+
+extern "C" int sbprt_copy_cols(sbprt_ctx *ctx, float *dst, const float *src, int rows, int w,
+                               int dst_ld, int dst_off, int src_ld, int src_off, int accumulate)
+{
+    return copy_cols(ctx, dst, src, rows, w, dst_ld, dst_off, src_ld, src_off, accumulate);
+}
+
+extern "C" int sbprt_broadcast_forward(sbprt_ctx *ctx, float *out, const float *a, const float *b,
+                                       int op, int rank, const int *dims, const int *a_dims,
+                                       const int *b_dims)
+{
+    return broadcast_forward(ctx, out, a, b, op, rank, dims, a_dims, b_dims);
+}
+
+extern "C" int sbprt_broadcast_backward(sbprt_ctx *ctx, float *da, float *db, const float *dout,
+                                        const float *a, const float *b, int op, int rank,
+                                        const int *dims, const int *a_dims, const int *b_dims)
+{
+    return broadcast_backward(ctx, da, db, dout, a, b, op, rank, dims, a_dims, b_dims);
+}
+
+extern "C" int sbprt_permute_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *x,
+                                          int rank, const int *dims, const int *perm)
+{
+    return ex_permute(ctx, cu_bf(out), cu_bf(x), rank, dims, perm, 0);
+}
+
+extern "C" int sbprt_permute_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *dout,
+                                           int rank, const int *dims, const int *perm)
+{
+    return ex_permute(ctx, cu_bf(dx), cu_bf(dout), rank, dims, perm, 1);
+}
+
+extern "C" int sbprt_copy_cols_bf16(sbprt_ctx *ctx, sbprt_bf16 *dst, const sbprt_bf16 *src,
+                                    int rows, int w, int dst_ld, int dst_off, int src_ld,
+                                    int src_off, int accumulate)
+{
+    return copy_cols(ctx, cu_bf(dst), cu_bf(src), rows, w, dst_ld, dst_off, src_ld, src_off,
+                     accumulate);
+}
+
+extern "C" int sbprt_broadcast_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *a,
+                                            const sbprt_bf16 *b, int op, int rank,
+                                            const int *dims, const int *a_dims,
+                                            const int *b_dims)
+{
+    return broadcast_forward(ctx, cu_bf(out), cu_bf(a), cu_bf(b), op, rank, dims, a_dims, b_dims);
+}
+
+extern "C" int sbprt_broadcast_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *da, sbprt_bf16 *db,
+                                             const sbprt_bf16 *dout, const sbprt_bf16 *a,
+                                             const sbprt_bf16 *b, int op, int rank,
+                                             const int *dims, const int *a_dims,
+                                             const int *b_dims)
+{
+    return broadcast_backward(ctx, cu_bf(da), cu_bf(db), cu_bf(dout), cu_bf(a), cu_bf(b), op, rank,
+                              dims, a_dims, b_dims);
 }

@@ -8,18 +8,21 @@
  * before the barriers of the sum reduction, so dlogits may overwrite logits in place.  Row
  * losses go to device scratch (double) and are added into loss_sum in a fixed order
  * (cu_sum_doubles_into).  A label that is neither SBPRT_IGNORE_INDEX nor in [0, v) skips its
- * row (loss 0, dlogits row untouched) and raises the index-error flag for sbprt_sync.
+ * row (loss 0, dlogits row untouched) and raises the index-error flag for sbprt_sync.  The
+ * cross-entropy is a template over the logits' element type: its bf16 entry point reads bf16
+ * logits, keeps the max, the sum, lse and the loss in fp32 / double, and rounds dlogits once.
  */
 #include "cuda.h"
 
 #define LOSS_THREADS 256
 
 /* The row's max and log Σ exp(x - max) (every thread gets both). */
-__device__ __forceinline__ float loss_logsumexp(const float *x, int v, float *fred, double *dred)
+template <class T>
+__device__ __forceinline__ float loss_logsumexp(const T *x, int v, float *fred, double *dred)
 {
     float mx = -INFINITY;
     for (int j = threadIdx.x; j < v; j += blockDim.x)
-        mx = x[j] > mx ? x[j] : mx;
+        mx = (float)x[j] > mx ? (float)x[j] : mx;
     mx = cu_block_max(mx, fred);
     double s = 0;
     for (int j = threadIdx.x; j < v; j += blockDim.x)
@@ -28,14 +31,15 @@ __device__ __forceinline__ float loss_logsumexp(const float *x, int v, float *fr
     return mx + (float)log(s);
 }
 
-__global__ void ce_kernel(double *row_loss, float *dlogits, const float *logits,
-                          const int32_t *labels, int v, float scale, int *flag)
+template <class T>
+__global__ void ce_kernel(double *row_loss, T *dlogits, const T *logits, const int32_t *labels,
+                          int v, float scale, int *flag)
 {
     CU_SHARED(float, fred, 32);
     CU_SHARED(double, dred, 32);
     const size_t r = blockIdx.x;
-    const float *x = logits + r * v;
-    float *dx = dlogits ? dlogits + r * v : NULL;
+    const T *x = logits + r * v;
+    T *dx = dlogits ? dlogits + r * v : NULL;
     const int y = labels[r];
     if (y == SBPRT_IGNORE_INDEX || y < 0 || y >= v) { /* block-uniform */
         if (y != SBPRT_IGNORE_INDEX) {
@@ -104,10 +108,9 @@ __global__ void logprob_backward_kernel(float *dlogits, const float *dlogp, cons
     }
 }
 
-extern "C" int sbprt_cross_entropy_forward_backward(sbprt_ctx *ctx, float *loss_sum,
-                                                    float *dlogits, const float *logits,
-                                                    const int32_t *labels, int n, int v,
-                                                    float scale)
+template <class T>
+static int cross_entropy(sbprt_ctx *ctx, float *loss_sum, T *dlogits, const T *logits,
+                         const int32_t *labels, int n, int v, float scale)
 {
     CU_CHECK(ctx && loss_sum && n >= 0 && v >= 0);
     if (n == 0)
@@ -115,9 +118,26 @@ extern "C" int sbprt_cross_entropy_forward_backward(sbprt_ctx *ctx, float *loss_
     CU_CHECK(v > 0 && logits && labels);
     double *row_loss; /* [n] */
     CU_STATUS(cu_scratch(ctx, (size_t)n * sizeof(double), (void **)&row_loss));
-    CU_LAUNCH(ctx, ce_kernel, (unsigned)n, LOSS_THREADS, 0, row_loss, dlogits, logits, labels, v,
+    CU_LAUNCH(ctx, ce_kernel<T>, (unsigned)n, LOSS_THREADS, 0, row_loss, dlogits, logits, labels, v,
               scale, ctx->dev_flag);
     return cu_sum_doubles_into(ctx, loss_sum, row_loss, (size_t)n);
+}
+
+extern "C" int sbprt_cross_entropy_forward_backward(sbprt_ctx *ctx, float *loss_sum,
+                                                    float *dlogits, const float *logits,
+                                                    const int32_t *labels, int n, int v,
+                                                    float scale)
+{
+    return cross_entropy(ctx, loss_sum, dlogits, logits, labels, n, v, scale);
+}
+
+extern "C" int sbprt_cross_entropy_forward_backward_bf16(sbprt_ctx *ctx, float *loss_sum,
+                                                         sbprt_bf16 *dlogits,
+                                                         const sbprt_bf16 *logits,
+                                                         const int32_t *labels, int n, int v,
+                                                         float scale)
+{
+    return cross_entropy(ctx, loss_sum, cu_bf(dlogits), cu_bf(logits), labels, n, v, scale);
 }
 
 extern "C" int sbprt_label_logprob_forward(sbprt_ctx *ctx, float *logp, float *lse,

@@ -7,7 +7,9 @@
  * makes out = x in place safe.  The parameter gradients are column sums over rows, done in two
  * stages like the bias gradient (gemm.cu): parts of NORM_ROWS_PER_PART rows, each column summed
  * in row order, then the parts added in order — no atomics, and the partition depends on n
- * alone, so results are identical run to run.
+ * alone, so results are identical run to run.  The kernels are templates over the activation
+ * element type (float, or cu_bf16 for the _bf16 entry points: fp32 arithmetic, parameter
+ * gradients summed in fp32).
  */
 #include "cuda.h"
 
@@ -15,14 +17,14 @@
 #define NORM_ROWS_PER_PART 64
 
 /* mode 0: LayerNorm; mode 1: RMSNorm (mean and beta unused). */
-__global__ void norm_forward_kernel(int mode, float *out, float *mean, float *rstd,
-                                    const float *x, const float *gamma, const float *beta, int c,
-                                    float eps)
+template <class T>
+__global__ void norm_forward_kernel(int mode, T *out, float *mean, float *rstd, const T *x,
+                                    const float *gamma, const float *beta, int c, float eps)
 {
     CU_SHARED(double, red, 32);
     const size_t r = blockIdx.x;
-    const float *xr = x + r * c;
-    float *yr = out + r * c;
+    const T *xr = x + r * c;
+    T *yr = out + r * c;
     float mu = 0;
     double ss = 0;
     if (mode == 0) {
@@ -60,13 +62,14 @@ __global__ void norm_forward_kernel(int mode, float *out, float *mean, float *rs
 /* dx += ∂L/∂x for one row per block.
  *   LayerNorm: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dout * gamma
  *   RMSNorm:   dx = rstd * g - rstd³ * x * mean(g * x) */
-__global__ void norm_dx_kernel(int mode, float *dx, const float *dout, const float *x,
-                               const float *gamma, const float *mean, const float *rstd, int c)
+template <class T>
+__global__ void norm_dx_kernel(int mode, T *dx, const T *dout, const T *x, const float *gamma,
+                               const float *mean, const float *rstd, int c)
 {
     CU_SHARED(double, red, 32);
     const size_t r = blockIdx.x;
-    const float *xr = x + r * c, *dyr = dout + r * c;
-    float *dxr = dx + r * c;
+    const T *xr = x + r * c, *dyr = dout + r * c;
+    T *dxr = dx + r * c;
     const float rs = rstd[r];
     if (mode == 0) {
         const float mu = mean[r];
@@ -97,8 +100,9 @@ __global__ void norm_dx_kernel(int mode, float *dx, const float *dout, const flo
 /* Column sums over the rows of one part: gparts[q, j] = Σ dout * xhat, bparts[q, j] = Σ dout
  * (LayerNorm; RMSNorm has xhat = x * rstd and no bias).  With a single part the sums go
  * straight into dgamma / dbeta.  grid: (column blocks, parts) */
+template <class T>
 __global__ void norm_param_kernel(int mode, float *gparts, float *bparts, float *dgamma,
-                                  float *dbeta, const float *dout, const float *x,
+                                  float *dbeta, const T *dout, const T *x,
                                   const float *mean, const float *rstd, int n, int c,
                                   int rows_per_part, int direct)
 {
@@ -131,12 +135,13 @@ __global__ void norm_param_kernel(int mode, float *gparts, float *bparts, float 
     }
 }
 
-static int norm_backward(sbprt_ctx *ctx, int mode, float *dx, float *dgamma, float *dbeta,
-                         const float *dout, const float *x, const float *gamma,
+template <class T>
+static int norm_backward(sbprt_ctx *ctx, int mode, T *dx, float *dgamma, float *dbeta,
+                         const T *dout, const T *x, const float *gamma,
                          const float *mean, const float *rstd, int n, int c)
 {
     if (dx)
-        CU_LAUNCH(ctx, norm_dx_kernel, (unsigned)n, NORM_THREADS, 0, mode, dx, dout, x, gamma,
+        CU_LAUNCH(ctx, norm_dx_kernel<T>, (unsigned)n, NORM_THREADS, 0, mode, dx, dout, x, gamma,
                   mean, rstd, c);
     if (!dgamma && !dbeta)
         return SBPRT_OK;
@@ -152,7 +157,7 @@ static int norm_backward(sbprt_ctx *ctx, int mode, float *dx, float *dgamma, flo
         bparts = parts + (size_t)nparts * c;
     }
     const dim3 grid((c + NORM_THREADS - 1) / NORM_THREADS, nparts);
-    CU_LAUNCH(ctx, norm_param_kernel, grid, NORM_THREADS, 0, mode, gparts, bparts, dgamma, dbeta,
+    CU_LAUNCH(ctx, norm_param_kernel<T>, grid, NORM_THREADS, 0, mode, gparts, bparts, dgamma, dbeta,
               dout, x, mean, rstd, n, c, rows_per_part, nparts == 1);
     if (nparts > 1) {
         if (dgamma)
@@ -163,22 +168,23 @@ static int norm_backward(sbprt_ctx *ctx, int mode, float *dx, float *dgamma, flo
     return SBPRT_OK;
 }
 
-extern "C" int sbprt_layernorm_forward(sbprt_ctx *ctx, float *out, float *mean, float *rstd,
-                                       const float *x, const float *gamma, const float *beta,
-                                       int n, int c, float eps)
+template <class T>
+static int layernorm_forward(sbprt_ctx *ctx, T *out, float *mean, float *rstd, const T *x,
+                             const float *gamma, const float *beta, int n, int c, float eps)
 {
     CU_CHECK(ctx && n >= 0 && c >= 0 && eps >= 0);
     if (n == 0)
         return SBPRT_OK;
     CU_CHECK(c > 0 && out && x && gamma);
-    CU_LAUNCH(ctx, norm_forward_kernel, (unsigned)n, NORM_THREADS, 0, 0, out, mean, rstd, x,
+    CU_LAUNCH(ctx, norm_forward_kernel<T>, (unsigned)n, NORM_THREADS, 0, 0, out, mean, rstd, x,
               gamma, beta, c, eps);
     return SBPRT_OK;
 }
 
-extern "C" int sbprt_layernorm_backward(sbprt_ctx *ctx, float *dx, float *dgamma, float *dbeta,
-                                        const float *dout, const float *x, const float *gamma,
-                                        const float *mean, const float *rstd, int n, int c)
+template <class T>
+static int layernorm_backward(sbprt_ctx *ctx, T *dx, float *dgamma, float *dbeta, const T *dout,
+                              const T *x, const float *gamma, const float *mean,
+                              const float *rstd, int n, int c)
 {
     CU_CHECK(ctx && n >= 0 && c >= 0);
     if (n == 0 || c == 0)
@@ -187,25 +193,85 @@ extern "C" int sbprt_layernorm_backward(sbprt_ctx *ctx, float *dx, float *dgamma
     return norm_backward(ctx, 0, dx, dgamma, dbeta, dout, x, gamma, mean, rstd, n, c);
 }
 
-extern "C" int sbprt_rmsnorm_forward(sbprt_ctx *ctx, float *out, float *rstd, const float *x,
-                                     const float *gamma, int n, int c, float eps)
+template <class T>
+static int rmsnorm_forward(sbprt_ctx *ctx, T *out, float *rstd, const T *x, const float *gamma,
+                           int n, int c, float eps)
 {
     CU_CHECK(ctx && n >= 0 && c >= 0 && eps >= 0);
     if (n == 0)
         return SBPRT_OK;
     CU_CHECK(c > 0 && out && x && gamma);
-    CU_LAUNCH(ctx, norm_forward_kernel, (unsigned)n, NORM_THREADS, 0, 1, out, (float *)NULL, rstd,
-              x, gamma, (const float *)NULL, c, eps);
+    CU_LAUNCH(ctx, norm_forward_kernel<T>, (unsigned)n, NORM_THREADS, 0, 1, out, (float *)NULL,
+              rstd, x, gamma, (const float *)NULL, c, eps);
     return SBPRT_OK;
+}
+
+template <class T>
+static int rmsnorm_backward(sbprt_ctx *ctx, T *dx, float *dgamma, const T *dout, const T *x,
+                            const float *gamma, const float *rstd, int n, int c)
+{
+    CU_CHECK(ctx && n >= 0 && c >= 0);
+    if (n == 0 || c == 0)
+        return SBPRT_OK;
+    CU_CHECK(dout && x && gamma && rstd);
+    return norm_backward(ctx, 1, dx, dgamma, (float *)NULL, dout, x, gamma, (const float *)NULL,
+                         rstd, n, c);
+}
+
+extern "C" int sbprt_layernorm_forward(sbprt_ctx *ctx, float *out, float *mean, float *rstd,
+                                       const float *x, const float *gamma, const float *beta,
+                                       int n, int c, float eps)
+{
+    return layernorm_forward(ctx, out, mean, rstd, x, gamma, beta, n, c, eps);
+}
+
+extern "C" int sbprt_layernorm_backward(sbprt_ctx *ctx, float *dx, float *dgamma, float *dbeta,
+                                        const float *dout, const float *x, const float *gamma,
+                                        const float *mean, const float *rstd, int n, int c)
+{
+    return layernorm_backward(ctx, dx, dgamma, dbeta, dout, x, gamma, mean, rstd, n, c);
+}
+
+extern "C" int sbprt_rmsnorm_forward(sbprt_ctx *ctx, float *out, float *rstd, const float *x,
+                                     const float *gamma, int n, int c, float eps)
+{
+    return rmsnorm_forward(ctx, out, rstd, x, gamma, n, c, eps);
 }
 
 extern "C" int sbprt_rmsnorm_backward(sbprt_ctx *ctx, float *dx, float *dgamma,
                                       const float *dout, const float *x, const float *gamma,
                                       const float *rstd, int n, int c)
 {
-    CU_CHECK(ctx && n >= 0 && c >= 0);
-    if (n == 0 || c == 0)
-        return SBPRT_OK;
-    CU_CHECK(dout && x && gamma && rstd);
-    return norm_backward(ctx, 1, dx, dgamma, NULL, dout, x, gamma, NULL, rstd, n, c);
+    return rmsnorm_backward(ctx, dx, dgamma, dout, x, gamma, rstd, n, c);
+}
+
+/* bf16: activations (x, out, dx, dout) bf16; gamma, beta, statistics and their gradients fp32 */
+extern "C" int sbprt_layernorm_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *mean,
+                                            float *rstd, const sbprt_bf16 *x, const float *gamma,
+                                            const float *beta, int n, int c, float eps)
+{
+    return layernorm_forward(ctx, cu_bf(out), mean, rstd, cu_bf(x), gamma, beta, n, c, eps);
+}
+
+extern "C" int sbprt_layernorm_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, float *dgamma,
+                                             float *dbeta, const sbprt_bf16 *dout,
+                                             const sbprt_bf16 *x, const float *gamma,
+                                             const float *mean, const float *rstd, int n, int c)
+{
+    return layernorm_backward(ctx, cu_bf(dx), dgamma, dbeta, cu_bf(dout), cu_bf(x), gamma, mean,
+                              rstd, n, c);
+}
+
+extern "C" int sbprt_rmsnorm_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *rstd,
+                                          const sbprt_bf16 *x, const float *gamma, int n, int c,
+                                          float eps)
+{
+    return rmsnorm_forward(ctx, cu_bf(out), rstd, cu_bf(x), gamma, n, c, eps);
+}
+
+extern "C" int sbprt_rmsnorm_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, float *dgamma,
+                                           const sbprt_bf16 *dout, const sbprt_bf16 *x,
+                                           const float *gamma, const float *rstd, int n, int c)
+{
+    return rmsnorm_backward(ctx, cu_bf(dx), dgamma, cu_bf(dout), cu_bf(x), gamma, rstd, n, c);
 }

@@ -6,13 +6,15 @@
  * forward safe in place; slots in [half, rot_dim) have nothing to do; slots from rot_dim on
  * pass their element through.  Formulas as in the CPU twin (cpu/rope.c), the backward being
  * the transposed rotation.  A position outside [0, max_pos) skips the row and raises the
- * index-error flag that sbprt_sync reports.
+ * index-error flag that sbprt_sync reports.  The bf16 entry points are the same kernel on
+ * cu_bf16 elements (fp32 arithmetic, fp32 tables, one rounding per output).
  */
 #include "cuda.h"
 
 #define ROPE_THREADS 256
 
-__global__ void rope_kernel(int backward, float *out, const float *x, const int32_t *pos,
+template <class T>
+__global__ void rope_kernel(int backward, T *out, const T *x, const int32_t *pos,
                             const float *cos_tab, const float *sin_tab, int rows, int heads,
                             int head_dim, int rot_dim, int max_pos, int *flag)
 {
@@ -29,8 +31,8 @@ __global__ void rope_kernel(int backward, float *out, const float *x, const int3
                 cu_flag_range(flag);
             continue;
         }
-        const float *xh = x + head * head_dim;
-        float *yh = out + head * head_dim;
+        const T *xh = x + head * head_dim;
+        T *yh = out + head * head_dim;
         if (i < half) {
             const float *cs = cos_tab + (size_t)p * rot_dim;
             const float *sn = sin_tab + (size_t)p * rot_dim;
@@ -51,7 +53,8 @@ __global__ void rope_kernel(int backward, float *out, const float *x, const int3
     }
 }
 
-static int rope_run(sbprt_ctx *ctx, int backward, float *out, const float *x, const int32_t *pos,
+template <class T>
+static int rope_run(sbprt_ctx *ctx, int backward, T *out, const T *x, const int32_t *pos,
                     const float *cos_tab, const float *sin_tab, int rows, int heads, int head_dim,
                     int rot_dim, int max_pos)
 {
@@ -64,8 +67,8 @@ static int rope_run(sbprt_ctx *ctx, int backward, float *out, const float *x, co
     const size_t total = (size_t)rows * heads * head_dim;
     if (total == 0)
         return SBPRT_OK; /* (the CPU twin still checks the positions here) */
-    CU_LAUNCH(ctx, rope_kernel, cu_blocks(total, ROPE_THREADS), ROPE_THREADS, 0, backward, out, x,
-              pos, cos_tab, sin_tab, rows, heads, head_dim, rot_dim, max_pos, ctx->dev_flag);
+    CU_LAUNCH(ctx, rope_kernel<T>, cu_blocks(total, ROPE_THREADS), ROPE_THREADS, 0, backward, out,
+              x, pos, cos_tab, sin_tab, rows, heads, head_dim, rot_dim, max_pos, ctx->dev_flag);
     return SBPRT_OK;
 }
 
@@ -83,4 +86,22 @@ extern "C" int sbprt_rope_backward(sbprt_ctx *ctx, float *dx, const float *dout,
 {
     return rope_run(ctx, 1, dx, dout, pos, cos_tab, sin_tab, rows, heads, head_dim, rot_dim,
                     max_pos);
+}
+
+extern "C" int sbprt_rope_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *x,
+                                       const int32_t *pos, const float *cos_tab,
+                                       const float *sin_tab, int rows, int heads, int head_dim,
+                                       int rot_dim, int max_pos)
+{
+    return rope_run(ctx, 0, cu_bf(out), cu_bf(x), pos, cos_tab, sin_tab, rows, heads, head_dim,
+                    rot_dim, max_pos);
+}
+
+extern "C" int sbprt_rope_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *dout,
+                                        const int32_t *pos, const float *cos_tab,
+                                        const float *sin_tab, int rows, int heads, int head_dim,
+                                        int rot_dim, int max_pos)
+{
+    return rope_run(ctx, 1, cu_bf(dx), cu_bf(dout), pos, cos_tab, sin_tab, rows, heads, head_dim,
+                    rot_dim, max_pos);
 }

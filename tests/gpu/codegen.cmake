@@ -13,7 +13,9 @@
 #                         llama and gpt2 fixtures against the float64 PyTorch references, for
 #                         each strategy (stream also with chunks that do not divide T), plus
 #                         AdamW losses, an SGD step saved and checked, DPO and GRPO with
-#                         gradient accumulation; and a device too small for a step: the error,
+#                         gradient accumulation; --precision bf16 steps (llama stream and store,
+#                         gpt2 stream) against the same references at 2e-2 with the loss
+#                         falling over AdamW steps; and a device too small for a step: the error,
 #                         the --memory-budget it suggests, and a stream step compiled for that
 #                         budget that fits (emu_oom.cmake). The emulator runs each CUDA thread
 #                         as a coroutine: these take 15-70 s each. (qwen3 runs on a real GPU in
@@ -73,10 +75,11 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
   if(SBP_SANITIZE)
     set(_emu_cflags "-fsanitize=address,undefined;-fno-omit-frame-pointer")
   endif()
-  # gpu_emu_step(NAME FAMILY STEPS [LOSSES] [SGD_SAVE lr] [REF_GRADS file]
-  #              [TRAIN_INPUTS args...] SBPC_ARGS args...)
+  # gpu_emu_step(NAME FAMILY STEPS [LOSSES] [DECREASING] [SGD_SAVE lr] [REF_GRADS file]
+  #              [TOL x] [TRAIN_INPUTS args...] SBPC_ARGS args...)
   function(gpu_emu_step name family steps)
-    cmake_parse_arguments(E "LOSSES" "SGD_SAVE;REF_GRADS" "SBPC_ARGS;TRAIN_INPUTS" ${ARGN})
+    cmake_parse_arguments(E "LOSSES;DECREASING" "SGD_SAVE;REF_GRADS;TOL" "SBPC_ARGS;TRAIN_INPUTS"
+                          ${ARGN})
     add_test(NAME gpu.step_emu_${name}
              COMMAND ${CMAKE_COMMAND} -DSBPC=$<TARGET_FILE:sbpc> -DTRAIN=$<TARGET_FILE:sbp-train>
                      -DFIXTURE=$<TARGET_FILE:train_fixture> -DINFO=$<TARGET_FILE:sbp_step_info>
@@ -86,15 +89,25 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
                      -DREF=${_fx}/ref -DOUT=${_gen} -DNAME=emu_${name} -DSTEPS=${steps}
                      "-DSBPC_ARGS=${E_SBPC_ARGS}" -DLOSSES=${E_LOSSES} -DSGD_SAVE=${E_SGD_SAVE}
                      "-DTRAIN_INPUTS=${E_TRAIN_INPUTS}" "-DREF_GRADS=${E_REF_GRADS}"
+                     -DTOL=${E_TOL} -DDECREASING=${E_DECREASING}
                      -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_step.cmake")
     set_tests_properties(gpu.step_emu_${name} PROPERTIES LABELS gpu TIMEOUT 900)
   endfunction()
   gpu_emu_step(llama_store llama 2 LOSSES SBPC_ARGS --strategy store)
   gpu_emu_step(llama_stream_chunks llama 1
                SBPC_ARGS --strategy stream --chunk 24 --logits-chunk 40)
+  # --precision bf16 (bf16 activations, fp32 master weights and gradients): the gradients
+  # against the float64 PyTorch ones at 2e-2 per tensor (measured: under 1e-2), the loss
+  # falling over three AdamW steps.
+  gpu_emu_step(llama_bf16_stream llama 3 DECREASING TOL 2e-2
+               SBPC_ARGS --strategy stream --chunk 24 --logits-chunk 40 --precision bf16)
   # Under the sanitizers the emulator is several times slower: the two above and the
   # out-of-memory test below are enough to check the generated code and sbp-train there.
   if(NOT SBP_SANITIZE)
+    gpu_emu_step(llama_bf16_store llama 3 DECREASING TOL 2e-2
+                 SBPC_ARGS --strategy store --precision bf16)
+    gpu_emu_step(gpt2_bf16_stream gpt2 2 DECREASING TOL 2e-2
+                 SBPC_ARGS --strategy stream --precision bf16)
     gpu_emu_step(gpt2_stream gpt2 1 SGD_SAVE 0.1 SBPC_ARGS --strategy stream)
     gpu_emu_step(llama_checkpoint llama 1 SBPC_ARGS --strategy checkpoint)
     # The preference objectives (their host steps read and write device memory through the

@@ -16,6 +16,9 @@
 #    (DPO / GRPO: the preference batch, --ref-logps, --grad-accum ...)]
 #   [-DREF_GRADS=file: compare the gradients with this reference (train_fixture
 #    compare-grads, 1e-4) instead of ref/<family>_grads.safetensors (check-ref)]
+#   [-DTOL=x: compare-grads against REF_GRADS, or ref/<family>_grads.safetensors, at relative
+#    tolerance x per tensor (and for the loss) instead of 1e-4: --precision bf16 steps]
+#   [-DDECREASING=ON: every "step N loss X" line below the one before (STEPS >= 2)]
 function(run what)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   message("${out}${err}")
@@ -58,8 +61,30 @@ set(log "${OUT}/${NAME}.log")
 file(WRITE "${log}" "${LAST_OUT}")
 
 set(check ${FIXTURE} check-ref ${grads} ${REF}/${FAMILY}_grads.safetensors)
+if(NOT TOL)
+  set(TOL 1e-4)
+endif()
 if(REF_GRADS)
-  set(check ${FIXTURE} compare-grads ${grads} ${MODEL} ${REF_GRADS} ${MODEL} 1e-4)
+  set(check ${FIXTURE} compare-grads ${grads} ${MODEL} ${REF_GRADS} ${MODEL} ${TOL})
+elseif(NOT TOL STREQUAL "1e-4")
+  set(check ${FIXTURE} compare-grads ${grads} ${MODEL} ${REF}/${FAMILY}_grads.safetensors ${MODEL}
+      ${TOL})
+endif()
+if(DECREASING)
+  string(REGEX MATCHALL "step [0-9]+ loss [-0-9.eE+naif]+" lines "${LAST_OUT}")
+  list(LENGTH lines nlines)
+  if(nlines LESS STEPS OR nlines LESS 2)
+    message(FATAL_ERROR "expected ${STEPS} 'step N loss X' lines, got ${nlines}")
+  endif()
+  set(prev "")
+  foreach(l IN LISTS lines)
+    string(REGEX REPLACE "^step [0-9]+ loss " "" x "${l}")
+    if(NOT prev STREQUAL "" AND NOT x LESS prev)
+      message(FATAL_ERROR "the loss did not decrease: ${prev}, then ${x}")
+    endif()
+    set(prev "${x}")
+  endforeach()
+  message("the loss decreased over ${nlines} steps, to ${prev}")
 endif()
 if(LOSSES)
   list(APPEND check ${log} ${REF}/${FAMILY}_adamw.json)

@@ -4,12 +4,15 @@
 # 470); a stage that cannot run says why and is skipped.
 #
 #   1. kernels: every CUDA kernel against its CPU twin on random data, a table of max relative
-#      errors and timings per kernel, and a summary (tests/gpu/test_cuda_kernels.c);
+#      errors and timings per kernel, and a summary (tests/gpu/test_cuda_kernels.c): fp32 at
+#      1e-5, TF32 GEMM at 1e-3, the bf16 entry points (*_bf16) at 1e-2;
 #   2. fixtures: the tiny GPT-2 / Llama / Qwen3 fixture models compiled with
 #      `sbpc --target cuda` (store, checkpoint, stream; stream also with chunks that do not
 #      divide T), 10 AdamW steps each with sbp-train on the GPU: the first step's gradients and
 #      the 10 losses against the float64 PyTorch references (tests/fixtures/ref, via
 #      check_ref.py: numpy); and Llama with the DPO and GRPO objectives (gradient accumulation);
+#      and --precision bf16 steps (Llama, GPT-2; full: also chunked stream and Qwen3) at bf16
+#      tolerances (gradients 2e-2, Qwen3 3e-2; losses 1e-2, falling);
 #   3. benchmark: bench/gpu_bench.py — step time and peak device memory of store, checkpoint
 #      and stream on a Qwen3-0.6B-shaped random model for T = 4096, 8192, ..., next to PyTorch
 #      with and without per-layer checkpointing, and the largest T each fits on the card
@@ -174,9 +177,10 @@ if [ $sanitize -eq 1 ]; then
 fi
 
 # ---------------------------------------------------------------- stage 2: fixtures
-# one fixture configuration: NAME FAMILY "SBPC ARGS" "SBP-TRAIN ARGS" REF_GRADS [ADAMW_JSON]
+# one fixture configuration: NAME FAMILY "SBPC ARGS" "SBP-TRAIN ARGS" REF_GRADS [ADAMW_JSON
+# ["CHECK_REF OPTIONS"]]
 fixture_one() {
-    local name=$1 fam=$2 sargs=$3 targs=$4 ref=$5 json=${6:-} fx=$root/tests/fixtures
+    local name=$1 fam=$2 sargs=$3 targs=$4 ref=$5 json=${6:-} copts=${7:-} fx=$root/tests/fixtures
     local gen=$full/gpu_fixtures limit ok=1 trc=0
     rm -f "$gen/$name.log" "$gen/$name.err" "$gen/$name.check" "$gen/$name.safetensors"
     limit=$((stage_end - $(date +%s)))
@@ -200,7 +204,8 @@ fixture_one() {
     else
         tail -n 5 "$gen/$name.sbpc.log"
     fi
-    local check=("$py" "$here/check_ref.py" "$gen/$name.safetensors" "$ref")
+    # shellcheck disable=SC2206
+    local check=("$py" "$here/check_ref.py" $copts "$gen/$name.safetensors" "$ref")
     [ -n "$json" ] && check+=("$gen/$name.log" "$json")
     if [ $ok -eq 1 ] && "${check[@]}" >"$gen/$name.check" 2>&1; then
         echo "  $name: $(grep -h "gradients against" "$gen/$name.check" | sed 's/ against .*: / /')" \
@@ -216,7 +221,7 @@ stage2() {
     local fx=$root/tests/fixtures fails=0
     local ref=$fx/ref
     mkdir -p "$full/gpu_fixtures"
-    stage_end=$(( $(date +%s) + $(cap 150) ))
+    stage_end=$(( $(date +%s) + $(cap 190) ))
     local -a configs=("llama store" "gpt2 stream" "qwen3 checkpoint")
     if [ $quick -eq 0 ]; then
         configs+=("llama checkpoint" "llama stream --chunk 24 --logits-chunk 40" "gpt2 store"
@@ -230,6 +235,22 @@ stage2() {
         fixture_one "${fam}_${strategy}${1:+_chunked}" "$fam" "--strategy $strategy $*" \
             "--input-ids $ref/${fam}_input_ids.npy --labels $ref/${fam}_labels.npy --steps 10 --lr 0.01 --weight-decay 0.01" \
             "$ref/${fam}_grads.safetensors" "$ref/${fam}_adamw.json" || fails=$((fails + 1))
+    done
+    # --precision bf16 (bf16 activations, fp32 master weights, gradients and statistics): the
+    # gradients at 2e-2 per tensor (qwen3: 3e-2), the 10 AdamW losses at 1e-2 and falling
+    local -a bf16=("llama store" "gpt2 stream")
+    [ $quick -eq 0 ] && bf16+=("llama stream --chunk 24 --logits-chunk 40" "qwen3 checkpoint")
+    for c in "${bf16[@]}"; do
+        # shellcheck disable=SC2086
+        set -- $c
+        local fam=$1 strategy=$2 tol=2e-2
+        shift 2
+        [ "$fam" = qwen3 ] && tol=3e-2
+        fixture_one "${fam}_${strategy}${1:+_chunked}_bf16" "$fam" \
+            "--strategy $strategy $* --precision bf16" \
+            "--input-ids $ref/${fam}_input_ids.npy --labels $ref/${fam}_labels.npy --steps 10 --lr 0.01 --weight-decay 0.01" \
+            "$ref/${fam}_grads.safetensors" "$ref/${fam}_adamw.json" \
+            "--grad-tol $tol --loss-tol 1e-2 --decreasing" || fails=$((fails + 1))
     done
     # the preference objectives, 4 rows in 2 micro-batches (gradient accumulation)
     local pref="--input-ids $ref/pref_input_ids.npy --labels $ref/pref_labels.npy --grad-accum 2"

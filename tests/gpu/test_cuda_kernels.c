@@ -8,7 +8,8 @@
  * backward kernels accumulate), and compares each output as a normalised error
  *     ‖cuda − cpu‖ / ‖cpu‖          for outputs a call writes,
  *     ‖cuda − cpu‖ / ‖cpu − init‖   for outputs it accumulates into (relative to the increment),
- * against 1e-5 (fp32) or 1e-3 (TF32 GEMM).  Each CUDA call is also run twice from the same
+ * against 1e-5 (fp32), 1e-3 (TF32 GEMM) or 1e-2 (the bf16 entry points: random bf16 inputs,
+ * bf16 outputs compared as the fp32 values they stand for).  Each CUDA call is also run twice from the same
  * state and must give bitwise equal outputs (the backend is deterministic), then timed.
  * Besides the kernels: the memory calls, the device-side index checks (the call succeeds,
  * sbprt_sync reports SBPRT_ERR_RANGE once), the out-of-memory diagnostic, argument errors.
@@ -38,6 +39,7 @@
 
 #define TOL_FP32 1e-5
 #define TOL_TF32 1e-3
+#define TOL_BF16 1e-2
 #define EXIT_SKIP 77
 
 static sbprt_ctx *G; /* the CUDA backend */
@@ -92,6 +94,34 @@ static float *hrand(size_t n, float lo, float hi)
     float *x = hnew(n * sizeof(float));
     for (size_t i = 0; i < n; i++)
         x[i] = rng_uniform(lo, hi);
+    return x;
+}
+
+/* bf16 as the runtime rounds it (nearest even), and back. */
+static sbprt_bf16 f_to_bf(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    sbprt_bf16 h;
+    h.bits = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u)
+                                             : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return h;
+}
+
+static void bf_to_floats(float *dst, const sbprt_bf16 *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i].bits << 16;
+        memcpy(&dst[i], &u, sizeof u);
+    }
+}
+
+/* n random bf16 values, uniform in [lo, hi) before rounding. */
+static sbprt_bf16 *hrand_bf(size_t n, float lo, float hi)
+{
+    sbprt_bf16 *x = hnew(n * sizeof(sbprt_bf16));
+    for (size_t i = 0; i < n; i++)
+        x[i] = f_to_bf(rng_uniform(lo, hi));
     return x;
 }
 
@@ -209,6 +239,7 @@ typedef struct {
     float *got2; /* second run */
     size_t n;
     int acc; /* accumulated into: error relative to the increment */
+    int bf;  /* bf16 elements (the arrays above then hold sbprt_bf16) */
 } obuf;
 
 typedef struct {
@@ -241,6 +272,7 @@ static void *kc_in(kcase *k, const void *h, size_t bytes)
 }
 #define KC_IN_F(k, h, n) ((float *)kc_in((k), (h), (size_t)(n) * sizeof(float)))
 #define KC_IN_I(k, h, n) ((int32_t *)kc_in((k), (h), (size_t)(n) * sizeof(int32_t)))
+#define KC_IN_B(k, h, n) ((sbprt_bf16 *)kc_in((k), (h), (size_t)(n) * sizeof(sbprt_bf16)))
 
 /* An output (or in-place) buffer starting as `init` (n floats; copied). */
 static obuf *kc_out(kcase *k, const char *what, const float *init, size_t n, int acc)
@@ -264,10 +296,37 @@ static obuf *kc_out_rand(kcase *k, const char *what, size_t n, int acc)
     return kc_out(k, what, hrand(n, -1, 1), n, acc);
 }
 
+static size_t ob_bytes(const obuf *o) { return o->n * (o->bf ? sizeof(sbprt_bf16) : sizeof(float)); }
+
+/* A bf16 output (or in-place) buffer starting as `init` (n bf16 values; copied). */
+static obuf *kc_out_bf(kcase *k, const char *what, const sbprt_bf16 *init, size_t n, int acc)
+{
+    obuf *o = &k->o[k->no++];
+    o->what = what;
+    o->n = n;
+    o->acc = acc;
+    o->bf = 1;
+    o->h0 = xmalloc_floats(n); /* (float-sized: room to spare) */
+    o->ref = xmalloc_floats(n);
+    memcpy(o->h0, init, n * sizeof(sbprt_bf16));
+    memcpy(o->ref, init, n * sizeof(sbprt_bf16));
+    o->got = xmalloc_floats(n);
+    o->got2 = xmalloc_floats(n);
+    o->d = dnew(n * sizeof(sbprt_bf16));
+    return o;
+}
+
+static obuf *kc_out_bf_rand(kcase *k, const char *what, size_t n, int acc)
+{
+    return kc_out_bf(k, what, hrand_bf(n, -1, 1), n, acc);
+}
+#define BREF(o) ((sbprt_bf16 *)(o)->ref)
+#define BDEV(o) ((sbprt_bf16 *)(o)->d)
+
 static void kc_reset(kcase *k)
 {
     for (int i = 0; i < k->no; i++)
-        upload(k->o[i].d, k->o[i].h0, k->o[i].n * sizeof(float));
+        upload(k->o[i].d, k->o[i].h0, ob_bytes(&k->o[i]));
 }
 
 static void kc_status(kcase *k, int st)
@@ -281,7 +340,7 @@ static void kc_sync(kcase *k) { kc_status(k, sbprt_sync(G)); }
 static void kc_fetch(kcase *k, int second)
 {
     for (int i = 0; i < k->no; i++)
-        download(second ? k->o[i].got2 : k->o[i].got, k->o[i].d, k->o[i].n * sizeof(float));
+        download(second ? k->o[i].got2 : k->o[i].got, k->o[i].d, ob_bytes(&k->o[i]));
 }
 
 static double nerr(const float *got, const float *ref, const float *base, size_t n)
@@ -312,14 +371,26 @@ static void kc_finish(kcase *k, double ms)
     for (int i = 0; i < k->no; i++) {
         obuf *o = &k->o[i];
         total += o->n;
-        double e = nerr(o->got, o->ref, o->acc ? o->h0 : NULL, o->n);
+        double e;
+        if (o->bf) { /* compared as the fp32 values the bf16 elements stand for */
+            float *g = xmalloc_floats(o->n), *r = xmalloc_floats(o->n), *b = xmalloc_floats(o->n);
+            bf_to_floats(g, (const sbprt_bf16 *)o->got, o->n);
+            bf_to_floats(r, (const sbprt_bf16 *)o->ref, o->n);
+            bf_to_floats(b, (const sbprt_bf16 *)o->h0, o->n);
+            e = nerr(g, r, o->acc ? b : NULL, o->n);
+            free(g);
+            free(r);
+            free(b);
+        } else {
+            e = nerr(o->got, o->ref, o->acc ? o->h0 : NULL, o->n);
+        }
         if (isnan(e) || (!isnan(s->max_err) && e > s->max_err))
             s->max_err = e; /* NaN sticks */
         if (!(e <= s->tol)) {
             fail("%s [%s] %s: error %.3g > %.3g", s->name, k->label, o->what, e, s->tol);
             ok = 0;
         }
-        if (memcmp(o->got, o->got2, o->n * sizeof(float)) != 0) {
+        if (memcmp(o->got, o->got2, ob_bytes(o)) != 0) {
             fail("%s [%s] %s: two runs differ (not deterministic)", s->name, k->label, o->what);
             s->nondet++;
             ok = 0;
@@ -1042,6 +1113,386 @@ static void t_extra(void)
     hfree_all();
 }
 
+/* ---- bf16 (the *_bf16 entry points against their CPU twins, runtime/cpu/bf16.c) ----------
+ * Inputs are random bf16 values (never zeros), outputs compared as the fp32 values they stand
+ * for, against TOL_BF16: both sides compute in fp32 from the same bf16 inputs and round once,
+ * so they differ only where a different fp32 summation order moves a value across a bf16
+ * rounding boundary. */
+
+static void t_bf16_gemm(void)
+{
+    const int m = quick ? 33 : 384, n = quick ? 17 : 512, k = quick ? 29 : 640;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int f32 = 0; f32 < 2; f32++) {
+                const int mm = f32 && !quick ? 1024 : m, kk = f32 && !quick ? 256 : k;
+                kcase K;
+                kc_begin(&K, f32 ? "gemm_bf16_f32" : "gemm_bf16", TOL_BF16,
+                         "m=%d n=%d k=%d ta=%d tb=%d", mm, n, kk, ta, tb);
+                const sbprt_bf16 *a = hrand_bf((size_t)mm * kk, -1, 1);
+                const sbprt_bf16 *b = hrand_bf((size_t)kk * n, -1, 1);
+                sbprt_bf16 *da = KC_IN_B(&K, a, (size_t)mm * kk);
+                sbprt_bf16 *db = KC_IN_B(&K, b, (size_t)kk * n);
+                if (f32) { /* a weight gradient: accumulated into fp32 */
+                    obuf *c = kc_out_rand(&K, "c", (size_t)mm * n, 1);
+                    REF(cpuref_sbprt_gemm_bf16_f32(C, c->ref, a, b, ta, tb, mm, n, kk, 1.0f, 1.0f));
+                    KC_RUN(K, sbprt_gemm_bf16_f32(G, c->d, da, db, ta, tb, mm, n, kk, 1.0f, 1.0f));
+                } else {
+                    obuf *c = kc_out_bf_rand(&K, "c", (size_t)mm * n, 0);
+                    REF(cpuref_sbprt_gemm_bf16(C, BREF(c), a, b, ta, tb, mm, n, kk, 0.75f, 0.5f));
+                    KC_RUN(K, sbprt_gemm_bf16(G, BDEV(c), da, db, ta, tb, mm, n, kk, 0.75f, 0.5f));
+                }
+            }
+    kcase K;
+    kc_begin(&K, "gemm_bf16", TOL_BF16, "k=0 beta=0.5"); /* c = beta c; a, b not read */
+    const sbprt_bf16 *one = hrand_bf(1, -1, 1);
+    sbprt_bf16 *d1 = KC_IN_B(&K, one, 1);
+    obuf *c = kc_out_bf_rand(&K, "c", 30, 0);
+    REF(cpuref_sbprt_gemm_bf16(C, BREF(c), one, one, 0, 0, 5, 6, 0, 1.0f, 0.5f));
+    KC_RUN(K, sbprt_gemm_bf16(G, BDEV(c), d1, d1, 0, 0, 5, 6, 0, 1.0f, 0.5f));
+    hfree_all();
+}
+
+static void t_bf16_bias_ew(void)
+{
+    const int bn = quick ? 200 : 4096, bc = quick ? 33 : 768;
+    kcase K;
+    const float *bias = hrand(bc, -1, 1);
+    const sbprt_bf16 *dy = hrand_bf((size_t)bn * bc, -1, 1);
+    kc_begin(&K, "bias_add_bf16", TOL_BF16, "n=%d c=%d", bn, bc);
+    float *dbias = KC_IN_F(&K, bias, bc);
+    obuf *y = kc_out_bf_rand(&K, "y", (size_t)bn * bc, 1);
+    REF(cpuref_sbprt_bias_add_bf16(C, BREF(y), bias, bn, bc));
+    KC_RUN(K, sbprt_bias_add_bf16(G, BDEV(y), dbias, bn, bc));
+    kc_begin(&K, "bias_backward_bf16", TOL_BF16, "n=%d c=%d", bn, bc);
+    sbprt_bf16 *ddy = KC_IN_B(&K, dy, (size_t)bn * bc);
+    obuf *db = kc_out_rand(&K, "dbias", bc, 1);
+    REF(cpuref_sbprt_bias_backward_bf16(C, db->ref, dy, bn, bc));
+    KC_RUN(K, sbprt_bias_backward_bf16(G, db->d, ddy, bn, bc));
+
+    const size_t n = quick ? 9001 : ((size_t)1 << 22) + 3;
+    const sbprt_bf16 *a = hrand_bf(n, -1, 1), *b = hrand_bf(n, -1, 1);
+    const sbprt_bf16 *x = hrand_bf(n, -4, 4), *dout = hrand_bf(n, -1, 1);
+    kc_begin(&K, "add_bf16", TOL_BF16, "n=%zu", n);
+    sbprt_bf16 *da = KC_IN_B(&K, a, n), *dbb = KC_IN_B(&K, b, n);
+    obuf *o = kc_out_bf_rand(&K, "out", n, 0);
+    REF(cpuref_sbprt_add_bf16(C, BREF(o), a, b, n));
+    KC_RUN(K, sbprt_add_bf16(G, BDEV(o), da, dbb, n));
+    kc_begin(&K, "accumulate_bf16", TOL_BF16, "n=%zu", n);
+    da = KC_IN_B(&K, a, n);
+    o = kc_out_bf_rand(&K, "y", n, 1);
+    REF(cpuref_sbprt_accumulate_bf16(C, BREF(o), a, n));
+    KC_RUN(K, sbprt_accumulate_bf16(G, BDEV(o), da, n));
+
+    typedef int (*ffn)(sbprt_ctx *, sbprt_bf16 *, const sbprt_bf16 *, size_t);
+    typedef int (*bfn)(sbprt_ctx *, sbprt_bf16 *, const sbprt_bf16 *, const sbprt_bf16 *, size_t);
+    const struct {
+        const char *fname, *bname;
+        ffn gf, cf;
+        bfn gb, cb;
+    } acts[] = {
+        {"gelu_tanh_forward_bf16", "gelu_tanh_backward_bf16", sbprt_gelu_tanh_forward_bf16,
+         cpuref_sbprt_gelu_tanh_forward_bf16, sbprt_gelu_tanh_backward_bf16,
+         cpuref_sbprt_gelu_tanh_backward_bf16},
+        {"gelu_erf_forward_bf16", "gelu_erf_backward_bf16", sbprt_gelu_erf_forward_bf16,
+         cpuref_sbprt_gelu_erf_forward_bf16, sbprt_gelu_erf_backward_bf16,
+         cpuref_sbprt_gelu_erf_backward_bf16},
+        {"silu_forward_bf16", "silu_backward_bf16", sbprt_silu_forward_bf16,
+         cpuref_sbprt_silu_forward_bf16, sbprt_silu_backward_bf16,
+         cpuref_sbprt_silu_backward_bf16},
+    };
+    for (int i = 0; i < 3; i++) {
+        kc_begin(&K, acts[i].fname, TOL_BF16, "n=%zu", n);
+        sbprt_bf16 *dx = KC_IN_B(&K, x, n);
+        o = kc_out_bf_rand(&K, "out", n, 0);
+        REF(acts[i].cf(C, BREF(o), x, n));
+        KC_RUN(K, acts[i].gf(G, BDEV(o), dx, n));
+        kc_begin(&K, acts[i].fname, TOL_BF16, "n=%zu in place", n);
+        o = kc_out_bf(&K, "out", x, n, 0);
+        REF(acts[i].cf(C, BREF(o), BREF(o), n));
+        KC_RUN(K, acts[i].gf(G, BDEV(o), BDEV(o), n));
+        kc_begin(&K, acts[i].bname, TOL_BF16, "n=%zu", n);
+        dx = KC_IN_B(&K, x, n);
+        sbprt_bf16 *ddo = KC_IN_B(&K, dout, n);
+        o = kc_out_bf_rand(&K, "dx", n, 1);
+        REF(acts[i].cb(C, BREF(o), dout, x, n));
+        KC_RUN(K, acts[i].gb(G, BDEV(o), ddo, dx, n));
+    }
+    kc_begin(&K, "swiglu_forward_bf16", TOL_BF16, "n=%zu", n);
+    sbprt_bf16 *dg = KC_IN_B(&K, x, n), *du = KC_IN_B(&K, b, n);
+    o = kc_out_bf_rand(&K, "out", n, 0);
+    REF(cpuref_sbprt_swiglu_forward_bf16(C, BREF(o), x, b, n));
+    KC_RUN(K, sbprt_swiglu_forward_bf16(G, BDEV(o), dg, du, n));
+    kc_begin(&K, "swiglu_backward_bf16", TOL_BF16, "n=%zu", n);
+    dg = KC_IN_B(&K, x, n);
+    du = KC_IN_B(&K, b, n);
+    sbprt_bf16 *ddo = KC_IN_B(&K, dout, n);
+    obuf *g1 = kc_out_bf_rand(&K, "dgate", n, 1), *g2 = kc_out_bf_rand(&K, "dup", n, 1);
+    REF(cpuref_sbprt_swiglu_backward_bf16(C, BREF(g1), BREF(g2), dout, x, b, n));
+    KC_RUN(K, sbprt_swiglu_backward_bf16(G, BDEV(g1), BDEV(g2), ddo, dg, du, n));
+
+    const float *f = hrand(n, -3, 3);
+    kc_begin(&K, "convert_f32_to_bf16", TOL_BF16, "n=%zu", n);
+    float *df = KC_IN_F(&K, f, n);
+    o = kc_out_bf_rand(&K, "dst", n, 0);
+    REF(cpuref_sbprt_convert_f32_to_bf16(C, BREF(o), f, n));
+    KC_RUN(K, sbprt_convert_f32_to_bf16(G, BDEV(o), df, n));
+    kc_begin(&K, "convert_bf16_to_f32", TOL_BF16, "n=%zu", n);
+    da = KC_IN_B(&K, a, n);
+    o = kc_out_rand(&K, "dst", n, 0);
+    REF(cpuref_sbprt_convert_bf16_to_f32(C, o->ref, a, n));
+    KC_RUN(K, sbprt_convert_bf16_to_f32(G, o->d, da, n));
+    hfree_all();
+}
+
+static void t_bf16_rows(void)
+{
+    kcase K;
+    /* embedding */
+    const int n = quick ? 61 : 4096, v = quick ? 30 : 50257, c = quick ? 70 : 768;
+    int32_t *ids = hnew((size_t)n * sizeof(int32_t));
+    for (int r = 0; r < n; r++)
+        ids[r] = r % 3 == 0 ? rng_int(16) : rng_int(v);
+    const float *table = hrand((size_t)v * c, -1, 1);
+    const sbprt_bf16 *dout = hrand_bf((size_t)n * c, -1, 1);
+    kc_begin(&K, "embedding_forward_bf16", TOL_BF16, "n=%d v=%d c=%d", n, v, c);
+    float *dt = KC_IN_F(&K, table, (size_t)v * c);
+    int32_t *di = KC_IN_I(&K, ids, n);
+    obuf *o = kc_out_bf_rand(&K, "out", (size_t)n * c, 0);
+    REF(cpuref_sbprt_embedding_forward_bf16(C, BREF(o), table, ids, n, v, c));
+    KC_RUN(K, sbprt_embedding_forward_bf16(G, BDEV(o), dt, di, n, v, c));
+    kc_begin(&K, "embedding_backward_bf16", TOL_BF16, "n=%d v=%d c=%d", n, v, c);
+    sbprt_bf16 *ddo = KC_IN_B(&K, dout, (size_t)n * c);
+    di = KC_IN_I(&K, ids, n);
+    o = kc_out_rand(&K, "dtable", (size_t)v * c, 1);
+    REF(cpuref_sbprt_embedding_backward_bf16(C, o->ref, dout, ids, n, v, c));
+    KC_RUN(K, sbprt_embedding_backward_bf16(G, o->d, ddo, di, n, v, c));
+    hfree_all();
+
+    /* norms */
+    const int nn = quick ? 70 : 4096, nc = quick ? 33 : 1024;
+    const float eps = 1e-5f;
+    const sbprt_bf16 *x = hrand_bf((size_t)nn * nc, -2, 3), *dy = hrand_bf((size_t)nn * nc, -1, 1);
+    const float *gamma = hrand(nc, 0.5f, 1.5f), *beta = hrand(nc, -1, 1);
+    float *mean = hnew((size_t)nn * sizeof(float)), *rstd = hnew((size_t)nn * sizeof(float));
+    sbprt_bf16 *tmp = hnew((size_t)nn * nc * sizeof(sbprt_bf16));
+    REF(cpuref_sbprt_layernorm_forward_bf16(C, tmp, mean, rstd, x, gamma, beta, nn, nc, eps));
+    kc_begin(&K, "layernorm_forward_bf16", TOL_BF16, "n=%d c=%d", nn, nc);
+    sbprt_bf16 *dx = KC_IN_B(&K, x, (size_t)nn * nc);
+    float *dgm = KC_IN_F(&K, gamma, nc), *dbt = KC_IN_F(&K, beta, nc);
+    o = kc_out_bf_rand(&K, "out", (size_t)nn * nc, 0);
+    obuf *mo = kc_out_rand(&K, "mean", nn, 0), *ro = kc_out_rand(&K, "rstd", nn, 0);
+    REF(cpuref_sbprt_layernorm_forward_bf16(C, BREF(o), mo->ref, ro->ref, x, gamma, beta, nn, nc,
+                                            eps));
+    KC_RUN(K, sbprt_layernorm_forward_bf16(G, BDEV(o), mo->d, ro->d, dx, dgm, dbt, nn, nc, eps));
+    kc_begin(&K, "layernorm_backward_bf16", TOL_BF16, "n=%d c=%d", nn, nc);
+    dx = KC_IN_B(&K, x, (size_t)nn * nc);
+    sbprt_bf16 *ddy = KC_IN_B(&K, dy, (size_t)nn * nc);
+    dgm = KC_IN_F(&K, gamma, nc);
+    float *dm = KC_IN_F(&K, mean, nn), *dr = KC_IN_F(&K, rstd, nn);
+    obuf *gx = kc_out_bf_rand(&K, "dx", (size_t)nn * nc, 1);
+    obuf *gg = kc_out_rand(&K, "dgamma", nc, 1), *gb = kc_out_rand(&K, "dbeta", nc, 1);
+    REF(cpuref_sbprt_layernorm_backward_bf16(C, BREF(gx), gg->ref, gb->ref, dy, x, gamma, mean,
+                                             rstd, nn, nc));
+    KC_RUN(K, sbprt_layernorm_backward_bf16(G, BDEV(gx), gg->d, gb->d, ddy, dx, dgm, dm, dr, nn,
+                                            nc));
+    REF(cpuref_sbprt_rmsnorm_forward_bf16(C, tmp, rstd, x, gamma, nn, nc, eps));
+    kc_begin(&K, "rmsnorm_forward_bf16", TOL_BF16, "n=%d c=%d", nn, nc);
+    dx = KC_IN_B(&K, x, (size_t)nn * nc);
+    dgm = KC_IN_F(&K, gamma, nc);
+    o = kc_out_bf_rand(&K, "out", (size_t)nn * nc, 0);
+    ro = kc_out_rand(&K, "rstd", nn, 0);
+    REF(cpuref_sbprt_rmsnorm_forward_bf16(C, BREF(o), ro->ref, x, gamma, nn, nc, eps));
+    KC_RUN(K, sbprt_rmsnorm_forward_bf16(G, BDEV(o), ro->d, dx, dgm, nn, nc, eps));
+    kc_begin(&K, "rmsnorm_forward_bf16", TOL_BF16, "n=%d c=%d in place", nn, nc);
+    dgm = KC_IN_F(&K, gamma, nc);
+    o = kc_out_bf(&K, "out", x, (size_t)nn * nc, 0);
+    REF(cpuref_sbprt_rmsnorm_forward_bf16(C, BREF(o), NULL, BREF(o), gamma, nn, nc, eps));
+    KC_RUN(K, sbprt_rmsnorm_forward_bf16(G, BDEV(o), NULL, BDEV(o), dgm, nn, nc, eps));
+    kc_begin(&K, "rmsnorm_backward_bf16", TOL_BF16, "n=%d c=%d", nn, nc);
+    dx = KC_IN_B(&K, x, (size_t)nn * nc);
+    ddy = KC_IN_B(&K, dy, (size_t)nn * nc);
+    dgm = KC_IN_F(&K, gamma, nc);
+    dr = KC_IN_F(&K, rstd, nn);
+    gx = kc_out_bf_rand(&K, "dx", (size_t)nn * nc, 1);
+    gg = kc_out_rand(&K, "dgamma", nc, 1);
+    REF(cpuref_sbprt_rmsnorm_backward_bf16(C, BREF(gx), gg->ref, dy, x, gamma, rstd, nn, nc));
+    KC_RUN(K, sbprt_rmsnorm_backward_bf16(G, BDEV(gx), gg->d, ddy, dx, dgm, dr, nn, nc));
+    hfree_all();
+
+    /* RoPE */
+    const int rows = quick ? 9 : 4096, heads = quick ? 3 : 16, hd = quick ? 16 : 128;
+    const int rot = quick ? 12 : 128, max_pos = quick ? 40 : 8192;
+    const size_t rn = (size_t)rows * heads * hd;
+    int32_t *pos = hnew((size_t)rows * sizeof(int32_t));
+    for (int r = 0; r < rows; r++)
+        pos[r] = rng_int(max_pos);
+    const float *cs = hrand((size_t)max_pos * rot, -1, 1), *sn = hrand((size_t)max_pos * rot, -1, 1);
+    const sbprt_bf16 *rx = hrand_bf(rn, -1, 1), *rd = hrand_bf(rn, -1, 1);
+    for (int bw = 0; bw < 2; bw++) {
+        kc_begin(&K, bw ? "rope_backward_bf16" : "rope_forward_bf16", TOL_BF16,
+                 "rows=%d heads=%d hd=%d rot=%d", rows, heads, hd, rot);
+        int32_t *dp = KC_IN_I(&K, pos, rows);
+        float *dc = KC_IN_F(&K, cs, (size_t)max_pos * rot), *ds = KC_IN_F(&K, sn, (size_t)max_pos * rot);
+        sbprt_bf16 *din = KC_IN_B(&K, bw ? rd : rx, rn);
+        o = kc_out_bf_rand(&K, bw ? "dx" : "out", rn, bw);
+        if (bw) {
+            REF(cpuref_sbprt_rope_backward_bf16(C, BREF(o), rd, pos, cs, sn, rows, heads, hd, rot,
+                                                max_pos));
+            KC_RUN(K, sbprt_rope_backward_bf16(G, BDEV(o), din, dp, dc, ds, rows, heads, hd, rot,
+                                               max_pos));
+        } else {
+            REF(cpuref_sbprt_rope_forward_bf16(C, BREF(o), rx, pos, cs, sn, rows, heads, hd, rot,
+                                               max_pos));
+            KC_RUN(K, sbprt_rope_forward_bf16(G, BDEV(o), din, dp, dc, ds, rows, heads, hd, rot,
+                                              max_pos));
+        }
+    }
+    hfree_all();
+}
+
+static void t_bf16_attention_shape(att_shape s)
+{
+    const size_t nq = (size_t)s.b * s.t * s.hq * s.d, nkv = (size_t)s.b * s.tk * s.hkv * s.d;
+    const size_t nl = (size_t)s.b * s.hq * s.t;
+    const float scale = 1.0f / sqrtf((float)s.d);
+    const sbprt_bf16 *q = hrand_bf(nq, -1, 1), *k = hrand_bf(nkv, -1, 1), *v = hrand_bf(nkv, -1, 1);
+    const sbprt_bf16 *dout = hrand_bf(nq, -1, 1);
+    sbprt_bf16 *out = hnew(nq * sizeof(sbprt_bf16));
+    float *lse = hnew(nl * sizeof(float));
+    REF(cpuref_sbprt_attention_forward_bf16(C, out, lse, q, k, v, s.b, s.t, s.tk, s.hq, s.hkv, s.d,
+                                            s.q_start, scale));
+    char label[120];
+    snprintf(label, sizeof label, "b=%d t=%d tk=%d hq=%d hkv=%d d=%d q_start=%d", s.b, s.t, s.tk,
+             s.hq, s.hkv, s.d, s.q_start);
+    kcase K;
+    kc_begin(&K, "attention_forward_bf16", TOL_BF16, "%s", label);
+    sbprt_bf16 *dq = KC_IN_B(&K, q, nq), *dk = KC_IN_B(&K, k, nkv), *dv = KC_IN_B(&K, v, nkv);
+    obuf *o = kc_out_bf_rand(&K, "out", nq, 0), *l = kc_out_rand(&K, "lse", nl, 0);
+    REF(cpuref_sbprt_attention_forward_bf16(C, BREF(o), l->ref, q, k, v, s.b, s.t, s.tk, s.hq,
+                                            s.hkv, s.d, s.q_start, scale));
+    KC_RUN(K, sbprt_attention_forward_bf16(G, BDEV(o), l->d, dq, dk, dv, s.b, s.t, s.tk, s.hq,
+                                           s.hkv, s.d, s.q_start, scale));
+    kc_begin(&K, "attention_backward_bf16", TOL_BF16, "%s", label);
+    dq = KC_IN_B(&K, q, nq);
+    dk = KC_IN_B(&K, k, nkv);
+    dv = KC_IN_B(&K, v, nkv);
+    sbprt_bf16 *ddo = KC_IN_B(&K, dout, nq), *dout_ = KC_IN_B(&K, out, nq);
+    float *dl = KC_IN_F(&K, lse, nl);
+    obuf *gq = kc_out_bf_rand(&K, "dq", nq, 1), *gk = kc_out_bf_rand(&K, "dk", nkv, 1);
+    obuf *gv = kc_out_bf_rand(&K, "dv", nkv, 1);
+    REF(cpuref_sbprt_attention_backward_bf16(C, BREF(gq), BREF(gk), BREF(gv), dout, q, k, v, out,
+                                             lse, s.b, s.t, s.tk, s.hq, s.hkv, s.d, s.q_start,
+                                             scale));
+    KC_RUN(K, sbprt_attention_backward_bf16(G, BDEV(gq), BDEV(gk), BDEV(gv), ddo, dq, dk, dv, dout_,
+                                            dl, s.b, s.t, s.tk, s.hq, s.hkv, s.d, s.q_start, scale));
+}
+
+static void t_bf16_attention_loss(void)
+{
+    static const att_shape full[] = {
+        {2, 512, 512, 8, 2, 64, 0},
+        {1, 256, 1024, 4, 4, 128, 768},
+        {1, 1024, 1024, 16, 8, 128, 0},
+    };
+    static const att_shape small[] = {
+        {1, 40, 40, 2, 1, 16, 0},
+        {2, 20, 45, 4, 2, 24, 25},
+    };
+    const att_shape *shapes = quick ? small : full;
+    const int ns = quick ? 2 : 3;
+    for (int i = 0; i < ns; i++) {
+        t_bf16_attention_shape(shapes[i]);
+        hfree_all();
+    }
+
+    const int n = quick ? 7 : 1024, v = quick ? 1000 : 50257;
+    int32_t *labels = hnew((size_t)n * sizeof(int32_t));
+    int scored = 0;
+    for (int r = 0; r < n; r++) {
+        labels[r] = r % 5 == 3 ? SBPRT_IGNORE_INDEX : rng_int(v);
+        scored += labels[r] != SBPRT_IGNORE_INDEX;
+    }
+    const sbprt_bf16 *logits = hrand_bf((size_t)n * v, -6, 6);
+    const float scale = 1.0f / (float)scored;
+    for (int variant = 0; variant < 3; variant++) { /* separate dlogits; in place; loss only */
+        kcase K;
+        kc_begin(&K, "cross_entropy_forward_backward_bf16", TOL_BF16, "n=%d v=%d %s", n, v,
+                 variant == 0 ? "" : variant == 1 ? "in place" : "loss only");
+        int32_t *dlab = KC_IN_I(&K, labels, n);
+        float init = 1.5f;
+        obuf *loss = kc_out(&K, "loss_sum", &init, 1, 1);
+        if (variant == 1) {
+            obuf *io = kc_out_bf(&K, "dlogits", logits, (size_t)n * v, 0);
+            REF(cpuref_sbprt_cross_entropy_forward_backward_bf16(C, loss->ref, BREF(io), BREF(io),
+                                                                 labels, n, v, scale));
+            KC_RUN(K, sbprt_cross_entropy_forward_backward_bf16(G, loss->d, BDEV(io), BDEV(io), dlab,
+                                                                n, v, scale));
+        } else {
+            sbprt_bf16 *dlog = KC_IN_B(&K, logits, (size_t)n * v);
+            obuf *dl = variant == 0 ? kc_out_bf_rand(&K, "dlogits", (size_t)n * v, 0) : NULL;
+            REF(cpuref_sbprt_cross_entropy_forward_backward_bf16(
+                C, loss->ref, dl ? BREF(dl) : NULL, logits, labels, n, v, scale));
+            KC_RUN(K, sbprt_cross_entropy_forward_backward_bf16(G, loss->d, dl ? BDEV(dl) : NULL,
+                                                                dlog, dlab, n, v, scale));
+        }
+    }
+    hfree_all();
+}
+
+static void t_bf16_layout(void)
+{
+    kcase K;
+    const int d4[] = {quick ? 2 : 8, quick ? 5 : 64, quick ? 3 : 12, quick ? 7 : 64};
+    const int p4[] = {0, 2, 1, 3};
+    const size_t n4 = count_of(4, d4);
+    const sbprt_bf16 *x = hrand_bf(n4, -1, 1);
+    for (int bw = 0; bw < 2; bw++) {
+        kc_begin(&K, bw ? "permute_backward_bf16" : "permute_forward_bf16", TOL_BF16, "n=%zu", n4);
+        sbprt_bf16 *dx = KC_IN_B(&K, x, n4);
+        obuf *o = kc_out_bf_rand(&K, bw ? "dx" : "out", n4, bw);
+        if (bw) {
+            REF(cpuref_sbprt_permute_backward_bf16(C, BREF(o), x, 4, d4, p4));
+            KC_RUN(K, sbprt_permute_backward_bf16(G, BDEV(o), dx, 4, d4, p4));
+        } else {
+            REF(cpuref_sbprt_permute_forward_bf16(C, BREF(o), x, 4, d4, p4));
+            KC_RUN(K, sbprt_permute_forward_bf16(G, BDEV(o), dx, 4, d4, p4));
+        }
+    }
+    const int rows = quick ? 13 : 4096, w = quick ? 6 : 256, dld = quick ? 20 : 1024;
+    const int doff = quick ? 9 : 512, sld = quick ? 11 : 768, soff = quick ? 3 : 100;
+    const sbprt_bf16 *src = hrand_bf((size_t)rows * sld, -1, 1);
+    for (int acc = 0; acc < 2; acc++) {
+        kc_begin(&K, "copy_cols_bf16", TOL_BF16, "rows=%d w=%d%s", rows, w, acc ? " accumulate" : "");
+        sbprt_bf16 *ds = KC_IN_B(&K, src, (size_t)rows * sld);
+        obuf *dst = kc_out_bf_rand(&K, "dst", (size_t)rows * dld, 0);
+        REF(cpuref_sbprt_copy_cols_bf16(C, BREF(dst), src, rows, w, dld, doff, sld, soff, acc));
+        KC_RUN(K, sbprt_copy_cols_bf16(G, BDEV(dst), ds, rows, w, dld, doff, sld, soff, acc));
+    }
+    const int od[] = {quick ? 3 : 8, quick ? 5 : 128, quick ? 70 : 768};
+    const int ad[] = {od[0], od[1], od[2]}, bd[] = {1, od[1], od[2]};
+    const size_t n = count_of(3, od), nb = count_of(3, bd);
+    const sbprt_bf16 *a = hrand_bf(n, -1, 1), *b = hrand_bf(nb, 0.5f, 1.5f);
+    const sbprt_bf16 *dout = hrand_bf(n, -1, 1);
+    for (int op = SBPRT_BIN_ADD; op <= SBPRT_BIN_DIV; op++) {
+        kc_begin(&K, "broadcast_forward_bf16", TOL_BF16, "n=%zu op=%d", n, op);
+        sbprt_bf16 *da = KC_IN_B(&K, a, n), *db = KC_IN_B(&K, b, nb);
+        obuf *o = kc_out_bf_rand(&K, "out", n, 0);
+        REF(cpuref_sbprt_broadcast_forward_bf16(C, BREF(o), a, b, op, 3, od, ad, bd));
+        KC_RUN(K, sbprt_broadcast_forward_bf16(G, BDEV(o), da, db, op, 3, od, ad, bd));
+        kc_begin(&K, "broadcast_backward_bf16", TOL_BF16, "n=%zu op=%d", n, op);
+        da = KC_IN_B(&K, a, n);
+        db = KC_IN_B(&K, b, nb);
+        sbprt_bf16 *ddo = KC_IN_B(&K, dout, n);
+        obuf *ga = kc_out_bf_rand(&K, "da", n, 1), *gb = kc_out_bf_rand(&K, "db", nb, 1);
+        REF(cpuref_sbprt_broadcast_backward_bf16(C, BREF(ga), BREF(gb), dout, a, b, op, 3, od, ad,
+                                                 bd));
+        KC_RUN(K, sbprt_broadcast_backward_bf16(G, BDEV(ga), BDEV(gb), ddo, da, db, op, 3, od, ad,
+                                                bd));
+    }
+    hfree_all();
+}
+
 /* ---- memory, errors, diagnostics ---------------------------------------------------------- */
 
 static void t_memory(void)
@@ -1190,7 +1641,7 @@ static void t_errors(void)
 
 static void report(double total_ms)
 {
-    printf("\n%-32s %6s %12s %8s %6s %11s  %s\n", "kernel", "cases", "max rel err", "tol", "det",
+    printf("\n%-36s %6s %12s %8s %6s %11s  %s\n", "kernel", "cases", "max rel err", "tol", "det",
            "time (ms)", "status");
     int kernels = 0, cases = 0, bad = 0;
     for (int i = 0; i < nstats; i++) {
@@ -1203,7 +1654,7 @@ static void report(double total_ms)
         }
         if (s->ms >= 0)
             snprintf(ms, sizeof ms, "%.3f", s->ms);
-        printf("%-32s %6d %12s %8s %6s %11s  %s\n", s->name, s->cases, err, tol,
+        printf("%-36s %6d %12s %8s %6s %11s  %s\n", s->name, s->cases, err, tol,
                s->tol > 0 ? (s->nondet ? "NO" : "yes") : "-", ms, s->fails ? "FAIL" : "ok");
         cases += s->cases;
         bad += s->fails > 0;
@@ -1260,7 +1711,10 @@ int main(int argc, char **argv)
         {"memory", t_memory},   {"gemm", t_gemm},           {"bias", t_bias},
         {"elementwise", t_elementwise}, {"embedding", t_embedding}, {"norm", t_norm},
         {"rope", t_rope},       {"attention", t_attention}, {"loss", t_loss},
-        {"optim", t_optim},     {"extra", t_extra},         {"index checks", t_range_errors},
+        {"optim", t_optim},     {"extra", t_extra},         {"bf16 gemm", t_bf16_gemm},
+        {"bf16 elementwise", t_bf16_bias_ew}, {"bf16 rows", t_bf16_rows},
+        {"bf16 attn, loss", t_bf16_attention_loss}, {"bf16 layout", t_bf16_layout},
+        {"index checks", t_range_errors},
         {"errors", t_errors},
     };
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {

@@ -493,7 +493,11 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
     (void)algo;
     if (!handle)
         return CUBLAS_STATUS_NOT_INITIALIZED;
-    if (Atype != CUDA_R_32F || Btype != CUDA_R_32F || Ctype != CUDA_R_32F ||
+    /* bf16 inputs are read exactly as fp32 and the fp32 sum is rounded to a bf16 C once (to
+     * nearest even), which is what cuBLAS's CUBLAS_COMPUTE_32F does up to summation order */
+    const bool bf_in = Atype == CUDA_R_16BF;
+    if (Atype != Btype || (Atype != CUDA_R_32F && Atype != CUDA_R_16BF) ||
+        (Ctype != CUDA_R_32F && (Ctype != CUDA_R_16BF || !bf_in)) ||
         (computeType != CUBLAS_COMPUTE_32F && computeType != CUBLAS_COMPUTE_32F_FAST_TF32))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     int arows = transa == CUBLAS_OP_N ? m : k, brows = transb == CUBLAS_OP_N ? k : n;
@@ -501,20 +505,44 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
         ldb < (brows > 1 ? brows : 1) || ldc < (m > 1 ? m : 1))
         return CUBLAS_STATUS_INVALID_VALUE;
     const float al = *(const float *)alpha, be = *(const float *)beta;
+    auto load = [bf_in](const void *base, size_t i) -> float {
+        if (!bf_in)
+            return ((const float *)base)[i];
+        uint32_t u = (uint32_t)((const uint16_t *)base)[i] << 16;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        return f;
+    };
+    const bool bf_out = Ctype == CUDA_R_16BF;
     for (int bi = 0; bi < batchCount; bi++) {
-        const float *a = (const float *)A + bi * strideA;
-        const float *b = (const float *)B + bi * strideB;
-        float *c = (float *)C + bi * strideC;
+        const size_t ao = (size_t)bi * strideA, bo = (size_t)bi * strideB;
+        const size_t co = (size_t)bi * strideC;
         for (int j = 0; j < n; j++)
             for (int i = 0; i < m; i++) {
                 float s = 0;
                 for (int l = 0; l < k; l++) {
-                    float av = transa == CUBLAS_OP_N ? a[i + (size_t)l * lda] : a[l + (size_t)i * lda];
-                    float bv = transb == CUBLAS_OP_N ? b[l + (size_t)j * ldb] : b[j + (size_t)l * ldb];
+                    float av = load(A, ao + (transa == CUBLAS_OP_N ? i + (size_t)l * lda
+                                                                   : l + (size_t)i * lda));
+                    float bv = load(B, bo + (transb == CUBLAS_OP_N ? l + (size_t)j * ldb
+                                                                   : j + (size_t)l * ldb));
                     s += av * bv;
                 }
-                float *cv = c + i + (size_t)j * ldc;
-                *cv = be == 0.0f ? al * s : al * s + be * *cv;
+                const size_t ci = co + i + (size_t)j * ldc;
+                if (!bf_out) {
+                    float *cv = (float *)C + ci;
+                    *cv = be == 0.0f ? al * s : al * s + be * *cv;
+                } else {
+                    uint16_t *cv = (uint16_t *)C + ci;
+                    uint32_t u = (uint32_t)*cv << 16;
+                    float old;
+                    memcpy(&old, &u, sizeof old);
+                    float r = be == 0.0f ? al * s : al * s + be * old;
+                    memcpy(&u, &r, sizeof u);
+                    if ((u & 0x7fffffffu) > 0x7f800000u)
+                        *cv = (uint16_t)((u >> 16) | 0x40u);
+                    else
+                        *cv = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+                }
             }
     }
     return CUBLAS_STATUS_SUCCESS;

@@ -5,7 +5,8 @@
  *
  * What it emulates: the runtime API calls the backend makes (memory is host memory, a stream
  * is a no-op queue: every call completes before it returns), one cuBLAS entry point (a plain
- * column-major GEMM loop, written from cuBLAS's documented semantics), and kernel execution:
+ * column-major GEMM loop, written from cuBLAS's documented semantics; fp32, or bf16 A and B
+ * with a bf16 or fp32 C and fp32 accumulation), and kernel execution:
  * every CUDA thread of a block is a ucontext coroutine with its own stack; __syncthreads() and
  * the warp primitives (__shfl*_sync, __syncwarp) are real barriers over the block or the warp,
  * scheduled round-robin.  A barrier that can never complete (divergent __syncthreads, a
@@ -98,7 +99,7 @@ cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, 
 /* The opt-in dynamic shared memory limit of an sm_90 device (227 KiB). */
 #define EMU_SMEM_OPTIN (227 * 1024)
 
-/* ---- cuBLAS (one GEMM entry point) ---------------------------------------------------- */
+/* ---- cuBLAS (one GEMM entry point; fp32, or bf16 A and B with a bf16 or fp32 C) -------- */
 
 typedef struct emu_cublas *cublasHandle_t;
 typedef enum {
@@ -109,7 +110,7 @@ typedef enum {
     CUBLAS_STATUS_NOT_SUPPORTED = 15,
 } cublasStatus_t;
 typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
-typedef enum { CUDA_R_32F = 0 } cudaDataType;
+typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType; /* CUDA's values */
 typedef enum {
     CUBLAS_COMPUTE_32F = 68,
     CUBLAS_COMPUTE_32F_FAST_TF32 = 77,

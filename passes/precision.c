@@ -1,0 +1,133 @@
+/* precision.c — the bf16 form of a training program (sbp_train_options.bf16; passes/train.h,
+ * "Precision").
+ *
+ * The program is built in fp32 as always; this pass only decides, per workspace buffer, how it
+ * is stored. Every kernel has fixed operand roles in the runtime's bf16 API (runtime/sbprt.h):
+ * activations and their gradients are bf16, parameters, parameter gradients, statistics and
+ * loss sums fp32 (tp_kernel_bf16_types). A float workspace buffer becomes bf16 when each of its
+ * uses is an activation operand; one used anywhere as fp32 (a norm's rstd, attention's lse, the
+ * loss sum) stays fp32, and then an activation use of it is an error, since no kernel converts
+ * on the fly. A parameter read as a GEMM operand is read through the bf16 copy of the parameter
+ * block that the step keeps at the end of the workspace (placed by sbp_train_place_bf16_shadow
+ * after the memory plan, so the plan's peak includes it); the emitted step fills it from the
+ * fp32 parameters once per step. Byte counts in the program (MEMSET_ZERO, COPY) stay in fp32
+ * units, which keeps the planner's full-write test consistent; the emitter halves them.
+ */
+#include "train_internal.h"
+
+#include <string.h>
+
+const char *tp_kernel_bf16_types(tp_kernel k)
+{
+    switch (k) {
+    case TP_K_MEMSET_ZERO: return "x";
+    case TP_K_COPY: return "xx";
+    case TP_K_GEMM: return "cbb";
+    case TP_K_BIAS_ADD: return "bf";
+    case TP_K_BIAS_BACKWARD: return "fb";
+    case TP_K_ADD: return "bbb";
+    case TP_K_ACCUMULATE: return "bb";
+    case TP_K_EMBEDDING_FWD: return "bfi";
+    case TP_K_EMBEDDING_BWD: return "fbi";
+    case TP_K_LAYERNORM_FWD: return "bffbff";
+    case TP_K_LAYERNORM_BWD: return "bffbbfff";
+    case TP_K_RMSNORM_FWD: return "bfbf";
+    case TP_K_RMSNORM_BWD: return "bfbbff";
+    case TP_K_GELU_TANH_FWD:
+    case TP_K_GELU_ERF_FWD:
+    case TP_K_SILU_FWD: return "bb";
+    case TP_K_GELU_TANH_BWD:
+    case TP_K_GELU_ERF_BWD:
+    case TP_K_SILU_BWD:
+    case TP_K_SWIGLU_FWD: return "bbb";
+    case TP_K_SWIGLU_BWD: return "bbbbb";
+    case TP_K_ROPE_FWD:
+    case TP_K_ROPE_BWD: return "bbiff";
+    case TP_K_ATTENTION_FWD: return "bfbbb";
+    case TP_K_ATTENTION_BWD: return "bbbbbbbbf";
+    case TP_K_CROSS_ENTROPY: return "fbbi";
+    case TP_K_PERMUTE_FWD:
+    case TP_K_PERMUTE_BWD:
+    case TP_K_COPY_COLS: return "bb";
+    case TP_K_BROADCAST_FWD: return "bbb";
+    case TP_K_BROADCAST_BWD: return "bbbbb";
+    default: return NULL;
+    }
+}
+
+size_t tp_buf_elem_bytes(const tp_buf *b) { return b && b->bf16 ? 2 : 4; }
+
+static bool candidate(const tp_buf *b) { return b->kind == TP_BUF_WS && !b->is_int && !b->span; }
+
+int sbp_train_mark_bf16(sbp_train_program *p, ir_diag *d)
+{
+    int errors = 0;
+    for (int i = 0; i < p->n_bufs; i++)
+        p->bufs[i]->bf16 = candidate(p->bufs[i]);
+    /* fp32 uses first: they pin a buffer to fp32; a copy pins both sides together */
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int bi = 0; bi < p->n_blocks; bi++)
+            for (int i = 0; i < p->blocks[bi]->n_insts; i++) {
+                const tp_inst *in = &p->blocks[bi]->insts[i];
+                const char *ty = tp_kernel_bf16_types(in->k);
+                if (!ty)
+                    continue;
+                for (int j = 0; ty[j] && j < TP_MAX_BUFS; j++) {
+                    int b = in->buf[j];
+                    if (b < 0 || !p->bufs[b]->bf16)
+                        continue;
+                    bool fp32 = ty[j] == 'f';
+                    if (in->k == TP_K_COPY) {
+                        int o = in->buf[1 - j];
+                        fp32 = o >= 0 && !p->bufs[o]->bf16;
+                    }
+                    if (fp32) {
+                        p->bufs[b]->bf16 = false;
+                        changed = true;
+                    }
+                }
+            }
+    }
+    /* then every activation operand must be bf16 storage (or a parameter: its bf16 copy) */
+    for (int bi = 0; bi < p->n_blocks; bi++)
+        for (int i = 0; i < p->blocks[bi]->n_insts; i++) {
+            const tp_inst *in = &p->blocks[bi]->insts[i];
+            const char *ty = tp_kernel_bf16_types(in->k);
+            if (!ty) {
+                errors++;
+                ir_diag_error(d, "--precision bf16: kernel %s (%s) has no bf16 form%s",
+                              tp_kernel_table[in->k].name, in->node ? in->node->name : "?",
+                              in->k == TP_K_LOGPROB_FWD || in->k == TP_K_LOGPROB_GRAD ||
+                                      in->k == TP_K_GRPO_LOSS || in->k == TP_K_GRPO_WEIGHTS ||
+                                      in->k == TP_K_DPO_COEF
+                                  ? " (the dpo and grpo objectives are fp32 only)"
+                                  : "");
+                break;
+            }
+            for (int j = 0; ty[j] && j < TP_MAX_BUFS; j++) {
+                int b = in->buf[j];
+                if (b < 0 || (ty[j] != 'b' && ty[j] != 'c'))
+                    continue;
+                const tp_buf *bb = p->bufs[b];
+                bool ok = bb->bf16 || (ty[j] == 'c' && (bb->kind == TP_BUF_GRAD || !bb->is_int)) ||
+                          (in->k == TP_K_GEMM && j > 0 && bb->kind == TP_BUF_PARAM);
+                if (!ok) {
+                    errors++;
+                    ir_diag_error(d,
+                                  "--precision bf16: %s (%s) operand %d is '%s', which must "
+                                  "stay fp32",
+                                  tp_kernel_table[in->k].name, in->node ? in->node->name : "?", j,
+                                  bb->name);
+                }
+            }
+        }
+    return errors ? IR_ERR : IR_OK;
+}
+
+void sbp_train_place_bf16_shadow(sbp_train_program *p)
+{
+    const size_t align = 256; /* as the device allocator: every bf16 row stays aligned */
+    p->bf16_shadow_offset = (p->workspace_bytes + align - 1) / align * align;
+    p->workspace_bytes = p->bf16_shadow_offset + p->param_elems * 2;
+}
