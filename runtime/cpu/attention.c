@@ -108,7 +108,7 @@ static int att_check(const float *q, const float *k, const float *v, int b, int 
  * and add nothing, so a chunk's rows equal the full call's rows bitwise and nothing depends
  * on the thread count.  Keys at or after the chunk's end are never read. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
+#include "simd.h"
 #define ATT_FAST 1
 #define FX __attribute__((target("avx2,fma")))
 #define FB 64 /* query rows and keys per tile */
@@ -116,15 +116,7 @@ static int att_check(const float *q, const float *k, const float *v, int b, int 
  * threads busy; below it the two passes (tasks per query or key tile) run instead. */
 #define FX_FUSED_MIN_TASKS 4
 
-static int att_fast_ok(int d)
-{
-    static int cpu = -1;
-    if (cpu < 0) {
-        __builtin_cpu_init();
-        cpu = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
-    return cpu && d % 8 == 0 && d <= 256;
-}
+static int att_fast_ok(int d) { return cpu_have_avx2() && d % 8 == 0 && d <= 256; }
 
 /* C[r, j] = scale * Σ_c A[r, c] Bt[c, j] for r < m (a multiple of 4), j < n (a multiple of
  * 16); A is [m, d], Bt is [d, FB], C is [m, FB]. */
@@ -210,29 +202,7 @@ FX static void fx_acc(float *restrict C, const float *restrict A, const float *r
     }
 }
 
-/* exp(x) for x <= 0 (Cephes expf polynomial, about 1 ulp); exactly 0 below -87, so
- * exp(-inf) = 0; NaN propagates. */
-FX static inline __m256 fx_exp(__m256 x)
-{
-    const __m256 lo = _mm256_set1_ps(-87.0f);
-    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(lo, x);
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500E-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    p = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(under, p);
-}
+#define fx_exp cpu_exp8 /* simd.h */
 
 /* Row r of an FB-wide tile: s[jj] = -inf for jj >= vis; then p = exp(s - sub) written over
  * s; returns the sum of p (fixed tree order). */
