@@ -25,6 +25,11 @@
  * the shape alone, and every output element is summed in an order fixed by the tiling, so
  * results do not depend on threads.
  *
+ * Scheduling: tasks go to threads dynamically, the most expensive first (the last query
+ * tiles, which see the most keys; in the backward's second pass the first key tiles), so
+ * a causal chunk's uneven tasks still finish together; a task owns its output rows, so which
+ * thread runs it changes nothing in the results.
+ *
  * Inner loops: a task copies its key tile (and, in the backward, its value tile) transposed
  * into [d, ATT_BC] scratch, so a row's scores for 16 keys at once accumulate over d in
  * vector registers instead of one horizontal reduction per key; with the P·V and gradient
@@ -260,9 +265,9 @@ FX static int fx_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
     int st = cpu_scratch(ctx, per_thread * ctx->nthreads * sizeof(float), (void **)&scratch);
     if (st)
         return st;
-#pragma omp parallel for schedule(static, 1) num_threads(ctx->nthreads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
     for (int64_t task = 0; task < ntasks; task++) {
-        const int qt = (int)(task % nqt);
+        const int qt = nqt - 1 - (int)(task % nqt); /* the longest rows first */
         const int h = (int)(task / nqt % hq);
         const int bi = (int)(task / nqt / hq);
         const int g = h / group;
@@ -361,7 +366,7 @@ FX static void fx_backward_fused(sbprt_ctx *ctx, float *thread_base, size_t per_
     const int kend = q_start + t;
     const int nkt = (kend + FB - 1) / FB;
     const int ntasks = b * hkv;
-#pragma omp parallel for schedule(static, 1) num_threads(ctx->nthreads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
     for (int task = 0; task < ntasks; task++) {
         const int g = task % hkv, bi = task / hkv;
         float *kp = thread_base + per_thread * omp_get_thread_num();
@@ -434,9 +439,9 @@ FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread
     if (dq) {
         const int nqt = (t + FB - 1) / FB;
         const int64_t ntasks = (int64_t)b * hq * nqt;
-#pragma omp parallel for schedule(static, 1) num_threads(ctx->nthreads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
         for (int64_t task = 0; task < ntasks; task++) {
-            const int qt = (int)(task % nqt);
+            const int qt = nqt - 1 - (int)(task % nqt); /* the longest rows first */
             const int h = (int)(task / nqt % hq);
             const int bi = (int)(task / nqt / hq);
             const int g = h / group;
@@ -478,7 +483,7 @@ FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread
         const int kend = q_start + t;
         const int nkt = (kend + FB - 1) / FB;
         const int64_t ntasks = (int64_t)b * hkv * nkt;
-#pragma omp parallel for schedule(static, 1) num_threads(ctx->nthreads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
         for (int64_t task = 0; task < ntasks; task++) {
             const int kt_idx = (int)(task % nkt);
             const int g = (int)(task / nkt % hkv);
@@ -553,9 +558,9 @@ int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float 
     if (st)
         return st;
 
-#pragma omp parallel for schedule(static, 1) num_threads(ctx->nthreads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
     for (int64_t task = 0; task < ntasks; task++) {
-        const int qt = (int)(task % nqt);
+        const int qt = nqt - 1 - (int)(task % nqt); /* the longest rows first */
         const int h = (int)(task / nqt % hq);
         const int bi = (int)(task / nqt / hq);
         const int g = h / group;
@@ -671,9 +676,9 @@ int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
     if (dq) {
         const int nqt = (t + ATT_BR - 1) / ATT_BR;
         const int64_t ntasks = (int64_t)b * hq * nqt;
-#pragma omp parallel for schedule(static, 1) num_threads(ctx->nthreads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
         for (int64_t task = 0; task < ntasks; task++) {
-            const int qt = (int)(task % nqt);
+            const int qt = nqt - 1 - (int)(task % nqt); /* the longest rows first */
             const int h = (int)(task / nqt % hq);
             const int bi = (int)(task / nqt / hq);
             const int g = h / group;
@@ -721,7 +726,7 @@ int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
         const int kend = q_start + t;
         const int nkt = (kend + ATT_BC - 1) / ATT_BC;
         const int64_t ntasks = (int64_t)b * hkv * nkt;
-#pragma omp parallel for schedule(static, 1) num_threads(ctx->nthreads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
         for (int64_t task = 0; task < ntasks; task++) {
             const int kt_idx = (int)(task % nkt);
             const int g = (int)(task / nkt % hkv);
