@@ -349,6 +349,49 @@ FX static void fx_probs_dp(float *s, float *dp, const float *ls, const float *dl
     }
 }
 
+/* The per-thread scratch of the backward's key-tile tasks. */
+typedef struct fx_kt {
+    float *kp, *vp;   /* [FB, d] the key and value tile, packed */
+    float *qt, *gt;   /* [d, FB] a query tile and its dout, transposed */
+    float *dka, *dva; /* [FB, d] the key tile's dK and dV sums */
+    float *s, *dp;    /* [FB, FB] P and dS of a (key tile, query tile) pair, one row per key */
+    float *ls, *dl;   /* [FB] the query rows' lse and delta */
+    float *end;       /* what follows: the fused pass's own scratch */
+} fx_kt;
+
+static fx_kt fx_kt_at(float *base, int d)
+{
+    fx_kt w;
+    const size_t td = (size_t)FB * d, tt = (size_t)FB * FB;
+    w.kp = base, w.vp = w.kp + td, w.qt = w.vp + td, w.gt = w.qt + td;
+    w.dka = w.gt + td, w.dva = w.dka + td, w.s = w.dva + td, w.dp = w.s + tt;
+    w.ls = w.dp + tt, w.dl = w.ls + FB, w.end = w.dl + FB;
+    return w;
+}
+
+/* One (key tile, query tile) pair, from the key tile's side: P (w->s) and dS without the
+ * scale (w->dp) of its nc keys x ni query rows, then dV += P dout and dK += dS q over the
+ * tile's rows. q, dout: the tile's first row, rows q_row apart; lse, delta: its rows'. */
+FX static void fx_kt_pair(const fx_kt *w, const float *q, const float *dout, const float *lse,
+                          const float *delta, size_t q_row, int nc, int ni, int j0, int q_start,
+                          int i0, int d, float scale)
+{
+    const int nc4 = r4(nc);
+    fx_transpose(w->qt, q, q_row, ni, d);
+    fx_transpose(w->gt, dout, q_row, ni, d);
+    for (int ii = 0; ii < FB; ii++) {
+        w->ls[ii] = ii < ni ? lse[ii] : 0;
+        w->dl[ii] = ii < ni ? delta[ii] : 0;
+    }
+    fx_nt(w->s, w->kp, w->qt, nc4, r16(ni), d, scale);
+    fx_nt(w->dp, w->vp, w->gt, nc4, r16(ni), d, 1.0f);
+    fx_probs_dp(w->s, w->dp, w->ls, w->dl, nc, j0, q_start, i0, ni);
+    memset(w->s + (size_t)nc * FB, 0, (size_t)(nc4 - nc) * FB * sizeof(float));
+    memset(w->dp + (size_t)nc * FB, 0, (size_t)(nc4 - nc) * FB * sizeof(float));
+    fx_acc(w->dva, w->s, dout, q_row, nc4, ni, d);
+    fx_acc(w->dka, w->dp, q, q_row, nc4, ni, d);
+}
+
 /* The fused backward: one task per (batch, kv head) walks the key tiles in order and, for
  * each, every query head of the group and every query row that sees the tile: the scores and
  * dP once (5 tile products instead of the two passes' 7). dK and dV of the tile accumulate as
@@ -369,54 +412,40 @@ FX static void fx_backward_fused(sbprt_ctx *ctx, float *thread_base, size_t per_
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
     for (int task = 0; task < ntasks; task++) {
         const int g = task % hkv, bi = task / hkv;
-        float *kp = thread_base + per_thread * omp_get_thread_num();
-        float *vp = kp + (size_t)FB * d, *qt = vp + (size_t)FB * d, *gt = qt + (size_t)FB * d;
-        float *dka = gt + (size_t)FB * d, *dva = dka + (size_t)FB * d;
-        float *tmp = dva + (size_t)FB * d, *s = tmp + (size_t)FB * d, *dp = s + (size_t)FB * FB;
-        float *dpt = dp + (size_t)FB * FB, *ls = dpt + (size_t)FB * FB, *dl = ls + FB;
+        const fx_kt w = fx_kt_at(thread_base + per_thread * omp_get_thread_num(), d);
+        float *tmp = w.end, *dpt = tmp + (size_t)FB * d; /* [FB, d], [FB, FB] */
         for (int kt_idx = 0; kt_idx < nkt; kt_idx++) {
             const int j0 = kt_idx * FB;
             const int nc = kend - j0 < FB ? kend - j0 : FB, nc4 = r4(nc);
             const size_t koff = (((size_t)bi * tk + j0) * hkv + g) * d;
-            fx_pack(kp, k + koff, kv_row, nc, nc4, d);
-            fx_pack(vp, v + koff, kv_row, nc, nc4, d);
-            memset(dka, 0, (size_t)2 * FB * d * sizeof(float));
+            fx_pack(w.kp, k + koff, kv_row, nc, nc4, d);
+            fx_pack(w.vp, v + koff, kv_row, nc, nc4, d);
+            memset(w.dka, 0, (size_t)2 * FB * d * sizeof(float));
             const int ifirst = j0 - q_start > 0 ? j0 - q_start : 0;
             for (int hh = 0; hh < group; hh++) {
                 const int h = g * group + hh;
                 for (int i0 = ifirst; i0 < t; i0 += FB) {
                     const int ni = t - i0 < FB ? t - i0 : FB, ni4 = r4(ni);
                     const size_t qoff = (((size_t)bi * t + i0) * hq + h) * d;
-                    const size_t srow = ((size_t)bi * hq + h) * t + i0;
-                    fx_transpose(qt, q + qoff, q_row, ni, d);
-                    fx_transpose(gt, dout + qoff, q_row, ni, d);
-                    for (int ii = 0; ii < FB; ii++) {
-                        ls[ii] = ii < ni ? lse[srow + ii] : 0;
-                        dl[ii] = ii < ni ? delta[srow + ii] : 0;
-                    }
-                    fx_nt(s, kp, qt, nc4, r16(ni), d, scale);
-                    fx_nt(dp, vp, gt, nc4, r16(ni), d, 1.0f);
-                    fx_probs_dp(s, dp, ls, dl, nc, j0, q_start, i0, ni);
-                    memset(s + (size_t)nc * FB, 0, (size_t)(nc4 - nc) * FB * sizeof(float));
-                    memset(dp + (size_t)nc * FB, 0, (size_t)(nc4 - nc) * FB * sizeof(float));
-                    fx_acc(dva, s, dout + qoff, q_row, nc4, ni, d);
-                    fx_acc(dka, dp, q + qoff, q_row, nc4, ni, d);
+                    fx_kt_pair(&w, q + qoff, dout + qoff, lse + ((size_t)bi * hq + h) * t + i0,
+                               delta + ((size_t)bi * hq + h) * t + i0, q_row, nc, ni, j0,
+                               q_start, i0, d, scale);
                     /* dq rows [i0, i0 + ni) += (scale dS)^T K: dS^T as an [ni4, FB] tile */
                     for (int ii = 0; ii < ni4; ii++)
                         for (int jj = 0; jj < nc; jj++)
-                            dpt[(size_t)ii * FB + jj] = ii < ni ? scale * dp[(size_t)jj * FB + ii]
+                            dpt[(size_t)ii * FB + jj] = ii < ni ? scale * w.dp[(size_t)jj * FB + ii]
                                                                 : 0.0f;
                     /* the tile's sum from zero, then added: a row's arithmetic is the same
                      * whichever tile of rows it falls in (a chunk's rows equal the full call's) */
                     memset(tmp, 0, (size_t)ni4 * d * sizeof(float));
-                    fx_acc(tmp, dpt, kp, (size_t)d, ni4, nc, d);
+                    fx_acc(tmp, dpt, w.kp, (size_t)d, ni4, nc, d);
                     for (int r = 0; r < ni; r++)
                         cpu_axpy(dq + qoff + r * q_row, 1.0f, tmp + (size_t)r * d, d);
                 }
             }
             for (int jj = 0; jj < nc; jj++) {
-                cpu_axpy(dk + koff + jj * kv_row, scale, dka + (size_t)jj * d, d);
-                cpu_axpy(dv + koff + jj * kv_row, 1.0f, dva + (size_t)jj * d, d);
+                cpu_axpy(dk + koff + jj * kv_row, scale, w.dka + (size_t)jj * d, d);
+                cpu_axpy(dv + koff + jj * kv_row, 1.0f, w.dva + (size_t)jj * d, d);
             }
         }
     }
@@ -490,40 +519,25 @@ FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread
             const int bi = (int)(task / nkt / hkv);
             const int j0 = kt_idx * FB;
             const int nc = kend - j0 < FB ? kend - j0 : FB, nc4 = r4(nc);
-            float *kp = thread_base + per_thread * omp_get_thread_num();
-            float *vp = kp + (size_t)FB * d, *qt = vp + (size_t)FB * d, *gt = qt + (size_t)FB * d;
-            float *dka = gt + (size_t)FB * d, *dva = dka + (size_t)FB * d;
-            float *s = dva + (size_t)FB * d, *dp = s + (size_t)FB * FB;
-            float *ls = dp + (size_t)FB * FB, *dl = ls + FB;
+            const fx_kt w = fx_kt_at(thread_base + per_thread * omp_get_thread_num(), d);
             const size_t koff = (((size_t)bi * tk + j0) * hkv + g) * d;
-            fx_pack(kp, k + koff, kv_row, nc, nc4, d);
-            fx_pack(vp, v + koff, kv_row, nc, nc4, d);
-            memset(dka, 0, (size_t)2 * FB * d * sizeof(float));
+            fx_pack(w.kp, k + koff, kv_row, nc, nc4, d);
+            fx_pack(w.vp, v + koff, kv_row, nc, nc4, d);
+            memset(w.dka, 0, (size_t)2 * FB * d * sizeof(float));
             const int ifirst = j0 - q_start > 0 ? j0 - q_start : 0;
             for (int hh = 0; hh < group; hh++) {
                 const int h = g * group + hh;
                 for (int i0 = ifirst; i0 < t; i0 += FB) {
                     const int ni = t - i0 < FB ? t - i0 : FB;
                     const size_t qoff = (((size_t)bi * t + i0) * hq + h) * d;
-                    const size_t srow = ((size_t)bi * hq + h) * t + i0;
-                    fx_transpose(qt, q + qoff, q_row, ni, d);
-                    fx_transpose(gt, dout + qoff, q_row, ni, d);
-                    for (int ii = 0; ii < FB; ii++) {
-                        ls[ii] = ii < ni ? lse[srow + ii] : 0;
-                        dl[ii] = ii < ni ? delta[srow + ii] : 0;
-                    }
-                    fx_nt(s, kp, qt, nc4, r16(ni), d, scale);
-                    fx_nt(dp, vp, gt, nc4, r16(ni), d, 1.0f);
-                    fx_probs_dp(s, dp, ls, dl, nc, j0, q_start, i0, ni);
-                    memset(s + (size_t)nc * FB, 0, (size_t)(nc4 - nc) * FB * sizeof(float));
-                    memset(dp + (size_t)nc * FB, 0, (size_t)(nc4 - nc) * FB * sizeof(float));
-                    fx_acc(dva, s, dout + qoff, q_row, nc4, ni, d);
-                    fx_acc(dka, dp, q + qoff, q_row, nc4, ni, d);
+                    fx_kt_pair(&w, q + qoff, dout + qoff, lse + ((size_t)bi * hq + h) * t + i0,
+                               delta + ((size_t)bi * hq + h) * t + i0, q_row, nc, ni, j0,
+                               q_start, i0, d, scale);
                 }
             }
             for (int jj = 0; jj < nc; jj++) {
-                cpu_axpy(dk + koff + jj * kv_row, scale, dka + (size_t)jj * d, d);
-                cpu_axpy(dv + koff + jj * kv_row, 1.0f, dva + (size_t)jj * d, d);
+                cpu_axpy(dk + koff + jj * kv_row, scale, w.dka + (size_t)jj * d, d);
+                cpu_axpy(dv + koff + jj * kv_row, 1.0f, w.dva + (size_t)jj * d, d);
             }
         }
     }

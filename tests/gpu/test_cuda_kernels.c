@@ -274,21 +274,30 @@ static void *kc_in(kcase *k, const void *h, size_t bytes)
 #define KC_IN_I(k, h, n) ((int32_t *)kc_in((k), (h), (size_t)(n) * sizeof(int32_t)))
 #define KC_IN_B(k, h, n) ((sbprt_bf16 *)kc_in((k), (h), (size_t)(n) * sizeof(sbprt_bf16)))
 
-/* An output (or in-place) buffer starting as `init` (n floats; copied). */
-static obuf *kc_out(kcase *k, const char *what, const float *init, size_t n, int acc)
+/* An output (or in-place) buffer starting as `init` (n elements of float, or of bf16 when
+ * bf; copied). The host copies are float-sized either way (room to spare for bf16). */
+static obuf *kc_out_elems(kcase *k, const char *what, const void *init, size_t n, int acc,
+                          int bf)
 {
+    const size_t esize = bf ? sizeof(sbprt_bf16) : sizeof(float);
     obuf *o = &k->o[k->no++];
     o->what = what;
     o->n = n;
     o->acc = acc;
+    o->bf = bf;
     o->h0 = xmalloc_floats(n);
     o->ref = xmalloc_floats(n);
-    memcpy(o->h0, init, n * sizeof(float));
-    memcpy(o->ref, init, n * sizeof(float));
+    memcpy(o->h0, init, n * esize);
+    memcpy(o->ref, init, n * esize);
     o->got = xmalloc_floats(n);
     o->got2 = xmalloc_floats(n);
-    o->d = dnew(n * sizeof(float));
+    o->d = dnew(n * esize);
     return o;
+}
+
+static obuf *kc_out(kcase *k, const char *what, const float *init, size_t n, int acc)
+{
+    return kc_out_elems(k, what, init, n, acc, 0);
 }
 
 static obuf *kc_out_rand(kcase *k, const char *what, size_t n, int acc)
@@ -298,22 +307,9 @@ static obuf *kc_out_rand(kcase *k, const char *what, size_t n, int acc)
 
 static size_t ob_bytes(const obuf *o) { return o->n * (o->bf ? sizeof(sbprt_bf16) : sizeof(float)); }
 
-/* A bf16 output (or in-place) buffer starting as `init` (n bf16 values; copied). */
 static obuf *kc_out_bf(kcase *k, const char *what, const sbprt_bf16 *init, size_t n, int acc)
 {
-    obuf *o = &k->o[k->no++];
-    o->what = what;
-    o->n = n;
-    o->acc = acc;
-    o->bf = 1;
-    o->h0 = xmalloc_floats(n); /* (float-sized: room to spare) */
-    o->ref = xmalloc_floats(n);
-    memcpy(o->h0, init, n * sizeof(sbprt_bf16));
-    memcpy(o->ref, init, n * sizeof(sbprt_bf16));
-    o->got = xmalloc_floats(n);
-    o->got2 = xmalloc_floats(n);
-    o->d = dnew(n * sizeof(sbprt_bf16));
-    return o;
+    return kc_out_elems(k, what, init, n, acc, 1);
 }
 
 static obuf *kc_out_bf_rand(kcase *k, const char *what, size_t n, int acc)
