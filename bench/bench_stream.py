@@ -23,18 +23,9 @@ import tempfile
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import openblas_env  # noqa: F401  (OPENBLAS_CORETYPE for both sides)
 
-# Debian's OpenBLAS 0.3.21 does not recognise some virtual CPUs and falls back to its SSE3
-# ("Prescott") kernels at a third of the speed. Both sides (sbpc and PyTorch) link OpenBLAS, so
-# the benchmark names the kernel for both when the CPU has AVX2 and the caller did not choose.
-if "OPENBLAS_CORETYPE" not in os.environ:
-    try:
-        with open("/proc/cpuinfo") as _f:
-            if " avx2" in _f.read():
-                os.environ["OPENBLAS_CORETYPE"] = "Haswell"
-    except OSError:
-        pass
+HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 V = 32000
 UNIT = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}

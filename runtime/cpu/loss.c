@@ -1,6 +1,7 @@
 /*
  * loss.c — fused softmax cross-entropy (loss and gradient in one pass over the logits) and
- * the per-row log-probability of the label used by preference / RL objectives.
+ * the per-row log-probability of the label used by preference / RL objectives, with its
+ * gradient (sbprt_label_logprob_backward accumulates, sbprt_label_logprob_grad writes).
  *
  * Each row is independent: max, then Σ exp(x - max) accumulated in double (rows are as long
  * as the vocabulary), then the gradient written in a last pass.  The label's logit is read
@@ -223,6 +224,45 @@ int sbprt_label_logprob_backward(sbprt_ctx *ctx, float *dlogits, const float *dl
 #endif
             for (int j = 0; j < v; j++)
                 dx[j] -= g * expf(x[j] - z);
+        dx[y] += g;
+    }
+    return SBPRT_OK;
+}
+
+/* The gradient of Σ_r dlogp[r] * logp[r] written (=) as dlogits: the row's logsumexp (given,
+ * or computed as in the cross-entropy), then one pass that reads x[j] before writing dx[j],
+ * so dlogits may overwrite the logits in place. Ignored rows get zeros. */
+int sbprt_label_logprob_grad(sbprt_ctx *ctx, float *dlogits, const float *dlogp,
+                             const float *logits, const int32_t *labels, const float *lse,
+                             int n, int v)
+{
+    CPU_CHECK(ctx && n >= 0 && v >= 0);
+    if (n == 0)
+        return SBPRT_OK;
+    CPU_CHECK(v > 0 && dlogits && dlogp && logits && labels);
+    int st = loss_check_labels(labels, n, v);
+    if (st)
+        return st;
+    const int fast = loss_fast(); /* read before the threads start */
+    (void)fast;
+#pragma omp parallel for schedule(static) num_threads(ctx->nthreads) \
+    if ((size_t)n * v >= CPU_PARALLEL_MIN)
+    for (int r = 0; r < n; r++) {
+        const float *x = logits + (size_t)r * v;
+        float *dx = dlogits + (size_t)r * v;
+        const int y = labels[r];
+        if (y == SBPRT_IGNORE_INDEX) {
+            memset(dx, 0, (size_t)v * sizeof(float));
+            continue;
+        }
+        const float g = dlogp[r], z = lse ? lse[r] : loss_logsumexp(x, v, fast);
+#ifdef CPU_SIMD
+        if (fast)
+            row_exp_axpby8(dx, x, v, z, -g, 0.0f);
+        else
+#endif
+            for (int j = 0; j < v; j++)
+                dx[j] = -(g * expf(x[j] - z));
         dx[y] += g;
     }
     return SBPRT_OK;

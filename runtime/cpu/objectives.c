@@ -3,10 +3,8 @@
  * gradient of a weighted sum of label log-probabilities written as dlogits, and GRPO's
  * per-token loss with its derivative by the log-probability.
  *
- * sbprt_label_logprob_grad follows the fused cross-entropy (loss.c) row by row: the row's
- * logsumexp (given, or max then Σ exp(x - max) in double), then the gradient written in one
- * pass that reads x[j] before writing dx[j], so dlogits may overwrite the logits in place.
- * sbprt_grpo_token_loss is elementwise over the rows: each row's weighted loss goes to scratch
+ * sbprt_label_logprob_grad lives in loss.c, next to the fused cross-entropy whose row passes
+ * it shares. sbprt_grpo_token_loss is elementwise over the rows: each row's weighted loss goes to scratch
  * (double) and the rows are added in order on one thread, so the result does not depend on the
  * thread count.
  */
@@ -14,47 +12,6 @@
 #include <string.h>
 
 #include "cpu.h"
-
-/* log Σ_j exp(x_j) of one row, shifted by its max for range (as loss.c). */
-static float obj_logsumexp(const float *x, int v)
-{
-    float mx = -INFINITY;
-    for (int j = 0; j < v; j++)
-        mx = x[j] > mx ? x[j] : mx;
-    double s = 0;
-    for (int j = 0; j < v; j++)
-        s += expf(x[j] - mx);
-    return mx + (float)log(s);
-}
-
-int sbprt_label_logprob_grad(sbprt_ctx *ctx, float *dlogits, const float *dlogp,
-                             const float *logits, const int32_t *labels, const float *lse,
-                             int n, int v)
-{
-    CPU_CHECK(ctx && n >= 0 && v >= 0);
-    if (n == 0)
-        return SBPRT_OK;
-    CPU_CHECK(v > 0 && dlogits && dlogp && logits && labels);
-    for (int r = 0; r < n; r++)
-        if (labels[r] != SBPRT_IGNORE_INDEX && (labels[r] < 0 || labels[r] >= v))
-            return SBPRT_ERR_RANGE;
-#pragma omp parallel for schedule(static) num_threads(ctx->nthreads) \
-    if ((size_t)n * v >= CPU_PARALLEL_MIN)
-    for (int r = 0; r < n; r++) {
-        const float *x = logits + (size_t)r * v;
-        float *dx = dlogits + (size_t)r * v;
-        const int y = labels[r];
-        if (y == SBPRT_IGNORE_INDEX) {
-            memset(dx, 0, (size_t)v * sizeof(float));
-            continue;
-        }
-        const float g = dlogp[r], z = lse ? lse[r] : obj_logsumexp(x, v);
-        for (int j = 0; j < v; j++)
-            dx[j] = -(g * expf(x[j] - z)); /* x[j] is read before dx[j] is written */
-        dx[y] += g;
-    }
-    return SBPRT_OK;
-}
 
 int sbprt_grpo_token_loss(sbprt_ctx *ctx, float *loss_sum, float *dlogp, const float *logp,
                           const int32_t *labels, const float *old_logp, const float *ref_logp,
