@@ -60,6 +60,21 @@ static void att_transpose_tile(float *restrict dst, const float *restrict src, s
             dst[(size_t)c * ATT_BC + jj] = src[jj * row_stride + c];
 }
 
+/* The end of a forward task: its nr query rows (from i0, head h, batch bi) normalised,
+ * out = acc / l, and lse = m + log l saved for the backward (when lse is not NULL). */
+static void att_store_rows(float *out, float *lse, const float *acc, const float *m,
+                           const float *l, int bi, int t, int hq, int h, int i0, int nr, int d)
+{
+    for (int r = 0; r < nr; r++) {
+        float *orow = out + (((size_t)bi * t + i0 + r) * hq + h) * d;
+        const float inv = 1.0f / l[r];
+        for (int c = 0; c < d; c++)
+            orow[c] = acc[(size_t)r * d + c] * inv;
+        if (lse)
+            lse[((size_t)bi * hq + h) * t + i0 + r] = m[r] + logf(l[r]);
+    }
+}
+
 /* s[jj] = scale * (x · tile[:, jj]) for jj < n, tile being a transposed [d, ATT_BC] tile.
  * Keys go in blocks of 16 whose partial sums stay in registers across the whole c loop;
  * every s[jj] is summed over c in the same order in the block and in the remainder, so the
@@ -306,14 +321,7 @@ FX static int fx_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
             memset(s + (size_t)nr * FB, 0, (size_t)(nr4 - nr) * FB * sizeof(float));
             fx_acc(acc, s, vbase, kv_row, nr4, jn, d);
         }
-        for (int r = 0; r < nr; r++) {
-            float *orow = out + (((size_t)bi * t + i0 + r) * hq + h) * d;
-            const float inv = 1.0f / l[r];
-            for (int c = 0; c < d; c++)
-                orow[c] = acc[(size_t)r * d + c] * inv;
-            if (lse)
-                lse[((size_t)bi * hq + h) * t + i0 + r] = m[r] + logf(l[r]);
-        }
+        att_store_rows(out, lse, acc, m, l, bi, t, hq, h, i0, nr, d);
     }
     return SBPRT_OK;
 }
@@ -621,14 +629,7 @@ int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float 
             }
         }
 
-        for (int r = 0; r < nr; r++) {
-            float *orow = out + (((size_t)bi * t + i0 + r) * hq + h) * d;
-            const float inv = 1.0f / l[r];
-            for (int c = 0; c < d; c++)
-                orow[c] = acc[(size_t)r * d + c] * inv;
-            if (lse)
-                lse[((size_t)bi * hq + h) * t + i0 + r] = m[r] + logf(l[r]);
-        }
+        att_store_rows(out, lse, acc, m, l, bi, t, hq, h, i0, nr, d);
     }
     return SBPRT_OK;
 }
