@@ -240,6 +240,9 @@ typedef struct ir_graph {
     /* Dim bindings from --batch / --seq-len: symbol name -> extent (applied by bind_dims). */
     int64_t bind_batch, bind_seq; /* 0: not given */
     int next_id;             /* for made-up names */
+    /* torch.export's graph signature as the dynamo exporter wrote it (which initializers were
+     * PARAMETERs and which BUFFERs of the module), or NULL; read by passes/params.c. */
+    const char *torch_signature;
     struct ir_name_index *names; /* value name -> value; private to ir/ir.c */
 } ir_graph;
 

@@ -1208,6 +1208,37 @@ static void report_unsupported(importer *I)
     }
 }
 
+/* The dynamo exporter (torch.onnx, torch >= 2.5) writes torch.export's graph signature, which
+ * says for each initializer whether it was a PARAMETER or a BUFFER of the module, into the
+ * graph's metadata_props (GraphProto field 16, ONNX IR 10). Debian's onnx.proto predates that
+ * field, so protobuf-c keeps it among the unknown fields: each is one StringStringEntryProto,
+ * decoded here (protobuf-c keeps such a field's varint length in front of its bytes). The text
+ * is kept verbatim for passes/params.c. */
+#define GRAPH_METADATA_PROPS_FIELD 16
+#define TORCH_SIGNATURE_KEY "pkg.torch.export.ExportedProgram.graph_signature"
+
+static void import_graph_metadata(importer *I, const Onnx__GraphProto *gp)
+{
+    for (unsigned i = 0; i < gp->base.n_unknown_fields; i++) {
+        const ProtobufCMessageUnknownField *f = &gp->base.unknown_fields[i];
+        if (f->tag != GRAPH_METADATA_PROPS_FIELD || f->wire_type != PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED)
+            continue;
+        /* protobuf-c keeps a length-prefixed unknown field with its varint length in front */
+        size_t at = 0;
+        while (at < f->len && at < 10 && (f->data[at] & 0x80))
+            at++;
+        if (++at > f->len)
+            continue;
+        Onnx__StringStringEntryProto *e =
+            onnx__string_string_entry_proto__unpack(NULL, f->len - at, f->data + at);
+        if (!e)
+            continue; /* metadata is advisory: a malformed entry is ignored, not an error */
+        if (e->key && e->value && strcmp(e->key, TORCH_SIGNATURE_KEY) == 0)
+            I->g->torch_signature = ir_arena_strdup(I->g->arena, e->value);
+        onnx__string_string_entry_proto__free_unpacked(e, NULL);
+    }
+}
+
 static int import_graph(importer *I, const Onnx__ModelProto *m)
 {
     const Onnx__GraphProto *gp = m->graph;
@@ -1223,6 +1254,7 @@ static int import_graph(importer *I, const Onnx__ModelProto *m)
     if (gp->n_sparse_initializer)
         err(I, NULL, NULL, "sparse initializers are not supported (%zu found)",
             gp->n_sparse_initializer);
+    import_graph_metadata(I, gp);
     import_initializers(I, gp);
     import_inputs(I, gp);
 

@@ -311,7 +311,8 @@ static int infer_same(ir_graph *g, ir_node *n)
     if (!x)
         return set_out(g, n, 0, IR_DT_UNDEFINED, NULL);
     shp s = shp_of(x);
-    ir_dtype dt = n->op == IR_OP_NOT ? IR_DT_BOOL : x->dtype;
+    ir_dtype dt = (n->op == IR_OP_NOT || n->op == IR_OP_IS_NAN || n->op == IR_OP_IS_INF)
+                      ? IR_DT_BOOL : x->dtype;
     return set_out(g, n, 0, dt, &s);
 }
 
@@ -588,6 +589,51 @@ static int infer_gather(ir_graph *g, ir_node *n)
     for (int i = axis + 1; i < x->rank; i++)
         out.d[out.rank++] = x->dims[i];
     return set_out(g, n, 0, dt, &out);
+}
+
+/* GatherND(data [r dims], indices [q dims], batch_dims b): indices' last dim k picks a slice of
+ * data; out = indices.shape[:-1] ++ data.shape[b + k:]. */
+static int infer_gather_nd(ir_graph *g, ir_node *n)
+{
+    const ir_value *x = in_at(n, 0), *idx = in_at(n, 1);
+    ir_dtype dt = x ? x->dtype : IR_DT_UNDEFINED;
+    if (!x || !idx || x->rank < 0 || idx->rank < 0)
+        return set_out(g, n, 0, dt, NULL);
+    if (idx->rank < 1 || x->rank < 1)
+        return node_err(g, n, "GatherND needs data and indices of rank >= 1");
+    if (idx->dtype != IR_DT_INT64 && idx->dtype != IR_DT_UNDEFINED)
+        return node_err(g, n, "input 1 ('%s'): GatherND indices must be int64, not %s",
+                        idx->name, ir_dtype_name(idx->dtype));
+    int64_t b = ir_attr_int(n, "batch_dims", 0);
+    if (b < 0 || b >= idx->rank || b >= x->rank)
+        return node_err(g, n, "batch_dims %lld is out of range", (long long)b);
+    if (!dk(idx->dims[idx->rank - 1]))
+        return set_out(g, n, 0, dt, NULL);
+    int64_t k = idx->dims[idx->rank - 1].value;
+    if (k < 1 || b + k > x->rank)
+        return node_err(g, n, "input 1 ('%s'): the last dim of the indices (%lld) plus batch_dims "
+                        "exceeds the rank of the data (%d)", idx->name, (long long)k, x->rank);
+    shp out = {.rank = 0};
+    if (idx->rank - 1 + x->rank - b - k > IR_MAX_RANK)
+        return node_err(g, n, "result rank exceeds %d", IR_MAX_RANK);
+    for (int i = 0; i < idx->rank - 1; i++)
+        out.d[out.rank++] = idx->dims[i];
+    for (int64_t i = b + k; i < x->rank; i++)
+        out.d[out.rank++] = x->dims[i];
+    return set_out(g, n, 0, dt, &out);
+}
+
+/* ScatterND(data, indices, updates): data's shape and dtype. */
+static int infer_scatter_nd(ir_graph *g, ir_node *n)
+{
+    const ir_value *x = in_at(n, 0), *idx = in_at(n, 1);
+    if (idx && idx->dtype != IR_DT_INT64 && idx->dtype != IR_DT_UNDEFINED)
+        return node_err(g, n, "input 1 ('%s'): ScatterND indices must be int64, not %s",
+                        idx->name, ir_dtype_name(idx->dtype));
+    if (!x)
+        return set_out(g, n, 0, IR_DT_UNDEFINED, NULL);
+    shp s = shp_of(x);
+    return set_out(g, n, 0, x->dtype, &s);
 }
 
 /* The axes of Unsqueeze/Squeeze/Reduce*: input 1 when present (opset 13+, ReduceMean 18+),

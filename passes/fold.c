@@ -280,6 +280,101 @@ static int ev_gather(ir_graph *g, ir_node *n, tens *in, tens *out)
     return EV_OK;
 }
 
+/* GatherND(data, indices, batch_dims b): for each index tuple (the last dim of indices, k
+ * long) copy the slice data[batch..., i_0, ..., i_{k-1}, ...]. Negative indices count from the
+ * end, as in the spec; an index out of range is an error (onnxruntime rejects it too). */
+static int ev_gather_nd(ir_graph *g, ir_node *n, tens *in, tens *out)
+{
+    const tens *x = &in[0], *ix = &in[1];
+    if (!is_int_dt(ix->dt) || ix->rank < 1)
+        return EV_SKIP;
+    int64_t b = ir_attr_int(n, "batch_dims", 0), k = ix->dims[ix->rank - 1];
+    if (b < 0 || b + k > x->rank || b >= ix->rank)
+        return EV_SKIP;
+    int64_t nbatch = 1, slice = 1;
+    for (int i = 0; i < b; i++)
+        nbatch *= x->dims[i];
+    for (int64_t i = b + k; i < x->rank; i++)
+        slice *= x->dims[i];
+    int64_t xst[IR_MAX_RANK];
+    strides_of(x, xst);
+    int64_t tuples = k ? ix->numel / k : 0, per_batch = nbatch ? tuples / nbatch : 0;
+    size_t blk = (size_t)slice * x->es;
+    char *o = out[0].data;
+    for (int64_t t = 0; t < tuples; t++) {
+        int64_t bi = per_batch ? t / per_batch : 0;
+        int64_t off = bi * (b ? xst[b - 1] : 0);
+        for (int64_t j = 0; j < k; j++) {
+            int64_t d = x->dims[b + j], v = ld_i(ix, t * k + j);
+            if (v < 0)
+                v += d;
+            if (v < 0 || v >= d)
+                return ev_err(g, n, "index %lld is out of range for an axis of %lld",
+                              (long long)ld_i(ix, t * k + j), (long long)d);
+            off += v * xst[b + j];
+        }
+        memcpy(o, (const char *)x->data + (size_t)off * x->es, blk);
+        o += blk;
+    }
+    return EV_OK;
+}
+
+/* ScatterND(data, indices, updates) with reduction none: a copy of data with the slices the
+ * index tuples name replaced, in order (a repeated index: the last update wins, as the
+ * reference implementation does). */
+static int ev_scatter_nd(ir_graph *g, ir_node *n, tens *in, tens *out)
+{
+    const tens *x = &in[0], *ix = &in[1], *up = &in[2];
+    const char *red = ir_attr_string(n, "reduction", "none");
+    if (!is_int_dt(ix->dt) || ix->rank < 1 || up->dt != x->dt || strcmp(red, "none") != 0)
+        return EV_SKIP;
+    int64_t k = ix->dims[ix->rank - 1];
+    if (k > x->rank)
+        return EV_SKIP;
+    int64_t slice = 1;
+    for (int64_t i = k; i < x->rank; i++)
+        slice *= x->dims[i];
+    int64_t xst[IR_MAX_RANK];
+    strides_of(x, xst);
+    int64_t tuples = k ? ix->numel / k : 0;
+    if (up->numel != tuples * slice)
+        return ev_err(g, n, "updates hold %lld elements, but the indices name %lld slices of %lld",
+                      (long long)up->numel, (long long)tuples, (long long)slice);
+    memcpy(out[0].data, x->data, (size_t)x->numel * x->es);
+    size_t blk = (size_t)slice * x->es;
+    for (int64_t t = 0; t < tuples; t++) {
+        int64_t off = 0;
+        for (int64_t j = 0; j < k; j++) {
+            int64_t d = x->dims[j], v = ld_i(ix, t * k + j);
+            if (v < 0)
+                v += d;
+            if (v < 0 || v >= d)
+                return ev_err(g, n, "index %lld is out of range for an axis of %lld",
+                              (long long)ld_i(ix, t * k + j), (long long)d);
+            off += v * xst[j];
+        }
+        memcpy((char *)out[0].data + (size_t)off * x->es,
+               (const char *)up->data + (size_t)t * blk, blk);
+    }
+    return EV_OK;
+}
+
+/* IsNaN / IsInf (attributes detect_positive / detect_negative) of a float tensor. */
+static int ev_isnan_isinf(const ir_node *n, tens *in, tens *out)
+{
+    const tens *x = &in[0];
+    if (x->dt != IR_DT_FLOAT && x->dt != IR_DT_DOUBLE)
+        return EV_SKIP;
+    bool pos = ir_attr_int(n, "detect_positive", 1) != 0;
+    bool neg = ir_attr_int(n, "detect_negative", 1) != 0;
+    uint8_t *r = out[0].data;
+    for (int64_t i = 0; i < x->numel; i++) {
+        double v = ld_d(x, i);
+        r[i] = n->op == IR_OP_IS_NAN ? v != v : (isinf(v) && (v > 0 ? pos : neg));
+    }
+    return EV_OK;
+}
+
 static int ev_concat(ir_node *n, tens *in, tens *out)
 {
     const tens *o = &out[0];
@@ -718,6 +813,7 @@ static int ev_logic(ir_op op, tens *in, tens *out)
             case IR_OP_GREATER: v = x > y; break;
             case IR_OP_GREATER_OR_EQUAL: v = x >= y; break;
             case IR_OP_AND: v = x != 0 && y != 0; break;
+            case IR_OP_XOR: v = (x != 0) != (y != 0); break;
             default: v = x != 0 || y != 0; break;
             }
         } else {
@@ -729,6 +825,7 @@ static int ev_logic(ir_op op, tens *in, tens *out)
             case IR_OP_GREATER: v = x > y; break;
             case IR_OP_GREATER_OR_EQUAL: v = x >= y; break;
             case IR_OP_AND: v = x && y; break;
+            case IR_OP_XOR: v = (x != 0) != (y != 0); break;
             default: v = x || y; break;
             }
         }
@@ -1118,6 +1215,10 @@ static int eval_inferred(ir_graph *g, ir_node *n, int64_t max_elems, bool *folde
     case IR_OP_SIZE: r = ev_size(in, out); break;
     case IR_OP_CAST: r = ev_cast(in, out); break;
     case IR_OP_GATHER: r = ev_gather(g, n, in, out); break;
+    case IR_OP_GATHER_ND: r = ev_gather_nd(g, n, in, out); break;
+    case IR_OP_SCATTER_ND: r = ev_scatter_nd(g, n, in, out); break;
+    case IR_OP_IS_NAN:
+    case IR_OP_IS_INF: r = ev_isnan_isinf(n, in, out); break;
     case IR_OP_CONCAT: r = ev_concat(n, in, out); break;
     case IR_OP_TRANSPOSE: r = ev_transpose(n, in, out); break;
     case IR_OP_SLICE: r = ev_slice(in, out); break;
@@ -1143,6 +1244,7 @@ static int eval_inferred(ir_graph *g, ir_node *n, int64_t max_elems, bool *folde
     case IR_OP_GREATER:
     case IR_OP_GREATER_OR_EQUAL:
     case IR_OP_AND:
+    case IR_OP_XOR:
     case IR_OP_OR: r = ev_logic(n->op, in, out); break;
     case IR_OP_NOT:
     case IR_OP_NEG:

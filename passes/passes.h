@@ -9,6 +9,9 @@
  *   bind-dims    requires: --batch/--seq-len in g->bind_batch/bind_seq (0: leave symbolic).
  *                produces: symbols bound everywhere, shapes re-inferred; a static dim that
  *                disagrees with a binding is an error.
+ *   params       produces: only trainable weights are PARAM; buffers (by the dynamo exporter's
+ *                graph signature), scalars and initializers that never meet the token data
+ *                are CONST (passes/params.c).
  *   fold         produces: every node whose inputs are all constants replaced by a constant
  *                (Shape of a known shape too); Identity/Dropout(eval) removed.
  *   dce          produces: only nodes that reach a graph output remain; unused constants dropped.
@@ -34,6 +37,8 @@ typedef struct sbp_pass_options {
 
 /* bind_dims.c */
 int sbp_pass_bind_dims(ir_graph *g, int64_t batch, int64_t seq_len);
+/* params.c */
+int sbp_pass_params(ir_graph *g);
 /* fold.c */
 int sbp_pass_fold(ir_graph *g);
 /* The same with a cap on the elements of one folded result (0: the default, 16 Mi); bigger

@@ -23,6 +23,12 @@ static int64_t fold_cap(const sbp_pass_options *o)
     return tokens > cap / 1024 ? tokens * 1024 : cap;
 }
 
+static int run_params(ir_graph *g, const sbp_pass_options *o)
+{
+    (void)o;
+    return sbp_pass_params(g);
+}
+
 static int run_fold(ir_graph *g, const sbp_pass_options *o)
 {
     return sbp_pass_fold_max(g, fold_cap(o));
@@ -49,6 +55,7 @@ typedef int (*pass_fn)(ir_graph *, const sbp_pass_options *);
 const sbp_pass_desc sbp_pass_list[] = {
     {"import", "the graph as read from the ONNX file"},
     {"bind-dims", "bind the symbolic batch/sequence dims to --batch/--seq-len"},
+    {"params", "tell trainable weights from constant initializers (buffers, scalars)"},
     {"fold", "fold shape arithmetic and constants"},
     {"dce", "remove nodes that do not reach an output"},
     {"retie", "restore weight tying broken by the exporter's constant folding"},
@@ -58,7 +65,7 @@ const sbp_pass_desc sbp_pass_list[] = {
 const int sbp_n_passes = (int)(sizeof sbp_pass_list / sizeof sbp_pass_list[0]);
 
 static const pass_fn pass_fns[] = {
-    NULL, run_bind, run_fold, run_dce, run_retie, run_recognize, run_cleanup,
+    NULL, run_bind, run_params, run_fold, run_dce, run_retie, run_recognize, run_cleanup,
 };
 
 int sbp_canonicalize(ir_graph *g, const sbp_pass_options *opt, const char *stop_after)

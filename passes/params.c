@@ -1,0 +1,145 @@
+/* params.c — which initializers are trainable parameters and which are constants.
+ *
+ * The importer makes every float initializer a PARAM. That is wrong for what exporters store as
+ * initializers besides weights: the dynamo exporter writes scalars (eps, exponents, scales, fill
+ * values), rotary `inv_freq`, Gemma's embedding normaliser and similar buffers as initializers,
+ * and TorchScript keeps named buffers such as `model.rotary_emb.inv_freq`. Taken for parameters
+ * they would be "trained", and nothing computed from them would fold, so norms, RoPE and masks
+ * would stay unrecognised. This pass demotes them to CONST, in this order of authority:
+ *
+ *   1. What the file says. The dynamo exporter records torch.export's graph signature (see
+ *      ir/onnx_import.c): an initializer named by a `PARAMETER target='NAME'` line stays a
+ *      parameter; one named by a `BUFFER` or `CONSTANT_TENSOR` line is a constant.
+ *   2. By use, for the rest (the dynamo exporter renames weights it transposed to `val_N`, and a
+ *      TorchScript export has no signature): a float initializer is a parameter only if it has
+ *      more than one element and it meets the token data — some node reads it (directly or
+ *      through layout-only ops: Transpose, Reshape, (Un)Squeeze, Flatten, Cast, Identity)
+ *      together with a value computed from a graph input. A weight always does (MatMul with the
+ *      activations, Gather with the ids, Mul/Add with the normalised rows); a rotary frequency
+ *      vector meets only positions, which are constants once the dims are bound, and a scalar is
+ *      a hyper-parameter.
+ *
+ * requires: the imported graph (before fold, which folds only CONST values); shapes known where
+ *           numel is asked (bind-dims ran; an initializer's shape is always static).
+ * produces: PARAM values only for trainable weights; every other initializer is CONST. Nothing
+ *           else changes. One note line says how many initializers became constants and why.
+ * `sbpc --dump-params` lists what remains (tools/sbpc.c).
+ */
+#include "passes.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { SIG_NONE, SIG_PARAM, SIG_CONST };
+
+/* The kind the signature gives `name`: looks for "<kind> target='<name>'" on one line. */
+static int signature_kind(const char *sig, const char *name)
+{
+    if (!sig)
+        return SIG_NONE;
+    size_t nl = strlen(name);
+    for (const char *p = strstr(sig, "target='"); p; p = strstr(p + 1, "target='")) {
+        const char *t = p + 8;
+        if (strncmp(t, name, nl) != 0 || t[nl] != '\'')
+            continue;
+        /* the kind is the word before " target=" on the same line */
+        const char *ls = p;
+        while (ls > sig && ls[-1] != '\n')
+            ls--;
+        const char *colon = memchr(ls, ':', (size_t)(p - ls));
+        if (!colon)
+            continue;
+        const char *k = colon + 1;
+        while (*k == ' ')
+            k++;
+        if (strncmp(k, "PARAMETER", 9) == 0)
+            return SIG_PARAM;
+        if (strncmp(k, "BUFFER", 6) == 0 || strncmp(k, "CONSTANT_TENSOR", 15) == 0)
+            return SIG_CONST;
+    }
+    return SIG_NONE;
+}
+
+static bool is_layout_op(ir_op op)
+{
+    switch (op) {
+    case IR_OP_TRANSPOSE: case IR_OP_RESHAPE: case IR_OP_UNSQUEEZE: case IR_OP_SQUEEZE:
+    case IR_OP_FLATTEN: case IR_OP_CAST: case IR_OP_IDENTITY:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Does v (an initializer, or a layout-only view of one) meet token data at some use? */
+static bool meets_tokens(const ir_uses *u, const bool *dep, const ir_value *v, int depth)
+{
+    if (depth > 16)
+        return false;
+    for (int k = 0; k < u->n_uses[v->id]; k++) {
+        const ir_node *n = u->uses[v->id][k].node;
+        if (n->dead)
+            continue;
+        for (int i = 0; i < n->n_in; i++)
+            if (n->in[i] && n->in[i] != v && dep[n->in[i]->id])
+                return true;
+        if (is_layout_op(n->op) && u->uses[v->id][k].slot == 0)
+            for (int o = 0; o < n->n_out; o++)
+                if (n->out[o] && meets_tokens(u, dep, n->out[o], depth + 1))
+                    return true;
+    }
+    return false;
+}
+
+int sbp_pass_params(ir_graph *g)
+{
+    /* dep[v]: v is computed from a graph input (the token ids, labels, ...) */
+    bool *dep = calloc((size_t)g->n_values + 1, sizeof *dep);
+    if (!dep)
+        return ir_diag_error(g->diag, "out of memory");
+    for (int i = 0; i < g->n_inputs; i++)
+        dep[g->inputs[i]->id] = true;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const ir_node *n = g->nodes[i];
+        if (n->dead)
+            continue;
+        /* Shape and Size read only the shape, which bind-dims made static */
+        bool d = false;
+        for (int j = 0; j < n->n_in && !d && n->op != IR_OP_SHAPE && n->op != IR_OP_SIZE; j++)
+            d = n->in[j] && dep[n->in[j]->id];
+        for (int j = 0; j < n->n_out; j++)
+            if (n->out[j])
+                dep[n->out[j]->id] = d;
+    }
+    ir_uses u = ir_uses_build(g);
+    int by_signature = 0, scalars = 0, by_use = 0;
+    const char *example = NULL;
+    for (int i = 0; i < g->n_values; i++) {
+        ir_value *v = g->values[i];
+        if (v->kind != IR_VAL_PARAM)
+            continue;
+        int sk = signature_kind(g->torch_signature, v->name);
+        if (sk == SIG_PARAM)
+            continue;
+        if (sk == SIG_CONST) {
+            by_signature++;
+        } else if (ir_value_numel(v) <= 1) {
+            scalars++;
+        } else if (!meets_tokens(&u, dep, v, 0)) {
+            by_use++;
+        } else {
+            continue;
+        }
+        v->kind = IR_VAL_CONST;
+        if (!example)
+            example = v->name;
+    }
+    free(dep);
+    if (by_signature + scalars + by_use)
+        ir_diag_note(g->diag,
+                     "%d float initializer(s) are constants, not parameters: %d buffer(s) by the "
+                     "exporter's graph signature, %d scalar(s), %d that never meet the token data "
+                     "(e.g. '%s'); `sbpc --dump-params` lists the parameters",
+                     by_signature + scalars + by_use, by_signature, scalars, by_use, example);
+    return IR_OK;
+}
