@@ -17,6 +17,8 @@
  */
 #include "train_internal.h"
 
+#include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #define BUFS(...) ((const int[]){__VA_ARGS__})
@@ -353,6 +355,63 @@ static int silu_bwd(tctx *t, const ir_node *n)
     return IR_OK;
 }
 
+/* Relu and Tanh differentiate through their OUTPUT, as torch does: the backward then keeps the
+ * activation the next op reads anyway, not the input as well. The exception is an output that
+ * its own gradient overwrites (a stream head chunk's logits, when one of these makes them: the
+ * fused cross-entropy writes dlogits over the logits): Relu then reads its mask from the input,
+ * which is > 0 at the same elements, and Tanh recomputes its output from the input into a
+ * node-owned scratch. */
+static bool out_overwritten(tctx *t, const ir_node *n)
+{
+    return tx_root(t, n->out[0])->grad_in_place;
+}
+
+/* Relu also exists on integers (exporters' index arithmetic): at run time only float data is
+ * supported, like the binary ops. */
+static int plan_float_unary(tctx *t, const ir_node *n)
+{
+    if (!ir_dtype_is_float(n->in[0]->dtype))
+        return tx_error(t, n, "%s on %s values at run time is not supported in a training step",
+                        ir_op_name(n->op), ir_dtype_name(n->in[0]->dtype));
+    return plan_rowwise(t, n);
+}
+
+static int relu_fwd(tctx *t, const ir_node *n)
+{
+    tx_emit(t, TP_K_RELU_FWD, BUFS(tx_out(t, n, 0), tx_in(t, n, 0)), ARGS(A_I(numel(n->in[0]))));
+    return IR_OK;
+}
+
+static int relu_bwd(tctx *t, const ir_node *n)
+{
+    int gx = tx_gin(t, n, 0), gy = tx_gout(t, n, 0);
+    if (gx < 0 || gy < 0)
+        return IR_OK;
+    int mask = out_overwritten(t, n) ? tx_in(t, n, 0) : tx_out(t, n, 0);
+    tx_emit(t, TP_K_RELU_BWD, BUFS(gx, gy, mask), ARGS(A_I(numel(n->in[0]))));
+    return IR_OK;
+}
+
+static int tanh_fwd(tctx *t, const ir_node *n)
+{
+    tx_emit(t, TP_K_TANH_FWD, BUFS(tx_out(t, n, 0), tx_in(t, n, 0)), ARGS(A_I(numel(n->in[0]))));
+    return IR_OK;
+}
+
+static int tanh_bwd(tctx *t, const ir_node *n)
+{
+    int gx = tx_gin(t, n, 0), gy = tx_gout(t, n, 0);
+    if (gx < 0 || gy < 0)
+        return IR_OK;
+    int y = tx_out(t, n, 0);
+    if (out_overwritten(t, n)) {
+        y = tx_aux(t, n, 0, tx_numel(n->out[0]), false, false, "tanh_again");
+        tx_emit(t, TP_K_TANH_FWD, BUFS(y, tx_in(t, n, 0)), ARGS(A_I(numel(n->in[0]))));
+    }
+    tx_emit(t, TP_K_TANH_BWD, BUFS(gx, gy, y), ARGS(A_I(numel(n->in[0]))));
+    return IR_OK;
+}
+
 static int plan_swiglu(tctx *t, const ir_node *n)
 {
     if (!same_dims(n->in[0], n->in[1]))
@@ -452,6 +511,9 @@ static int plan_attention(tctx *t, const ir_node *n)
                               "multiple of Hkv");
     if (ir_attr_int(n, "causal", 1) != 1)
         return tx_error(t, n, "only causal attention is supported");
+    if (ir_attr_int(n, "window", 0) < 0 || ir_attr_int(n, "window", 0) > INT32_MAX ||
+        !(ir_attr_float(n, "softcap", 0.0) >= 0) || !isfinite(ir_attr_float(n, "softcap", 0.0)))
+        return tx_error(t, n, "Attention: window must be in [0, 2^31) and softcap finite and >= 0");
     tn *r = tx_node(t, n);
     for (int i = 0; i < 3; i++)
         if (t->v[n->in[i]->id].layout != TL_SWAP)
@@ -474,6 +536,9 @@ static void attention_args(tctx *t, const ir_node *n, tp_arg *a)
     a[5] = A_I(dim(q, 3));
     a[6] = t->chunk ? A_T0(0) : A_I(0);
     a[7] = A_F(ir_attr_float(n, "scale", 1.0));
+    /* variants (0: off): a sliding window of w keys, and Gemma-2's c*tanh(s/c) on the scores */
+    a[8] = A_I(ir_attr_int(n, "window", 0));
+    a[9] = A_F(ir_attr_float(n, "softcap", 0.0));
 }
 
 /* Chunk body: operands ops[0..n) are whole-layer K/V buffers, at sequence b. */
@@ -490,7 +555,7 @@ static int attention_fwd(tctx *t, const ir_node *n)
 {
     const ir_value *q = n->in[0];
     int lse = tx_aux(t, n, 0, (size_t)(dim(q, 0) * dim(q, 1) * dim(q, 2)), false, false, "lse");
-    tp_arg a[8];
+    tp_arg a[10];
     attention_args(t, n, a);
     tp_inst *in = tx_emit(t, TP_K_ATTENTION_FWD,
                           BUFS(tx_out(t, n, 0), lse, tx_in(t, n, 0), tx_in(t, n, 1),
@@ -527,7 +592,7 @@ static int attention_bwd(tctx *t, const ir_node *n)
         gk = unused_kv_grad(t, n, 1, 1, "unused_dk");
     if (gv < 0 && gk >= 0)
         gv = unused_kv_grad(t, n, 2, 2, "unused_dv");
-    tp_arg a[8];
+    tp_arg a[10];
     attention_args(t, n, a);
     tp_inst *in = tx_emit(t, TP_K_ATTENTION_BWD,
                           BUFS(gq, gk, gv, gy, tx_in(t, n, 0), tx_in(t, n, 1), tx_in(t, n, 2),
@@ -948,6 +1013,8 @@ static const grad_rule rules[] = {
     {IR_OP_RMS_NORM,       D01,  plan_norm,       rmsnorm_fwd,   rmsnorm_bwd},
     {IR_OP_GELU,           D0,   plan_rowwise,    gelu_fwd,      gelu_bwd},
     {IR_OP_SILU,           D0,   plan_rowwise,    silu_fwd,      silu_bwd},
+    {IR_OP_RELU,           D0,   plan_float_unary, relu_fwd,     relu_bwd},
+    {IR_OP_TANH,           D0,   plan_float_unary, tanh_fwd,     tanh_bwd},
     {IR_OP_SWIGLU,         D01,  plan_swiglu,     swiglu_fwd,    swiglu_bwd},
     {IR_OP_ROPE,           D0,   plan_rope,       rope_fwd,      rope_bwd},
     {IR_OP_ATTENTION,      D012, plan_attention,  attention_fwd, attention_bwd},

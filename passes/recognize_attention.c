@@ -63,7 +63,16 @@ typedef struct attn_match {
     const ir_value *mask;    /* bool condition or additive constant */
     double fill;             /* Where's fill value */
     double post_scale;       /* factors applied after the mask */
+    int64_t window;          /* sliding window w (keys i-w < j <= i), 0: plain causal */
+    double softcap;          /* c of c*tanh(s/c) on the scores (Gemma-2), 0: none */
 } attn_match;
+
+/* What the mask must say at (i, j): keep a key that is not in the future and, under a sliding
+ * window, not w or more positions in the past. */
+static bool keep_expected(const attn_match *m, int64_t i, int64_t j)
+{
+    return j <= i && (m->window == 0 || i - j < m->window);
+}
 
 static void add_node(attn_match *m, ir_node *n)
 {
@@ -171,7 +180,7 @@ static bool elem_where(const attn_match *m, int64_t i, int64_t j, int64_t e)
     bool keep = ir_const_i64(m->mask, e) != 0;
     if (m->mask_kind == MASK_WHERE_INV)
         keep = !keep;
-    return keep == (j <= i);
+    return keep == keep_expected(m, i, j);
 }
 
 static bool masked_enough(double x, double post)
@@ -182,7 +191,7 @@ static bool masked_enough(double x, double post)
 static bool elem_add(const attn_match *m, int64_t i, int64_t j, int64_t e)
 {
     double x = ir_const_f64(m->mask, e);
-    return j <= i ? x == 0.0 : masked_enough(x, m->post_scale);
+    return keep_expected(m, i, j) ? x == 0.0 : masked_enough(x, m->post_scale);
 }
 
 /* ---------------------------------------------------------------- lazily verified masks
@@ -975,17 +984,17 @@ static bool mask_shape(lz_ctx *c, const ir_value *v, const lz_view *w, int depth
 static bool lz_elem_ok(const attn_match *m, int64_t i, int64_t j, double x)
 {
     if (m->mask_kind == MASK_ADD)
-        return j <= i ? x == 0.0 : masked_enough(x, m->post_scale);
+        return keep_expected(m, i, j) ? x == 0.0 : masked_enough(x, m->post_scale);
     bool keep = x != 0;
     if (m->mask_kind == MASK_WHERE_INV)
         keep = !keep;
-    return keep == (j <= i);
+    return keep == keep_expected(m, i, j);
 }
 
 /* A mask computed from constants only, not materialised: proved to be a step function of
  * d = j - i that depends on nothing else, then checked at both ends of every interval between
  * its possible jumps (and at fixed probes). */
-static bool mask_lazy_causal(const attn_match *m, const int64_t *sd)
+static bool mask_lazy_causal(attn_match *m, const int64_t *sd)
 {
     const ir_value *mk = m->mask;
     if (!lz_value_ok(mk) || mk->rank < 2 || mk->rank > 4 || sd[2] != sd[3] || sd[2] < 1 ||
@@ -1009,6 +1018,27 @@ static bool mask_lazy_causal(const attn_match *m, const int64_t *sd)
     lz_desc d;
     if (!mask_shape(&c, mk, &w, 0, &d) || d.kind == LZ_AFFINE)
         return false;
+    /* The window: the smallest d = j - i <= 0 that is kept, read in the last row. F can change
+     * only at the breakpoints, so d = -(T-1) and the breakpoints are the only candidates; the
+     * probes below then check every interval against it. */
+    {
+        int64_t dmin = 1;
+        for (int k = -1; k < d.n_bp; k++) {
+            int64_t x = k < 0 ? -(T - 1) : d.bp[k];
+            if (x < -(T - 1) || x > 0 || (dmin <= 0 && x >= dmin))
+                continue;
+            double v;
+            if (!mask_at(&c, mk, &w, T - 1, T - 1 + x, 0, &v))
+                return false;
+            bool keep = m->mask_kind == MASK_ADD ? v == 0.0
+                        : m->mask_kind == MASK_WHERE_INV ? v == 0 : v != 0;
+            if (keep)
+                dmin = x;
+        }
+        if (dmin > 0)
+            return false; /* the last row keeps nothing: not a causal mask */
+        m->window = dmin == -(T - 1) ? 0 : 1 - dmin;
+    }
     /* probes: (i, j) for each d, twice (from the first row/column and from the last) */
     int64_t ds[2 * LZ_MAX_BP + 8];
     int nd = 0;
@@ -1066,9 +1096,30 @@ static bool is_const_derived(const ir_value *v)
     return const_derived(v, 0, &budget);
 }
 
-static bool mask_is_causal(const attn_match *m, const int64_t *sd)
+/* The window of a constant mask, read in the last query row of its first slice: the count of
+ * keys kept (all T: plain causal, window 0). The walk that follows checks every element. */
+static void const_mask_window(attn_match *m, const int64_t *sd)
+{
+    const int64_t T = sd[3];
+    int64_t kept = 0;
+    for (int64_t j = 0; j < T; j++) {
+        int64_t e = (T - 1) * T + j;
+        bool keep = m->mask_kind == MASK_ADD ? ir_const_f64(m->mask, e) == 0.0
+                                             : ir_const_i64(m->mask, e) != 0;
+        if (m->mask_kind == MASK_WHERE_INV)
+            keep = !keep;
+        kept += keep;
+    }
+    m->window = kept >= T ? 0 : kept;
+}
+
+static bool mask_is_causal(attn_match *m, const int64_t *sd)
 {
     const bool lazy = !ir_value_is_const(m->mask);
+    if (!lazy && ir_value_shape_known(m->mask) && m->mask->rank >= 2 &&
+        m->mask->dims[m->mask->rank - 1].value == sd[3] &&
+        m->mask->dims[m->mask->rank - 2].value == sd[2])
+        const_mask_window(m, sd);
     switch (m->mask_kind) {
     case MASK_WHERE:
     case MASK_WHERE_INV:
@@ -1091,18 +1142,21 @@ typedef struct mask_memo {
     int kind;
     double fill, post_scale;
     int64_t sd[4];
+    int64_t window;
 } mask_memo;
 
-static bool mask_is_causal_memo(mask_memo *memo, const attn_match *m, const int64_t *sd)
+static bool mask_is_causal_memo(mask_memo *memo, attn_match *m, const int64_t *sd)
 {
     if (memo->mask && memo->mask == m->mask && memo->kind == (int)m->mask_kind &&
         memo->fill == m->fill && memo->post_scale == m->post_scale &&
-        memcmp(memo->sd, sd, sizeof memo->sd) == 0)
+        memcmp(memo->sd, sd, sizeof memo->sd) == 0) {
+        m->window = memo->window;
         return true;
+    }
     if (!mask_is_causal(m, sd))
         return false;
     *memo = (mask_memo){m->mask, (int)m->mask_kind, m->fill, m->post_scale,
-                        {sd[0], sd[1], sd[2], sd[3]}};
+                        {sd[0], sd[1], sd[2], sd[3]}, m->window};
     return true;
 }
 
@@ -1177,6 +1231,15 @@ static ir_node *match_scores(const ir_uses *u, attn_match *m, ir_value *s, const
             post *= f;
             add_node(m, pn);
             s = x;
+        } else if (n->op == IR_OP_TANH && m->softcap == 0 && m->scale > 0 && n->in[0] &&
+                   same_shape(n->in[0], proto)) {
+            /* Logit soft-capping (Gemma-2): every factor met so far multiplies c*tanh(x), so
+             * it is the cap c; the factors below the tanh give x = s/c, and the kernel's scale
+             * is their product times c (see build_attention). */
+            m->softcap = m->scale;
+            m->scale = 1.0;
+            add_node(m, n);
+            s = n->in[0];
         } else if (n->op == IR_OP_WHERE && m->mask_kind == MASK_NONE) {
             /* Where(cond, s, fill) or Where(cond, fill, s) */
             int slot = ir_value_is_const(n->in[1]) ? 2 : 1;
@@ -1364,7 +1427,9 @@ static bool match_attention(const ir_graph *g, const ir_uses *u, ir_node *mm2, a
     const ir_value *kv = m->k ? m->k : m->k_src;
     if (kv->dtype != q->dtype || m->v->dtype != q->dtype)
         return false;
-    if (!isfinite(m->scale) || !(m->scale > 0))
+    if (m->softcap > 0)
+        m->scale *= m->softcap; /* s = scale * q.k, then c * tanh(s / c) */
+    if (!isfinite(m->scale) || !(m->scale > 0) || !isfinite(m->softcap))
         return false;
     return mask_is_causal_memo(memo, m, sd);
 }
@@ -1397,6 +1462,10 @@ static int build_attention(ir_graph *g, ir_node *mm2, attn_match *m)
     ir_attr_set_float(g, att, "scale", m->scale);
     ir_attr_set_int(g, att, "causal", 1);
     ir_attr_set_int(g, att, "kv_heads", m->kv_heads);
+    if (m->window > 0)
+        ir_attr_set_int(g, att, "window", m->window);
+    if (m->softcap > 0)
+        ir_attr_set_float(g, att, "softcap", m->softcap);
     return IR_OK;
 }
 

@@ -1,0 +1,208 @@
+/* hf_check.c — checks one sbp-train run on a Hugging Face export against PyTorch float64.
+ *
+ *   hf_check GRADS.safetensors REF.safetensors PARAMS.txt LOG [--steps N]
+ *
+ * GRADS is sbp-train's --dump-grads of the first step (keyed by ONNX initializer name), REF the
+ * float64 gradients of the transformers model (keyed by torch parameter name; metadata `loss`
+ * and `adamw`, the losses of 10 float64 AdamW steps), PARAMS.txt the generator's map from
+ * initializer to torch name ("initializer torch-name transposed" per line; the dynamo exporter
+ * stores transposed weights as `val_N`), LOG sbp-train's output ("step N loss X" lines).
+ *
+ * Passes when: every trained initializer is a torch parameter (nothing else was trained: no
+ * rotary table or scalar); every torch parameter with a gradient is trained under some name;
+ * every gradient is within 1e-4 of the reference (per tensor, ||got - ref|| / ||ref||); the
+ * first loss within 1e-5 (relative); the loss of each of the first N steps (AdamW, lr 1e-2,
+ * weight decay 0.01) within 1e-4 of PyTorch's. Prints the worst figures; exit 1 on a failure.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sbpio.h"
+
+#define GRAD_TOL 1e-4
+#define LOSS_TOL 1e-5
+#define ADAMW_TOL 1e-4
+#define MAX_MAP 4096
+#define MAX_STEPS 64
+
+static int failures;
+
+static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("hf_check: FAIL: ", stdout);
+    vprintf(fmt, ap);
+    putchar('\n');
+    va_end(ap);
+    failures++;
+}
+
+typedef struct entry {
+    char onnx[256], torch[256];
+    int transposed;
+} entry;
+
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)n, f) == (size_t)n) {
+        buf[n] = 0;
+    } else {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    return buf;
+}
+
+/* Numbers of a JSON array of numbers, e.g. "[4.6, 4.2]"; returns the count. */
+static int parse_numbers(const char *s, double *out, int max)
+{
+    int n = 0;
+    const char *p = s ? strchr(s, '[') : NULL;
+    while (p && *p && *p != ']' && n < max) {
+        p++;
+        char *end;
+        double x = strtod(p, &end);
+        if (end == p)
+            break;
+        out[n++] = x;
+        p = end;
+        while (*p == ' ' || *p == '\n' || *p == '\t')
+            p++;
+    }
+    return n;
+}
+
+/* got (an F32 tensor of the dump) against ref (F64 torch tensor), transposed if asked. */
+static double rel_err(const sbpio_st_info *got, const sbpio_st_info *ref, int transposed)
+{
+    const float *g = got->data;
+    const double *r = ref->data;
+    int64_t rows = ref->rank == 2 ? ref->shape[0] : 1, cols = ref->numel / (rows ? rows : 1);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++) {
+            double a = transposed ? g[j * rows + i] : g[i * cols + j], b = r[i * cols + j];
+            num += (a - b) * (a - b);
+            den += b * b;
+        }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 5) {
+        fprintf(stderr, "usage: hf_check GRADS.safetensors REF.safetensors PARAMS.txt LOG "
+                        "[--steps N]\n");
+        return 2;
+    }
+    int steps = argc >= 7 && strcmp(argv[5], "--steps") == 0 ? atoi(argv[6]) : 0;
+    char err[512];
+    sbpio_st_file *got = NULL, *ref = NULL;
+    if (sbpio_st_open(argv[1], &got, err, sizeof err) != 0 ||
+        sbpio_st_open(argv[2], &ref, err, sizeof err) != 0) {
+        printf("hf_check: FAIL: %s\n", err);
+        sbpio_st_close(got);
+        return 1;
+    }
+    static entry map[MAX_MAP];
+    int n_map = 0;
+    FILE *f = fopen(argv[3], "r");
+    if (!f) {
+        printf("hf_check: FAIL: cannot read %s\n", argv[3]);
+        return 1;
+    }
+    while (n_map < MAX_MAP && fscanf(f, "%255s %255s %d", map[n_map].onnx, map[n_map].torch,
+                                     &map[n_map].transposed) == 3)
+        n_map++;
+    fclose(f);
+
+    /* every trained initializer is a torch weight, and its gradient matches */
+    double worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < sbpio_st_count(got); i++) {
+        const sbpio_st_info *g = sbpio_st_at(got, i);
+        const entry *e = NULL;
+        for (int k = 0; k < n_map && !e; k++)
+            if (strcmp(map[k].onnx, g->name) == 0)
+                e = &map[k];
+        if (!e) {
+            fail("'%s' was trained, but it is not a parameter of the torch model", g->name);
+            continue;
+        }
+        const sbpio_st_info *r = sbpio_st_find(ref, e->torch);
+        if (!r || r->dtype != SBPIO_DT_F64 || g->dtype != SBPIO_DT_F32 || r->numel != g->numel) {
+            fail("'%s' (%s): no float64 reference of %lld elements", g->name, e->torch,
+                 (long long)g->numel);
+            continue;
+        }
+        double x = rel_err(g, r, e->transposed);
+        if (x > worst) {
+            worst = x;
+            worst_name = g->name;
+        }
+        if (!(x <= GRAD_TOL))
+            fail("gradient of '%s' (%s): relative error %.3g > %g", g->name, e->torch, x, GRAD_TOL);
+    }
+    /* every torch weight is trained under some name */
+    for (int i = 0; i < sbpio_st_count(ref); i++) {
+        const char *tn = sbpio_st_at(ref, i)->name;
+        bool found = false;
+        for (int k = 0; k < n_map && !found; k++)
+            found = strcmp(map[k].torch, tn) == 0 && sbpio_st_find(got, map[k].onnx);
+        if (!found)
+            fail("the torch parameter '%s' was not trained", tn);
+    }
+    printf("hf_check: %d gradients, worst %.3g (%s)\n", sbpio_st_count(got), worst, worst_name);
+
+    /* losses */
+    char *log = read_text(argv[4]);
+    double ref_loss = strtod(sbpio_st_meta(ref, "loss") ? sbpio_st_meta(ref, "loss") : "nan", NULL);
+    double adamw[MAX_STEPS];
+    int n_adamw = parse_numbers(sbpio_st_meta(ref, "adamw"), adamw, MAX_STEPS);
+    int n = 0;
+    double worst_step = 0;
+    for (char *line = log, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        long long s;
+        double loss;
+        if (sscanf(line, "step %lld loss %lf", &s, &loss) != 2)
+            continue;
+        n++;
+        if (s == 1) {
+            double e = fabs(loss - ref_loss) / fabs(ref_loss);
+            printf("hf_check: loss %.6f, PyTorch float64 %.9f (relative %.2g)\n", loss, ref_loss, e);
+            if (!(e <= LOSS_TOL))
+                fail("loss %.6f differs from PyTorch's %.9f by %.3g > %g", loss, ref_loss, e,
+                     LOSS_TOL);
+        }
+        if (s >= 1 && s <= steps && s <= n_adamw) {
+            double e = fabs(loss - adamw[s - 1]) / fabs(adamw[s - 1]);
+            worst_step = fmax(worst_step, e);
+            if (!(e <= ADAMW_TOL))
+                fail("AdamW step %lld: loss %.6f, PyTorch %.9f", s, loss, adamw[s - 1]);
+        }
+    }
+    if (n < 1 || (steps && n < steps))
+        fail("%s has %d 'step N loss X' lines, expected %d", argv[4], n, steps ? steps : 1);
+    if (steps)
+        printf("hf_check: %d AdamW losses, worst relative error %.3g\n", steps, worst_step);
+    free(log);
+    sbpio_st_close(got);
+    sbpio_st_close(ref);
+    printf("hf_check: %s\n", failures ? "FAILED" : "passed");
+    return failures ? 1 : 0;
+}
