@@ -1298,6 +1298,41 @@ static bool perm4(const ir_node *n, int64_t *perm)
     return true;
 }
 
+/* The dynamo exporter's SDPA decomposition transposes k as a 3-d tensor:
+ *     kT = Reshape(Transpose(Reshape(k, [B*H, T, hd]), [0, 2, 1]), [B, H, hd, T])
+ * which is Transpose(k, [0, 1, 3, 2]). Returns k (and records the three nodes) or NULL. */
+static ir_value *kt_from_3d(const ir_uses *u, attn_match *m, ir_value *kt)
+{
+    ir_node *r2 = rz_producer(kt, IR_OP_RESHAPE);
+    if (!r2 || kt->rank != 4 || !ir_value_shape_known(kt))
+        return NULL;
+    ir_value *y = r2->in[0];
+    ir_node *t = rz_producer(y, IR_OP_TRANSPOSE);
+    const ir_attr *pa = t ? ir_attr_get(t, "perm") : NULL;
+    if (!t || !pa || pa->kind != IR_ATTR_INTS || pa->n != 3 || pa->ints[0] != 0 ||
+        pa->ints[1] != 2 || pa->ints[2] != 1)
+        return NULL;
+    ir_value *z = t->in[0];
+    ir_node *r1 = rz_producer(z, IR_OP_RESHAPE);
+    if (!r1 || !z || z->rank != 3 || !ir_value_shape_known(z))
+        return NULL;
+    ir_value *k = r1->in[0];
+    if (!k || k->rank != 4 || !ir_value_shape_known(k))
+        return NULL;
+    const int64_t B = k->dims[0].value, H = k->dims[1].value, T = k->dims[2].value,
+                  D = k->dims[3].value;
+    const int64_t zd[3] = {B * H, T, D}, ktd[4] = {B, H, D, T};
+    if (!dims_are(z, 3, zd) || !dims_are(kt, 4, ktd))
+        return NULL;
+    if (rz_uses_exactly(u, kt, 1))
+        add_node(m, r2);
+    if (rz_uses_exactly(u, y, 1))
+        add_node(m, t);
+    if (rz_uses_exactly(u, z, 1))
+        add_node(m, r1);
+    return k;
+}
+
 /* q and k from the QK MatMul's operands (q.kT), peeling scalar factors into m->scale. */
 static bool match_qk(const ir_uses *u, attn_match *m, ir_node *mm)
 {
@@ -1318,7 +1353,10 @@ static bool match_qk(const ir_uses *u, attn_match *m, ir_node *mm)
     }
     ir_node *tr = rz_producer(kt, IR_OP_TRANSPOSE);
     int64_t p[4];
-    if (tr && perm4(tr, p)) {
+    ir_value *k3 = NULL;
+    if (!tr && (k3 = kt_from_3d(u, m, kt))) {
+        m->k = k3; /* the dynamo SDPA decomposition: kT through [B*H, T, hd] */
+    } else if (tr && perm4(tr, p)) {
         /* kT = Transpose(src, p)  =>  k = Transpose(kT, [0,1,3,2]) = Transpose(src, p') */
         ir_value *src = tr->in[0];
         const int64_t pk[4] = {p[0], p[1], p[3], p[2]};
@@ -1374,8 +1412,27 @@ static bool match_attention(const ir_graph *g, const ir_uses *u, ir_node *mm2, a
         add_node(m, n);
         p = n->in[0];
     }
+    /* The SDPA decompositions (TorchScript and onnxscript) guard the softmax of a fully masked
+     * row: Where(IsNaN(p), 0, p). Under a causal mask every row keeps its diagonal, so no row is
+     * fully masked and the guard is the identity (the mask is proved causal below). */
+    ir_node *guard = rz_producer(p, IR_OP_WHERE), *isnan = NULL;
+    double zero;
+    if (guard && rz_uses_exactly(u, p, 1) && guard->in[0] && guard->in[2] &&
+        (isnan = rz_producer(guard->in[0], IR_OP_IS_NAN)) && isnan->in[0] == guard->in[2] &&
+        rz_uses_exactly(u, guard->in[0], 1) && rz_uses_exactly(u, guard->in[2], 2) &&
+        rz_const_scalar(guard->in[1], &zero) && zero == 0.0) {
+        add_node(m, guard);
+        add_node(m, isnan);
+        p = guard->in[2];
+        while (rz_uses_exactly(u, p, 1) && (n = float_cast(p))) {
+            add_node(m, n);
+            p = n->in[0];
+        }
+    } else {
+        guard = NULL;
+    }
     ir_node *sm = rz_producer(p, IR_OP_SOFTMAX);
-    if (!sm || !rz_uses_exactly(u, p, 1) || p->rank != 4 || !ir_value_shape_known(p))
+    if (!sm || !rz_uses_exactly(u, p, guard ? 2 : 1) || p->rank != 4 || !ir_value_shape_known(p))
         return false;
     int64_t axis = ir_attr_int(sm, "axis", g->opset >= 13 ? -1 : 1);
     if (axis < 0)
