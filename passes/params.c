@@ -14,10 +14,11 @@
  *      TorchScript export has no signature): a float initializer is a parameter only if it has
  *      more than one element and it meets the token data — some node reads it (directly or
  *      through layout-only ops: Transpose, Reshape, (Un)Squeeze, Flatten, Cast, Identity)
- *      together with a value computed from a graph input. A weight always does (MatMul with the
- *      activations, Gather with the ids, Mul/Add with the normalised rows); a rotary frequency
- *      vector meets only positions, which are constants once the dims are bound, and a scalar is
- *      a hyper-parameter.
+ *      together with a value computed from a graph input — or it is the table of a Gather. A
+ *      weight always does one or the other (MatMul with the activations, Mul/Add with the
+ *      normalised rows, a token or learned position embedding); a rotary frequency vector meets
+ *      only positions, which are constants once the dims are bound, and a scalar is a
+ *      hyper-parameter.
  *
  * requires: the imported graph (before fold, which folds only CONST values); shapes known where
  *           numel is asked (bind-dims ran; an initializer's shape is always static).
@@ -80,6 +81,10 @@ static bool meets_tokens(const ir_uses *u, const bool *dep, const ir_value *v, i
         const ir_node *n = u->uses[v->id][k].node;
         if (n->dead)
             continue;
+        /* the table of a lookup: a learned position embedding is read with positions only,
+         * which are constants once the dims are bound, but it is a weight */
+        if ((n->op == IR_OP_GATHER || n->op == IR_OP_GATHER_ND) && u->uses[v->id][k].slot == 0)
+            return true;
         for (int i = 0; i < n->n_in; i++)
             if (n->in[i] && n->in[i] != v && dep[n->in[i]->id])
                 return true;

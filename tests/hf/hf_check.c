@@ -5,14 +5,19 @@
  * GRADS is sbp-train's --dump-grads of the first step (keyed by ONNX initializer name), REF the
  * float64 gradients of the transformers model (keyed by torch parameter name; metadata `loss`
  * and `adamw`, the losses of 10 float64 AdamW steps), PARAMS.txt the generator's map from
- * initializer to torch name ("initializer torch-name transposed" per line; the dynamo exporter
- * stores transposed weights as `val_N`), LOG sbp-train's output ("step N loss X" lines).
+ * initializer to torch name ("initializer torch-name kind" per line: 0 as is, 1 transposed — the
+ * dynamo exporter stores transposed weights as `val_N` — 2 the parameter plus one, Gemma's norm
+ * weights that the dynamo exporter's optimiser folded into `1 + w`), LOG sbp-train's output
+ * ("step N loss X" lines).
  *
  * Passes when: every trained initializer is a torch parameter (nothing else was trained: no
  * rotary table or scalar); every torch parameter with a gradient is trained under some name;
  * every gradient is within 1e-4 of the reference (per tensor, ||got - ref|| / ||ref||); the
  * first loss within 1e-5 (relative); the loss of each of the first N steps (AdamW, lr 1e-2,
- * weight decay 0.01) within 1e-4 of PyTorch's. Prints the worst figures; exit 1 on a failure.
+ * weight decay 0.01) within 1e-4 of PyTorch's — except when a kind-2 entry exists: AdamW's
+ * weight decay then acts on 1 + w where PyTorch decays w, a different (and documented) run, so
+ * the trajectory is not compared and the check says so. Prints the worst figures; exit 1 on a
+ * failure.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -95,7 +100,7 @@ static double rel_err(const sbpio_st_info *got, const sbpio_st_info *ref, int tr
     double num = 0, den = 0;
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < cols; j++) {
-            double a = transposed ? g[j * rows + i] : g[i * cols + j], b = r[i * cols + j];
+            double a = transposed == 1 ? g[j * rows + i] : g[i * cols + j], b = r[i * cols + j];
             num += (a - b) * (a - b);
             den += b * b;
         }
@@ -110,6 +115,7 @@ int main(int argc, char **argv)
         return 2;
     }
     int steps = argc >= 7 && strcmp(argv[5], "--steps") == 0 ? atoi(argv[6]) : 0;
+    bool offset = false;
     char err[512];
     sbpio_st_file *got = NULL, *ref = NULL;
     if (sbpio_st_open(argv[1], &got, err, sizeof err) != 0 ||
@@ -127,8 +133,13 @@ int main(int argc, char **argv)
     }
     while (n_map < MAX_MAP && fscanf(f, "%255s %255s %d", map[n_map].onnx, map[n_map].torch,
                                      &map[n_map].transposed) == 3)
-        n_map++;
+        offset |= map[n_map++].transposed == 2;
     fclose(f);
+    if (offset && steps) {
+        printf("hf_check: the export stores 1 + w for some weights (kind 2): the AdamW losses are "
+               "not compared (weight decay acts on the stored values)\n");
+        steps = 0;
+    }
 
     /* every trained initializer is a torch weight, and its gradient matches */
     double worst = 0;
