@@ -76,6 +76,11 @@ static void usage(FILE *f)
             "                     token loss) or token (sum over tokens / scored tokens)\n"
             "  --freeze REGEX     do not train parameters whose name matches (POSIX extended;\n"
             "                     may be repeated)\n"
+            "  --dump-params      list the trainable parameters (shape, the ops that read\n"
+            "                     them, frozen or not) after canonicalisation and --freeze:\n"
+            "                     the exporter's graph signature says which initializers are\n"
+            "                     weights; buffers, scalars and tables that never meet the\n"
+            "                     tokens are constants\n"
             "  --report           print the memory plan: peak bytes and their breakdown, the\n"
             "                     largest buffers with their lifetimes, and the same figures\n"
             "                     for every strategy side by side\n"
@@ -159,6 +164,61 @@ static const char *flag_value(int argc, char **argv, int *i, const char *flag)
     return NULL;
 }
 
+/* One line per attention layer: its variant and the work of its score and value products in
+ * the forward, per sequence: a causal layer reads T(T+1)/2 (query, key) pairs, a sliding window
+ * of w keys about T*w, so local layers cost O(T*w), not O(T^2); the kernels skip the key tiles
+ * outside (runtime/sbprt.h, sbprt_attention_forward_ex). */
+static void attention_work(const ir_graph *g)
+{
+    int layer = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const ir_node *n = g->nodes[i];
+        if (n->dead || n->op != IR_OP_ATTENTION || n->in[0]->rank != 4)
+            continue;
+        const int64_t hq = n->in[0]->dims[1].value, T = n->in[0]->dims[2].value,
+                      hd = n->in[0]->dims[3].value, w = ir_attr_int(n, "window", 0);
+        double pairs = w > 0 && w < T ? (double)w * (double)T - (double)w * (double)(w - 1) / 2
+                                      : (double)T * (double)(T + 1) / 2;
+        double flop = 4.0 * pairs * (double)hq * (double)hd; /* q.k and p.v, 2 flop per MAC */
+        char var[96] = "";
+        if (w > 0)
+            snprintf(var, sizeof var, "sliding window %lld, O(T*w)", (long long)w);
+        else
+            snprintf(var, sizeof var, "causal, O(T^2)");
+        char cap[48] = "";
+        if (ir_attr_float(n, "softcap", 0.0) > 0)
+            snprintf(cap, sizeof cap, ", softcap %.6g", ir_attr_float(n, "softcap", 0.0));
+        printf("  attention %d (node '%s'): %s, scale %.6g%s, %lld/%lld heads: %.4g GFLOP per "
+               "sequence (forward scores and values)\n",
+               layer++, n->name, var, ir_attr_float(n, "scale", 1.0), cap, (long long)hq,
+               (long long)ir_attr_int(n, "kv_heads", hq), flop / 1e9);
+    }
+}
+
+/* --dump-params: every trainable parameter with its shape and the ops that read it; frozen
+ * ones (--freeze) are marked. */
+static void dump_params(const ir_graph *g)
+{
+    ir_uses u = ir_uses_build(g);
+    int n = 0;
+    for (int i = 0; i < g->n_values; i++) {
+        const ir_value *v = g->values[i];
+        if (v->kind != IR_VAL_PARAM || (u.n_uses && u.n_uses[v->id] == 0 && !v->tied_to))
+            continue;
+        char ty[128];
+        printf("%s %s%s", v->name, ir_value_type_str(v, ty, sizeof ty), v->frozen ? " frozen" : "");
+        if (v->tied_to)
+            printf(" tied to the transpose of %s", v->tied_to->name);
+        for (int k = 0; u.n_uses && k < u.n_uses[v->id]; k++) {
+            const ir_node *c = u.uses[v->id][k].node;
+            printf("%s %s('%s')", k ? "," : " used by", ir_op_name(c->op), c->name);
+        }
+        putchar('\n');
+        n++;
+    }
+    printf("%d parameter tensors\n", n);
+}
+
 static void summary(const ir_graph *g)
 {
     int64_t params = 0;
@@ -172,6 +232,7 @@ static void summary(const ir_graph *g)
     }
     printf("%s: %d nodes, %d parameter tensors (%lld elements), %d attention layers\n", g->path,
            g->n_nodes, nparams, (long long)params, ir_graph_count_op(g, IR_OP_ATTENTION));
+    attention_work(g);
 }
 
 #define MAX_FREEZE 32
@@ -240,7 +301,7 @@ int main(int argc, char **argv)
     const char *model = NULL, *dump_pass = NULL, *out = NULL;
     const char *freeze[MAX_FREEZE];
     int n_freeze = 0;
-    bool dump = false, report = false;
+    bool dump = false, report = false, want_params = false;
     const char *plot = NULL;
     sbp_pass_options opt = {.verify = true};
     sbp_train_options topt = {.strategy = SBP_STRATEGY_STREAM};
@@ -345,6 +406,8 @@ int main(int argc, char **argv)
             freeze[n_freeze++] = v;
         } else if (strcmp(a, "--report") == 0) {
             report = true;
+        } else if (strcmp(a, "--dump-params") == 0) {
+            want_params = true;
         } else if ((v = flag_value(argc, argv, &i, "--memory-plot"))) {
             if (!*v) {
                 fprintf(stderr, "%s: error: --memory-plot needs a file name\n", prog);
@@ -416,6 +479,16 @@ int main(int argc, char **argv)
     }
     ir_diag_print(&diag, stderr, prog);
     int printed = diag.n;
+    for (int k = 0; rc == 0 && want_params && k < n_freeze; k++)
+        if (sbp_freeze_params(g, freeze[k], NULL) != IR_OK)
+            rc = 1;
+    if (rc == 0 && want_params) {
+        ir_diag_print_from(&diag, printed, stderr, prog);
+        dump_params(g);
+        ir_graph_free(g);
+        ir_diag_free(&diag);
+        return 0;
+    }
     if (rc == 0 && dump)
         ir_print(g, stdout);
     else if (rc == 0 && !out)
