@@ -591,6 +591,19 @@ static int infer_gather(ir_graph *g, ir_node *n)
     return set_out(g, n, 0, dt, &out);
 }
 
+/* CumSum(x, axis): like x. ONNX types it for numbers only: a bool input is invalid (onnxruntime
+ * refuses such a model), so it is refused here rather than given a meaning. */
+static int infer_cumsum(ir_graph *g, ir_node *n)
+{
+    const ir_value *x = in_at(n, 0);
+    if (x && (x->dtype == IR_DT_BOOL || x->dtype == IR_DT_STRING)) {
+        char nb[128];
+        return node_err(g, n, "%s: CumSum of %s is not valid ONNX (numbers only)",
+                        in_desc(n, 0, nb, sizeof nb), ir_dtype_name(x->dtype));
+    }
+    return infer_same(g, n);
+}
+
 /* GatherND(data [r dims], indices [q dims], batch_dims b): indices' last dim k picks a slice of
  * data; out = indices.shape[:-1] ++ data.shape[b + k:]. */
 static int infer_gather_nd(ir_graph *g, ir_node *n)

@@ -21,20 +21,37 @@
  * Trilu -> Unsqueeze -> Expand -> Slice, GPT-2's Slice of its [1,1,P,P] bool buffer, the older
  * arange comparison): that is proved causal without being built, from its structure plus a few
  * element evaluations (see "lazily verified masks" below). The Add's mask operand is
- * the one computed from constants alone. Padded, sliding-window, input-dependent or otherwise
- * non-causal masks are left as ONNX ops without a diagnostic: the op then simply stays
- * unrecognised, and once it is recognised the mask chain is unused and dce removes it, so
- * nothing T x T is left in the graph.
+ * the one computed from constants alone. Masks are classified by value: causal, or causal with
+ * a sliding window of w keys (i-w < j <= i: Mistral, the local layers of Gemma-2/3), w read off
+ * the last query row and then checked everywhere (element by element for a folded constant; at
+ * every breakpoint of the proved step function for a lazy chain, below). Padded, bidirectional,
+ * input-dependent or otherwise non-causal masks leave the attention unrecognised, with a
+ * warning that says so; once it is recognised the mask chain is unused and dce removes it, so
+ * nothing T x T is left in the graph. The transformers 5 masks (masking_utils: index arithmetic
+ * with Range/CumSum/GatherND/LessOrEqual/And/Where over position vectors) need nothing special:
+ * their O(T) and O(B*T) parts fold to constants, and the T x T comparisons of those vectors are
+ * either folded (short T) or proved lazily (long T: comparisons of constants that are arithmetic
+ * progressions along one axis are AFFINE operands, see below).
+ *
+ * Variants recorded on the op: logit soft-capping (Gemma-2: s -> c*tanh(s/c) between the
+ * scale and the mask; every factor above the Tanh is c, the factors below it times c the
+ * scale), a scale other than 1/sqrt(hd) (Gemma's query_pre_attn_scalar, Granite's multiplier:
+ * whatever the factors multiply to), and the window. The SDPA decompositions are absorbed as
+ * well: the softmax's NaN guard Where(IsNaN(p), 0, p) (TorchScript and onnxscript; the identity
+ * under a causal mask, since every row keeps its diagonal) and the dynamo exporter's kT through
+ * [B*H, T, hd] (Reshape, Transpose [0,2,1], Reshape).
  *
  * GQA: repeat_kv = Reshape(Expand(Unsqueeze(kv, 2), [B,Hkv,n_rep,T,hd]), [B,Hkv*n_rep,T,hd]) on
- * k and v is stripped (checked from the inferred shapes), so Attention reads [B,Hkv,T,hd] with
+ * k and v (or Tile(.., [1,1,n_rep,1,1]) for the Expand, or no Expand at all when n_rep == 1) is
+ * stripped (checked from the inferred shapes), so Attention reads [B,Hkv,T,hd] with
  * kv_heads = Hkv, query head h reading kv head h / n_rep — the order repeat_kv produces. If only
  * one of k and v carries the repeat, neither is stripped (kv_heads = Hq).
  *
  * requires: bound dims (all shapes known), fold (the scale and the mask's shape arithmetic are
  *           constants; the mask itself may be left unfolded), dce.
- * produces: Attention(q, k, v) attrs scale (the multiplier on q.k), causal = 1, kv_heads, in
- * place of the second MatMul; the head split/merge Reshape/Transposes stay as ONNX ops.
+ * produces: Attention(q, k, v) attrs scale (the multiplier on q.k), causal = 1, kv_heads, and
+ * window / softcap when present, in place of the second MatMul; the head split/merge
+ * Reshape/Transposes stay as ONNX ops.
  */
 #include "recognize.h"
 
@@ -1162,8 +1179,9 @@ static bool mask_is_causal_memo(mask_memo *memo, attn_match *m, const int64_t *s
 
 /* ---------------------------------------------------------------- repeat_kv */
 
-/* kv_rep == Reshape(Expand(Unsqueeze(kv, 2), [B,Hkv,n,T,hd]), [B,Hkv*n,T,hd]): returns kv and
- * appends the three nodes (room for 3), or NULL. */
+/* kv_rep == Reshape(Expand(Unsqueeze(kv, 2), [B,Hkv,n,T,hd]), [B,Hkv*n,T,hd]), or the same
+ * with Tile(.., [1,1,n,1,1]) for the Expand, or with neither when n == 1 (fold removed the
+ * Expand to the same shape): returns kv and appends the nodes (room for 3), or NULL. */
 static ir_value *strip_repeat_kv(const ir_value *rep, ir_node **nodes, int *nn)
 {
     ir_node *rs = rz_producer(rep, IR_OP_RESHAPE);
@@ -1171,9 +1189,19 @@ static ir_value *strip_repeat_kv(const ir_value *rep, ir_node **nodes, int *nn)
         return NULL;
     ir_value *e = rs->in[0];
     ir_node *ex = rz_producer(e, IR_OP_EXPAND);
-    if (!ex || e->rank != 5 || !ir_value_shape_known(e))
+    if (!ex && (ex = rz_producer(e, IR_OP_TILE))) {
+        /* Tile(Unsqueeze(kv, 2), [1, 1, n, 1, 1]): the same copies in the same order */
+        const ir_value *r = ex->in[1];
+        if (!r || !ir_value_is_const(r) || ir_value_numel(r) != 5)
+            return NULL;
+        for (int i = 0; i < 5; i++)
+            if (i != 2 && ir_const_i64(r, i) != 1)
+                return NULL;
+    }
+    if (e && e->rank != 5)
         return NULL;
-    ir_value *us = ex->in[0];
+    /* n_rep == 1: fold bypassed the Expand to the same shape, Reshape(Unsqueeze(kv)) is left */
+    ir_value *us = ex ? ex->in[0] : e;
     ir_node *un = rz_producer(us, IR_OP_UNSQUEEZE);
     if (!un || us->rank != 5 || !ir_value_shape_known(us))
         return NULL;
@@ -1182,7 +1210,7 @@ static ir_value *strip_repeat_kv(const ir_value *rep, ir_node **nodes, int *nn)
         return NULL;
     const ir_dim *d = kv->dims;
     const int64_t B = d[0].value, H = d[1].value, T = d[2].value, hd = d[3].value;
-    const int64_t n = e->dims[2].value;
+    const int64_t n = ex ? e->dims[2].value : 1;
     const int64_t du[5] = {B, H, 1, T, hd}, de[5] = {B, H, n, T, hd}, dr[4] = {B, H * n, T, hd};
     /* The dims pin the unsqueezed axis to 2 (rank 4 -> 5 with a 1 there, the rest in order)
      * unless a neighbouring dim is 1 too; the Unsqueeze's axes settle that. */
@@ -1202,7 +1230,8 @@ static ir_value *strip_repeat_kv(const ir_value *rep, ir_node **nodes, int *nn)
     if (axis != 2 || n < 1 || !dims_are(us, 5, du) || !dims_are(e, 5, de) || !dims_are(rep, 4, dr))
         return NULL;
     nodes[(*nn)++] = un;
-    nodes[(*nn)++] = ex;
+    if (ex)
+        nodes[(*nn)++] = ex;
     nodes[(*nn)++] = rs;
     return kv;
 }
@@ -1465,12 +1494,12 @@ static bool match_attention(const ir_graph *g, const ir_uses *u, ir_node *mm2, a
     if (k0 && v0 && k0->dims[1].value == v0->dims[1].value) {
         m->k = k0;
         m->v = v0;
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < nrk; i++)
             if (rz_uses_exactly(u, rk[i]->out[0], 1))
                 add_node(m, rk[i]);
+        for (int i = 0; i < nrv; i++)
             if (rz_uses_exactly(u, rv[i]->out[0], 1))
                 add_node(m, rv[i]);
-        }
     } else {
         m->v = vrep;
     }
@@ -1488,7 +1517,20 @@ static bool match_attention(const ir_graph *g, const ir_uses *u, ir_node *mm2, a
         m->scale *= m->softcap; /* s = scale * q.k, then c * tanh(s / c) */
     if (!isfinite(m->scale) || !(m->scale > 0) || !isfinite(m->softcap))
         return false;
-    return mask_is_causal_memo(memo, m, sd);
+    if (mask_is_causal_memo(memo, m, sd))
+        return true;
+    /* Everything but the mask is attention: say why it stays unrecognised, since the only
+     * other symptom is a later "no gradient rule for op MatMul". */
+    ir_diag_add(g->diag, IR_SEV_WARNING, sm->name, sm->op_type,
+                "attention (MatMul '%s' .. Softmax .. MatMul '%s') is not recognised: its mask "
+                "'%s' is %s; sbpc trains causal attention, optionally with a sliding window "
+                "(keys i-w < j <= i), and nothing else (no padding, no bidirectional or "
+                "input-dependent masks)",
+                mm1->name, mm2->name, m->mask->name,
+                is_const_derived(m->mask) ? "computed from constants but neither causal nor a "
+                                            "causal sliding window"
+                                          : "computed from the model's inputs");
+    return false;
 }
 
 /* Builds Attention (and k's Transpose when needed) for a verified match. */

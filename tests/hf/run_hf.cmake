@@ -1,9 +1,11 @@
 # One Hugging Face export end to end, as a user runs it (see CMakeLists.txt): sbpc MODEL OPTS
 # -o OUT.so, sbp-train OUT.so on the reference batch for 10 AdamW steps with --dump-grads, then
 # hf_check. Every command must exit 0; their output is printed.
+file(REMOVE ${OUT}.check ${OUT}.sbpc)
 execute_process(COMMAND ${SBPC} ${MODEL} --batch 2 --seq-len 32 ${OPTS} -o ${OUT}.so
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message("${out}${err}")
+file(WRITE ${OUT}.sbpc "${out}${err}")
 if(NOT rc STREQUAL "0")
   message(FATAL_ERROR "sbpc exited with '${rc}'")
 endif()
@@ -19,7 +21,9 @@ if(NOT rc STREQUAL "0")
 endif()
 execute_process(COMMAND ${CHECK} ${OUT}_grads.safetensors ${REF}/${FAM}.safetensors
                         ${REF}/${KEY}.params.txt ${OUT}.log --steps 10
-                RESULT_VARIABLE rc)
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message("${out}${err}")
+file(WRITE ${OUT}.check "${out}${err}") # read by tests/fixtures/hf/table.py
 if(NOT rc STREQUAL "0")
   message(FATAL_ERROR "hf_check exited with '${rc}'")
 endif()
