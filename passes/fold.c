@@ -215,7 +215,8 @@ static int ev_copy(tens *in, tens *out)
 {
     if (in[0].numel != out[0].numel || in[0].es != out[0].es)
         return EV_SKIP;
-    memcpy(out[0].data, in[0].data, (size_t)out[0].numel * out[0].es);
+    if (out[0].data != in[0].data) /* views share the bytes (see sbp_eval_node) */
+        memcpy(out[0].data, in[0].data, (size_t)out[0].numel * out[0].es);
     return EV_OK;
 }
 
@@ -1195,9 +1196,19 @@ static int eval_inferred(ir_graph *g, ir_node *n, int64_t max_elems, bool *folde
         if (v && (out[i].es == 0 || out[i].numel > max_elems))
             return IR_OK;
     }
+    /* A re-view (Reshape, (Un)Squeeze, Flatten, Identity) shares its input's bytes: constant
+     * data is never written after it is made, and a long-T RoPE table ([T, head_dim], 128 MiB at
+     * T = 131072, head_dim 256) is not worth a copy per view. */
+    const bool view = n->op == IR_OP_IDENTITY || n->op == IR_OP_RESHAPE ||
+                      n->op == IR_OP_FLATTEN || n->op == IR_OP_SQUEEZE ||
+                      n->op == IR_OP_UNSQUEEZE;
     for (int i = 0; i < n->n_out; i++) {
         if (!n->out[i])
             continue;
+        if (view && i == 0 && in[0].data && in[0].numel == out[0].numel && in[0].es == out[0].es) {
+            out[0].data = in[0].data;
+            continue;
+        }
         out[i].data = ir_arena_alloc(g->arena, (size_t)out[i].numel * out[i].es);
         if (!out[i].data)
             return ir_diag_add(g->diag, IR_SEV_ERROR, n->name, n->op_type, "out of memory folding");

@@ -78,15 +78,23 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
   # gpu_emu_step(NAME FAMILY STEPS [LOSSES] [DECREASING] [SGD_SAVE lr] [REF_GRADS file]
   #              [TOL x] [TRAIN_INPUTS args...] SBPC_ARGS args...)
   function(gpu_emu_step name family steps)
-    cmake_parse_arguments(E "LOSSES;DECREASING" "SGD_SAVE;REF_GRADS;TOL" "SBPC_ARGS;TRAIN_INPUTS"
+    cmake_parse_arguments(E "LOSSES;DECREASING" "SGD_SAVE;REF_GRADS;TOL;HF" "SBPC_ARGS;TRAIN_INPUTS"
                           ${ARGN})
+    set(_model ${_fx}/${family}_op17_static.onnx)
+    set(_ref ${_fx}/ref)
+    set(_hf "")
+    if(E_HF) # a real transformers export of tests/fixtures/hf, checked by tests/hf/hf_check
+      set(_model ${_fx}/hf/${E_HF}.onnx)
+      set(_ref ${_fx}/hf/ref)
+      set(_hf -DHF_CHECK=$<TARGET_FILE:hf_check> -DHF_KEY=${E_HF})
+    endif()
     add_test(NAME gpu.step_emu_${name}
              COMMAND ${CMAKE_COMMAND} -DSBPC=$<TARGET_FILE:sbpc> -DTRAIN=$<TARGET_FILE:sbp-train>
                      -DFIXTURE=$<TARGET_FILE:train_fixture> -DINFO=$<TARGET_FILE:sbp_step_info>
                      -DCC=${CMAKE_C_COMPILER} -DEMU_LIB=$<TARGET_FILE:sbprt_cuda_emu>
                      "-DINCLUDES=${SBP_ROOT}/codegen;${SBP_ROOT}/runtime" "-DCFLAGS=${_emu_cflags}"
-                     -DMODEL=${_fx}/${family}_op17_static.onnx -DFAMILY=${family}
-                     -DREF=${_fx}/ref -DOUT=${_gen} -DNAME=emu_${name} -DSTEPS=${steps}
+                     -DMODEL=${_model} -DFAMILY=${family} ${_hf}
+                     -DREF=${_ref} -DOUT=${_gen} -DNAME=emu_${name} -DSTEPS=${steps}
                      "-DSBPC_ARGS=${E_SBPC_ARGS}" -DLOSSES=${E_LOSSES} -DSGD_SAVE=${E_SGD_SAVE}
                      "-DTRAIN_INPUTS=${E_TRAIN_INPUTS}" "-DREF_GRADS=${E_REF_GRADS}"
                      -DTOL=${E_TOL} -DDECREASING=${E_DECREASING}
@@ -101,6 +109,16 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
   # falling over three AdamW steps.
   gpu_emu_step(llama_bf16_stream llama 3 DECREASING TOL 2e-2
                SBPC_ARGS --strategy stream --chunk 24 --logits-chunk 40 --precision bf16)
+  # Real transformers exports with the attention variants (tests/fixtures/hf): Gemma-2 (sliding
+  # window on one layer, logit soft-capping in both, final-logit Tanh) under stream with chunks
+  # that cut the window, fp32, against the float64 transformers model (1e-4) and its AdamW
+  # losses; Mistral (sliding window) in bf16 at 2e-2 with the loss falling.
+  if(TARGET hf_check)
+    gpu_emu_step(gemma2_window_softcap gemma2 2 LOSSES HF gemma2_dynamo_eager
+                 SBPC_ARGS --batch 2 --seq-len 32 --strategy stream --chunk 7 --logits-chunk 13)
+    gpu_emu_step(mistral_window_bf16 mistral 3 DECREASING TOL 2e-2 HF mistral_dynamo_sdpa
+                 SBPC_ARGS --batch 2 --seq-len 32 --strategy stream --chunk 5 --precision bf16)
+  endif()
   # Under the sanitizers the emulator is several times slower: the two above and the
   # out-of-memory test below are enough to check the generated code and sbp-train there.
   if(NOT SBP_SANITIZE)

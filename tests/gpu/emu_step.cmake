@@ -19,6 +19,9 @@
 #   [-DTOL=x: compare-grads against REF_GRADS, or ref/<family>_grads.safetensors, at relative
 #    tolerance x per tensor (and for the loss) instead of 1e-4: --precision bf16 steps]
 #   [-DDECREASING=ON: every "step N loss X" line below the one before (STEPS >= 2)]
+#   [-DHF_CHECK=hf_check -DHF_KEY=<export>: a real transformers export (tests/fixtures/hf): the
+#    gradients, loss (and with LOSSES the AdamW losses) checked by tests/hf/hf_check against
+#    ref/<family>.safetensors through ref/<export>.params.txt, at TOL when given]
 function(run what)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   message("${out}${err}")
@@ -60,6 +63,17 @@ endif()
 set(log "${OUT}/${NAME}.log")
 file(WRITE "${log}" "${LAST_OUT}")
 
+if(HF_CHECK)
+  set(check ${HF_CHECK} ${grads} ${REF}/${FAMILY}.safetensors ${REF}/${HF_KEY}.params.txt ${log})
+  if(LOSSES)
+    list(APPEND check --steps ${STEPS})
+  endif()
+  if(TOL)
+    list(APPEND check --tol ${TOL})
+  endif()
+  run("the gradients against the transformers float64 reference" ${check})
+  return()
+endif()
 set(check ${FIXTURE} check-ref ${grads} ${REF}/${FAMILY}_grads.safetensors)
 if(NOT TOL)
   set(TOL 1e-4)
