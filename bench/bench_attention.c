@@ -3,12 +3,15 @@
  * products only (forward: QK^T and PV, 2 * 2 * T^2/2 * D per head; backward: the kernel's
  * own work is QK^T, dO V^T, dS K, dS^T Q, P^T dO = 5 products, counted as 5 * T^2 * D per
  * head — the nominal FLOPs, independent of how many times an implementation recomputes).
- * Median of the runs.
+ * Median of the runs.  With -w W (a sliding window) or -c C (logit soft-capping) it runs the
+ * _ex variant; the GFLOP/s still count the causal products (so a window's speed-up shows as
+ * a higher rate), and the last column gives the products the window really leaves, w/T-ish.
  *
- *   build/bench/bench_attention [threads] [runs] [T ...]
+ *   build/bench/bench_attention [-w window] [-c softcap] [threads] [runs] [T ...]
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "sbprt.h"
@@ -38,6 +41,15 @@ static float *randv(size_t n, unsigned *seed)
 
 int main(int argc, char **argv)
 {
+    int window = 0;
+    float softcap = 0;
+    while (argc > 2 && (strcmp(argv[1], "-w") == 0 || strcmp(argv[1], "-c") == 0)) {
+        if (argv[1][1] == 'w')
+            window = atoi(argv[2]);
+        else
+            softcap = (float)atof(argv[2]);
+        argv += 2, argc -= 2;
+    }
     int threads = argc > 1 ? atoi(argv[1]) : 2;
     int runs = argc > 2 ? atoi(argv[2]) : 3;
     int tdef[] = {1024, 4096}, nt = 2, *ts = tdef;
@@ -53,7 +65,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "ctx\n");
         return 1;
     }
-    printf("%6s %10s %10s %10s %10s\n", "T", "fwd s", "fwd GF/s", "bwd s", "bwd GF/s");
+    printf("window %d, softcap %g\n", window, (double)softcap);
+    printf("%6s %10s %10s %10s %10s %8s\n", "T", "fwd s", "fwd GF/s", "bwd s", "bwd GF/s",
+           "pairs");
     for (int ti = 0; ti < nt; ti++) {
         int t = ts[ti];
         unsigned seed = 1;
@@ -66,10 +80,11 @@ int main(int argc, char **argv)
         float scale = 0.17677669f;
         for (int r = 0; r < runs && r < 64; r++) {
             double t0 = now();
-            sbprt_attention_forward(ctx, out, lse, q, k, v, b, t, t, hq, hkv, d, 0, scale);
+            sbprt_attention_forward_ex(ctx, out, lse, q, k, v, b, t, t, hq, hkv, d, 0, scale,
+                                       window, softcap);
             double t1 = now();
-            sbprt_attention_backward(ctx, dq, dk, dv, dout, q, k, v, out, lse, b, t, t, hq, hkv,
-                                     d, 0, scale);
+            sbprt_attention_backward_ex(ctx, dq, dk, dv, dout, q, k, v, out, lse, b, t, t, hq, hkv,
+                                        d, 0, scale, window, softcap);
             double t2 = now();
             tf[r] = t1 - t0;
             tb[r] = t2 - t1;
@@ -78,9 +93,13 @@ int main(int argc, char **argv)
         qsort(tb, runs, sizeof(double), cmp);
         double causal = (double)t * t / 2 * d * hq * b;
         double ff = 2 * 2 * causal, fb = 5 * 2 * causal;
-        printf("%6d %10.4f %10.2f %10.4f %10.2f   (checksum %.6g %.6g)\n", t, tf[runs / 2],
-               ff / tf[runs / 2] * 1e-9, tb[runs / 2], fb / tb[runs / 2] * 1e-9, (double)out[7],
-               (double)dk[5]);
+        /* (query, key) pairs the mask leaves, as a fraction of the causal ones */
+        double pairs = 0;
+        for (int i = 0; i < t; i++)
+            pairs += window > 0 && window < i + 1 ? window : i + 1;
+        printf("%6d %10.4f %10.2f %10.4f %10.2f %8.4f   (checksum %.6g %.6g)\n", t, tf[runs / 2],
+               ff / tf[runs / 2] * 1e-9, tb[runs / 2], fb / tb[runs / 2] * 1e-9,
+               pairs / ((double)t * (t + 1) / 2), (double)out[7], (double)dk[5]);
         free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv);
     }
     sbprt_ctx_destroy(ctx);

@@ -48,6 +48,10 @@
 #define ROLES_GELU_ERF_BWD  "arr"
 #define ROLES_SILU_FWD      "wr"
 #define ROLES_SILU_BWD      "arr"
+#define ROLES_RELU_FWD      "wr"
+#define ROLES_RELU_BWD      "arr"       /* dx, dout, x or y (the rule passes what it keeps) */
+#define ROLES_TANH_FWD      "wr"
+#define ROLES_TANH_BWD      "arr"       /* dx, dout, y (the forward's output) */
 #define ROLES_SWIGLU_FWD    "wrr"
 #define ROLES_SWIGLU_BWD    "aarrr"
 #define ROLES_ROPE_FWD      "wrrrr"     /* out, x, pos, cos, sin */

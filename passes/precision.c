@@ -35,10 +35,14 @@ const char *tp_kernel_bf16_types(tp_kernel k)
     case TP_K_RMSNORM_BWD: return "bfbbff";
     case TP_K_GELU_TANH_FWD:
     case TP_K_GELU_ERF_FWD:
-    case TP_K_SILU_FWD: return "bb";
+    case TP_K_SILU_FWD:
+    case TP_K_RELU_FWD:
+    case TP_K_TANH_FWD: return "bb";
     case TP_K_GELU_TANH_BWD:
     case TP_K_GELU_ERF_BWD:
     case TP_K_SILU_BWD:
+    case TP_K_RELU_BWD:
+    case TP_K_TANH_BWD:
     case TP_K_SWIGLU_FWD: return "bbb";
     case TP_K_SWIGLU_BWD: return "bbbbb";
     case TP_K_ROPE_FWD:

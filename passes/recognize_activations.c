@@ -1,6 +1,8 @@
 /* recognize_activations.c — GELU (tanh and erf forms), SiLU and SwiGLU.
  *
  * Recognised:
+ *   Gelu(x) of ONNX (opset 20) attr approximate "none" | "tanh" -> Gelu(x), the same attribute
+ *                                                              (absent: "none", as ONNX says)
  *   0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))   -> Gelu(x) approximate="tanh"
  *   0.5 * x * (1 + erf(x / sqrt(2)))                           -> Gelu(x) approximate="none"
  *   x * Sigmoid(x)                                             -> Silu(x)
@@ -15,6 +17,10 @@
  * intermediates used once are looked into, so x (used two or three times) is never mistaken for
  * part of the expression, and a partial match fails on its coefficient.
  *
+ * ONNX's Gelu is converted first, so the SwiGLU sweep never sees it (a Gelu is not a Silu); an
+ * approximate other than "none" or "tanh" is an error naming the node. It is converted here and
+ * not evaluated by fold: a Gelu of constants (none in the exported LMs) becomes a semantic Gelu
+ * of constants, which the training step computes like any other node.
  * SiLU and GELU run in one sweep; SwiGLU in a second one over the Silu nodes the first made (and
  * any already there). The Silu node is absorbed into the SwiGLU when nothing else reads it.
  * SwiGLU requires gate and up of the same type (no broadcasting).
@@ -291,8 +297,32 @@ static int rewrite(ir_graph *g, ir_op op, ir_value *const *in, int n_in, ir_node
     return ir_infer_node(g, n);
 }
 
+/* ONNX Gelu -> the semantic Gelu, with the attribute spelled out as the matcher writes it. */
+static int convert_onnx_gelu(ir_graph *g, ir_node *n)
+{
+    const ir_attr *a = ir_attr_get(n, "approximate");
+    const char *approx = a ? (a->kind == IR_ATTR_STRING ? a->s : NULL) : "none";
+    if (!approx || (strcmp(approx, "none") != 0 && strcmp(approx, "tanh") != 0))
+        return ir_diag_add(g->diag, IR_SEV_ERROR, n->name, n->op_type,
+                           "Gelu: approximate must be \"none\" or \"tanh\", not %s%s%s",
+                           approx ? "\"" : "", approx ? approx : "a non-string attribute",
+                           approx ? "\"" : "");
+    ir_node *r = rz_replace(g, IR_OP_GELU, n->in, 1, n->out[0], &n, 1);
+    if (!r)
+        return ir_diag_error(g->diag, "out of memory");
+    ir_attr_set_string(g, r, "approximate", approx);
+    return ir_infer_node(g, r);
+}
+
 int sbp_recognize_activations(ir_graph *g)
 {
+    /* Sweep 0: ONNX's own Gelu. */
+    for (int i = 0; i < g->n_nodes; i++) {
+        ir_node *n = g->nodes[i];
+        if (!n->dead && n->op == IR_OP_GELU_ONNX && n->out[0] &&
+            convert_onnx_gelu(g, n) != IR_OK)
+            return IR_ERR;
+    }
     act_ctx c = {.g = g, .u = ir_uses_build(g), .nv = g->n_values};
     if (!c.u.n_uses)
         return ir_diag_error(g->diag, "out of memory building use lists");

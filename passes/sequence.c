@@ -330,6 +330,8 @@ static int node_rule(sctx *s, const ir_node *n)
         return rowwise_like(s, n, true, 1);
     case IR_OP_GELU:
     case IR_OP_SILU:
+    case IR_OP_RELU:
+    case IR_OP_TANH:
     case IR_OP_IDENTITY:
     case IR_OP_CAST:
         return rowwise_like(s, n, false, 1);

@@ -189,6 +189,17 @@ int sbprt_gelu_erf_backward(sbprt_ctx *ctx, float *dx, const float *dout, const 
 int sbprt_silu_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n);
 /* dx += dout * silu'(x).   dx, dout, x: [n] */
 int sbprt_silu_backward(sbprt_ctx *ctx, float *dx, const float *dout, const float *x, size_t n);
+/* ReLU: max(x, 0); a NaN stays NaN.   out, x: [n] */
+int sbprt_relu_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n);
+/* dx += dout where the ReLU's input is > 0 (the derivative at 0 is taken as 0, as PyTorch).
+ * `x` may be the forward's input or its output: both are > 0 at the same elements, so the
+ * caller passes whichever it keeps anyway.   dx, dout, x: [n] */
+int sbprt_relu_backward(sbprt_ctx *ctx, float *dx, const float *dout, const float *x, size_t n);
+/* tanh.   out, x: [n] */
+int sbprt_tanh_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n);
+/* dx += dout * (1 - y²), with y = tanh(x) the forward's OUTPUT (as PyTorch's tanh_backward),
+ * so that the input need not be kept.   dx, dout, y: [n] */
+int sbprt_tanh_backward(sbprt_ctx *ctx, float *dx, const float *dout, const float *y, size_t n);
 /* SwiGLU product: out = silu(gate) * up.  out may alias gate or up.
  *   out, gate, up: [n] */
 int sbprt_swiglu_forward(sbprt_ctx *ctx, float *out, const float *gate, const float *up,
@@ -247,6 +258,31 @@ int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
                              const float *dout, const float *q, const float *k, const float *v,
                              const float *out, const float *lse, int b, int t, int tk, int hq,
                              int hkv, int d, int q_start, float scale);
+
+/* The same two with the variants of Mistral / Gemma local layers and Gemma-2 (the functions
+ * above are these with window = 0, softcap = 0):
+ *   window >= 0: 0 is plain causal; w > 0 is a sliding window: the row at absolute position
+ *     p attends keys j with p - w < j <= p only (the w latest keys, itself included; as
+ *     transformers' `kv_idx > q_idx - sliding_window`).  Key tiles wholly before a row
+ *     tile's window are skipped, so the work is O(t * w), not O(t * (q_start + t)).  The
+ *     chunk reads only keys max(0, q_start - w + 1) .. q_start + t - 1 (the rows before it
+ *     may hold anything), and the backward adds into exactly those rows of dk and dv.
+ *     w >= q_start + t is plain causal.
+ *   softcap >= 0: 0 is none; c > 0 replaces each scaled score s = scale * q·k by
+ *     c * tanh(s / c) before the mask and the softmax (Gemma-2's attention logit
+ *     soft-capping); lse is the logsumexp of the capped scores, and the backward applies
+ *     the cap's derivative 1 - tanh(s / c)^2.
+ * window < 0, or softcap negative or not finite, gives SBPRT_ERR_INVALID.  Shapes and the
+ * other arguments as above. */
+int sbprt_attention_forward_ex(sbprt_ctx *ctx, float *out, float *lse, const float *q,
+                               const float *k, const float *v, int b, int t, int tk, int hq,
+                               int hkv, int d, int q_start, float scale, int window,
+                               float softcap);
+int sbprt_attention_backward_ex(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
+                                const float *dout, const float *q, const float *k,
+                                const float *v, const float *out, const float *lse, int b,
+                                int t, int tk, int hq, int hkv, int d, int q_start, float scale,
+                                int window, float softcap);
 
 /* ---- losses ------------------------------------------------------------------------- */
 
@@ -492,6 +528,13 @@ int sbprt_gelu_erf_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf1
 int sbprt_silu_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *x, size_t n);
 int sbprt_silu_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *dout,
                              const sbprt_bf16 *x, size_t n);
+int sbprt_relu_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *x, size_t n);
+int sbprt_relu_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *dout,
+                             const sbprt_bf16 *x, size_t n);
+int sbprt_tanh_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *x, size_t n);
+/* y: the forward's output, as sbprt_tanh_backward */
+int sbprt_tanh_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *dout,
+                             const sbprt_bf16 *y, size_t n);
 int sbprt_swiglu_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *gate,
                               const sbprt_bf16 *up, size_t n);
 int sbprt_swiglu_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dgate, sbprt_bf16 *dup,
@@ -515,6 +558,17 @@ int sbprt_attention_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbprt_bf16 *dk
                                   const sbprt_bf16 *k, const sbprt_bf16 *v,
                                   const sbprt_bf16 *out, const float *lse, int b, int t, int tk,
                                   int hq, int hkv, int d, int q_start, float scale);
+int sbprt_attention_forward_ex_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *lse,
+                                    const sbprt_bf16 *q, const sbprt_bf16 *k,
+                                    const sbprt_bf16 *v, int b, int t, int tk, int hq, int hkv,
+                                    int d, int q_start, float scale, int window, float softcap);
+int sbprt_attention_backward_ex_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbprt_bf16 *dk,
+                                     sbprt_bf16 *dv, const sbprt_bf16 *dout,
+                                     const sbprt_bf16 *q, const sbprt_bf16 *k,
+                                     const sbprt_bf16 *v, const sbprt_bf16 *out,
+                                     const float *lse, int b, int t, int tk, int hq, int hkv,
+                                     int d, int q_start, float scale, int window,
+                                     float softcap);
 /* logits, dlogits: bf16; loss_sum: fp32 (the row's logsumexp and loss in fp32) */
 int sbprt_cross_entropy_forward_backward_bf16(sbprt_ctx *ctx, float *loss_sum,
                                               sbprt_bf16 *dlogits, const sbprt_bf16 *logits,

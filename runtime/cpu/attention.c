@@ -36,6 +36,19 @@
  * updates (axpys over d) every hot loop vectorises without reassociating a sum.  A row's
  * arithmetic never depends on which other rows share its tile or where its chunk starts,
  * which is why a chunk's rows come out bitwise equal to the same rows of an unchunked call.
+ *
+ * Variants (the _ex entry points): a sliding window w moves the first key a row sees to
+ * lo = pos - w + 1.  Every loop over key tiles starts at the tile holding the first key its
+ * rows can see (a forward / dq task: its first row's lo; a dk/dv task set: the chunk's first
+ * row's lo), every loop over query rows of a key tile stops at the last row whose window
+ * still holds the tile's last key, and inside a tile each row is cut at both ends; so the
+ * work is O(t * w).  Keys before the first one a task can see are never loaded (their tile
+ * slots are zero), so the chunk reads nothing before its window.  Soft-capping replaces each
+ * scaled score by cap * tanh(s / cap) right after the score product, in the forward and in
+ * both recomputations of the backward alike, which then multiplies dS by 1 - tanh^2.  A
+ * masked key still gets p = 0 exactly and adds nothing, and both variants act on single
+ * scores, so the properties above (bitwise equal chunk rows, independent of threads) hold
+ * for them too.
  */
 #include <math.h>
 #include <string.h>
@@ -46,6 +59,37 @@
 
 #define ATT_BR 32 /* query rows per tile */
 #define ATT_BC 64 /* keys per tile */
+
+/* The first key a query at absolute position pos attends: pos - window + 1 with a sliding
+ * window, else 0.  window has been reduced below q_start + t (att_window), so nothing
+ * overflows. */
+static int att_lo(int pos, int window)
+{
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+/* One past the last query row (chunk-relative, at most t) whose window holds key jlast: rows
+ * at positions up to jlast + window - 1 see it; t without a window. */
+static int att_row_end(int jlast, int window, int q_start, int t)
+{
+    if (window <= 0)
+        return t;
+    const int64_t end = (int64_t)jlast + window - q_start;
+    return end < t ? (int)end : t;
+}
+
+/* Soft-capping of the scores s[0..n): s = cap * tanh(s / cap), and dcap[jj] = 1 - tanh^2 (the
+ * derivative, for the backward) when dcap is not NULL.  The scalar path's form; the fast
+ * path's is fx_cap_row. */
+static void att_cap_row(float *restrict s, float *restrict dcap, int n, float cap)
+{
+    for (int jj = 0; jj < n; jj++) {
+        const float th = tanhf(s[jj] / cap);
+        s[jj] = cap * th;
+        if (dcap)
+            dcap[jj] = 1.0f - th * th;
+    }
+}
 
 /* Per-thread scratch strides are rounded to 16 floats (64 bytes) so threads never share a
  * cache line. */
@@ -104,15 +148,24 @@ static void att_row_scores(float *restrict s, const float *restrict x, const flo
 }
 
 static int att_check(const float *q, const float *k, const float *v, int b, int t, int tk,
-                     int hq, int hkv, int d, int q_start)
+                     int hq, int hkv, int d, int q_start, int window, float softcap)
 {
     if (b < 0 || t < 0 || tk < 0 || hq < 0 || hkv <= 0 || d <= 0 || q_start < 0)
+        return SBPRT_ERR_INVALID;
+    if (window < 0 || !isfinite(softcap) || softcap < 0)
         return SBPRT_ERR_INVALID;
     if (hq % hkv != 0 || (int64_t)q_start + t > tk)
         return SBPRT_ERR_INVALID;
     if (b > 0 && t > 0 && hq > 0 && (!q || !k || !v))
         return SBPRT_ERR_INVALID;
     return SBPRT_OK;
+}
+
+/* A window that holds every key of every row of the chunk is no window: 0 from then on,
+ * which also keeps window + position sums inside int. */
+static int att_window(int window, int q_start, int t)
+{
+    return (int64_t)window >= (int64_t)q_start + t ? 0 : window;
 }
 
 /* ------------------------------------------------------------------ AVX2/FMA fast path
@@ -224,11 +277,13 @@ FX static void fx_acc(float *restrict C, const float *restrict A, const float *r
 
 #define fx_exp cpu_exp8 /* simd.h */
 
-/* Row r of an FB-wide tile: s[jj] = -inf for jj >= vis; then p = exp(s - sub) written over
- * s; returns the sum of p (fixed tree order). */
-FX static float fx_exp_row(float *restrict s, int vis, float sub)
+/* Row r of an FB-wide tile: s[jj] = -inf outside the row's keys [lo, hi); then
+ * p = exp(s - sub) written over s; returns the sum of p (fixed tree order). */
+FX static float fx_exp_row(float *restrict s, int lo, int hi, float sub)
 {
-    for (int jj = vis < 0 ? 0 : vis; jj < FB; jj++)
+    for (int jj = 0; jj < lo && jj < FB; jj++)
+        s[jj] = -INFINITY;
+    for (int jj = hi < 0 ? 0 : hi; jj < FB; jj++)
         s[jj] = -INFINITY;
     const __m256 m = _mm256_set1_ps(sub);
     __m256 acc = _mm256_setzero_ps();
@@ -242,24 +297,42 @@ FX static float fx_exp_row(float *restrict s, int vis, float sub)
     return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
 }
 
-/* Copies n rows of d floats, row_stride apart, into a packed [FB, d] tile; rows n..n4 are 0. */
-static void fx_pack(float *restrict dst, const float *restrict src, size_t row_stride, int n,
-                    int n4, int d)
+/* Rows n0..n-1 of a tile (d floats each, row_stride apart from src, the tile's row 0) into a
+ * packed [FB, d] tile; rows 0..n0-1 (keys before the window, never read) and n..n4-1 are 0. */
+static void fx_pack(float *restrict dst, const float *restrict src, size_t row_stride, int n0,
+                    int n, int n4, int d)
 {
-    for (int r = 0; r < n; r++)
+    memset(dst, 0, (size_t)n0 * d * sizeof(float));
+    for (int r = n0; r < n; r++)
         memcpy(dst + (size_t)r * d, src + r * row_stride, (size_t)d * sizeof(float));
     memset(dst + (size_t)n * d, 0, (size_t)(n4 - n) * d * sizeof(float));
 }
 
-/* A transposed [d, FB] tile of n rows with columns n..FB zero. */
+/* Rows n0..n-1 of a tile (src: its row 0) transposed into [d, FB]; columns 0..n0-1 (keys
+ * before the window, never read) and n..FB-1 are zero. */
 static void fx_transpose(float *restrict dst, const float *restrict src, size_t row_stride,
-                         int n, int d)
+                         int n0, int n, int d)
 {
-    for (int c = 0; c < d; c++)
+    for (int c = 0; c < d; c++) {
+        memset(dst + (size_t)c * FB, 0, (size_t)n0 * sizeof(float));
         memset(dst + (size_t)c * FB + n, 0, (size_t)(FB - n) * sizeof(float));
-    for (int jj = 0; jj < n; jj++)
+    }
+    for (int jj = n0; jj < n; jj++)
         for (int c = 0; c < d; c++)
             dst[(size_t)c * FB + jj] = src[jj * row_stride + c];
+}
+
+/* Soft-capping of s[0..n) (n a multiple of 8): s = cap * tanh(s / cap) and, when dcap is not
+ * NULL, dcap = 1 - tanh^2. */
+FX static void fx_cap_row(float *restrict s, float *restrict dcap, int n, float cap)
+{
+    const __m256 c = _mm256_set1_ps(cap), one = _mm256_set1_ps(1.0f);
+    for (int jj = 0; jj < n; jj += 8) {
+        const __m256 th = cpu_tanh8(_mm256_div_ps(_mm256_loadu_ps(s + jj), c));
+        _mm256_storeu_ps(s + jj, _mm256_mul_ps(c, th));
+        if (dcap)
+            _mm256_storeu_ps(dcap + jj, _mm256_fnmadd_ps(th, th, one));
+    }
 }
 
 static int r4(int n) { return (n + 3) & ~3; }
@@ -267,7 +340,7 @@ static int r16(int n) { return (n + 15) & ~15; }
 
 FX static int fx_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q, const float *k,
                          const float *v, int b, int t, int tk, int hq, int hkv, int d,
-                         int q_start, float scale)
+                         int q_start, float scale, int window, float cap)
 {
     (void)tk;
     const int group = hq / hkv;
@@ -291,27 +364,36 @@ FX static int fx_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
         float *qp = scratch + per_thread * omp_get_thread_num();
         float *acc = qp + (size_t)FB * d, *kt = acc + (size_t)FB * d;
         float *s = kt + (size_t)FB * d, *m = s + (size_t)FB * FB, *l = m + FB;
-        fx_pack(qp, q + (((size_t)bi * t + i0) * hq + h) * d, q_row, nr, nr4, d);
+        fx_pack(qp, q + (((size_t)bi * t + i0) * hq + h) * d, q_row, 0, nr, nr4, d);
         memset(acc, 0, (size_t)nr4 * d * sizeof(float));
         for (int r = 0; r < nr; r++)
             m[r] = -INFINITY, l[r] = 0;
-        const int kend = q_start + i0 + nr;
-        for (int j0 = 0; j0 < kend; j0 += FB) {
+        /* keys [kfirst, kend) are visible to some row of this tile; other tiles are skipped */
+        const int kfirst = att_lo(q_start + i0, window), kend = q_start + i0 + nr;
+        for (int j0 = kfirst / FB * FB; j0 < kend; j0 += FB) {
             const int jn = kend - j0 < FB ? kend - j0 : FB;
+            const int js = kfirst > j0 ? kfirst - j0 : 0; /* keys before js: never read */
             const float *kbase = k + (((size_t)bi * tk + j0) * hkv + g) * d;
             const float *vbase = v + (((size_t)bi * tk + j0) * hkv + g) * d;
-            fx_transpose(kt, kbase, kv_row, jn, d);
+            fx_transpose(kt, kbase, kv_row, js, jn, d);
             fx_nt(s, qp, kt, nr4, r16(jn), d, scale);
             for (int r = 0; r < nr; r++) {
                 float *sr = s + (size_t)r * FB;
-                int vis = q_start + i0 + r + 1 - j0;
-                vis = vis < jn ? vis : jn;
+                const int pos = q_start + i0 + r;
+                const int lo = att_lo(pos, window) - j0 > 0 ? att_lo(pos, window) - j0 : 0;
+                const int hi = pos + 1 - j0 < jn ? pos + 1 - j0 : jn;
+                if (hi <= lo) { /* no key of this tile in the row's window: p = 0 */
+                    memset(sr, 0, FB * sizeof(float));
+                    continue;
+                }
+                if (cap > 0)
+                    fx_cap_row(sr, NULL, r16(jn), cap);
                 float mt = -INFINITY;
-                for (int jj = 0; jj < vis; jj++)
+                for (int jj = lo; jj < hi; jj++)
                     mt = sr[jj] > mt ? sr[jj] : mt;
                 const float mnew = m[r] > mt ? m[r] : mt;
-                const float alpha = expf(m[r] - mnew);
-                const float sum = fx_exp_row(sr, vis, mnew);
+                const float alpha = expf(m[r] - mnew); /* 0 on the row's first tile */
+                const float sum = fx_exp_row(sr, lo, hi, mnew);
                 l[r] = l[r] * alpha + sum;
                 float *ar = acc + (size_t)r * d;
                 for (int c = 0; c < d; c++)
@@ -319,7 +401,7 @@ FX static int fx_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
                 m[r] = mnew;
             }
             memset(s + (size_t)nr * FB, 0, (size_t)(nr4 - nr) * FB * sizeof(float));
-            fx_acc(acc, s, vbase, kv_row, nr4, jn, d);
+            fx_acc(acc, s + js, vbase + js * kv_row, kv_row, nr4, jn - js, d);
         }
         att_store_rows(out, lse, acc, m, l, bi, t, hq, h, i0, nr, d);
     }
@@ -327,17 +409,25 @@ FX static int fx_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
 }
 
 /* The backward's two passes with the fast kernels; delta as computed by the caller. */
-/* P = exp(S - lse) on the visible entries and dP <- P * (dP - delta), one 64-row tile of
- * transposed scores. Its own function because clang outlines OpenMP region bodies without the
- * enclosing function's target("avx2,fma") attribute. */
-FX static void fx_probs_dp(float *s, float *dp, const float *ls, const float *dl, int nc, int j0,
-                           int q_start, int i0, int ni)
+/* P = exp(S - lse) on the visible entries and dP <- P * (dP - delta) (times the cap's
+ * derivative), one 64-row tile of transposed scores (row jj: key j0 + jj; column ii: query
+ * row i0 + ii), capped first when cap > 0; dc: [FB] scratch. Its own function because clang
+ * outlines OpenMP region bodies without the enclosing function's target("avx2,fma")
+ * attribute. */
+FX static void fx_probs_dp(float *s, float *dp, float *dc, const float *ls, const float *dl,
+                           int nc, int j0, int q_start, int i0, int ni, int window, float cap)
 {
     for (int jj = 0; jj < nc; jj++) {
         float *sr = s + (size_t)jj * FB, *dpr = dp + (size_t)jj * FB;
-        /* query ii sees key j0 + jj when q_start + i0 + ii >= j0 + jj */
+        /* query ii sees key j0 + jj when q_start + i0 + ii >= j0 + jj, and with a window
+         * when q_start + i0 + ii < j0 + jj + window */
         int ilo = j0 + jj - q_start - i0;
         ilo = ilo < 0 ? 0 : ilo;
+        int ihi = ni;
+        if (window > 0 && (int64_t)j0 + jj + window - q_start - i0 < ihi)
+            ihi = j0 + jj + window - q_start - i0;
+        if (cap > 0)
+            fx_cap_row(sr, dc, FB, cap);
         for (int ii = 0; ii < FB; ii += 8) {
             __m256 x = _mm256_sub_ps(_mm256_loadu_ps(sr + ii),
                                      _mm256_loadu_ps(ls + ii));
@@ -346,13 +436,16 @@ FX static void fx_probs_dp(float *s, float *dp, const float *ls, const float *dl
                 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
             const __m256 vis = _mm256_castsi256_ps(_mm256_and_si256(
                 _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(ilo - 1)),
-                _mm256_cmpgt_epi32(_mm256_set1_epi32(ni), idx)));
+                _mm256_cmpgt_epi32(_mm256_set1_epi32(ihi), idx)));
             x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, vis);
             const __m256 p = fx_exp(x);
             _mm256_storeu_ps(sr + ii, p);
-            _mm256_storeu_ps(dpr + ii, _mm256_mul_ps(
+            __m256 ds = _mm256_mul_ps(
                 p, _mm256_sub_ps(_mm256_loadu_ps(dpr + ii),
-                                 _mm256_loadu_ps(dl + ii))));
+                                 _mm256_loadu_ps(dl + ii)));
+            if (cap > 0)
+                ds = _mm256_mul_ps(ds, _mm256_loadu_ps(dc + ii));
+            _mm256_storeu_ps(dpr + ii, ds);
         }
     }
 }
@@ -364,6 +457,7 @@ typedef struct fx_kt {
     float *dka, *dva; /* [FB, d] the key tile's dK and dV sums */
     float *s, *dp;    /* [FB, FB] P and dS of a (key tile, query tile) pair, one row per key */
     float *ls, *dl;   /* [FB] the query rows' lse and delta */
+    float *dc;        /* [FB] a row's soft-cap derivative */
     float *end;       /* what follows: the fused pass's own scratch */
 } fx_kt;
 
@@ -373,7 +467,7 @@ static fx_kt fx_kt_at(float *base, int d)
     const size_t td = (size_t)FB * d, tt = (size_t)FB * FB;
     w.kp = base, w.vp = w.kp + td, w.qt = w.vp + td, w.gt = w.qt + td;
     w.dka = w.gt + td, w.dva = w.dka + td, w.s = w.dva + td, w.dp = w.s + tt;
-    w.ls = w.dp + tt, w.dl = w.ls + FB, w.end = w.dl + FB;
+    w.ls = w.dp + tt, w.dl = w.ls + FB, w.dc = w.dl + FB, w.end = w.dc + FB;
     return w;
 }
 
@@ -382,18 +476,18 @@ static fx_kt fx_kt_at(float *base, int d)
  * tile's rows. q, dout: the tile's first row, rows q_row apart; lse, delta: its rows'. */
 FX static void fx_kt_pair(const fx_kt *w, const float *q, const float *dout, const float *lse,
                           const float *delta, size_t q_row, int nc, int ni, int j0, int q_start,
-                          int i0, int d, float scale)
+                          int i0, int d, float scale, int window, float cap)
 {
     const int nc4 = r4(nc);
-    fx_transpose(w->qt, q, q_row, ni, d);
-    fx_transpose(w->gt, dout, q_row, ni, d);
+    fx_transpose(w->qt, q, q_row, 0, ni, d);
+    fx_transpose(w->gt, dout, q_row, 0, ni, d);
     for (int ii = 0; ii < FB; ii++) {
         w->ls[ii] = ii < ni ? lse[ii] : 0;
         w->dl[ii] = ii < ni ? delta[ii] : 0;
     }
     fx_nt(w->s, w->kp, w->qt, nc4, r16(ni), d, scale);
     fx_nt(w->dp, w->vp, w->gt, nc4, r16(ni), d, 1.0f);
-    fx_probs_dp(w->s, w->dp, w->ls, w->dl, nc, j0, q_start, i0, ni);
+    fx_probs_dp(w->s, w->dp, w->dc, w->ls, w->dl, nc, j0, q_start, i0, ni, window, cap);
     memset(w->s + (size_t)nc * FB, 0, (size_t)(nc4 - nc) * FB * sizeof(float));
     memset(w->dp + (size_t)nc * FB, 0, (size_t)(nc4 - nc) * FB * sizeof(float));
     fx_acc(w->dva, w->s, dout, q_row, nc4, ni, d);
@@ -410,11 +504,11 @@ FX static void fx_backward_fused(sbprt_ctx *ctx, float *thread_base, size_t per_
                                  const float *delta, float *dq, float *dk, float *dv,
                                  const float *dout, const float *q, const float *k,
                                  const float *v, const float *lse, int b, int t, int tk, int hq,
-                                 int hkv, int d, int q_start, float scale)
+                                 int hkv, int d, int q_start, float scale, int window, float cap)
 {
     const int group = hq / hkv;
     const size_t kv_row = (size_t)hkv * d, q_row = (size_t)hq * d;
-    const int kend = q_start + t;
+    const int klo = att_lo(q_start, window), kend = q_start + t; /* the keys the chunk reads */
     const int nkt = (kend + FB - 1) / FB;
     const int ntasks = b * hkv;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
@@ -422,22 +516,25 @@ FX static void fx_backward_fused(sbprt_ctx *ctx, float *thread_base, size_t per_
         const int g = task % hkv, bi = task / hkv;
         const fx_kt w = fx_kt_at(thread_base + per_thread * omp_get_thread_num(), d);
         float *tmp = w.end, *dpt = tmp + (size_t)FB * d; /* [FB, d], [FB, FB] */
-        for (int kt_idx = 0; kt_idx < nkt; kt_idx++) {
+        for (int kt_idx = klo / FB; kt_idx < nkt; kt_idx++) {
             const int j0 = kt_idx * FB;
             const int nc = kend - j0 < FB ? kend - j0 : FB, nc4 = r4(nc);
+            const int js = klo > j0 ? klo - j0 : 0; /* keys before js: never read */
             const size_t koff = (((size_t)bi * tk + j0) * hkv + g) * d;
-            fx_pack(w.kp, k + koff, kv_row, nc, nc4, d);
-            fx_pack(w.vp, v + koff, kv_row, nc, nc4, d);
+            fx_pack(w.kp, k + koff, kv_row, js, nc, nc4, d);
+            fx_pack(w.vp, v + koff, kv_row, js, nc, nc4, d);
             memset(w.dka, 0, (size_t)2 * FB * d * sizeof(float));
+            /* the query rows that see some key of the tile */
             const int ifirst = j0 - q_start > 0 ? j0 - q_start : 0;
+            const int iend = att_row_end(j0 + nc - 1, window, q_start, t);
             for (int hh = 0; hh < group; hh++) {
                 const int h = g * group + hh;
-                for (int i0 = ifirst; i0 < t; i0 += FB) {
-                    const int ni = t - i0 < FB ? t - i0 : FB, ni4 = r4(ni);
+                for (int i0 = ifirst; i0 < iend; i0 += FB) {
+                    const int ni = iend - i0 < FB ? iend - i0 : FB, ni4 = r4(ni);
                     const size_t qoff = (((size_t)bi * t + i0) * hq + h) * d;
                     fx_kt_pair(&w, q + qoff, dout + qoff, lse + ((size_t)bi * hq + h) * t + i0,
                                delta + ((size_t)bi * hq + h) * t + i0, q_row, nc, ni, j0,
-                               q_start, i0, d, scale);
+                               q_start, i0, d, scale, window, cap);
                     /* dq rows [i0, i0 + ni) += (scale dS)^T K: dS^T as an [ni4, FB] tile */
                     for (int ii = 0; ii < ni4; ii++)
                         for (int jj = 0; jj < nc; jj++)
@@ -451,7 +548,7 @@ FX static void fx_backward_fused(sbprt_ctx *ctx, float *thread_base, size_t per_
                         cpu_axpy(dq + qoff + r * q_row, 1.0f, tmp + (size_t)r * d, d);
                 }
             }
-            for (int jj = 0; jj < nc; jj++) {
+            for (int jj = js; jj < nc; jj++) {
                 cpu_axpy(dk + koff + jj * kv_row, scale, w.dka + (size_t)jj * d, d);
                 cpu_axpy(dv + koff + jj * kv_row, 1.0f, w.dva + (size_t)jj * d, d);
             }
@@ -463,12 +560,12 @@ FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread
                            const float *delta, float *dq, float *dk, float *dv,
                            const float *dout, const float *q, const float *k, const float *v,
                            const float *lse, int b, int t, int tk, int hq, int hkv, int d,
-                           int q_start, float scale)
+                           int q_start, float scale, int window, float cap)
 {
     /* by shape only (never by thread count), so results do not depend on the threads */
     if (dq && dk && (int64_t)b * hkv >= FX_FUSED_MIN_TASKS) {
         fx_backward_fused(ctx, thread_base, per_thread, delta, dq, dk, dv, dout, q, k, v, lse,
-                          b, t, tk, hq, hkv, d, q_start, scale);
+                          b, t, tk, hq, hkv, d, q_start, scale, window, cap);
         return;
     }
     const int group = hq / hkv;
@@ -487,63 +584,75 @@ FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread
             float *qp = thread_base + per_thread * omp_get_thread_num();
             float *gp = qp + (size_t)FB * d, *kt = gp + (size_t)FB * d, *vt = kt + (size_t)FB * d;
             float *acc = vt + (size_t)FB * d, *s = acc + (size_t)FB * d, *dp = s + (size_t)FB * FB;
+            float *dc = dp + (size_t)FB * FB; /* [FB] */
             const size_t qoff = (((size_t)bi * t + i0) * hq + h) * d;
             const size_t srow = ((size_t)bi * hq + h) * t + i0;
-            fx_pack(qp, q + qoff, q_row, nr, nr4, d);
-            fx_pack(gp, dout + qoff, q_row, nr, nr4, d);
+            fx_pack(qp, q + qoff, q_row, 0, nr, nr4, d);
+            fx_pack(gp, dout + qoff, q_row, 0, nr, nr4, d);
             memset(acc, 0, (size_t)nr4 * d * sizeof(float));
-            const int kend = q_start + i0 + nr;
-            for (int j0 = 0; j0 < kend; j0 += FB) {
+            const int kfirst = att_lo(q_start + i0, window), kend = q_start + i0 + nr;
+            for (int j0 = kfirst / FB * FB; j0 < kend; j0 += FB) {
                 const int jn = kend - j0 < FB ? kend - j0 : FB;
+                const int js = kfirst > j0 ? kfirst - j0 : 0; /* keys before js: never read */
                 const float *kbase = k + (((size_t)bi * tk + j0) * hkv + g) * d;
-                fx_transpose(kt, kbase, kv_row, jn, d);
-                fx_transpose(vt, v + (((size_t)bi * tk + j0) * hkv + g) * d, kv_row, jn, d);
+                fx_transpose(kt, kbase, kv_row, js, jn, d);
+                fx_transpose(vt, v + (((size_t)bi * tk + j0) * hkv + g) * d, kv_row, js, jn, d);
                 fx_nt(s, qp, kt, nr4, r16(jn), d, scale);
                 fx_nt(dp, gp, vt, nr4, r16(jn), d, 1.0f);
                 for (int r = 0; r < nr; r++) {
                     float *sr = s + (size_t)r * FB;
                     const float *dpr = dp + (size_t)r * FB;
-                    int vis = q_start + i0 + r + 1 - j0;
-                    fx_exp_row(sr, vis < jn ? vis : jn, lse[srow + r]);
+                    const int pos = q_start + i0 + r;
+                    const int lo = att_lo(pos, window) - j0 > 0 ? att_lo(pos, window) - j0 : 0;
+                    if (cap > 0)
+                        fx_cap_row(sr, dc, r16(jn), cap);
+                    /* a row without keys in the tile gets p = 0 (lse is finite) */
+                    fx_exp_row(sr, lo, pos + 1 - j0 < jn ? pos + 1 - j0 : jn, lse[srow + r]);
                     const float dl = delta[srow + r];
                     for (int jj = 0; jj < FB; jj++)
                         sr[jj] = sr[jj] * (dpr[jj] - dl);
+                    if (cap > 0)
+                        for (int jj = 0; jj < r16(jn); jj++)
+                            sr[jj] *= dc[jj];
                 }
                 memset(s + (size_t)nr * FB, 0, (size_t)(nr4 - nr) * FB * sizeof(float));
-                fx_acc(acc, s, kbase, kv_row, nr4, jn, d);
+                fx_acc(acc, s + js, kbase + js * kv_row, kv_row, nr4, jn - js, d);
             }
             for (int r = 0; r < nr; r++)
                 cpu_axpy(dq + qoff + r * q_row, scale, acc + (size_t)r * d, d);
         }
     }
     if (dk) {
-        const int kend = q_start + t;
-        const int nkt = (kend + FB - 1) / FB;
+        /* the key tiles holding the keys the chunk reads, [klo, kend) */
+        const int klo = att_lo(q_start, window), kend = q_start + t;
+        const int kt0 = klo / FB, nkt = (kend + FB - 1) / FB - kt0;
         const int64_t ntasks = (int64_t)b * hkv * nkt;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
         for (int64_t task = 0; task < ntasks; task++) {
-            const int kt_idx = (int)(task % nkt);
+            const int kt_idx = kt0 + (int)(task % nkt);
             const int g = (int)(task / nkt % hkv);
             const int bi = (int)(task / nkt / hkv);
             const int j0 = kt_idx * FB;
             const int nc = kend - j0 < FB ? kend - j0 : FB, nc4 = r4(nc);
+            const int js = klo > j0 ? klo - j0 : 0; /* keys before js: never read */
             const fx_kt w = fx_kt_at(thread_base + per_thread * omp_get_thread_num(), d);
             const size_t koff = (((size_t)bi * tk + j0) * hkv + g) * d;
-            fx_pack(w.kp, k + koff, kv_row, nc, nc4, d);
-            fx_pack(w.vp, v + koff, kv_row, nc, nc4, d);
+            fx_pack(w.kp, k + koff, kv_row, js, nc, nc4, d);
+            fx_pack(w.vp, v + koff, kv_row, js, nc, nc4, d);
             memset(w.dka, 0, (size_t)2 * FB * d * sizeof(float));
             const int ifirst = j0 - q_start > 0 ? j0 - q_start : 0;
+            const int iend = att_row_end(j0 + nc - 1, window, q_start, t);
             for (int hh = 0; hh < group; hh++) {
                 const int h = g * group + hh;
-                for (int i0 = ifirst; i0 < t; i0 += FB) {
-                    const int ni = t - i0 < FB ? t - i0 : FB;
+                for (int i0 = ifirst; i0 < iend; i0 += FB) {
+                    const int ni = iend - i0 < FB ? iend - i0 : FB;
                     const size_t qoff = (((size_t)bi * t + i0) * hq + h) * d;
                     fx_kt_pair(&w, q + qoff, dout + qoff, lse + ((size_t)bi * hq + h) * t + i0,
                                delta + ((size_t)bi * hq + h) * t + i0, q_row, nc, ni, j0,
-                               q_start, i0, d, scale);
+                               q_start, i0, d, scale, window, cap);
                 }
             }
-            for (int jj = 0; jj < nc; jj++) {
+            for (int jj = js; jj < nc; jj++) {
                 cpu_axpy(dk + koff + jj * kv_row, scale, w.dka + (size_t)jj * d, d);
                 cpu_axpy(dv + koff + jj * kv_row, 1.0f, w.dva + (size_t)jj * d, d);
             }
@@ -552,20 +661,23 @@ FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread
 }
 #endif /* fast path */
 
-int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
-                            const float *k, const float *v, int b, int t, int tk, int hq,
-                            int hkv, int d, int q_start, float scale)
+int sbprt_attention_forward_ex(sbprt_ctx *ctx, float *out, float *lse, const float *q,
+                               const float *k, const float *v, int b, int t, int tk, int hq,
+                               int hkv, int d, int q_start, float scale, int window,
+                               float softcap)
 {
     CPU_CHECK(ctx);
-    int st = att_check(q, k, v, b, t, tk, hq, hkv, d, q_start);
+    int st = att_check(q, k, v, b, t, tk, hq, hkv, d, q_start, window, softcap);
     if (st)
         return st;
     if (b == 0 || t == 0 || hq == 0)
         return SBPRT_OK;
     CPU_CHECK(out);
+    window = att_window(window, q_start, t);
 #ifdef ATT_FAST
     if (att_fast_ok(d))
-        return fx_forward(ctx, out, lse, q, k, v, b, t, tk, hq, hkv, d, q_start, scale);
+        return fx_forward(ctx, out, lse, q, k, v, b, t, tk, hq, hkv, d, q_start, scale, window,
+                          softcap);
 #endif
 
     const int group = hq / hkv;
@@ -598,29 +710,35 @@ int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float 
             l[r] = 0;
         }
 
-        /* Keys [0, kend) are visible to some row of this tile; tiles past it are skipped. */
-        const int kend = q_start + i0 + nr;
-        for (int j0 = 0; j0 < kend; j0 += ATT_BC) {
+        /* Keys [kfirst, kend) are visible to some row of this tile; other tiles are skipped. */
+        const int kfirst = att_lo(q_start + i0, window), kend = q_start + i0 + nr;
+        for (int j0 = kfirst / ATT_BC * ATT_BC; j0 < kend; j0 += ATT_BC) {
             const int j1 = j0 + ATT_BC < kend ? j0 + ATT_BC : kend;
+            const int js = kfirst > j0 ? kfirst - j0 : 0; /* keys before js: never read */
             const float *kbase = k + (((size_t)bi * tk + j0) * hkv + g) * d;
             const float *vbase = v + (((size_t)bi * tk + j0) * hkv + g) * d;
-            att_transpose_tile(kt, kbase, kv_row, j1 - j0, d);
+            att_transpose_tile(kt + js, kbase + js * kv_row, kv_row, j1 - j0 - js, d);
             for (int r = 0; r < nr; r++) {
                 const int pos = q_start + i0 + r;
-                const int nj = (j1 < pos + 1 ? j1 : pos + 1) - j0; /* keys of the tile it sees */
-                if (nj <= 0)
-                    continue; /* the whole key tile lies after this row's position */
-                att_row_scores(s, q + (((size_t)bi * t + i0 + r) * hq + h) * d, kt, nj, d, scale);
+                /* the keys [ja, jb) of the tile the row sees */
+                const int ja = att_lo(pos, window) > j0 ? att_lo(pos, window) - j0 : 0;
+                const int jb = (j1 < pos + 1 ? j1 : pos + 1) - j0;
+                if (jb <= ja)
+                    continue; /* the tile lies wholly outside this row's window */
+                att_row_scores(s + ja, q + (((size_t)bi * t + i0 + r) * hq + h) * d, kt + ja,
+                               jb - ja, d, scale);
+                if (softcap > 0)
+                    att_cap_row(s + ja, NULL, jb - ja, softcap);
                 float mt = -INFINITY;
-                for (int jj = 0; jj < nj; jj++)
+                for (int jj = ja; jj < jb; jj++)
                     mt = s[jj] > mt ? s[jj] : mt;
                 const float mnew = m[r] > mt ? m[r] : mt;
-                const float alpha = expf(m[r] - mnew); /* 0 on the first tile (m = -inf) */
+                const float alpha = expf(m[r] - mnew); /* 0 on the row's first tile (m = -inf) */
                 float *ar = acc + (size_t)r * d;
                 l[r] *= alpha;
                 for (int c = 0; c < d; c++)
                     ar[c] *= alpha;
-                for (int jj = 0; jj < nj; jj++) {
+                for (int jj = ja; jj < jb; jj++) {
                     const float p = expf(s[jj] - mnew);
                     l[r] += p;
                     cpu_axpy(ar, p, vbase + jj * kv_row, d);
@@ -634,31 +752,41 @@ int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float 
     return SBPRT_OK;
 }
 
-int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
-                             const float *dout, const float *q, const float *k, const float *v,
-                             const float *out, const float *lse, int b, int t, int tk, int hq,
-                             int hkv, int d, int q_start, float scale)
+int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
+                            const float *k, const float *v, int b, int t, int tk, int hq,
+                            int hkv, int d, int q_start, float scale)
+{
+    return sbprt_attention_forward_ex(ctx, out, lse, q, k, v, b, t, tk, hq, hkv, d, q_start,
+                                      scale, 0, 0.0f);
+}
+
+int sbprt_attention_backward_ex(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
+                                const float *dout, const float *q, const float *k,
+                                const float *v, const float *out, const float *lse, int b,
+                                int t, int tk, int hq, int hkv, int d, int q_start, float scale,
+                                int window, float softcap)
 {
     CPU_CHECK(ctx);
-    int st = att_check(q, k, v, b, t, tk, hq, hkv, d, q_start);
+    int st = att_check(q, k, v, b, t, tk, hq, hkv, d, q_start, window, softcap);
     if (st)
         return st;
     CPU_CHECK((dk == NULL) == (dv == NULL));
     if (b == 0 || t == 0 || hq == 0 || (!dq && !dk))
         return SBPRT_OK;
     CPU_CHECK(dout && out && lse);
+    window = att_window(window, q_start, t);
 
     const int group = hq / hkv;
     const size_t kv_row = (size_t)hkv * d;
     const size_t nrows = (size_t)b * hq * t; /* delta has one entry per (b, h, i), as lse */
-    /* per thread: kt, vt [d, ATT_BC]; s, dp [ATT_BC]; then acc [ATT_BR, d] (pass 1) or
+    /* per thread: kt, vt [d, ATT_BC]; s, dp, dc [ATT_BC]; then acc [ATT_BR, d] (pass 1) or
      * dkacc, dvacc [ATT_BC, d] (pass 2) */
     const size_t acc_len = (size_t)(2 * ATT_BC > ATT_BR ? 2 * ATT_BC : ATT_BR) * d;
-    size_t per_thread = att_round16((size_t)2 * d * ATT_BC + 2 * ATT_BC + acc_len);
+    size_t per_thread = att_round16((size_t)2 * d * ATT_BC + 3 * ATT_BC + acc_len);
 #ifdef ATT_FAST
     const int fast = att_fast_ok(d);
-    if (fast) /* qp, gp, kt, vt, acc or kp, vp, qt, gt, dka, dva, tmp; s, dp, dpt; ls, dl */
-        per_thread = att_round16((size_t)7 * FB * d + (size_t)3 * FB * FB + 2 * FB);
+    if (fast) /* qp, gp, kt, vt, acc or kp, vp, qt, gt, dka, dva, tmp; s, dp, dpt; ls, dl, dc */
+        per_thread = att_round16((size_t)7 * FB * d + (size_t)3 * FB * FB + 3 * FB);
 #endif
     float *scratch;
     st = cpu_scratch(ctx, (att_round16(nrows) + per_thread * ctx->nthreads) * sizeof(float),
@@ -682,7 +810,7 @@ int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
 #ifdef ATT_FAST
     if (fast) {
         fx_backward(ctx, thread_base, per_thread, delta, dq, dk, dv, dout, q, k, v, lse, b, t,
-                    tk, hq, hkv, d, q_start, scale);
+                    tk, hq, hkv, d, q_start, scale, window, softcap);
         return SBPRT_OK;
     }
 #endif
@@ -701,31 +829,38 @@ int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
             const int nr = t - i0 < ATT_BR ? t - i0 : ATT_BR;
             float *kt = thread_base + per_thread * omp_get_thread_num();
             float *vt = kt + (size_t)d * ATT_BC;
-            float *s = vt + (size_t)d * ATT_BC, *dp = s + ATT_BC;
-            float *acc = dp + ATT_BC; /* [ATT_BR, d] */
+            float *s = vt + (size_t)d * ATT_BC, *dp = s + ATT_BC, *dc = dp + ATT_BC;
+            float *acc = dc + ATT_BC; /* [ATT_BR, d] */
             memset(acc, 0, (size_t)nr * d * sizeof(float));
 
-            const int kend = q_start + i0 + nr;
-            for (int j0 = 0; j0 < kend; j0 += ATT_BC) {
+            const int kfirst = att_lo(q_start + i0, window), kend = q_start + i0 + nr;
+            for (int j0 = kfirst / ATT_BC * ATT_BC; j0 < kend; j0 += ATT_BC) {
                 const int j1 = j0 + ATT_BC < kend ? j0 + ATT_BC : kend;
+                const int js = kfirst > j0 ? kfirst - j0 : 0; /* keys before js: never read */
                 const float *kbase = k + (((size_t)bi * tk + j0) * hkv + g) * d;
-                att_transpose_tile(kt, kbase, kv_row, j1 - j0, d);
-                att_transpose_tile(vt, v + (((size_t)bi * tk + j0) * hkv + g) * d, kv_row,
-                                   j1 - j0, d);
+                const float *vbase = v + (((size_t)bi * tk + j0) * hkv + g) * d;
+                att_transpose_tile(kt + js, kbase + js * kv_row, kv_row, j1 - j0 - js, d);
+                att_transpose_tile(vt + js, vbase + js * kv_row, kv_row, j1 - j0 - js, d);
                 for (int r = 0; r < nr; r++) {
                     const int pos = q_start + i0 + r;
-                    const int nj = (j1 < pos + 1 ? j1 : pos + 1) - j0;
-                    if (nj <= 0)
+                    const int ja = att_lo(pos, window) > j0 ? att_lo(pos, window) - j0 : 0;
+                    const int jb = (j1 < pos + 1 ? j1 : pos + 1) - j0;
+                    if (jb <= ja)
                         continue;
                     const size_t qoff = (((size_t)bi * t + i0 + r) * hq + h) * d;
                     const size_t srow = ((size_t)bi * hq + h) * t + i0 + r;
                     const float lse_r = lse[srow], delta_r = delta[srow];
-                    att_row_scores(s, q + qoff, kt, nj, d, scale);
-                    att_row_scores(dp, dout + qoff, vt, nj, d, 1.0f);
+                    att_row_scores(s + ja, q + qoff, kt + ja, jb - ja, d, scale);
+                    att_row_scores(dp + ja, dout + qoff, vt + ja, jb - ja, d, 1.0f);
+                    if (softcap > 0)
+                        att_cap_row(s + ja, dc + ja, jb - ja, softcap);
                     float *ar = acc + (size_t)r * d;
-                    for (int jj = 0; jj < nj; jj++) {
+                    for (int jj = ja; jj < jb; jj++) {
                         const float p = expf(s[jj] - lse_r);
-                        cpu_axpy(ar, p * (dp[jj] - delta_r), kbase + jj * kv_row, d);
+                        float ds = p * (dp[jj] - delta_r);
+                        if (softcap > 0)
+                            ds *= dc[jj];
+                        cpu_axpy(ar, ds, kbase + jj * kv_row, d);
                     }
                 }
             }
@@ -736,51 +871,70 @@ int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
     }
 
     /* Pass 2: dk and dv, one task per (batch, kv head, key tile) over the keys the chunk
-     * reads, summing over the group's query heads and every query row at or after the tile. */
+     * reads, [klo, kend), summing over the group's query heads and every query row whose
+     * window holds some key of the tile. */
     if (dk) {
-        const int kend = q_start + t;
-        const int nkt = (kend + ATT_BC - 1) / ATT_BC;
+        const int klo = att_lo(q_start, window), kend = q_start + t;
+        const int kt0 = klo / ATT_BC, nkt = (kend + ATT_BC - 1) / ATT_BC - kt0;
         const int64_t ntasks = (int64_t)b * hkv * nkt;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
         for (int64_t task = 0; task < ntasks; task++) {
-            const int kt_idx = (int)(task % nkt);
+            const int kt_idx = kt0 + (int)(task % nkt);
             const int g = (int)(task / nkt % hkv);
             const int bi = (int)(task / nkt / hkv);
             const int j0 = kt_idx * ATT_BC;
             const int nc = kend - j0 < ATT_BC ? kend - j0 : ATT_BC;
+            const int js = klo > j0 ? klo - j0 : 0; /* keys before js: never read */
             float *kt = thread_base + per_thread * omp_get_thread_num();
             float *vt = kt + (size_t)d * ATT_BC;
-            float *s = vt + (size_t)d * ATT_BC, *dp = s + ATT_BC;
-            float *dkacc = dp + ATT_BC;              /* [ATT_BC, d] */
+            float *s = vt + (size_t)d * ATT_BC, *dp = s + ATT_BC, *dc = dp + ATT_BC;
+            float *dkacc = dc + ATT_BC;                /* [ATT_BC, d] */
             float *dvacc = dkacc + (size_t)ATT_BC * d; /* [ATT_BC, d] */
             memset(dkacc, 0, (size_t)2 * ATT_BC * d * sizeof(float));
-            att_transpose_tile(kt, k + (((size_t)bi * tk + j0) * hkv + g) * d, kv_row, nc, d);
-            att_transpose_tile(vt, v + (((size_t)bi * tk + j0) * hkv + g) * d, kv_row, nc, d);
+            const size_t koff = (((size_t)bi * tk + j0 + js) * hkv + g) * d;
+            att_transpose_tile(kt + js, k + koff, kv_row, nc - js, d);
+            att_transpose_tile(vt + js, v + koff, kv_row, nc - js, d);
 
             const int ifirst = j0 - q_start > 0 ? j0 - q_start : 0;
+            const int iend = att_row_end(j0 + nc - 1, window, q_start, t);
             for (int hh = 0; hh < group; hh++) {
                 const int h = g * group + hh;
-                for (int i = ifirst; i < t; i++) {
+                for (int i = ifirst; i < iend; i++) {
                     const int pos = q_start + i;
-                    const int nj = (j0 + nc < pos + 1 ? j0 + nc : pos + 1) - j0;
+                    const int ja = att_lo(pos, window) > j0 ? att_lo(pos, window) - j0 : 0;
+                    const int jb = (j0 + nc < pos + 1 ? j0 + nc : pos + 1) - j0;
                     const size_t qoff = (((size_t)bi * t + i) * hq + h) * d;
                     const size_t srow = ((size_t)bi * hq + h) * t + i;
                     const float lse_i = lse[srow], delta_i = delta[srow];
-                    att_row_scores(s, q + qoff, kt, nj, d, scale);
-                    att_row_scores(dp, dout + qoff, vt, nj, d, 1.0f);
-                    for (int jj = 0; jj < nj; jj++) {
+                    att_row_scores(s + ja, q + qoff, kt + ja, jb - ja, d, scale);
+                    att_row_scores(dp + ja, dout + qoff, vt + ja, jb - ja, d, 1.0f);
+                    if (softcap > 0)
+                        att_cap_row(s + ja, dc + ja, jb - ja, softcap);
+                    for (int jj = ja; jj < jb; jj++) {
                         const float p = expf(s[jj] - lse_i);
+                        float ds = p * (dp[jj] - delta_i);
+                        if (softcap > 0)
+                            ds *= dc[jj];
                         cpu_axpy(dvacc + (size_t)jj * d, p, dout + qoff, d);
-                        cpu_axpy(dkacc + (size_t)jj * d, p * (dp[jj] - delta_i), q + qoff, d);
+                        cpu_axpy(dkacc + (size_t)jj * d, ds, q + qoff, d);
                     }
                 }
             }
-            for (int jj = 0; jj < nc; jj++) {
-                const size_t koff = (((size_t)bi * tk + j0 + jj) * hkv + g) * d;
-                cpu_axpy(dk + koff, scale, dkacc + (size_t)jj * d, d);
-                cpu_axpy(dv + koff, 1.0f, dvacc + (size_t)jj * d, d);
+            for (int jj = js; jj < nc; jj++) {
+                const size_t off = (((size_t)bi * tk + j0 + jj) * hkv + g) * d;
+                cpu_axpy(dk + off, scale, dkacc + (size_t)jj * d, d);
+                cpu_axpy(dv + off, 1.0f, dvacc + (size_t)jj * d, d);
             }
         }
     }
     return SBPRT_OK;
+}
+
+int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
+                             const float *dout, const float *q, const float *k, const float *v,
+                             const float *out, const float *lse, int b, int t, int tk, int hq,
+                             int hkv, int d, int q_start, float scale)
+{
+    return sbprt_attention_backward_ex(ctx, dq, dk, dv, dout, q, k, v, out, lse, b, t, tk, hq,
+                                       hkv, d, q_start, scale, 0, 0.0f);
 }

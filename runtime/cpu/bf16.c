@@ -240,6 +240,24 @@ int sbprt_silu_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *d
 {
     return act_bwd(sbprt_silu_backward, ctx, dx, dout, x, n);
 }
+int sbprt_relu_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *x, size_t n)
+{
+    return act_fwd(sbprt_relu_forward, ctx, out, x, n);
+}
+int sbprt_relu_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *dout,
+                             const sbprt_bf16 *x, size_t n)
+{
+    return act_bwd(sbprt_relu_backward, ctx, dx, dout, x, n);
+}
+int sbprt_tanh_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *x, size_t n)
+{
+    return act_fwd(sbprt_tanh_forward, ctx, out, x, n);
+}
+int sbprt_tanh_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *dout,
+                             const sbprt_bf16 *y, size_t n)
+{
+    return act_bwd(sbprt_tanh_backward, ctx, dx, dout, y, n);
+}
 
 int sbprt_swiglu_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *gate,
                               const sbprt_bf16 *up, size_t n)
@@ -340,17 +358,46 @@ int sbprt_rope_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *d
 
 /* ---- attention, loss ---------------------------------------------------------------------- */
 
-int sbprt_attention_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *lse,
-                                 const sbprt_bf16 *q, const sbprt_bf16 *k, const sbprt_bf16 *v,
-                                 int b, int t_, int tk, int hq, int hkv, int d, int q_start,
-                                 float scale)
+int sbprt_attention_forward_ex_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *lse,
+                                    const sbprt_bf16 *q, const sbprt_bf16 *k,
+                                    const sbprt_bf16 *v, int b, int t_, int tk, int hq, int hkv,
+                                    int d, int q_start, float scale, int window, float softcap)
 {
     BEGIN;
     const size_t nq = nz(b) * nz(t_) * nz(hq) * nz(d), nkv = nz(b) * nz(tk) * nz(hkv) * nz(d);
     float *fq = nq ? IN(q, nq) : NULL, *fk = nq ? IN(k, nkv) : NULL;
     float *fv = nq ? IN(v, nkv) : NULL;
-    CALL(sbprt_attention_forward(ctx, nq ? OUT(out, nq) : NULL, lse, fq, fk, fv, b, t_, tk, hq,
-                                 hkv, d, q_start, scale));
+    CALL(sbprt_attention_forward_ex(ctx, nq ? OUT(out, nq) : NULL, lse, fq, fk, fv, b, t_, tk,
+                                    hq, hkv, d, q_start, scale, window, softcap));
+}
+
+int sbprt_attention_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *lse,
+                                 const sbprt_bf16 *q, const sbprt_bf16 *k, const sbprt_bf16 *v,
+                                 int b, int t_, int tk, int hq, int hkv, int d, int q_start,
+                                 float scale)
+{
+    return sbprt_attention_forward_ex_bf16(ctx, out, lse, q, k, v, b, t_, tk, hq, hkv, d, q_start,
+                                           scale, 0, 0.0f);
+}
+
+int sbprt_attention_backward_ex_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbprt_bf16 *dk,
+                                     sbprt_bf16 *dv, const sbprt_bf16 *dout,
+                                     const sbprt_bf16 *q, const sbprt_bf16 *k,
+                                     const sbprt_bf16 *v, const sbprt_bf16 *out,
+                                     const float *lse, int b, int t_, int tk, int hq, int hkv,
+                                     int d, int q_start, float scale, int window, float softcap)
+{
+    BEGIN;
+    const size_t nq = nz(b) * nz(t_) * nz(hq) * nz(d), nkv = nz(b) * nz(tk) * nz(hkv) * nz(d);
+    if (nq == 0)
+        return sbprt_attention_backward_ex(ctx, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                           lse, b, t_, tk, hq, hkv, d, q_start, scale, window,
+                                           softcap);
+    float *fdo = IN(dout, nq), *fq = IN(q, nq), *fk = IN(k, nkv), *fv = IN(v, nkv);
+    float *fo = IN(out, nq);
+    float *gq = OUT(dq, nq), *gk = OUT(dk, nkv), *gv = OUT(dv, nkv);
+    CALL(sbprt_attention_backward_ex(ctx, gq, gk, gv, fdo, fq, fk, fv, fo, lse, b, t_, tk, hq,
+                                     hkv, d, q_start, scale, window, softcap));
 }
 
 int sbprt_attention_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbprt_bf16 *dk,
@@ -359,16 +406,8 @@ int sbprt_attention_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbprt_bf16 *dk
                                   const sbprt_bf16 *out, const float *lse, int b, int t_, int tk,
                                   int hq, int hkv, int d, int q_start, float scale)
 {
-    BEGIN;
-    const size_t nq = nz(b) * nz(t_) * nz(hq) * nz(d), nkv = nz(b) * nz(tk) * nz(hkv) * nz(d);
-    if (nq == 0)
-        return sbprt_attention_backward(ctx, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, lse,
-                                        b, t_, tk, hq, hkv, d, q_start, scale);
-    float *fdo = IN(dout, nq), *fq = IN(q, nq), *fk = IN(k, nkv), *fv = IN(v, nkv);
-    float *fo = IN(out, nq);
-    float *gq = OUT(dq, nq), *gk = OUT(dk, nkv), *gv = OUT(dv, nkv);
-    CALL(sbprt_attention_backward(ctx, gq, gk, gv, fdo, fq, fk, fv, fo, lse, b, t_, tk, hq, hkv,
-                                  d, q_start, scale));
+    return sbprt_attention_backward_ex_bf16(ctx, dq, dk, dv, dout, q, k, v, out, lse, b, t_, tk,
+                                            hq, hkv, d, q_start, scale, 0, 0.0f);
 }
 
 int sbprt_cross_entropy_forward_backward_bf16(sbprt_ctx *ctx, float *loss_sum,

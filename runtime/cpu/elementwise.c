@@ -149,6 +149,38 @@ int sbprt_silu_backward(sbprt_ctx *ctx, float *dx, const float *dout, const floa
     return SBPRT_OK;
 }
 
+/* `x < 0 ? 0 : x` rather than `x > 0 ? x : 0`: a NaN input stays NaN instead of being hidden
+ * as 0 (ONNX Relu is max(0, x), and torch propagates NaN). */
+int sbprt_relu_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n)
+{
+    CPU_CHECK(ctx && (n == 0 || (out && x)));
+    EW_FOR(out[i] = x[i] < 0.0f ? 0.0f : x[i]);
+    return SBPRT_OK;
+}
+
+/* A select, not dout * mask: an inf or NaN gradient where the unit is off adds nothing, as
+ * torch's threshold_backward. */
+int sbprt_relu_backward(sbprt_ctx *ctx, float *dx, const float *dout, const float *x, size_t n)
+{
+    CPU_CHECK(ctx && (n == 0 || (dx && dout && x)));
+    EW_FOR(dx[i] += x[i] > 0.0f ? dout[i] : 0.0f);
+    return SBPRT_OK;
+}
+
+int sbprt_tanh_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n)
+{
+    CPU_CHECK(ctx && (n == 0 || (out && x)));
+    EW_FOR(out[i] = tanhf(x[i]));
+    return SBPRT_OK;
+}
+
+int sbprt_tanh_backward(sbprt_ctx *ctx, float *dx, const float *dout, const float *y, size_t n)
+{
+    CPU_CHECK(ctx && (n == 0 || (dx && dout && y)));
+    EW_FOR(dx[i] += dout[i] * (1.0f - y[i] * y[i]));
+    return SBPRT_OK;
+}
+
 int sbprt_swiglu_forward(sbprt_ctx *ctx, float *out, const float *gate, const float *up,
                          size_t n)
 {

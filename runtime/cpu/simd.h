@@ -1,6 +1,6 @@
 /*
  * simd.h — the AVX2/FMA pieces shared by the CPU kernels that have a vector path (attention,
- * the softmax cross-entropy): the run-time CPU check and a vectorised exp.
+ * the softmax cross-entropy): the run-time CPU check, a vectorised exp and tanh.
  *
  * The library is built for baseline x86-64; functions marked CPU_AVX2 are compiled for
  * AVX2+FMA and called only after cpu_have_avx2() said yes, so the same binary runs on older
@@ -49,6 +49,30 @@ CPU_AVX2 static inline __m256 cpu_exp8(__m256 x)
         _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     p = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
     return _mm256_andnot_ps(under, p);
+}
+
+/* tanh(x) (a few ulp; the attention's logit soft-capping).  Below |x| = 0.625 an odd
+ * polynomial x + x^3 P(x^2) (Cephes tanhf's coefficients), where the exp form would lose
+ * the small result to cancellation; above it (1 - e) / (1 + e) with e = exp(-2|x|) <= 0.29,
+ * which cpu_exp8 covers (its argument is <= 0) and which goes to exactly 1 for large |x|.
+ * The sign is put back at the end, so tanh is odd bit for bit. */
+CPU_AVX2 static inline __m256 cpu_tanh8(__m256 x)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 a = _mm256_andnot_ps(sign, x);
+    const __m256 z = _mm256_mul_ps(a, a);
+    __m256 p = _mm256_set1_ps(-5.70498872745E-3f);
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(2.06390887954E-2f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-5.37397155531E-2f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.33314422036E-1f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422E-1f));
+    const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), a, a);
+    const __m256 e = cpu_exp8(_mm256_mul_ps(a, _mm256_set1_ps(-2.0f)));
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 large = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+    const __m256 r = _mm256_blendv_ps(large, small,
+                                      _mm256_cmp_ps(a, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
+    return _mm256_or_ps(r, _mm256_and_ps(sign, x));
 }
 #endif
 

@@ -26,6 +26,14 @@
  *     or after the diagonal), lane i = query row: recompute P and dS, then accumulate
  *     dv += Σ_i P dout_i and dk += Σ_i dS q_i in row order.  dk += scale * acc, dv += acc.
  * Every output element is summed in an order fixed by the tiling alone.
+ *
+ * Variants (the _ex entry points), as in the CPU twin: with a sliding window the forward and
+ * pass 1 start at the key tile holding their first row's first key, pass 2's grid covers
+ * only the key tiles the chunk reads and each block stops at the last query tile whose
+ * windows still hold its keys, and inside a tile each row (key) is cut at both ends; so the
+ * work is O(t * w).  Key rows before the first one a block can see are zero-filled, not
+ * loaded.  Soft-capping turns a scaled score s into cap * tanh(s / cap) where the scores
+ * are formed (forward, both passes), and the backward multiplies dS by 1 - tanh^2.
  */
 #include "cuda.h"
 
@@ -42,22 +50,53 @@
 
 static_assert(ATT_RPW * ATT_WARPS == ATT_BR && ATT_BR == ATT_BC && ATT_BC == 32, "tile shape");
 
-/* Copies rows [0, n) of a tile (row stride `stride` in global memory, d columns) into shared
- * memory with stride ld, zero-filling rows n..nrows-1. */
+/* Copies rows [n0, n) of a tile (src: its row 0; row stride `stride` in global memory, d
+ * columns) into shared memory with stride ld, zero-filling rows 0..n0-1 (keys before the
+ * window, never read) and n..nrows-1. */
 template <class T>
-__device__ __forceinline__ void att_load_tile(float *dst, const T *src, size_t stride, int n,
-                                              int nrows, int d, int ld)
+__device__ __forceinline__ void att_load_tile(float *dst, const T *src, size_t stride, int n0,
+                                              int n, int nrows, int d, int ld)
 {
     for (int e = threadIdx.x; e < nrows * d; e += blockDim.x) {
         const int r = e / d, c = e - r * d;
-        dst[r * ld + c] = r < n ? (float)src[r * stride + c] : 0.0f;
+        dst[r * ld + c] = r >= n0 && r < n ? (float)src[r * stride + c] : 0.0f;
     }
+}
+
+/* The first key a query at absolute position pos attends: pos - window + 1 with a sliding
+ * window, else 0 (the host reduces a window >= q_start + t to 0, so nothing overflows). */
+__host__ __device__ __forceinline__ int att_lo(int pos, int window)
+{
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+/* One past the last query row (chunk-relative, at most t) whose window holds key jlast. */
+__device__ __forceinline__ int att_row_end(int jlast, int window, int q_start, int t)
+{
+    if (window <= 0)
+        return t;
+    const long long end = (long long)jlast + window - q_start;
+    return end < t ? (int)end : t;
+}
+
+/* The scaled score s = scale * q·k, soft-capped when cap > 0; *dcap = 1 - tanh^2 (the
+ * cap's derivative; 1 without a cap). */
+__device__ __forceinline__ float att_score(float dot, float scale, float cap, float *dcap)
+{
+    const float s = dot * scale;
+    if (cap > 0) {
+        const float th = tanhf(s / cap);
+        *dcap = 1.0f - th * th;
+        return cap * th;
+    }
+    *dcap = 1.0f;
+    return s;
 }
 
 template <class T>
 __global__ __launch_bounds__(ATT_THREADS) void att_forward_kernel(
     T *out, float *lse, const T *q, const T *k, const T *v, int t, int tk, int hq,
-    int hkv, int d, int q_start, float scale)
+    int hkv, int d, int q_start, float scale, int window, float cap)
 {
     CU_SHARED_DYN(float, sm);
     CU_SHARED(float, pbuf, ATT_WARPS * ATT_RPW * ATT_BC);
@@ -71,7 +110,8 @@ __global__ __launch_bounds__(ATT_THREADS) void att_forward_kernel(
     float *pw = pbuf + w * ATT_RPW * ATT_BC;
     const size_t q_row = (size_t)hq * d, kv_row = (size_t)hkv * d;
 
-    att_load_tile(qs, q + ((size_t)bi * t + i0) * q_row + (size_t)h * d, q_row, nr, ATT_BR, d, ld);
+    att_load_tile(qs, q + ((size_t)bi * t + i0) * q_row + (size_t)h * d, q_row, 0, nr, ATT_BR, d,
+                  ld);
 
     float m[ATT_RPW], l[ATT_RPW], acc[ATT_RPW][ATT_MAXU];
 #pragma unroll
@@ -83,13 +123,15 @@ __global__ __launch_bounds__(ATT_THREADS) void att_forward_kernel(
             acc[r][u] = 0;
     }
 
-    const int kend = q_start + i0 + nr; /* keys [0, kend) are visible to some row of the tile */
-    for (int j0 = 0; j0 < kend; j0 += ATT_BC) {
+    /* keys [kfirst, kend) are visible to some row of the tile; other key tiles are skipped */
+    const int kfirst = att_lo(q_start + i0, window), kend = q_start + i0 + nr;
+    for (int j0 = kfirst / ATT_BC * ATT_BC; j0 < kend; j0 += ATT_BC) {
         const int nc = kend - j0 < ATT_BC ? kend - j0 : ATT_BC;
+        const int js = kfirst > j0 ? kfirst - j0 : 0; /* keys before js: never read */
         __syncthreads(); /* the previous tile is no longer read */
         const size_t kv_off = ((size_t)bi * tk + j0) * kv_row + (size_t)g * d;
-        att_load_tile(ks, k + kv_off, kv_row, nc, ATT_BC, d, ld);
-        att_load_tile(vs, v + kv_off, kv_row, nc, ATT_BC, d, ld);
+        att_load_tile(ks, k + kv_off, kv_row, js, nc, ATT_BC, d, ld);
+        att_load_tile(vs, v + kv_off, kv_row, js, nc, ATT_BC, d, ld);
         __syncthreads();
 
         float s[ATT_RPW];
@@ -103,25 +145,32 @@ __global__ __launch_bounds__(ATT_THREADS) void att_forward_kernel(
                 s[r] += qs[(w * ATT_RPW + r) * ld + c] * kc;
         }
 
-        int nj[ATT_RPW], njmax = 0;
+        /* row r sees keys [ja[r], jb[r]) of the tile (empty: ja = jb = 0) */
+        int ja[ATT_RPW], jb[ATT_RPW], jmin = ATT_BC, jmax = 0;
         float alpha[ATT_RPW];
 #pragma unroll
         for (int r = 0; r < ATT_RPW; r++) {
-            const int row = w * ATT_RPW + r;
-            const int see = q_start + i0 + row + 1 - j0; /* keys of this tile the row sees */
-            nj[r] = row >= nr || see <= 0 ? 0 : see < nc ? see : nc;
+            const int row = w * ATT_RPW + r, pos = q_start + i0 + row;
+            const int lo = att_lo(pos, window) - j0, hi = pos + 1 - j0;
+            ja[r] = lo > 0 ? lo : 0;
+            jb[r] = hi < nc ? hi : nc;
+            if (row >= nr || jb[r] <= ja[r])
+                ja[r] = jb[r] = 0;
             float p = 0;
             alpha[r] = 1;
-            if (nj[r] > 0) { /* warp-uniform */
-                const float sv = lane < nj[r] ? s[r] * scale : -INFINITY;
+            if (jb[r] > 0) { /* warp-uniform */
+                float dcap;
+                const float sc = att_score(s[r], scale, cap, &dcap);
+                const float sv = lane >= ja[r] && lane < jb[r] ? sc : -INFINITY;
                 const float mnew = fmaxf(m[r], cu_warp_max(sv));
                 alpha[r] = expf(m[r] - mnew); /* 0 on the row's first tile (m = -inf) */
-                p = lane < nj[r] ? expf(sv - mnew) : 0.0f;
+                p = lane >= ja[r] && lane < jb[r] ? expf(sv - mnew) : 0.0f;
                 l[r] = l[r] * alpha[r] + cu_warp_sum(p);
                 m[r] = mnew;
+                jmin = ja[r] < jmin ? ja[r] : jmin;
+                jmax = jb[r] > jmax ? jb[r] : jmax;
             }
             pw[r * ATT_BC + lane] = p;
-            njmax = nj[r] > njmax ? nj[r] : njmax;
         }
         __syncwarp();
 #pragma unroll
@@ -129,7 +178,7 @@ __global__ __launch_bounds__(ATT_THREADS) void att_forward_kernel(
 #pragma unroll
             for (int u = 0; u < ATT_MAXU; u++)
                 acc[r][u] *= alpha[r];
-        for (int jj = 0; jj < njmax; jj++) {
+        for (int jj = jmin; jj < jmax; jj++) {
 #pragma unroll
             for (int u = 0; u < ATT_MAXU; u++) {
                 const int c = lane + 32 * u;
@@ -137,7 +186,7 @@ __global__ __launch_bounds__(ATT_THREADS) void att_forward_kernel(
                     const float vv = vs[jj * ld + c];
 #pragma unroll
                     for (int r = 0; r < ATT_RPW; r++)
-                        if (jj < nj[r])
+                        if (jj >= ja[r] && jj < jb[r])
                             acc[r][u] += pw[r * ATT_BC + jj] * vv;
                 }
             }
@@ -187,7 +236,8 @@ __global__ void att_delta_kernel(float *delta, const T *dout, const T *out, int 
 template <class T>
 __global__ __launch_bounds__(ATT_THREADS) void att_dq_kernel(
     T *dq, const T *dout, const T *q, const T *k, const T *v, const float *lse,
-    const float *delta, int t, int tk, int hq, int hkv, int d, int q_start, float scale)
+    const float *delta, int t, int tk, int hq, int hkv, int d, int q_start, float scale,
+    int window, float cap)
 {
     CU_SHARED_DYN(float, sm);
     CU_SHARED(float, dsbuf, ATT_WARPS * ATT_RPW * ATT_BC);
@@ -202,8 +252,8 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dq_kernel(
     const size_t q_row = (size_t)hq * d, kv_row = (size_t)hkv * d;
     const size_t q_off = ((size_t)bi * t + i0) * q_row + (size_t)h * d;
 
-    att_load_tile(qs, q + q_off, q_row, nr, ATT_BR, d, ld);
-    att_load_tile(dos, dout + q_off, q_row, nr, ATT_BR, d, ld);
+    att_load_tile(qs, q + q_off, q_row, 0, nr, ATT_BR, d, ld);
+    att_load_tile(dos, dout + q_off, q_row, 0, nr, ATT_BR, d, ld);
 
     float lse_r[ATT_RPW], delta_r[ATT_RPW], acc[ATT_RPW][ATT_MAXU];
 #pragma unroll
@@ -217,13 +267,14 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dq_kernel(
             acc[r][u] = 0;
     }
 
-    const int kend = q_start + i0 + nr;
-    for (int j0 = 0; j0 < kend; j0 += ATT_BC) {
+    const int kfirst = att_lo(q_start + i0, window), kend = q_start + i0 + nr;
+    for (int j0 = kfirst / ATT_BC * ATT_BC; j0 < kend; j0 += ATT_BC) {
         const int nc = kend - j0 < ATT_BC ? kend - j0 : ATT_BC;
+        const int js = kfirst > j0 ? kfirst - j0 : 0; /* keys before js: never read */
         __syncthreads();
         const size_t kv_off = ((size_t)bi * tk + j0) * kv_row + (size_t)g * d;
-        att_load_tile(ks, k + kv_off, kv_row, nc, ATT_BC, d, ld);
-        att_load_tile(vs, v + kv_off, kv_row, nc, ATT_BC, d, ld);
+        att_load_tile(ks, k + kv_off, kv_row, js, nc, ATT_BC, d, ld);
+        att_load_tile(vs, v + kv_off, kv_row, js, nc, ATT_BC, d, ld);
         __syncthreads();
 
         float s[ATT_RPW], dp[ATT_RPW];
@@ -239,22 +290,31 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dq_kernel(
             }
         }
 
-        int nj[ATT_RPW], njmax = 0;
+        int ja[ATT_RPW], jb[ATT_RPW], jmin = ATT_BC, jmax = 0;
 #pragma unroll
         for (int r = 0; r < ATT_RPW; r++) {
-            const int row = w * ATT_RPW + r;
-            const int see = q_start + i0 + row + 1 - j0;
-            nj[r] = row >= nr || see <= 0 ? 0 : see < nc ? see : nc;
+            const int row = w * ATT_RPW + r, pos = q_start + i0 + row;
+            const int lo = att_lo(pos, window) - j0, hi = pos + 1 - j0;
+            ja[r] = lo > 0 ? lo : 0;
+            jb[r] = hi < nc ? hi : nc;
+            if (row >= nr || jb[r] <= ja[r])
+                ja[r] = jb[r] = 0;
             float ds = 0;
-            if (lane < nj[r]) {
-                const float p = expf(s[r] * scale - lse_r[r]);
+            if (lane >= ja[r] && lane < jb[r]) {
+                float dcap;
+                const float p = expf(att_score(s[r], scale, cap, &dcap) - lse_r[r]);
                 ds = p * (dp[r] - delta_r[r]);
+                if (cap > 0)
+                    ds *= dcap;
             }
             dsw[r * ATT_BC + lane] = ds;
-            njmax = nj[r] > njmax ? nj[r] : njmax;
+            if (jb[r] > 0) {
+                jmin = ja[r] < jmin ? ja[r] : jmin;
+                jmax = jb[r] > jmax ? jb[r] : jmax;
+            }
         }
         __syncwarp();
-        for (int jj = 0; jj < njmax; jj++) {
+        for (int jj = jmin; jj < jmax; jj++) {
 #pragma unroll
             for (int u = 0; u < ATT_MAXU; u++) {
                 const int c = lane + 32 * u;
@@ -262,7 +322,7 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dq_kernel(
                     const float kv = ks[jj * ld + c];
 #pragma unroll
                     for (int r = 0; r < ATT_RPW; r++)
-                        if (jj < nj[r])
+                        if (jj >= ja[r] && jj < jb[r])
                             acc[r][u] += dsw[r * ATT_BC + jj] * kv;
                 }
             }
@@ -289,24 +349,25 @@ template <class T>
 __global__ __launch_bounds__(ATT_THREADS) void att_dkdv_kernel(
     T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
     const float *lse, const float *delta, int t, int tk, int hq, int hkv, int d, int q_start,
-    float scale)
+    float scale, int window, float cap)
 {
     CU_SHARED_DYN(float, sm);
     CU_SHARED(float, pbuf, ATT_WARPS * ATT_RPW * ATT_BR);
     CU_SHARED(float, dsbuf, ATT_WARPS * ATT_RPW * ATT_BR);
     const int ld = d | 1;
     float *ks = sm, *vs = ks + ATT_BC * ld, *qs = vs + ATT_BC * ld, *dos = qs + ATT_BR * ld;
-    const int kt = blockIdx.x, g = blockIdx.y, bi = blockIdx.z;
     const int group = hq / hkv;
-    const int kend = q_start + t; /* keys the chunk reads */
+    const int klo = att_lo(q_start, window), kend = q_start + t; /* keys the chunk reads */
+    const int kt = klo / ATT_BC + blockIdx.x, g = blockIdx.y, bi = blockIdx.z;
     const int j0 = kt * ATT_BC, nc = kend - j0 < ATT_BC ? kend - j0 : ATT_BC;
+    const int js = klo > j0 ? klo - j0 : 0; /* keys before js: never read */
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float *pw = pbuf + w * ATT_RPW * ATT_BR, *dsw = dsbuf + w * ATT_RPW * ATT_BR;
     const size_t q_row = (size_t)hq * d, kv_row = (size_t)hkv * d;
     const size_t kv_off = ((size_t)bi * tk + j0) * kv_row + (size_t)g * d;
 
-    att_load_tile(ks, k + kv_off, kv_row, nc, ATT_BC, d, ld);
-    att_load_tile(vs, v + kv_off, kv_row, nc, ATT_BC, d, ld);
+    att_load_tile(ks, k + kv_off, kv_row, js, nc, ATT_BC, d, ld);
+    att_load_tile(vs, v + kv_off, kv_row, js, nc, ATT_BC, d, ld);
 
     float acck[ATT_RPW][ATT_MAXU], accv[ATT_RPW][ATT_MAXU];
 #pragma unroll
@@ -315,16 +376,18 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dkdv_kernel(
         for (int u = 0; u < ATT_MAXU; u++)
             acck[kk][u] = accv[kk][u] = 0;
 
-    /* Query rows before ifirst sit before the tile's first key: they see none of it. */
+    /* Query rows before ifirst sit before the tile's first key, rows from iend on past the
+     * window of its last key: they see none of it. */
     const int ifirst = j0 - q_start > 0 ? j0 - q_start : 0;
+    const int iend = att_row_end(j0 + nc - 1, window, q_start, t);
     for (int hh = 0; hh < group; hh++) {
         const int h = g * group + hh;
-        for (int i0 = ifirst / ATT_BR * ATT_BR; i0 < t; i0 += ATT_BR) {
-            const int nr = t - i0 < ATT_BR ? t - i0 : ATT_BR;
+        for (int i0 = ifirst / ATT_BR * ATT_BR; i0 < iend; i0 += ATT_BR) {
+            const int nr = iend - i0 < ATT_BR ? iend - i0 : ATT_BR;
             __syncthreads(); /* the previous query tile is no longer read */
             const size_t q_off = ((size_t)bi * t + i0) * q_row + (size_t)h * d;
-            att_load_tile(qs, q + q_off, q_row, nr, ATT_BR, d, ld);
-            att_load_tile(dos, dout + q_off, q_row, nr, ATT_BR, d, ld);
+            att_load_tile(qs, q + q_off, q_row, 0, nr, ATT_BR, d, ld);
+            att_load_tile(dos, dout + q_off, q_row, 0, nr, ATT_BR, d, ld);
             __syncthreads();
 
             /* lane = query row i0 + lane; the warp's keys j0 + 4w + kk */
@@ -346,24 +409,38 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dkdv_kernel(
                 lse_i = lse[srow];
                 delta_i = delta[srow];
             }
-            int ilo[ATT_RPW], ilo_min = nr;
+            /* key jj is seen by the rows [ilo, ihi) of the tile: rows i >= key - q_start,
+             * and with a window rows i < key + window - q_start (empty: ilo = ihi = nr) */
+            int ilo[ATT_RPW], ihi[ATT_RPW], ilo_min = nr, ihi_max = 0;
 #pragma unroll
             for (int kk = 0; kk < ATT_RPW; kk++) {
                 const int jj = w * ATT_RPW + kk;
-                /* rows i >= key - q_start see the key: a suffix of the tile */
                 const int first = j0 + jj - q_start - i0;
-                ilo[kk] = jj >= nc ? nr : first > 0 ? (first < nr ? first : nr) : 0;
+                ilo[kk] = first > 0 ? (first < nr ? first : nr) : 0;
+                ihi[kk] = nr;
+                if (window > 0) {
+                    const long long last = (long long)j0 + jj + window - q_start - i0;
+                    ihi[kk] = last < nr ? (last > 0 ? (int)last : 0) : nr;
+                }
+                if (jj < js || jj >= nc || ihi[kk] <= ilo[kk])
+                    ilo[kk] = ihi[kk] = nr;
                 float p = 0, ds = 0;
-                if (lane >= ilo[kk] && lane < nr) {
-                    p = expf(s[kk] * scale - lse_i);
+                if (lane >= ilo[kk] && lane < ihi[kk]) {
+                    float dcap;
+                    p = expf(att_score(s[kk], scale, cap, &dcap) - lse_i);
                     ds = p * (dp[kk] - delta_i);
+                    if (cap > 0)
+                        ds *= dcap;
                 }
                 pw[kk * ATT_BR + lane] = p;
                 dsw[kk * ATT_BR + lane] = ds;
-                ilo_min = ilo[kk] < ilo_min ? ilo[kk] : ilo_min;
+                if (ilo[kk] < ihi[kk]) {
+                    ilo_min = ilo[kk] < ilo_min ? ilo[kk] : ilo_min;
+                    ihi_max = ihi[kk] > ihi_max ? ihi[kk] : ihi_max;
+                }
             }
             __syncwarp();
-            for (int ii = ilo_min; ii < nr; ii++) {
+            for (int ii = ilo_min; ii < ihi_max; ii++) {
 #pragma unroll
                 for (int u = 0; u < ATT_MAXU; u++) {
                     const int c = lane + 32 * u;
@@ -371,7 +448,7 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dkdv_kernel(
                         const float ov = dos[ii * ld + c], qv = qs[ii * ld + c];
 #pragma unroll
                         for (int kk = 0; kk < ATT_RPW; kk++)
-                            if (ii >= ilo[kk]) {
+                            if (ii >= ilo[kk] && ii < ihi[kk]) {
                                 accv[kk][u] += pw[kk * ATT_BR + ii] * ov;
                                 acck[kk][u] += dsw[kk * ATT_BR + ii] * qv;
                             }
@@ -384,7 +461,7 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dkdv_kernel(
 #pragma unroll
     for (int kk = 0; kk < ATT_RPW; kk++) {
         const int jj = w * ATT_RPW + kk;
-        if (jj >= nc)
+        if (jj < js || jj >= nc)
             continue;
         const size_t off = ((size_t)bi * tk + j0 + jj) * kv_row + (size_t)g * d;
 #pragma unroll
@@ -401,15 +478,24 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dkdv_kernel(
 /* ---- host side ------------------------------------------------------------------------ */
 
 static int att_check(const void *q, const void *k, const void *v, int b, int t, int tk, int hq,
-                     int hkv, int d, int q_start)
+                     int hkv, int d, int q_start, int window, float softcap)
 {
     if (b < 0 || t < 0 || tk < 0 || hq < 0 || hkv <= 0 || d <= 0 || q_start < 0)
+        return SBPRT_ERR_INVALID;
+    if (window < 0 || !isfinite(softcap) || softcap < 0)
         return SBPRT_ERR_INVALID;
     if (hq % hkv != 0 || (int64_t)q_start + t > tk)
         return SBPRT_ERR_INVALID;
     if (b > 0 && t > 0 && hq > 0 && (!q || !k || !v))
         return SBPRT_ERR_INVALID;
     return SBPRT_OK;
+}
+
+/* A window that holds every key of every row of the chunk is no window: 0 from then on,
+ * which also keeps window + position sums inside int. */
+static int att_window(int window, int q_start, int t)
+{
+    return (int64_t)window >= (int64_t)q_start + t ? 0 : window;
 }
 
 /* Limits of this implementation beyond the API's: head size, grid extents, shared memory. */
@@ -440,33 +526,37 @@ static int att_optin(sbprt_ctx *ctx, const void *kernel, size_t smem)
 
 template <class T>
 static int attention_forward(sbprt_ctx *ctx, T *out, float *lse, const T *q, const T *k, const T *v,
-                             int b, int t, int tk, int hq, int hkv, int d, int q_start, float scale)
+                             int b, int t, int tk, int hq, int hkv, int d, int q_start, float scale,
+                             int window, float softcap)
 {
     CU_CHECK(ctx);
-    CU_STATUS(att_check(q, k, v, b, t, tk, hq, hkv, d, q_start));
+    CU_STATUS(att_check(q, k, v, b, t, tk, hq, hkv, d, q_start, window, softcap));
     if (b == 0 || t == 0 || hq == 0)
         return SBPRT_OK;
     CU_CHECK(out);
+    window = att_window(window, q_start, t);
     const size_t smem = (size_t)(ATT_BR + 2 * ATT_BC) * (d | 1) * sizeof(float);
     CU_STATUS(att_fits(ctx, b, hq, d, smem));
     CU_STATUS(att_optin(ctx, (const void *)&att_forward_kernel<T>, smem));
     const dim3 grid((t + ATT_BR - 1) / ATT_BR, hq, b);
     CU_LAUNCH(ctx, att_forward_kernel<T>, grid, ATT_THREADS, smem, out, lse, q, k, v, t, tk, hq,
-              hkv, d, q_start, scale);
+              hkv, d, q_start, scale, window, softcap);
     return SBPRT_OK;
 }
 
 template <class T>
 static int attention_backward(sbprt_ctx *ctx, T *dq, T *dk, T *dv, const T *dout, const T *q,
                               const T *k, const T *v, const T *out, const float *lse, int b, int t,
-                              int tk, int hq, int hkv, int d, int q_start, float scale)
+                              int tk, int hq, int hkv, int d, int q_start, float scale, int window,
+                              float softcap)
 {
     CU_CHECK(ctx);
-    CU_STATUS(att_check(q, k, v, b, t, tk, hq, hkv, d, q_start));
+    CU_STATUS(att_check(q, k, v, b, t, tk, hq, hkv, d, q_start, window, softcap));
     CU_CHECK((dk == NULL) == (dv == NULL));
     if (b == 0 || t == 0 || hq == 0 || (!dq && !dk))
         return SBPRT_OK;
     CU_CHECK(dout && out && lse);
+    window = att_window(window, q_start, t);
     const size_t smem = (size_t)(2 * ATT_BR + 2 * ATT_BC) * (d | 1) * sizeof(float);
     CU_STATUS(att_fits(ctx, b, hq, d, smem));
 
@@ -483,22 +573,44 @@ static int attention_backward(sbprt_ctx *ctx, T *dq, T *dk, T *dv, const T *dout
         CU_STATUS(att_optin(ctx, (const void *)&att_dq_kernel<T>, smem));
         const dim3 grid((t + ATT_BR - 1) / ATT_BR, hq, b);
         CU_LAUNCH(ctx, att_dq_kernel<T>, grid, ATT_THREADS, smem, dq, dout, q, k, v, lse, delta, t,
-                  tk, hq, hkv, d, q_start, scale);
+                  tk, hq, hkv, d, q_start, scale, window, softcap);
     }
     if (dk) {
         CU_STATUS(att_optin(ctx, (const void *)&att_dkdv_kernel<T>, smem));
-        const dim3 grid((q_start + t + ATT_BC - 1) / ATT_BC, hkv, b);
+        /* the key tiles holding the keys the chunk reads, from the first one's */
+        const int kt0 = att_lo(q_start, window) / ATT_BC;
+        const dim3 grid((q_start + t + ATT_BC - 1) / ATT_BC - kt0, hkv, b);
         CU_LAUNCH(ctx, att_dkdv_kernel<T>, grid, ATT_THREADS, smem, dk, dv, dout, q, k, v, lse,
-                  delta, t, tk, hq, hkv, d, q_start, scale);
+                  delta, t, tk, hq, hkv, d, q_start, scale, window, softcap);
     }
     return SBPRT_OK;
+}
+
+extern "C" int sbprt_attention_forward_ex(sbprt_ctx *ctx, float *out, float *lse,
+                                          const float *q, const float *k, const float *v, int b,
+                                          int t, int tk, int hq, int hkv, int d, int q_start,
+                                          float scale, int window, float softcap)
+{
+    return attention_forward(ctx, out, lse, q, k, v, b, t, tk, hq, hkv, d, q_start, scale, window,
+                             softcap);
+}
+
+extern "C" int sbprt_attention_backward_ex(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
+                                           const float *dout, const float *q, const float *k,
+                                           const float *v, const float *out, const float *lse,
+                                           int b, int t, int tk, int hq, int hkv, int d,
+                                           int q_start, float scale, int window, float softcap)
+{
+    return attention_backward(ctx, dq, dk, dv, dout, q, k, v, out, lse, b, t, tk, hq, hkv, d,
+                              q_start, scale, window, softcap);
 }
 
 extern "C" int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
                                        const float *k, const float *v, int b, int t, int tk,
                                        int hq, int hkv, int d, int q_start, float scale)
 {
-    return attention_forward(ctx, out, lse, q, k, v, b, t, tk, hq, hkv, d, q_start, scale);
+    return attention_forward(ctx, out, lse, q, k, v, b, t, tk, hq, hkv, d, q_start, scale, 0,
+                             0.0f);
 }
 
 extern "C" int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
@@ -508,18 +620,41 @@ extern "C" int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, fl
                                         float scale)
 {
     return attention_backward(ctx, dq, dk, dv, dout, q, k, v, out, lse, b, t, tk, hq, hkv, d,
-                              q_start, scale);
+                              q_start, scale, 0, 0.0f);
 }
 
 /* bf16: the tiles are converted to fp32 as they are loaded into shared memory; scores, the
  * online softmax, lse and the accumulators are fp32; each output element is rounded once. */
+extern "C" int sbprt_attention_forward_ex_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *lse,
+                                               const sbprt_bf16 *q, const sbprt_bf16 *k,
+                                               const sbprt_bf16 *v, int b, int t, int tk, int hq,
+                                               int hkv, int d, int q_start, float scale,
+                                               int window, float softcap)
+{
+    return attention_forward(ctx, cu_bf(out), lse, cu_bf(q), cu_bf(k), cu_bf(v), b, t, tk, hq, hkv,
+                             d, q_start, scale, window, softcap);
+}
+
+extern "C" int sbprt_attention_backward_ex_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbprt_bf16 *dk,
+                                                sbprt_bf16 *dv, const sbprt_bf16 *dout,
+                                                const sbprt_bf16 *q, const sbprt_bf16 *k,
+                                                const sbprt_bf16 *v, const sbprt_bf16 *out,
+                                                const float *lse, int b, int t, int tk, int hq,
+                                                int hkv, int d, int q_start, float scale,
+                                                int window, float softcap)
+{
+    return attention_backward(ctx, cu_bf(dq), cu_bf(dk), cu_bf(dv), cu_bf(dout), cu_bf(q),
+                              cu_bf(k), cu_bf(v), cu_bf(out), lse, b, t, tk, hq, hkv, d, q_start,
+                              scale, window, softcap);
+}
+
 extern "C" int sbprt_attention_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *lse,
                                             const sbprt_bf16 *q, const sbprt_bf16 *k,
                                             const sbprt_bf16 *v, int b, int t, int tk, int hq,
                                             int hkv, int d, int q_start, float scale)
 {
     return attention_forward(ctx, cu_bf(out), lse, cu_bf(q), cu_bf(k), cu_bf(v), b, t, tk, hq, hkv,
-                             d, q_start, scale);
+                             d, q_start, scale, 0, 0.0f);
 }
 
 extern "C" int sbprt_attention_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbprt_bf16 *dk,
@@ -531,5 +666,5 @@ extern "C" int sbprt_attention_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbp
 {
     return attention_backward(ctx, cu_bf(dq), cu_bf(dk), cu_bf(dv), cu_bf(dout), cu_bf(q),
                               cu_bf(k), cu_bf(v), cu_bf(out), lse, b, t, tk, hq, hkv, d, q_start,
-                              scale);
+                              scale, 0, 0.0f);
 }

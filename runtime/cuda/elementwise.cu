@@ -69,6 +69,10 @@ enum ew_op {
     EW_SWIGLU,          /* out = silu(a) * b           (a: gate, b: up) */
     EW_SWIGLU_BW_GATE,  /* out += c * b * silu'(a)     (c: dout) */
     EW_SWIGLU_BW_UP,    /* out += c * silu(a) */
+    EW_RELU,            /* out = max(a, 0), NaN kept */
+    EW_RELU_BW,         /* out += a > 0 ? b : 0        (a: x or y, b: dout) */
+    EW_TANH,
+    EW_TANH_BW,         /* out += b * (1 - a²)         (a: y = tanh(x), b: dout) */
 };
 
 /* Every operand is indexed by the same i, and each element reads its inputs before it
@@ -91,6 +95,10 @@ __global__ void ew_kernel(int op, T *out, const T *a, const T *b, const T *c, fl
         case EW_SWIGLU: out[i] = a[i] * ew_sigmoid(a[i]) * b[i]; break;
         case EW_SWIGLU_BW_GATE: out[i] += c[i] * b[i] * ew_silu_grad(a[i]); break;
         case EW_SWIGLU_BW_UP: out[i] += c[i] * a[i] * ew_sigmoid(a[i]); break;
+        case EW_RELU: out[i] = (float)a[i] < 0.0f ? 0.0f : (float)a[i]; break;
+        case EW_RELU_BW: out[i] += (float)a[i] > 0.0f ? (float)b[i] : 0.0f; break;
+        case EW_TANH: out[i] = tanhf(a[i]); break;
+        case EW_TANH_BW: out[i] += b[i] * (1.0f - a[i] * a[i]); break;
         }
     }
 }
@@ -164,6 +172,32 @@ extern "C" int sbprt_silu_backward(sbprt_ctx *ctx, float *dx, const float *dout,
     return ew_run<float>(ctx, EW_SILU_BW, dx, x, dout, NULL, 0, n);
 }
 
+extern "C" int sbprt_relu_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (out && x)));
+    return ew_run<float>(ctx, EW_RELU, out, x, NULL, NULL, 0, n);
+}
+
+extern "C" int sbprt_relu_backward(sbprt_ctx *ctx, float *dx, const float *dout, const float *x,
+                                   size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (dx && dout && x)));
+    return ew_run<float>(ctx, EW_RELU_BW, dx, x, dout, NULL, 0, n);
+}
+
+extern "C" int sbprt_tanh_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (out && x)));
+    return ew_run<float>(ctx, EW_TANH, out, x, NULL, NULL, 0, n);
+}
+
+extern "C" int sbprt_tanh_backward(sbprt_ctx *ctx, float *dx, const float *dout, const float *y,
+                                   size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (dx && dout && y)));
+    return ew_run<float>(ctx, EW_TANH_BW, dx, y, dout, NULL, 0, n);
+}
+
 extern "C" int sbprt_swiglu_forward(sbprt_ctx *ctx, float *out, const float *gate,
                                     const float *up, size_t n)
 {
@@ -203,6 +237,10 @@ EW_BF16_FWD(sbprt_gelu_erf_forward_bf16, EW_GELU_ERF)
 EW_BF16_BWD(sbprt_gelu_erf_backward_bf16, EW_GELU_ERF_BW)
 EW_BF16_FWD(sbprt_silu_forward_bf16, EW_SILU)
 EW_BF16_BWD(sbprt_silu_backward_bf16, EW_SILU_BW)
+EW_BF16_FWD(sbprt_relu_forward_bf16, EW_RELU)
+EW_BF16_BWD(sbprt_relu_backward_bf16, EW_RELU_BW)
+EW_BF16_FWD(sbprt_tanh_forward_bf16, EW_TANH)
+EW_BF16_BWD(sbprt_tanh_backward_bf16, EW_TANH_BW) /* x is y here: the forward's output */
 
 extern "C" int sbprt_add_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *a,
                               const sbprt_bf16 *b, size_t n)

@@ -14,6 +14,16 @@
  * (L(w+h) - L(w-h)) / 2h, h = 1e-2, per tensor by relative norm (float32 losses: tolerance
  * 2e-2, far below what a wrong layout or rule gives), and the other strategies' gradients
  * with store's (1e-5 per tensor). Graphs stream cannot chunk are refused, naming the node.
+ *
+ * Activations of real Hugging Face models, under all three strategies: ReLU (OPT's MLP), tanh,
+ * and ONNX's own Gelu of opset 20 with both approximations (canonicalised by the recognize
+ * pass, as an imported model is); a layer with a ReLU x tanh MLP under Gemma-2's final-logit
+ * soft-capping head, Linear -> Div by the cap -> Tanh -> Mul by the cap -> loss, which stream
+ * runs inside its LM-head chunk loop; and heads whose logits are made by Tanh or ReLU
+ * themselves, where stream writes dlogits over the logits, so those rules must not read their
+ * output there (checked on the program too); the --precision bf16 programs of the activation
+ * block are built (not run) too. The biases feeding each ReLU are +-0.8 with small
+ * weights, so no pre-activation lies within a finite-difference step of the kink at 0.
  * Compiling and running a step are the e2e tests' shared steps (e2e_util.c).
  */
 #include <setjmp.h>
@@ -87,6 +97,16 @@ static ir_value *cfloat(gb *b, const char *name, int rank, const int64_t *dims, 
 {
     ir_value *v = param(b, name, rank, dims, scale, offset);
     v->kind = IR_VAL_CONST;
+    return v;
+}
+
+/* A parameter [n] alternating +-mag (biases that keep a ReLU's inputs away from its kink). */
+static ir_value *param_pm(gb *b, const char *name, int64_t n, float mag)
+{
+    ir_value *v = param(b, name, 1, &n, 0, 0);
+    float *w = (float *)v->data;
+    for (int64_t i = 0; i < n; i++)
+        w[i] = i % 2 ? -mag : mag;
     return v;
 }
 
@@ -294,6 +314,91 @@ static void build_elementwise(gb *b)
     set_output(b, linear(b, hid, w, bo, 0));
 }
 
+/* ReLU, tanh and ONNX Gelu (both approximations, canonicalised by the recognize pass) in one
+ * row-wise block: relu(x W1 + b1) * tanh(x W2) + gelu(x W3) + gelu_tanh(x W4), then the LM
+ * head. Without attention it is one segment, which stream runs in its head chunk loop. */
+static void build_activations(gb *b)
+{
+    ir_value *table = param(b, "table", 2, (const int64_t[]){V, D}, 1.0f, 0);
+    ir_value *x = op2(b, IR_OP_EMBEDDING, table, b->ids); /* [B,T,D] */
+    ir_value *w[4];
+    for (int i = 0; i < 4; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "w%d", i + 1);
+        w[i] = param(b, name, 2, (const int64_t[]){D, D}, i == 0 ? 0.3f : 1.0f, 0);
+    }
+    ir_value *a = op1(b, IR_OP_RELU, linear(b, x, w[0], param_pm(b, "b1", D, 0.8f), 0));
+    ir_value *u = op1(b, IR_OP_TANH, linear(b, x, w[1], NULL, 0));
+    ir_value *h = op2(b, IR_OP_MUL, a, u);
+    const char *approx[2] = {"none", "tanh"};
+    for (int i = 0; i < 2; i++) {
+        ir_value *in = linear(b, x, w[2 + i], NULL, 0);
+        ir_node *g = node(b, IR_OP_GELU_ONNX, 1, &in, 1);
+        ir_attr_set_string(b->g, g, "approximate", approx[i]);
+        h = op2(b, IR_OP_ADD, h, infer(b, g));
+    }
+    ir_value *wo = param(b, "w_out", 2, (const int64_t[]){D, V}, 0.8f, 0);
+    set_output(b, linear(b, h, wo, param(b, "b_out", 1, (const int64_t[]){V}, 0.3f, 0), 0));
+    if (sbp_pass_recognize(b->g) != IR_OK)
+        dump_diag(b);
+    assert_int_equal(b->d.n_errors, 0);
+    assert_int_equal(ir_graph_count_op(b->g, IR_OP_GELU_ONNX), 0);
+    assert_int_equal(ir_graph_count_op(b->g, IR_OP_GELU), 2);
+}
+
+/* One attention layer with an MLP of relu(h W1 + b1) * tanh(h W3), then Gemma-2's soft-capped
+ * head: tanh(logits / cap) * cap (the cap a scalar, then a [1] constant). */
+static void build_softcap(gb *b)
+{
+    ir_value *table = param(b, "table", 2, (const int64_t[]){V, D}, 2.0f, 0);
+    ir_value *x = op2(b, IR_OP_EMBEDDING, table, b->ids); /* [B,T,D] */
+    const int64_t bthd[4] = {B, T, H, HD}, p0213[4] = {0, 2, 1, 3};
+    ir_value *qkv[3];
+    for (int i = 0; i < 3; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "w%c", "qkv"[i]);
+        ir_value *w = param(b, name, 2, (const int64_t[]){D, D}, i < 2 ? 2.0f : 0.6f, 0);
+        qkv[i] = transpose(b, reshape(b, linear(b, x, w, NULL, 0), 4, bthd), 4, p0213);
+    }
+    ir_node *an = node(b, IR_OP_ATTENTION, 3, qkv, 1);
+    ir_attr_set_float(b->g, an, "scale", 0.5);
+    ir_attr_set_int(b->g, an, "causal", 1);
+    ir_attr_set_int(b->g, an, "kv_heads", H);
+    ir_value *o = transpose(b, infer(b, an), 4, p0213);
+    ir_value *h = op2(b, IR_OP_ADD, x, reshape(b, o, 3, (const int64_t[]){B, T, D}));
+    ir_value *w1 = param(b, "w1", 2, (const int64_t[]){D, D}, 0.3f, 0);
+    ir_value *w3 = param(b, "w3", 2, (const int64_t[]){D, D}, 0.6f, 0);
+    ir_value *m = op2(b, IR_OP_MUL, op1(b, IR_OP_RELU, linear(b, h, w1, param_pm(b, "b1", D, 0.8f), 0)),
+                      op1(b, IR_OP_TANH, linear(b, h, w3, NULL, 0)));
+    ir_value *w2 = param(b, "w2", 2, (const int64_t[]){D, D}, 0.6f, 0);
+    h = op2(b, IR_OP_ADD, h, linear(b, m, w2, NULL, 0));
+    ir_value *wo = param(b, "w_out", 2, (const int64_t[]){D, V}, 1.0f, 0);
+    ir_value *z = linear(b, h, wo, NULL, 0);
+    const float cap = 1.5f;
+    z = op2(b, IR_OP_DIV, z, ir_const_new(b->g, "cap", IR_DT_FLOAT, 0, NULL, &cap));
+    z = op1(b, IR_OP_TANH, z);
+    set_output(b, op2(b, IR_OP_MUL, z,
+                      ir_const_new(b->g, "cap1", IR_DT_FLOAT, 1, (const int64_t[]){1}, &cap)));
+}
+
+/* Logits made by the activation itself (the loss their only reader): stream's head writes
+ * dlogits over them. */
+static void build_tanh_logits(gb *b)
+{
+    ir_value *table = param(b, "table", 2, (const int64_t[]){V, D}, 1.0f, 0);
+    ir_value *x = op2(b, IR_OP_EMBEDDING, table, b->ids);
+    ir_value *wo = param(b, "w_out", 2, (const int64_t[]){D, V}, 2.0f, 0);
+    set_output(b, op1(b, IR_OP_TANH, linear(b, x, wo, NULL, 0)));
+}
+
+static void build_relu_logits(gb *b)
+{
+    ir_value *table = param(b, "table", 2, (const int64_t[]){V, D}, 1.0f, 0);
+    ir_value *x = op2(b, IR_OP_EMBEDDING, table, b->ids);
+    ir_value *wo = param(b, "w_out", 2, (const int64_t[]){D, V}, 0.3f, 0);
+    set_output(b, op1(b, IR_OP_RELU, linear(b, x, wo, param_pm(b, "b_out", V, 0.8f), 0)));
+}
+
 /* ------------------------------------------------------------------ compile and check */
 
 /* The graph b holds (b keeps it: s->g stays NULL), compiled for SFT with options to into
@@ -443,6 +548,77 @@ static void test_elementwise(void **state)
     check_fd(build_elementwise, 777, "rules_elementwise", false);
 }
 
+static void test_activations(void **state)
+{
+    (void)state;
+    check_fd(build_activations, 31, "rules_activations", true);
+    /* the --precision bf16 program too (built, not run: the CPU target has no bf16 steps):
+     * ReLU and tanh have bf16 forms and take bf16 activations */
+    for (int k = 0; k < 2; k++) {
+        gb b;
+        rng_state = 31;
+        gb_init(&b);
+        build_activations(&b);
+        sbp_objective chosen;
+        assert_int_equal(sbp_pass_objective(b.g, SBP_OBJECTIVE_SFT, &chosen), IR_OK);
+        sbp_train_options o = {.strategy = k ? SBP_STRATEGY_STREAM : SBP_STRATEGY_STORE,
+                               .chunk = 2, .logits_chunk = 3, .bf16 = true};
+        sbp_train_program *p = sbp_train_build(b.g, chosen, &o);
+        if (!p)
+            e2e_print_diag(&b.d);
+        assert_non_null(p);
+        assert_true(p->bf16);
+        ir_graph_free(b.g);
+        ir_diag_free(&b.d);
+    }
+}
+
+static void test_softcap_head(void **state)
+{
+    (void)state;
+    check_fd(build_softcap, 2024, "rules_softcap", true);
+}
+
+/* The stream program of a head whose logits Tanh / ReLU make: the gradient does overwrite the
+ * logits (the rule's dout operand is the logits' own buffer, not a gradient buffer), and the
+ * rule reads something else (Tanh: its output recomputed, ReLU: its input). */
+static void check_logits_rule(void (*build)(gb *), tp_kernel k)
+{
+    gb b;
+    rng_state = 5;
+    gb_init(&b);
+    build(&b);
+    sbp_objective chosen;
+    assert_int_equal(sbp_pass_objective(b.g, SBP_OBJECTIVE_SFT, &chosen), IR_OK);
+    sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM, .chunk = 2, .logits_chunk = 3};
+    sbp_train_program *p = sbp_train_build(b.g, chosen, &o);
+    if (!p)
+        e2e_print_diag(&b.d);
+    assert_non_null(p);
+    int found = 0;
+    for (int bi = 0; bi < p->n_blocks; bi++)
+        for (int i = 0; i < p->blocks[bi]->n_insts; i++) {
+            const tp_inst *in = &p->blocks[bi]->insts[i];
+            if (in->k != k)
+                continue;
+            found++;
+            assert_false(p->bufs[in->buf[1]]->is_grad); /* dout is the logits' buffer */
+            assert_int_not_equal(in->buf[2], in->buf[1]);
+        }
+    assert_true(found > 0);
+    ir_graph_free(b.g);
+    ir_diag_free(&b.d);
+}
+
+static void test_activation_logits(void **state)
+{
+    (void)state;
+    check_logits_rule(build_tanh_logits, TP_K_TANH_BWD);
+    check_logits_rule(build_relu_logits, TP_K_RELU_BWD);
+    check_fd(build_tanh_logits, 99, "rules_tanh_logits", true);
+    check_fd(build_relu_logits, 98, "rules_relu_logits", true);
+}
+
 int main(void)
 {
     e2e_init();
@@ -453,6 +629,9 @@ int main(void)
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_stream_layouts),
         cmocka_unit_test(test_stream_refusals),
+        cmocka_unit_test(test_activations),
+        cmocka_unit_test(test_softcap_head),
+        cmocka_unit_test(test_activation_logits),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     sbprt_ctx_destroy(e2e_ctx);

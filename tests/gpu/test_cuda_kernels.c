@@ -208,7 +208,7 @@ typedef struct {
     int fails;
 } kstat;
 
-static kstat stats[80];
+static kstat stats[128];
 static int nstats;
 
 static kstat *kstat_get(const char *name, double tol)
@@ -520,8 +520,10 @@ static void t_bias(void)
 typedef int (*ew_fwd_fn)(sbprt_ctx *, float *, const float *, size_t);
 typedef int (*ew_bwd_fn)(sbprt_ctx *, float *, const float *, const float *, size_t);
 
+/* saved_out: the backward takes the forward's output (tanh), not its input: it gets the CPU
+ * twin's forward of x, so its operand is in the range the kernel will really see. */
 static void t_activation(const char *fname, const char *bname, ew_fwd_fn gf, ew_fwd_fn cf,
-                         ew_bwd_fn gb, ew_bwd_fn cb, size_t n)
+                         ew_bwd_fn gb, ew_bwd_fn cb, size_t n, int saved_out)
 {
     const float *x = hrand(n, -4, 4), *dout = hrand(n, -1, 1);
     kcase K;
@@ -536,10 +538,16 @@ static void t_activation(const char *fname, const char *bname, ew_fwd_fn gf, ew_
     REF(cf(C, io->ref, io->ref, n));
     KC_RUN(K, gf(G, io->d, io->d, n));
 
-    kc_begin(&K, bname, TOL_FP32, "n=%zu", n);
-    float *dxx = KC_IN_F(&K, x, n), *ddo = KC_IN_F(&K, dout, n);
+    const float *saved = x;
+    if (saved_out) {
+        float *y = hrand(n, -1, 1);
+        REF(cf(C, y, x, n));
+        saved = y;
+    }
+    kc_begin(&K, bname, TOL_FP32, "n=%zu%s", n, saved_out ? " (y saved)" : "");
+    float *dxx = KC_IN_F(&K, saved, n), *ddo = KC_IN_F(&K, dout, n);
     obuf *dx = kc_out_rand(&K, "dx", n, 1);
-    REF(cb(C, dx->ref, dout, x, n));
+    REF(cb(C, dx->ref, dout, saved, n));
     KC_RUN(K, gb(G, dx->d, ddo, dxx, n));
 }
 
@@ -584,12 +592,18 @@ static void t_elementwise(void)
 
     t_activation("gelu_tanh_forward", "gelu_tanh_backward", sbprt_gelu_tanh_forward,
                  cpuref_sbprt_gelu_tanh_forward, sbprt_gelu_tanh_backward,
-                 cpuref_sbprt_gelu_tanh_backward, n);
+                 cpuref_sbprt_gelu_tanh_backward, n, 0);
     t_activation("gelu_erf_forward", "gelu_erf_backward", sbprt_gelu_erf_forward,
                  cpuref_sbprt_gelu_erf_forward, sbprt_gelu_erf_backward,
-                 cpuref_sbprt_gelu_erf_backward, n);
+                 cpuref_sbprt_gelu_erf_backward, n, 0);
     t_activation("silu_forward", "silu_backward", sbprt_silu_forward, cpuref_sbprt_silu_forward,
-                 sbprt_silu_backward, cpuref_sbprt_silu_backward, n);
+                 sbprt_silu_backward, cpuref_sbprt_silu_backward, n, 0);
+    t_activation("relu_forward", "relu_backward", sbprt_relu_forward, cpuref_sbprt_relu_forward,
+                 sbprt_relu_backward, cpuref_sbprt_relu_backward, n, 0);
+    t_activation("relu_forward", "relu_backward", sbprt_relu_forward, cpuref_sbprt_relu_forward,
+                 sbprt_relu_backward, cpuref_sbprt_relu_backward, n, 1);
+    t_activation("tanh_forward", "tanh_backward", sbprt_tanh_forward, cpuref_sbprt_tanh_forward,
+                 sbprt_tanh_backward, cpuref_sbprt_tanh_backward, n, 1);
 
     const float *gate = hrand(n, -4, 4), *up = hrand(n, -2, 2), *dout = hrand(n, -1, 1);
     kc_begin(&K, "swiglu_forward", TOL_FP32, "n=%zu", n);
@@ -802,7 +816,28 @@ static void t_rope(void)
 
 typedef struct {
     int b, t, tk, hq, hkv, d, q_start;
+    int window;    /* sliding window (the _ex entry points); 0: plain causal */
+    float softcap; /* logit soft-cap; 0: none */
 } att_shape;
+
+/* The keys a chunk must never read: positions before its first row's window or at or after
+ * q_start + t. */
+static int att_unread(att_shape s, int j)
+{
+    const int klo = s.window > 0 && s.q_start - s.window + 1 > 0 ? s.q_start - s.window + 1 : 0;
+    return j < klo || j >= s.q_start + s.t;
+}
+
+/* The shape for a case's label, the variant only when there is one. */
+static void att_label(char *buf, size_t n, att_shape s)
+{
+    int len = snprintf(buf, n, "b=%d t=%d tk=%d hq=%d hkv=%d d=%d q_start=%d", s.b, s.t, s.tk, s.hq,
+                       s.hkv, s.d, s.q_start);
+    if (s.window > 0 && len > 0 && (size_t)len < n)
+        len += snprintf(buf + len, n - len, " window=%d", s.window);
+    if (s.softcap > 0 && len > 0 && (size_t)len < n)
+        snprintf(buf + len, n - len, " softcap=%g", (double)s.softcap);
+}
 
 static void t_attention_shape(att_shape s)
 {
@@ -810,31 +845,33 @@ static void t_attention_shape(att_shape s)
     const size_t nl = (size_t)s.b * s.hq * s.t;
     const float scale = 1.0f / sqrtf((float)s.d);
     float *q = hrand(nq, -1, 1), *k = hrand(nkv, -1, 1), *v = hrand(nkv, -1, 1);
-    /* keys the chunk must never read (positions >= q_start + t) hold NaN */
+    /* keys the chunk must never read hold NaN */
     for (int bi = 0; bi < s.b; bi++)
-        for (int j = s.q_start + s.t; j < s.tk; j++)
-            for (size_t e = 0; e < (size_t)s.hkv * s.d; e++) {
+        for (int j = 0; j < s.tk; j++)
+            for (size_t e = 0; e < (size_t)s.hkv * s.d && att_unread(s, j); e++) {
                 k[((size_t)bi * s.tk + j) * s.hkv * s.d + e] = NAN;
                 v[((size_t)bi * s.tk + j) * s.hkv * s.d + e] = NAN;
             }
     const float *dout = hrand(nq, -1, 1);
     float *out = hnew(nq * sizeof(float)), *lse = hnew(nl * sizeof(float));
-    REF(cpuref_sbprt_attention_forward(C, out, lse, q, k, v, s.b, s.t, s.tk, s.hq, s.hkv, s.d,
-                                       s.q_start, scale));
-    char label[120];
-    snprintf(label, sizeof label, "b=%d t=%d tk=%d hq=%d hkv=%d d=%d q_start=%d", s.b, s.t, s.tk,
-             s.hq, s.hkv, s.d, s.q_start);
+    REF(cpuref_sbprt_attention_forward_ex(C, out, lse, q, k, v, s.b, s.t, s.tk, s.hq, s.hkv, s.d,
+                                          s.q_start, scale, s.window, s.softcap));
+    char label[160];
+    att_label(label, sizeof label, s);
     kcase K;
 
     kc_begin(&K, "attention_forward", TOL_FP32, "%s", label);
     float *dq = KC_IN_F(&K, q, nq), *dk = KC_IN_F(&K, k, nkv), *dv = KC_IN_F(&K, v, nkv);
     obuf *o = kc_out_rand(&K, "out", nq, 0), *l = kc_out_rand(&K, "lse", nl, 0);
-    REF(cpuref_sbprt_attention_forward(C, o->ref, l->ref, q, k, v, s.b, s.t, s.tk, s.hq, s.hkv,
-                                       s.d, s.q_start, scale));
-    KC_RUN(K, sbprt_attention_forward(G, o->d, l->d, dq, dk, dv, s.b, s.t, s.tk, s.hq, s.hkv, s.d,
-                                      s.q_start, scale));
+    REF(cpuref_sbprt_attention_forward_ex(C, o->ref, l->ref, q, k, v, s.b, s.t, s.tk, s.hq, s.hkv,
+                                          s.d, s.q_start, scale, s.window, s.softcap));
+    KC_RUN(K, sbprt_attention_forward_ex(G, o->d, l->d, dq, dk, dv, s.b, s.t, s.tk, s.hq, s.hkv,
+                                         s.d, s.q_start, scale, s.window, s.softcap));
 
-    for (int variant = 0; variant < 3; variant++) { /* all; dq only; dk, dv only */
+    /* window 1: each row attends to itself alone, so dq = dk = 0 up to rounding, which a
+     * relative error cannot judge (tests/runtime checks it against zero); the forward is
+     * compared, the backward from window 2 on */
+    for (int variant = 0; variant < 3 && s.window != 1; variant++) { /* all; dq; dk, dv */
         if (quick && variant > 0 && s.d > 64)
             continue;
         kc_begin(&K, "attention_backward", TOL_FP32, "%s %s", label,
@@ -847,30 +884,49 @@ static void t_attention_shape(att_shape s)
         obuf *gq = variant != 2 ? kc_out_rand(&K, "dq", nq, 1) : NULL;
         obuf *gk = variant != 1 ? kc_out_rand(&K, "dk", nkv, 1) : NULL;
         obuf *gv = variant != 1 ? kc_out_rand(&K, "dv", nkv, 1) : NULL;
-        REF(cpuref_sbprt_attention_backward(C, gq ? gq->ref : NULL, gk ? gk->ref : NULL,
-                                            gv ? gv->ref : NULL, dout, q, k, v, out, lse, s.b,
-                                            s.t, s.tk, s.hq, s.hkv, s.d, s.q_start, scale));
-        KC_RUN(K, sbprt_attention_backward(G, gq ? gq->d : NULL, gk ? gk->d : NULL,
-                                           gv ? gv->d : NULL, ddo, dq, dk, dv, dout_, dl, s.b,
-                                           s.t, s.tk, s.hq, s.hkv, s.d, s.q_start, scale));
+        REF(cpuref_sbprt_attention_backward_ex(C, gq ? gq->ref : NULL, gk ? gk->ref : NULL,
+                                               gv ? gv->ref : NULL, dout, q, k, v, out, lse, s.b,
+                                               s.t, s.tk, s.hq, s.hkv, s.d, s.q_start, scale,
+                                               s.window, s.softcap));
+        KC_RUN(K, sbprt_attention_backward_ex(G, gq ? gq->d : NULL, gk ? gk->d : NULL,
+                                              gv ? gv->d : NULL, ddo, dq, dk, dv, dout_, dl, s.b,
+                                              s.t, s.tk, s.hq, s.hkv, s.d, s.q_start, scale,
+                                              s.window, s.softcap));
     }
 }
 
 static void t_attention(void)
 {
     static const att_shape full[] = {
-        {2, 512, 512, 8, 2, 64, 0},       /* GQA, causal self-attention */
-        {1, 256, 1024, 4, 4, 128, 768},   /* MHA, last StreamBP chunk */
-        {1, 100, 300, 6, 1, 80, 150},     /* MQA, a middle chunk, keys past 250 never read */
-        {1, 37, 37, 2, 1, 256, 0},        /* the largest head size */
-        {2, 70, 70, 4, 2, 33, 0},         /* odd head size */
-        {1, 1024, 1024, 16, 8, 128, 0},   /* a realistic layer (timing) */
+        {2, 512, 512, 8, 2, 64, 0, 0, 0},       /* GQA, causal self-attention */
+        {1, 256, 1024, 4, 4, 128, 768, 0, 0},   /* MHA, last StreamBP chunk */
+        {1, 100, 300, 6, 1, 80, 150, 0, 0},     /* MQA, a middle chunk, keys past 250 never read */
+        {1, 37, 37, 2, 1, 256, 0, 0, 0},        /* the largest head size */
+        {2, 70, 70, 4, 2, 33, 0, 0, 0},         /* odd head size */
+        {1, 1024, 1024, 16, 8, 128, 0, 0, 0},   /* a realistic layer (timing) */
+        /* the variants: sliding windows (1, none a multiple of the 32-key tile, one at least
+         * t), soft-capping, both, in a chunk whose window starts inside the K/V prefix */
+        {2, 512, 512, 8, 2, 64, 0, 1, 0},
+        {2, 512, 512, 8, 2, 64, 0, 2, 0},
+        {2, 512, 512, 8, 2, 64, 0, 100, 0},
+        {1, 256, 1024, 4, 4, 128, 768, 300, 0},
+        {2, 70, 70, 4, 2, 33, 0, 70, 0},
+        {2, 512, 512, 8, 2, 64, 0, 0, 2.0f},
+        {1, 100, 300, 6, 1, 80, 150, 77, 30.0f},
+        {1, 1024, 1024, 16, 8, 128, 0, 256, 50.0f}, /* Gemma-2 like local layer (timing) */
     };
     static const att_shape small[] = {
-        {1, 40, 40, 2, 1, 16, 0},
-        {1, 20, 70, 4, 2, 24, 50},
-        {2, 33, 45, 2, 2, 33, 7},
-        {1, 5, 9, 1, 1, 256, 2},
+        {1, 40, 40, 2, 1, 16, 0, 0, 0},
+        {1, 20, 70, 4, 2, 24, 50, 0, 0},
+        {2, 33, 45, 2, 2, 33, 7, 0, 0},
+        {1, 5, 9, 1, 1, 256, 2, 0, 0},
+        {1, 40, 40, 2, 1, 16, 0, 1, 0},
+        {1, 40, 40, 2, 1, 16, 0, 2, 0},
+        {2, 70, 70, 4, 2, 24, 0, 20, 0},
+        {1, 20, 70, 4, 2, 24, 50, 37, 0},
+        {1, 70, 70, 2, 1, 16, 0, 100, 0},
+        {1, 40, 40, 2, 1, 16, 0, 0, 1.0f},
+        {2, 33, 45, 2, 2, 33, 7, 13, 2.0f},
     };
     const att_shape *shapes = quick ? small : full;
     const int ns = quick ? (int)(sizeof small / sizeof small[0]) : (int)(sizeof full / sizeof full[0]);
@@ -1186,18 +1242,26 @@ static void t_bf16_bias_ew(void)
         const char *fname, *bname;
         ffn gf, cf;
         bfn gb, cb;
+        int saved_out; /* the backward takes the forward's output (as t_activation) */
     } acts[] = {
         {"gelu_tanh_forward_bf16", "gelu_tanh_backward_bf16", sbprt_gelu_tanh_forward_bf16,
          cpuref_sbprt_gelu_tanh_forward_bf16, sbprt_gelu_tanh_backward_bf16,
-         cpuref_sbprt_gelu_tanh_backward_bf16},
+         cpuref_sbprt_gelu_tanh_backward_bf16, 0},
         {"gelu_erf_forward_bf16", "gelu_erf_backward_bf16", sbprt_gelu_erf_forward_bf16,
          cpuref_sbprt_gelu_erf_forward_bf16, sbprt_gelu_erf_backward_bf16,
-         cpuref_sbprt_gelu_erf_backward_bf16},
+         cpuref_sbprt_gelu_erf_backward_bf16, 0},
         {"silu_forward_bf16", "silu_backward_bf16", sbprt_silu_forward_bf16,
          cpuref_sbprt_silu_forward_bf16, sbprt_silu_backward_bf16,
-         cpuref_sbprt_silu_backward_bf16},
+         cpuref_sbprt_silu_backward_bf16, 0},
+        {"relu_forward_bf16", "relu_backward_bf16", sbprt_relu_forward_bf16,
+         cpuref_sbprt_relu_forward_bf16, sbprt_relu_backward_bf16,
+         cpuref_sbprt_relu_backward_bf16, 0},
+        {"tanh_forward_bf16", "tanh_backward_bf16", sbprt_tanh_forward_bf16,
+         cpuref_sbprt_tanh_forward_bf16, sbprt_tanh_backward_bf16,
+         cpuref_sbprt_tanh_backward_bf16, 1},
     };
-    for (int i = 0; i < 3; i++) {
+    const sbprt_bf16 *ysaved = hrand_bf(n, -1, 1); /* tanh's saved output: in (-1, 1) */
+    for (int i = 0; i < (int)(sizeof acts / sizeof acts[0]); i++) {
         kc_begin(&K, acts[i].fname, TOL_BF16, "n=%zu", n);
         sbprt_bf16 *dx = KC_IN_B(&K, x, n);
         o = kc_out_bf_rand(&K, "out", n, 0);
@@ -1207,11 +1271,12 @@ static void t_bf16_bias_ew(void)
         o = kc_out_bf(&K, "out", x, n, 0);
         REF(acts[i].cf(C, BREF(o), BREF(o), n));
         KC_RUN(K, acts[i].gf(G, BDEV(o), BDEV(o), n));
+        const sbprt_bf16 *saved = acts[i].saved_out ? ysaved : x;
         kc_begin(&K, acts[i].bname, TOL_BF16, "n=%zu", n);
-        dx = KC_IN_B(&K, x, n);
+        dx = KC_IN_B(&K, saved, n);
         sbprt_bf16 *ddo = KC_IN_B(&K, dout, n);
         o = kc_out_bf_rand(&K, "dx", n, 1);
-        REF(acts[i].cb(C, BREF(o), dout, x, n));
+        REF(acts[i].cb(C, BREF(o), dout, saved, n));
         KC_RUN(K, acts[i].gb(G, BDEV(o), ddo, dx, n));
     }
     kc_begin(&K, "swiglu_forward_bf16", TOL_BF16, "n=%zu", n);
@@ -1352,23 +1417,30 @@ static void t_bf16_attention_shape(att_shape s)
     const size_t nq = (size_t)s.b * s.t * s.hq * s.d, nkv = (size_t)s.b * s.tk * s.hkv * s.d;
     const size_t nl = (size_t)s.b * s.hq * s.t;
     const float scale = 1.0f / sqrtf((float)s.d);
-    const sbprt_bf16 *q = hrand_bf(nq, -1, 1), *k = hrand_bf(nkv, -1, 1), *v = hrand_bf(nkv, -1, 1);
+    const sbprt_bf16 *q = hrand_bf(nq, -1, 1);
+    sbprt_bf16 *k = hrand_bf(nkv, -1, 1), *v = hrand_bf(nkv, -1, 1);
+    /* keys the chunk must never read hold NaN */
+    for (int bi = 0; bi < s.b; bi++)
+        for (int j = 0; j < s.tk; j++)
+            for (size_t e = 0; e < (size_t)s.hkv * s.d && att_unread(s, j); e++) {
+                k[((size_t)bi * s.tk + j) * s.hkv * s.d + e] = f_to_bf(NAN);
+                v[((size_t)bi * s.tk + j) * s.hkv * s.d + e] = f_to_bf(NAN);
+            }
     const sbprt_bf16 *dout = hrand_bf(nq, -1, 1);
     sbprt_bf16 *out = hnew(nq * sizeof(sbprt_bf16));
     float *lse = hnew(nl * sizeof(float));
-    REF(cpuref_sbprt_attention_forward_bf16(C, out, lse, q, k, v, s.b, s.t, s.tk, s.hq, s.hkv, s.d,
-                                            s.q_start, scale));
-    char label[120];
-    snprintf(label, sizeof label, "b=%d t=%d tk=%d hq=%d hkv=%d d=%d q_start=%d", s.b, s.t, s.tk,
-             s.hq, s.hkv, s.d, s.q_start);
+    REF(cpuref_sbprt_attention_forward_ex_bf16(C, out, lse, q, k, v, s.b, s.t, s.tk, s.hq, s.hkv,
+                                               s.d, s.q_start, scale, s.window, s.softcap));
+    char label[160];
+    att_label(label, sizeof label, s);
     kcase K;
     kc_begin(&K, "attention_forward_bf16", TOL_BF16, "%s", label);
     sbprt_bf16 *dq = KC_IN_B(&K, q, nq), *dk = KC_IN_B(&K, k, nkv), *dv = KC_IN_B(&K, v, nkv);
     obuf *o = kc_out_bf_rand(&K, "out", nq, 0), *l = kc_out_rand(&K, "lse", nl, 0);
-    REF(cpuref_sbprt_attention_forward_bf16(C, BREF(o), l->ref, q, k, v, s.b, s.t, s.tk, s.hq,
-                                            s.hkv, s.d, s.q_start, scale));
-    KC_RUN(K, sbprt_attention_forward_bf16(G, BDEV(o), l->d, dq, dk, dv, s.b, s.t, s.tk, s.hq,
-                                           s.hkv, s.d, s.q_start, scale));
+    REF(cpuref_sbprt_attention_forward_ex_bf16(C, BREF(o), l->ref, q, k, v, s.b, s.t, s.tk, s.hq,
+                                               s.hkv, s.d, s.q_start, scale, s.window, s.softcap));
+    KC_RUN(K, sbprt_attention_forward_ex_bf16(G, BDEV(o), l->d, dq, dk, dv, s.b, s.t, s.tk, s.hq,
+                                              s.hkv, s.d, s.q_start, scale, s.window, s.softcap));
     kc_begin(&K, "attention_backward_bf16", TOL_BF16, "%s", label);
     dq = KC_IN_B(&K, q, nq);
     dk = KC_IN_B(&K, k, nkv);
@@ -1377,26 +1449,32 @@ static void t_bf16_attention_shape(att_shape s)
     float *dl = KC_IN_F(&K, lse, nl);
     obuf *gq = kc_out_bf_rand(&K, "dq", nq, 1), *gk = kc_out_bf_rand(&K, "dk", nkv, 1);
     obuf *gv = kc_out_bf_rand(&K, "dv", nkv, 1);
-    REF(cpuref_sbprt_attention_backward_bf16(C, BREF(gq), BREF(gk), BREF(gv), dout, q, k, v, out,
-                                             lse, s.b, s.t, s.tk, s.hq, s.hkv, s.d, s.q_start,
-                                             scale));
-    KC_RUN(K, sbprt_attention_backward_bf16(G, BDEV(gq), BDEV(gk), BDEV(gv), ddo, dq, dk, dv, dout_,
-                                            dl, s.b, s.t, s.tk, s.hq, s.hkv, s.d, s.q_start, scale));
+    REF(cpuref_sbprt_attention_backward_ex_bf16(C, BREF(gq), BREF(gk), BREF(gv), dout, q, k, v,
+                                                out, lse, s.b, s.t, s.tk, s.hq, s.hkv, s.d,
+                                                s.q_start, scale, s.window, s.softcap));
+    KC_RUN(K, sbprt_attention_backward_ex_bf16(G, BDEV(gq), BDEV(gk), BDEV(gv), ddo, dq, dk, dv,
+                                               dout_, dl, s.b, s.t, s.tk, s.hq, s.hkv, s.d,
+                                               s.q_start, scale, s.window, s.softcap));
 }
 
 static void t_bf16_attention_loss(void)
 {
     static const att_shape full[] = {
-        {2, 512, 512, 8, 2, 64, 0},
-        {1, 256, 1024, 4, 4, 128, 768},
-        {1, 1024, 1024, 16, 8, 128, 0},
+        {2, 512, 512, 8, 2, 64, 0, 0, 0},
+        {1, 256, 1024, 4, 4, 128, 768, 0, 0},
+        {1, 1024, 1024, 16, 8, 128, 0, 0, 0},
+        {2, 512, 512, 8, 2, 64, 0, 100, 2.0f},
+        {1, 256, 1024, 4, 4, 128, 768, 300, 0},
+        {1, 1024, 1024, 16, 8, 128, 0, 256, 50.0f},
     };
     static const att_shape small[] = {
-        {1, 40, 40, 2, 1, 16, 0},
-        {2, 20, 45, 4, 2, 24, 25},
+        {1, 40, 40, 2, 1, 16, 0, 0, 0},
+        {2, 20, 45, 4, 2, 24, 25, 0, 0},
+        {2, 20, 45, 4, 2, 24, 25, 11, 0},
+        {1, 40, 40, 2, 1, 16, 0, 7, 1.5f},
     };
     const att_shape *shapes = quick ? small : full;
-    const int ns = quick ? 2 : 3;
+    const int ns = quick ? (int)(sizeof small / sizeof small[0]) : (int)(sizeof full / sizeof full[0]);
     for (int i = 0; i < ns; i++) {
         t_bf16_attention_shape(shapes[i]);
         hfree_all();
@@ -1607,6 +1685,12 @@ static void t_errors(void)
     check_status("attention d=300", sbprt_attention_forward(G, d, d, d, d, d, 1, 1, 1, 1, 1, 300, 0, 1.0f),
                  SBPRT_ERR_INVALID);
     check_status("attention hq % hkv", sbprt_attention_forward(G, d, d, d, d, d, 1, 1, 1, 3, 2, 4, 0, 1.0f),
+                 SBPRT_ERR_INVALID);
+    check_status("attention window -1", sbprt_attention_forward_ex(G, d, d, d, d, d, 1, 1, 1, 1, 1, 4, 0, 1.0f, -1, 0),
+                 SBPRT_ERR_INVALID);
+    check_status("attention softcap NaN", sbprt_attention_backward_ex(G, d, d, d, d, d, d, d, d, d, 1, 1, 1, 1, 1, 4, 0, 1.0f, 0, NAN),
+                 SBPRT_ERR_INVALID);
+    check_status("attention bf16 softcap -1", sbprt_attention_forward_ex_bf16(G, (sbprt_bf16 *)d, d, (sbprt_bf16 *)d, (sbprt_bf16 *)d, (sbprt_bf16 *)d, 1, 0, 1, 1, 1, 4, 0, 1.0f, 0, -1.0f),
                  SBPRT_ERR_INVALID);
     check_status("gemm lda too small", sbprt_gemm_strided_batched(G, d, d, d, 0, 0, 2, 2, 3, 1, 0, 2, 0, 3, 0, 2, 0, 1),
                  SBPRT_ERR_INVALID);

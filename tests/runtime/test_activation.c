@@ -1,6 +1,8 @@
 /*
- * test_activation.c — GELU (tanh and erf forms), SiLU and the SwiGLU product, forward and
- * backward, against double formulas and finite differences of those formulas.
+ * test_activation.c — GELU (tanh and erf forms), SiLU, ReLU, tanh and the SwiGLU product,
+ * forward and backward, against double formulas and finite differences of those formulas.
+ * ReLU's backward is also run on the forward's output (the same mask), tanh's takes the
+ * forward's output by definition.
  */
 #include "rt_test.h"
 
@@ -14,6 +16,7 @@ static double ref_gelu_tanh(double x)
 }
 static double ref_gelu_erf(double x) { return 0.5 * x * (1.0 + erf(x / sqrt(2.0))); }
 static double ref_silu(double x) { return x / (1.0 + exp(-x)); }
+static double ref_relu(double x) { return x > 0 ? x : 0; }
 
 /* Analytic derivatives, written independently of the kernels' code. */
 static double ref_gelu_tanh_grad(double x)
@@ -30,6 +33,12 @@ static double ref_silu_grad(double x)
 {
     double s = 1 / (1 + exp(-x));
     return s * (1 + x * (1 - s));
+}
+static double ref_relu_grad(double x) { return x > 0 ? 1 : 0; }
+static double ref_tanh_grad(double x)
+{
+    double c = cosh(x);
+    return 1 / (c * c);
 }
 
 typedef int (*fwd_fn)(sbprt_ctx *, float *, const float *, size_t);
@@ -108,6 +117,71 @@ static void test_silu(void **state)
     check_unary(sbprt_silu_forward, sbprt_silu_backward, ref_silu, ref_silu_grad, "silu");
 }
 
+/* ReLU: the finite differences need no input near the kink at 0 (a central difference across
+ * it is the mean of the two slopes); inputs within 1e-3 of 0 are moved away. */
+static void test_relu(void **state)
+{
+    (void)state;
+    check_unary(sbprt_relu_forward, sbprt_relu_backward, ref_relu, ref_relu_grad, "relu");
+
+    sbprt_ctx *ctx = rt_ctx(2);
+    rt_rng r = {13};
+    float *x = rt_random(&r, N, -5, 5), *y = RT_NEW(float, N);
+    for (size_t i = 0; i < N; i++)
+        if (fabsf(x[i]) < 1e-3f)
+            x[i] = 0.5f;
+    x[0] = 0.0f; /* the derivative at 0 is 0, as torch's */
+    x[1] = -0.0f;
+    x[2] = NAN;  /* propagated, not hidden as 0 */
+    rt_assert_ok(sbprt_relu_forward(ctx, y, x, N));
+    assert_true(y[0] == 0.0f && y[1] == 0.0f && isnan(y[2]));
+    /* the backward reads the same mask from the output as from the input */
+    float *dy = rt_random(&r, N, -1, 1);
+    dy[3] = NAN; /* a NaN gradient where the unit is off adds nothing */
+    x[3] = -1.0f;
+    y[3] = 0.0f;
+    float *dx_in = rt_random(&r, N, -1, 1), *dx_out = rt_copy(dx_in, N), *dx0 = rt_copy(dx_in, N);
+    rt_assert_ok(sbprt_relu_backward(ctx, dx_in, dy, x, N));
+    rt_assert_ok(sbprt_relu_backward(ctx, dx_out, dy, y, N));
+    assert_memory_equal(dx_in, dx_out, N * sizeof(float));
+    assert_true(dx_in[0] == dx0[0] && dx_in[2] == dx0[2] && dx_in[3] == dx0[3]);
+    for (size_t i = 4; i < N; i++)
+        assert_true(dx_in[i] == (x[i] > 0 ? dx0[i] + dy[i] : dx0[i]));
+    free(x), free(y), free(dy), free(dx_in), free(dx_out), free(dx0);
+    sbprt_ctx_destroy(ctx);
+}
+
+/* tanh: the backward takes the forward's output y; the reference derivative is written in x
+ * (1 / cosh²), so the check covers the identity 1 - tanh² = sech² the kernel relies on. */
+static void test_tanh(void **state)
+{
+    (void)state;
+    sbprt_ctx *ctx = rt_ctx(2);
+    rt_rng r = {14};
+    float *x = rt_random(&r, N, -5, 5), *y = RT_NEW(float, N);
+    double *ref = RT_NEW(double, N);
+    for (size_t i = 0; i < N; i++)
+        ref[i] = tanh(x[i]);
+    rt_assert_ok(sbprt_tanh_forward(ctx, y, x, N));
+    rt_assert_err(rt_rel_err(y, ref, N), RT_TOL, "tanh");
+    float *inplace = rt_copy(x, N);
+    rt_assert_ok(sbprt_tanh_forward(ctx, inplace, inplace, N));
+    assert_memory_equal(inplace, y, N * sizeof(float));
+
+    float *dy = rt_random(&r, N, -1, 1);
+    float *dx = rt_random(&r, N, -1, 1), *dx0 = rt_copy(dx, N);
+    for (size_t i = 0; i < N; i++)
+        ref[i] = dy[i] * ref_tanh_grad(x[i]);
+    rt_assert_ok(sbprt_tanh_backward(ctx, dx, dy, y, N));
+    rt_assert_err(rt_rel_err_delta(dx, dx0, ref, N), RT_TOL, "tanh backward");
+    act_fd st = {tanh, rt_to_double(dy, N), rt_to_double(x, N), 0, N};
+    rt_assert_err(rt_fd_check(act_f, act_focus, &st, st.x, N, dx, dx0, FD_POINTS), RT_TOL,
+                  "tanh backward fd");
+    free((void *)st.w), free(st.x);
+    free(x), free(y), free(ref), free(inplace), free(dy), free(dx), free(dx0);
+    sbprt_ctx_destroy(ctx);
+}
+
 /* f = Σ w_i silu(gate_i) up_i over [lo, hi), as act_fd. */
 typedef struct {
     const double *w;
@@ -177,6 +251,8 @@ int main(void)
         cmocka_unit_test(test_gelu_tanh),
         cmocka_unit_test(test_gelu_erf),
         cmocka_unit_test(test_silu),
+        cmocka_unit_test(test_relu),
+        cmocka_unit_test(test_tanh),
         cmocka_unit_test(test_swiglu),
     };
     return cmocka_run_group_tests_name("runtime_activation", tests, NULL, NULL);

@@ -1,8 +1,9 @@
 /*
  * test_determinism.c — kernels with reductions give bitwise identical results run to run
- * and for any thread count (1, 3, 4 threads here): attention forward/backward, embedding
- * backward, LayerNorm backward, cross-entropy and sum of squares.  The inputs are large
- * enough that every kernel really forks a team.
+ * and for any thread count (1, 3, 4 threads here): attention forward/backward (plain, and
+ * with a sliding window and soft-capping on each of its three paths), embedding backward,
+ * LayerNorm backward, cross-entropy and sum of squares.  The inputs are large enough that
+ * every kernel really forks a team.
  */
 #include "rt_test.h"
 
@@ -20,9 +21,20 @@ typedef struct {
     float *emb_dout, *x, *gamma, *ln_dout, *logits;
 } inputs;
 
+/* The attention variants run besides the plain one: window, cap, and the shape that picks the
+ * path (D: AVX2 path; D2 = 12: scalar path; b = B: fused backward, b = 1: two passes). */
+enum { D2 = 12, NVAR = 3 };
+static const struct {
+    int b, d, window;
+    float softcap;
+} variants[NVAR] = {{B, D, 37, 1.5f}, {1, D, 50, 0}, {B, D2, 45, 2.0f}};
+
 /* Everything one run produces, zero-initialised where kernels accumulate. */
 typedef struct {
     float out[NQ], lse[B * HQ * T], dq[NQ], dk[NKV], dv[NKV];
+    struct {
+        float out[NQ], lse[B * HQ * T], dq[NQ], dk[NKV], dv[NKV];
+    } var[NVAR];
     float dtable[VE * CE];
     float ln_out[NL * CL], mean[NL], rstd[NL], dx[NL * CL], dgamma[CL], dbeta[CL];
     float loss[1], dlogits[NX * VX], sumsq[1];
@@ -37,6 +49,16 @@ static void run_all(const inputs *in, results *res, int nthreads)
     rt_assert_ok(sbprt_attention_backward(ctx, res->dq, res->dk, res->dv, in->dout, in->q, in->k,
                                           in->v, res->out, res->lse, B, T, T, HQ, HKV, D, 0,
                                           0.25f));
+    for (int i = 0; i < NVAR; i++) {
+        const int b = variants[i].b, d = variants[i].d, w = variants[i].window;
+        const float c = variants[i].softcap;
+        rt_assert_ok(sbprt_attention_forward_ex(ctx, res->var[i].out, res->var[i].lse, in->q, in->k,
+                                                in->v, b, T, T, HQ, HKV, d, 0, 0.25f, w, c));
+        rt_assert_ok(sbprt_attention_backward_ex(ctx, res->var[i].dq, res->var[i].dk,
+                                                 res->var[i].dv, in->dout, in->q, in->k, in->v,
+                                                 res->var[i].out, res->var[i].lse, b, T, T, HQ,
+                                                 HKV, d, 0, 0.25f, w, c));
+    }
     rt_assert_ok(sbprt_embedding_backward(ctx, res->dtable, in->emb_dout, in->ids, NE, VE, CE));
     rt_assert_ok(sbprt_layernorm_forward(ctx, res->ln_out, res->mean, res->rstd, in->x, in->gamma,
                                          NULL, NL, CL, 1e-5f));
@@ -72,6 +94,7 @@ static void test_bitwise_across_runs_and_threads(void **state)
         assert_memory_equal(first->dq, again->dq, sizeof first->dq);
         assert_memory_equal(first->dk, again->dk, sizeof first->dk);
         assert_memory_equal(first->dv, again->dv, sizeof first->dv);
+        assert_memory_equal(first->var, again->var, sizeof first->var);
         assert_memory_equal(first->dtable, again->dtable, sizeof first->dtable);
         assert_memory_equal(first, again, sizeof *first); /* and everything else */
     }

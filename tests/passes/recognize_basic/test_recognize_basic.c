@@ -326,6 +326,44 @@ static void test_gelu_erf(void **state)
     tg_free(t);
 }
 
+/* ONNX's own Gelu (opset 20, the dynamo exporter): the semantic Gelu with the same
+ * approximate ("none" when absent); any other value is an error naming the node. */
+static void test_gelu_onnx(void **state)
+{
+    (void)state;
+    const char *attr[3] = {"tanh", "none", NULL};
+    for (int k = 0; k < 3; k++) {
+        tgraph *t = tg_new(20);
+        ir_graph *g = t->g;
+        ir_value *x = val(g, IR_VAL_INPUT, "x", IR_DT_FLOAT, "2,8,64");
+        ir_node *gl = NODE(g, IR_OP_GELU_ONNX, "gelu_onnx", 1, x);
+        if (attr[k])
+            ir_attr_set_string(g, gl, "approximate", attr[k]);
+        add_output(g, gl->out[0]);
+        run(t, sbp_recognize_activations);
+        ir_node *n = only(g, IR_OP_GELU);
+        assert_ptr_equal(n->in[0], x);
+        assert_ptr_equal(n->out[0], g->outputs[0]);
+        assert_string_equal(ir_attr_string(n, "approximate", ""), attr[k] ? attr[k] : "none");
+        assert_int_equal(ir_graph_count_op(g, IR_OP_GELU_ONNX), 0);
+        tg_free(t);
+    }
+    tgraph *t = tg_new(20);
+    ir_graph *g = t->g;
+    ir_value *x = val(g, IR_VAL_INPUT, "x", IR_DT_FLOAT, "2,8,64");
+    ir_node *gl = NODE(g, IR_OP_GELU_ONNX, "gelu_fast", 1, x);
+    ir_attr_set_string(g, gl, "approximate", "fast");
+    add_output(g, gl->out[0]);
+    assert_int_equal(ir_infer_graph(g), IR_OK);
+    assert_int_equal(sbp_recognize_activations(g), IR_ERR);
+    assert_true(t->diag.n_errors > 0);
+    const ir_diag_entry *e = &t->diag.entries[t->diag.n - 1];
+    assert_non_null(e->node);
+    assert_string_equal(e->node, "gelu_fast");
+    assert_non_null(strstr(e->msg, "\"fast\""));
+    tg_free(t);
+}
+
 /* Llama's MLP: silu(gate) * up in both orders; the Silu node is absorbed. */
 static void test_swiglu(void **state)
 {
@@ -589,6 +627,7 @@ int main(void)
         cmocka_unit_test(test_gelu_tanh_other_order),
         cmocka_unit_test(test_gelu_wrong_constant),
         cmocka_unit_test(test_gelu_erf),
+        cmocka_unit_test(test_gelu_onnx),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_silu_shared_and_broadcast),
         cmocka_unit_test(test_linear_matmul_bias),
