@@ -12,9 +12,10 @@
  *      parameter; one named by a `BUFFER` or `CONSTANT_TENSOR` line is a constant.
  *   2. By use, for the rest (the dynamo exporter renames weights it transposed to `val_N`, and a
  *      TorchScript export has no signature): a float initializer is a parameter only if it has
- *      more than one element and it meets the token data — some node reads it (directly or
- *      through layout-only ops: Transpose, Reshape, (Un)Squeeze, Flatten, Cast, Identity)
- *      together with a value computed from a graph input — or it is the table of a Gather. A
+ *      more than one element and it meets the token data — some node reads it (directly, or
+ *      through layout-only ops: Transpose, Reshape, (Un)Squeeze, Flatten, Cast, Identity, and
+ *      arithmetic with a scalar constant, as Gemma's 1 + w) together with a value computed
+ *      from a graph input — or it is the table of a Gather. A
  *      weight always does one or the other (MatMul with the activations, Mul/Add with the
  *      normalised rows, a token or learned position embedding); a rotary frequency vector meets
  *      only positions, which are constants once the dims are bound, and a scalar is a
@@ -72,7 +73,19 @@ static bool is_layout_op(ir_op op)
     }
 }
 
-/* Does v (an initializer, or a layout-only view of one) meet token data at some use? */
+/* n = Add/Sub/Mul/Div(v, c) or (c, v) with c a scalar constant: Gemma's norms scale by (1 + w),
+ * so the weight meets the tokens one such step later. A non-scalar constant operand (positions
+ * times a rotary frequency vector) does not count: that is how tables are made. */
+static bool scalar_arith(const ir_node *n, const ir_value *v)
+{
+    if (n->op != IR_OP_ADD && n->op != IR_OP_SUB && n->op != IR_OP_MUL && n->op != IR_OP_DIV)
+        return false;
+    const ir_value *c = n->in[0] == v ? n->in[1] : n->in[1] == v ? n->in[0] : NULL;
+    return c && ir_value_is_const(c) && ir_value_numel(c) == 1;
+}
+
+/* Does v (an initializer, or a layout-only view of one, or one of those shifted or scaled by a
+ * scalar constant) meet token data at some use? */
 static bool meets_tokens(const ir_uses *u, const bool *dep, const ir_value *v, int depth)
 {
     if (depth > 16)
@@ -88,7 +101,7 @@ static bool meets_tokens(const ir_uses *u, const bool *dep, const ir_value *v, i
         for (int i = 0; i < n->n_in; i++)
             if (n->in[i] && n->in[i] != v && dep[n->in[i]->id])
                 return true;
-        if (is_layout_op(n->op) && u->uses[v->id][k].slot == 0)
+        if ((is_layout_op(n->op) && u->uses[v->id][k].slot == 0) || scalar_arith(n, v))
             for (int o = 0; o < n->n_out; o++)
                 if (n->out[o] && meets_tokens(u, dep, n->out[o], depth + 1))
                     return true;
@@ -117,6 +130,10 @@ int sbp_pass_params(ir_graph *g)
                 dep[n->out[j]->id] = d;
     }
     ir_uses u = ir_uses_build(g);
+    if (!u.n_uses) {
+        free(dep);
+        return ir_diag_error(g->diag, "out of memory building use lists");
+    }
     int by_signature = 0, scalars = 0, by_use = 0;
     const char *example = NULL;
     for (int i = 0; i < g->n_values; i++) {

@@ -1261,7 +1261,7 @@ static ir_node *match_scores(const ir_uses *u, attn_match *m, ir_value *s, const
             add_node(m, pn);
             s = x;
         } else if (n->op == IR_OP_TANH && m->softcap == 0 && m->scale > 0 && n->in[0] &&
-                   same_shape(n->in[0], proto)) {
+                   m->mask_kind != MASK_NONE && same_shape(n->in[0], proto)) {
             /* Logit soft-capping (Gemma-2): every factor met so far multiplies c*tanh(x), so
              * it is the cap c; the factors below the tanh give x = s/c, and the kernel's scale
              * is their product times c (see build_attention). */

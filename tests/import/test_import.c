@@ -534,6 +534,38 @@ static void test_fixtures(void **state)
         skip();
 }
 
+/* The dynamo exporter's graph signature (GraphProto.metadata_props, field 16, which protobuf-c
+ * keeps as an unknown field with its length prefix) reaches g->torch_signature verbatim; a
+ * TorchScript export has none. */
+static void test_torch_signature(void **state)
+{
+    (void)state;
+    char p[4096];
+    snprintf(p, sizeof p, "%s/hf/llama_dynamo_eager.onnx", SBP_FIXTURES_DIR);
+    if (access(p, R_OK) != 0)
+        skip();
+    ir_diag d;
+    ir_diag_init(&d, NULL);
+    ir_graph *g = expect_ok(p, &d);
+    assert_non_null(g->torch_signature);
+    const char *sig = g->torch_signature;
+    assert_non_null(strstr(sig, "PARAMETER target='lm_head.weight'"));
+    assert_non_null(strstr(sig, "p_model_norm_weight: PARAMETER target='model.norm.weight'"));
+    assert_non_null(strstr(sig, "BUFFER target='model.rotary_emb.inv_freq'"));
+    /* the value only: not the key, and no protobuf framing (the length varint) in front */
+    assert_null(strstr(sig, "pkg.torch.export"));
+    assert_int_equal(strncmp(sig, "\n# inputs\np_model_embed_tokens_weight: PARAMETER", 48), 0);
+    ir_graph_free(g);
+    ir_diag_free(&d);
+
+    snprintf(p, sizeof p, "%s/hf/llama_ts_eager.onnx", SBP_FIXTURES_DIR);
+    ir_diag_init(&d, NULL);
+    g = expect_ok(p, &d);
+    assert_null(g->torch_signature);
+    ir_graph_free(g);
+    ir_diag_free(&d);
+}
+
 int main(void)
 {
     enum { NM = sizeof malformed / sizeof *malformed };
@@ -554,6 +586,7 @@ int main(void)
     T(test_valid_typed);
     T(test_truncation_and_bitflip_sweep);
     T(test_fixtures);
+    T(test_torch_signature);
 #undef T
     return _cmocka_run_group_tests("import", tests, (size_t)n, NULL, NULL);
 }

@@ -4,6 +4,7 @@
  * above the size cap). */
 #include "pass_test.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -517,6 +518,211 @@ static void test_not_folded(void **state)
     tg_free(t);
 }
 
+/* GatherND, by the ONNX operator spec's definition: each index tuple (the last axis of the
+ * indices, k long) picks data[b..., i0, .., ik-1, :]; the out shape is indices.shape[:-1] ++
+ * data.shape[batch_dims + k:]; negative indices count from the end. The first four cases are
+ * the spec's own examples. */
+static void test_gather_nd(void **state)
+{
+    (void)state;
+    tgraph *t = tg_new(17);
+    ir_graph *g = t->g;
+    const int64_t d22[2] = {2, 2}, d222[3] = {2, 2, 2}, d223[3] = {2, 2, 3};
+    ir_value *x2 = ir_const_new(g, "x2", IR_DT_INT64, 2, d22, (int64_t[]){0, 1, 2, 3});
+    ir_value *x3 =
+        ir_const_new(g, "x3", IR_DT_FLOAT, 3, d222, (float[]){0, 1, 2, 3, 4, 5, 6, 7});
+    float f12[12];
+    for (int i = 0; i < 12; i++)
+        f12[i] = (float)(10 + i);
+    ir_value *x4 = ir_const_new(g, "x4", IR_DT_FLOAT, 3, d223, f12);
+    /* spec example 1: elements */
+    ir_node *e1 = NODE(g, IR_OP_GATHER_ND, "e1", 1, x2,
+                       ir_const_new(g, "i1", IR_DT_INT64, 2, d22, (int64_t[]){0, 0, 1, 1}));
+    /* example 2: rows */
+    ir_node *e2 = NODE(g, IR_OP_GATHER_ND, "e2", 1, x2,
+                       ir_const_new(g, "i2", IR_DT_INT64, 2, (int64_t[]){2, 1},
+                                    (int64_t[]){1, 0}));
+    /* example 3: rows of a 3-d tensor */
+    ir_node *e3 = NODE(g, IR_OP_GATHER_ND, "e3", 1, x3,
+                       ir_const_new(g, "i3", IR_DT_INT64, 2, d22, (int64_t[]){0, 1, 1, 0}));
+    /* example 5: batch_dims 1 */
+    ir_node *e5 = NODE(g, IR_OP_GATHER_ND, "e5", 1, x3,
+                       ir_const_new(g, "i5", IR_DT_INT64, 2, (int64_t[]){2, 1},
+                                    (int64_t[]){1, 0}));
+    ir_attr_set_int(g, e5, "batch_dims", 1);
+    /* batch_dims 1, two tuples per batch, k = 1: x4[b][i] rows of 3 */
+    ir_node *b1 = NODE(g, IR_OP_GATHER_ND, "b1", 1, x4,
+                       ir_const_new(g, "ib1", IR_DT_INT64, 3, (int64_t[]){2, 2, 1},
+                                    (int64_t[]){1, 0, 1, -2}));
+    ir_attr_set_int(g, b1, "batch_dims", 1);
+    /* batch_dims 1, k = 2: single elements x4[b][i][j], negative j */
+    ir_node *b2 = NODE(g, IR_OP_GATHER_ND, "b2", 1, x4,
+                       ir_const_new(g, "ib2", IR_DT_INT64, 2, d22, (int64_t[]){1, 2, 0, -1}));
+    ir_attr_set_int(g, b2, "batch_dims", 1);
+    /* negative indices, batch_dims 0: x2[-1][-2] = x2[1][0] */
+    ir_node *ng = NODE(g, IR_OP_GATHER_ND, "neg", 1, x2,
+                       ir_const_new(g, "ineg", IR_DT_INT64, 2, (int64_t[]){1, 2},
+                                    (int64_t[]){-1, -2}));
+    assert_int_equal(sbp_pass_fold(g), IR_OK);
+    assert_int_equal(count_live(g), 0);
+    assert_type(e1->out[0], "i64[2]");
+    assert_i64s(e1->out[0], 2, (int64_t[]){0, 3});
+    assert_type(e2->out[0], "i64[2,2]");
+    assert_i64s(e2->out[0], 4, (int64_t[]){2, 3, 0, 1});
+    assert_type(e3->out[0], "f32[2,2]");
+    assert_f32s(e3->out[0], 4, (float[]){2, 3, 4, 5});
+    assert_type(e5->out[0], "f32[2,2]");
+    assert_f32s(e5->out[0], 4, (float[]){2, 3, 4, 5});
+    assert_type(b1->out[0], "f32[2,2,3]");
+    /* batch 0: rows 1, 0 = {13,14,15}, {10,11,12}; batch 1: rows 1, -2 = 0: {19,20,21},
+     * {16,17,18} */
+    assert_f32s(b1->out[0], 12, (float[]){13, 14, 15, 10, 11, 12, 19, 20, 21, 16, 17, 18});
+    assert_type(b2->out[0], "f32[2]");
+    assert_f32s(b2->out[0], 2, (float[]){15, 18}); /* x4[0][1][2], x4[1][0][2] */
+    assert_type(ng->out[0], "i64[1]");
+    assert_i64s(ng->out[0], 1, (int64_t[]){2});
+    tg_free(t);
+}
+
+/* An index outside [-d, d) is an error that names the node (the model is broken); -d is the
+ * first element, d is one past the end. */
+static void test_gather_nd_out_of_range(void **state)
+{
+    (void)state;
+    tgraph *t = tg_new(17);
+    ir_graph *g = t->g;
+    const int64_t d22[2] = {2, 2};
+    ir_value *x = ir_const_new(g, "x", IR_DT_INT64, 2, d22, (int64_t[]){0, 1, 2, 3});
+    ir_node *ok = NODE(g, IR_OP_GATHER_ND, "gnd_ok", 1, x,
+                       ir_const_new(g, "iok", IR_DT_INT64, 2, (int64_t[]){1, 2},
+                                    (int64_t[]){-2, 1}));
+    bool folded;
+    assert_int_equal(sbp_eval_node(g, ok, &folded), IR_OK);
+    assert_true(folded);
+    assert_i64s(ok->out[0], 1, (int64_t[]){1});
+    ir_node *hi = NODE(g, IR_OP_GATHER_ND, "gnd_hi", 1, x,
+                       ir_const_new(g, "ihi", IR_DT_INT64, 2, (int64_t[]){1, 2},
+                                    (int64_t[]){0, 2}));
+    assert_int_equal(sbp_eval_node(g, hi, &folded), IR_ERR);
+    assert_true(diag_has(&t->diag, "gnd_hi", "GatherND", "out of range", NULL));
+    ir_node *lo = NODE(g, IR_OP_GATHER_ND, "gnd_lo", 1, x,
+                       ir_const_new(g, "ilo", IR_DT_INT64, 2, (int64_t[]){1, 1},
+                                    (int64_t[]){-3}));
+    assert_int_equal(sbp_eval_node(g, lo, &folded), IR_ERR);
+    assert_true(diag_has(&t->diag, "gnd_lo", "out of range", NULL));
+    /* through the pass: the error stops it */
+    tgraph *t2 = tg_new(17);
+    ir_value *x2 = ir_const_new(t2->g, "x", IR_DT_INT64, 2, d22, (int64_t[]){0, 1, 2, 3});
+    NODE(t2->g, IR_OP_GATHER_ND, "/model/GatherND_7", 1, x2,
+         ir_const_new(t2->g, "i", IR_DT_INT64, 2, (int64_t[]){1, 2}, (int64_t[]){5, 0}));
+    assert_int_equal(sbp_pass_fold(t2->g), IR_ERR);
+    assert_true(diag_has(&t2->diag, "/model/GatherND_7", "out of range", NULL));
+    tg_free(t2);
+    tg_free(t);
+}
+
+/* ScatterND (reduction none): output = data with the slices the indices name replaced by the
+ * updates; the spec's example 1, row slices, element updates with negative indices, a repeated
+ * index (the later update is the result), an out-of-range index (an error naming the node),
+ * and a reduction that is not folded. */
+static void test_scatter_nd(void **state)
+{
+    (void)state;
+    tgraph *t = tg_new(18);
+    ir_graph *g = t->g;
+    ir_value *d8 =
+        ir_const_new(g, "d8", IR_DT_FLOAT, 1, (int64_t[]){8}, (float[]){1, 2, 3, 4, 5, 6, 7, 8});
+    ir_node *s1 = NODE(g, IR_OP_SCATTER_ND, "s1", 1, d8,
+                       ir_const_new(g, "i1", IR_DT_INT64, 2, (int64_t[]){4, 1},
+                                    (int64_t[]){4, 3, 1, 7}),
+                       ir_const_new(g, "u1", IR_DT_FLOAT, 1, (int64_t[]){4},
+                                    (float[]){9, 10, 11, 12}));
+    const int64_t d32[2] = {3, 2};
+    ir_value *m = ir_const_new(g, "m", IR_DT_INT64, 2, d32, (int64_t[]){1, 2, 3, 4, 5, 6});
+    ir_node *s2 = NODE(g, IR_OP_SCATTER_ND, "rows", 1, m,
+                       ir_const_new(g, "i2", IR_DT_INT64, 2, (int64_t[]){2, 1},
+                                    (int64_t[]){2, 0}),
+                       ir_const_new(g, "u2", IR_DT_INT64, 2, (int64_t[]){2, 2},
+                                    (int64_t[]){10, 20, 30, 40}));
+    ir_node *s3 = NODE(g, IR_OP_SCATTER_ND, "elems", 1, m,
+                       ir_const_new(g, "i3", IR_DT_INT64, 2, (int64_t[]){2, 2},
+                                    (int64_t[]){0, 1, -1, 0}),
+                       ir_const_new(g, "u3", IR_DT_INT64, 1, (int64_t[]){2}, (int64_t[]){7, 8}));
+    ir_value *d3 = ir_const_new(g, "d3", IR_DT_INT64, 1, (int64_t[]){3}, (int64_t[]){1, 2, 3});
+    ir_node *s4 = NODE(g, IR_OP_SCATTER_ND, "repeat", 1, d3,
+                       ir_const_new(g, "i4", IR_DT_INT64, 2, (int64_t[]){2, 1},
+                                    (int64_t[]){1, 1}),
+                       ir_const_new(g, "u4", IR_DT_INT64, 1, (int64_t[]){2},
+                                    (int64_t[]){100, 200}));
+    ir_node *s5 = NODE(g, IR_OP_SCATTER_ND, "add_red", 1, d3,
+                       ir_const_new(g, "i5", IR_DT_INT64, 2, (int64_t[]){1, 1}, (int64_t[]){0}),
+                       ir_const_new(g, "u5", IR_DT_INT64, 1, (int64_t[]){1}, (int64_t[]){5}));
+    ir_attr_set_string(g, s5, "reduction", "add");
+    assert_int_equal(sbp_pass_fold(g), IR_OK);
+    assert_type(s1->out[0], "f32[8]");
+    assert_f32s(s1->out[0], 8, (float[]){1, 11, 3, 10, 9, 6, 7, 12});
+    assert_type(s2->out[0], "i64[3,2]");
+    assert_i64s(s2->out[0], 6, (int64_t[]){30, 40, 3, 4, 10, 20});
+    assert_i64s(s3->out[0], 6, (int64_t[]){1, 7, 3, 4, 8, 6});
+    assert_i64s(s4->out[0], 3, (int64_t[]){1, 200, 3});
+    assert_i64s(m, 6, (int64_t[]){1, 2, 3, 4, 5, 6}); /* the data itself is not written */
+    assert_false(ir_value_is_const(s5->out[0]));        /* reduction 'add': left as a node */
+    assert_int_equal(count_live(g), 1);
+    ir_node *bad = NODE(g, IR_OP_SCATTER_ND, "scatter_bad", 1, d3,
+                        ir_const_new(g, "i6", IR_DT_INT64, 2, (int64_t[]){1, 1}, (int64_t[]){3}),
+                        ir_const_new(g, "u6", IR_DT_INT64, 1, (int64_t[]){1}, (int64_t[]){0}));
+    bool folded;
+    assert_int_equal(sbp_eval_node(g, bad, &folded), IR_ERR);
+    assert_true(diag_has(&t->diag, "scatter_bad", "ScatterND", "out of range", NULL));
+    tg_free(t);
+}
+
+/* IsNaN, IsInf with each detect_positive/detect_negative setting, and Xor (with broadcasting):
+ * bool results. */
+static void test_isnan_isinf_xor(void **state)
+{
+    (void)state;
+    tgraph *t = tg_new(20);
+    ir_graph *g = t->g;
+    ir_value *x = ir_const_new(g, "x", IR_DT_FLOAT, 1, (int64_t[]){6},
+                               (float[]){1.0f, NAN, INFINITY, -INFINITY, 0.0f, -FLT_MAX});
+    ir_node *nan = NODE(g, IR_OP_IS_NAN, "isnan", 1, x);
+    ir_node *inf = NODE(g, IR_OP_IS_INF, "isinf", 1, x);
+    ir_node *pos = NODE(g, IR_OP_IS_INF, "isinf_pos", 1, x);
+    ir_attr_set_int(g, pos, "detect_negative", 0);
+    ir_node *neg = NODE(g, IR_OP_IS_INF, "isinf_neg", 1, x);
+    ir_attr_set_int(g, neg, "detect_positive", 0);
+    ir_node *none = NODE(g, IR_OP_IS_INF, "isinf_none", 1, x);
+    ir_attr_set_int(g, none, "detect_positive", 0);
+    ir_attr_set_int(g, none, "detect_negative", 0);
+    ir_value *xd = ir_const_new(g, "xd", IR_DT_DOUBLE, 1, (int64_t[]){3},
+                                (double[]){NAN, -INFINITY, 1e308});
+    ir_node *nand = NODE(g, IR_OP_IS_NAN, "isnan_d", 1, xd);
+    ir_node *infd = NODE(g, IR_OP_IS_INF, "isinf_d", 1, xd);
+    ir_value *a = ir_const_new(g, "a", IR_DT_BOOL, 1, (int64_t[]){4}, (uint8_t[]){1, 1, 0, 0});
+    ir_value *b = ir_const_new(g, "b", IR_DT_BOOL, 1, (int64_t[]){4}, (uint8_t[]){1, 0, 1, 0});
+    ir_node *xr = NODE(g, IR_OP_XOR, "xor", 1, a, b);
+    ir_value *c = ir_const_new(g, "c", IR_DT_BOOL, 2, (int64_t[]){2, 1}, (uint8_t[]){1, 0});
+    ir_value *e = ir_const_new(g, "e", IR_DT_BOOL, 1, (int64_t[]){3}, (uint8_t[]){1, 0, 1});
+    ir_node *xb = NODE(g, IR_OP_XOR, "xor_bcast", 1, c, e);
+    assert_int_equal(sbp_pass_fold(g), IR_OK);
+    assert_int_equal(count_live(g), 0);
+    assert_type(nan->out[0], "bool[6]");
+    assert_i64s(nan->out[0], 6, (int64_t[]){0, 1, 0, 0, 0, 0});
+    assert_type(inf->out[0], "bool[6]");
+    assert_i64s(inf->out[0], 6, (int64_t[]){0, 0, 1, 1, 0, 0});
+    assert_i64s(pos->out[0], 6, (int64_t[]){0, 0, 1, 0, 0, 0});
+    assert_i64s(neg->out[0], 6, (int64_t[]){0, 0, 0, 1, 0, 0});
+    assert_i64s(none->out[0], 6, (int64_t[]){0, 0, 0, 0, 0, 0});
+    assert_i64s(nand->out[0], 3, (int64_t[]){1, 0, 0});
+    assert_i64s(infd->out[0], 3, (int64_t[]){0, 1, 0});
+    assert_type(xr->out[0], "bool[4]");
+    assert_i64s(xr->out[0], 4, (int64_t[]){0, 1, 1, 0});
+    assert_type(xb->out[0], "bool[2,3]");
+    assert_i64s(xb->out[0], 6, (int64_t[]){0, 1, 0, 1, 0, 1});
+    tg_free(t);
+}
+
 /* sbp_eval_node on its own: folds one node, says so, leaves the rest. */
 static void test_eval_node(void **state)
 {
@@ -560,6 +766,10 @@ int main(void)
         cmocka_unit_test(test_bypass_output_handover),
         cmocka_unit_test(test_not_folded),
         cmocka_unit_test(test_eval_node),
+        cmocka_unit_test(test_gather_nd),
+        cmocka_unit_test(test_gather_nd_out_of_range),
+        cmocka_unit_test(test_scatter_nd),
+        cmocka_unit_test(test_isnan_isinf_xor),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

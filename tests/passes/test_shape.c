@@ -610,6 +610,95 @@ static void test_node_new_infers(void **state)
     tg_free(t);
 }
 
+/* GatherND: out = indices.shape[:-1] ++ data.shape[batch_dims + k:] (k = indices' last dim),
+ * symbolic dims carried through; k + batch_dims beyond the data's rank, batch_dims out of
+ * range and non-int64 indices are errors. ScatterND: data's type. */
+static void test_gather_scatter_nd(void **state)
+{
+    (void)state;
+    tgraph *t = tg_new(17);
+    ir_graph *g = t->g;
+    ir_value *x = val(g, IR_VAL_INPUT, "x", IR_DT_FLOAT, "batch,sequence,5,7");
+    ir_value *i1 = val(g, IR_VAL_INPUT, "i1", IR_DT_INT64, "3,4,1");
+    ir_value *i2 = val(g, IR_VAL_INPUT, "i2", IR_DT_INT64, "6,2");
+    ir_value *i4 = val(g, IR_VAL_INPUT, "i4", IR_DT_INT64, "9,4");
+    ir_value *ib = val(g, IR_VAL_INPUT, "ib", IR_DT_INT64, "batch,11,2");
+    ir_value *iu = val(g, IR_VAL_INPUT, "iu", IR_DT_INT64, "8,?");
+    ir_node *n1 = NODE(g, IR_OP_GATHER_ND, "gnd1", 1, x, i1);
+    INFER_OK(t, n1);
+    assert_type(n1->out[0], "f32[3,4,sequence,5,7]");
+    ir_node *n2 = NODE(g, IR_OP_GATHER_ND, "gnd2", 1, x, i2);
+    INFER_OK(t, n2);
+    assert_type(n2->out[0], "f32[6,5,7]");
+    ir_node *n4 = NODE(g, IR_OP_GATHER_ND, "gnd4", 1, x, i4); /* k = rank: elements */
+    INFER_OK(t, n4);
+    assert_type(n4->out[0], "f32[9]");
+    ir_node *nb = NODE(g, IR_OP_GATHER_ND, "gnd_b1", 1, x, ib);
+    ir_attr_set_int(g, nb, "batch_dims", 1);
+    INFER_OK(t, nb);
+    assert_type(nb->out[0], "f32[batch,11,7]"); /* [batch,11] ++ x.shape[1 + 2:] */
+    ir_node *nu = NODE(g, IR_OP_GATHER_ND, "gnd_u", 1, x, iu); /* k unknown: rank unknown */
+    INFER_OK(t, nu);
+    assert_int_equal(nu->out[0]->dtype, IR_DT_FLOAT);
+    assert_int_equal(nu->out[0]->rank, -1);
+    /* errors */
+    ir_value *i5 = val(g, IR_VAL_INPUT, "i5", IR_DT_INT64, "2,5");
+    ir_node *e1 = NODE(g, IR_OP_GATHER_ND, "gnd_k_big", 1, x, i5);
+    INFER_ERR(t, e1);
+    assert_true(diag_has(&t->diag, "gnd_k_big", "GatherND", "exceeds the rank", NULL));
+    ir_node *e2 = NODE(g, IR_OP_GATHER_ND, "gnd_kb_big", 1, x, i2 /* k = 2 */);
+    ir_attr_set_int(g, e2, "batch_dims", 3);
+    INFER_ERR(t, e2);
+    assert_true(diag_has(&t->diag, "gnd_kb_big", NULL));
+    ir_node *e3 = NODE(g, IR_OP_GATHER_ND, "gnd_neg_b", 1, x, i2);
+    ir_attr_set_int(g, e3, "batch_dims", -1);
+    INFER_ERR(t, e3);
+    assert_true(diag_has(&t->diag, "gnd_neg_b", "batch_dims -1", NULL));
+    ir_value *i32 = val(g, IR_VAL_INPUT, "i32", IR_DT_INT32, "6,2");
+    ir_node *e4 = NODE(g, IR_OP_GATHER_ND, "gnd_i32", 1, x, i32);
+    INFER_ERR(t, e4);
+    assert_true(diag_has(&t->diag, "gnd_i32", "input 1 ('i32')", "int64", NULL));
+    /* ScatterND */
+    ir_value *up = val(g, IR_VAL_INPUT, "up", IR_DT_FLOAT, "6,5,7");
+    ir_node *s1 = NODE(g, IR_OP_SCATTER_ND, "snd", 1, x, i2, up);
+    INFER_OK(t, s1);
+    assert_type(s1->out[0], "f32[batch,sequence,5,7]");
+    ir_node *s2 = NODE(g, IR_OP_SCATTER_ND, "snd_i32", 1, x, i32, up);
+    INFER_ERR(t, s2);
+    assert_true(diag_has(&t->diag, "snd_i32", "ScatterND", "int64", NULL));
+    tg_free(t);
+}
+
+/* IsNaN and IsInf give bool of the input's shape; Xor too (broadcast); CumSum of a bool is not
+ * valid ONNX and is refused, of an integer it is fine. */
+static void test_isnan_isinf_cumsum(void **state)
+{
+    (void)state;
+    tgraph *t = tg_new(17);
+    ir_graph *g = t->g;
+    ir_value *p = val(g, IR_VAL_INPUT, "p", IR_DT_FLOAT, "batch,4,sequence,sequence");
+    ir_node *n1 = NODE(g, IR_OP_IS_NAN, "isnan", 1, p);
+    INFER_OK(t, n1);
+    assert_type(n1->out[0], "bool[batch,4,sequence,sequence]");
+    ir_node *n2 = NODE(g, IR_OP_IS_INF, "isinf", 1, p);
+    INFER_OK(t, n2);
+    assert_type(n2->out[0], "bool[batch,4,sequence,sequence]");
+    ir_value *a = val(g, IR_VAL_INPUT, "a", IR_DT_BOOL, "batch,1,sequence");
+    ir_value *b = val(g, IR_VAL_INPUT, "b", IR_DT_BOOL, "3,1");
+    ir_node *n3 = NODE(g, IR_OP_XOR, "xor", 1, a, b);
+    INFER_OK(t, n3);
+    assert_type(n3->out[0], "bool[batch,3,sequence]");
+    ir_node *c1 = NODE(g, IR_OP_CUMSUM, "/model/CumSum", 1, a, si64(g, "ax", -1));
+    INFER_ERR(t, c1);
+    assert_true(diag_has(&t->diag, "/model/CumSum", "CumSum", "input 0 ('a')", "bool",
+                         "not valid ONNX", NULL));
+    ir_value *m = val(g, IR_VAL_INPUT, "m", IR_DT_INT64, "batch,sequence");
+    ir_node *c2 = NODE(g, IR_OP_CUMSUM, "cumsum_i64", 1, m, si64(g, "ax1", 1));
+    INFER_OK(t, c2);
+    assert_type(c2->out[0], "i64[batch,sequence]");
+    tg_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -633,6 +722,8 @@ int main(void)
         cmocka_unit_test(test_merge_with_declared),
         cmocka_unit_test(test_graph_reports_all),
         cmocka_unit_test(test_node_new_infers),
+        cmocka_unit_test(test_gather_scatter_nd),
+        cmocka_unit_test(test_isnan_isinf_cumsum),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -140,6 +140,10 @@ typedef struct mask_opts {
     bool buf_bad;     /* MK_GPT2: one element of the buffer flipped */
     bool expand_wrap; /* MK_LLAMA: Expand's shape through the exporter's Where/Equal wrapper */
     int64_t hole;     /* MK_LLAMA: + (triu(full, h) - triu(full, h + 1)): fill at d == h only */
+    int64_t window;   /* MK_LLAMA: + tril(full, -w); MK_RANGE: And/Where with j > i - w: the
+                         sliding window i-w < j <= i */
+    bool reopen;      /* MK_LLAMA with window: - tril(full, -2w): keys 2w or more back are
+                         visible again (a masked band, not a window) */
 } mask_opts;
 
 /* The Expand target [B,1,T,T] the way the Llama export computes it: Where(Equal(s, -1), 1, s)
@@ -174,6 +178,12 @@ static ir_value *build_mask(ir_graph *g, const mask_opts *o, int64_t b, int64_t 
             base = val(g, IR_VAL_INPUT, "minus_inf", IR_DT_FLOAT, dims);
         }
         ir_value *tr = trilu(g, base, o->k, !o->lower);
+        if (o->window) {
+            ir_value *far = trilu(g, base, -o->window, 0);
+            if (o->reopen)
+                far = OP(g, IR_OP_SUB, far, trilu(g, base, -2 * o->window, 0));
+            tr = OP(g, IR_OP_ADD, tr, far);
+        }
         if (o->hole) {
             ir_value *a = trilu(g, base, o->hole, 1), *b2 = trilu(g, base, o->hole + 1, 1);
             tr = OP(g, IR_OP_ADD, tr, OP(g, IR_OP_SUB, a, b2));
@@ -197,6 +207,11 @@ static ir_value *build_mask(ir_graph *g, const mask_opts *o, int64_t b, int64_t 
                                               si64(g, "two", 2))
                                          : r;
         ir_value *cond = OP(g, o->range_cmp == 2 ? IR_OP_LESS_OR_EQUAL : IR_OP_LESS, rj, rc);
+        if (o->window) { /* And(cond, j > i - w) */
+            ir_value *lo = OP(g, IR_OP_SUB, OP(g, IR_OP_RESHAPE, r, ints(g, 2, col)),
+                              si64(g, "w", o->window));
+            cond = OP(g, IR_OP_AND, cond, OP(g, IR_OP_GREATER, r, lo));
+        }
         const int64_t tt[2] = {T, T};
         ir_value *full = const_of_shape(g, ints(g, 2, tt), IR_DT_FLOAT, fill);
         ir_value *w = OP(g, IR_OP_WHERE, cond, sf32(g, "zero", 0.0f), full);
@@ -350,6 +365,8 @@ static void mask_case_once(const mask_opts *o, int expect, bool fold)
         assert_int_equal(a->op, IR_OP_ATTENTION);
         assert_int_equal(ir_attr_int(a, "causal", 0), 1);
         assert_true(fabs(ir_attr_float(a, "scale", 0) - 1.0 / sqrt((double)HD)) < 1e-6);
+        /* a window of T or more keys is no window at this T */
+        assert_int_equal(ir_attr_int(a, "window", 0), o->window < T ? o->window : 0);
         /* the mask chain is unused now: dce leaves nothing T x T behind */
         assert_int_equal(sbp_pass_dce(t->g), IR_OK);
         assert_false(has_tt(t->g, T));
@@ -434,6 +451,118 @@ static void test_transposed_inverted(void **s)
     /* Where(triu(ones, 1), fill, s): the scores in the else-branch */
     mask_case(&(mask_opts){.kind = MK_INVERTED, .k = 0}, 1);
     mask_case(&(mask_opts){.kind = MK_INVERTED, .k = -1}, 0);
+}
+
+/* Attention's window (or -1: not recognised) for a graph folded with `cap`. */
+static int64_t verdict_window(const mask_opts *o, int64_t T, int64_t cap)
+{
+    tgraph *t = tg_new(17);
+    ir_value *out = build_attention(t->g, o, B, H, T);
+    assert_int_equal(sbp_pass_fold_max(t->g, cap), IR_OK);
+    assert_int_equal(sbp_pass_dce(t->g), IR_OK);
+    assert_int_equal(unfolded(t->g) > 0, cap != 0);
+    assert_int_equal(sbp_recognize_attention(t->g), IR_OK);
+    check_valid(t);
+    int64_t r = out->producer->op == IR_OP_ATTENTION ? ir_attr_int(out->producer, "window", 0)
+                                                      : -1;
+    tg_free(t);
+    return r;
+}
+
+/* Sliding windows (keys i-w < j <= i) as chains: w read off the last row, then every interval
+ * between the proof's jumps checked; w >= T is plain causal. */
+static void test_window(void **s)
+{
+    (void)s;
+    static const int64_t ws[] = {1, 2, 13, 37, 63, 64, 100};
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+        mask_case(&(mask_opts){.kind = MK_LLAMA, .k = 1, .window = ws[i]}, 1);
+        mask_case(&(mask_opts){.kind = MK_LLAMA, .k = 1, .window = ws[i], .expand_wrap = true},
+                  1);
+        mask_case(&(mask_opts){.kind = MK_RANGE, .window = ws[i]}, 1);
+        mask_case(&(mask_opts){.kind = MK_RANGE, .range_cmp = 2, .window = ws[i]}, 1);
+    }
+    /* the oldest key of the window masked as well: that is the window w - 1, folded or not */
+    for (int64_t cap = 0; cap <= 256; cap += 256) {
+        assert_int_equal(verdict_window(&(mask_opts){.kind = MK_LLAMA, .k = 1, .window = 13,
+                                                     .hole = -12},
+                                        64, cap),
+                         12);
+        assert_int_equal(verdict_window(&(mask_opts){.kind = MK_LLAMA, .k = 1, .window = 2,
+                                                     .hole = -1},
+                                        64, cap),
+                         1);
+    }
+    /* a hole where the window masks anyway (fill twice: -inf) changes nothing */
+    mask_case(&(mask_opts){.kind = MK_LLAMA, .k = 1, .window = 13, .hole = -20}, 1);
+    mask_case(&(mask_opts){.kind = MK_LLAMA, .k = 1, .window = 13, .pad = 1}, 1);
+}
+
+static void test_window_not_causal(void **s)
+{
+    (void)s;
+    /* one key inside the window masked (keys on both sides of it kept) */
+    mask_case(&(mask_opts){.kind = MK_LLAMA, .k = 1, .window = 13, .hole = -6}, 0);
+    mask_case(&(mask_opts){.kind = MK_LLAMA, .k = 1, .window = 13, .hole = -11}, 0);
+    mask_case(&(mask_opts){.kind = MK_LLAMA, .k = 1, .window = 13, .hole = -1}, 0);
+    /* the diagonal masked, one key ahead visible */
+    mask_case(&(mask_opts){.kind = MK_LLAMA, .k = 0, .window = 13}, 0);
+    mask_case(&(mask_opts){.kind = MK_LLAMA, .k = 2, .window = 13}, 0);
+    mask_case(&(mask_opts){.kind = MK_RANGE, .range_cmp = 1, .window = 13}, 0);
+    /* a masked band with the far past visible again */
+    mask_case(&(mask_opts){.kind = MK_LLAMA, .k = 1, .window = 13, .reopen = true}, 0);
+    mask_case(&(mask_opts){.kind = MK_LLAMA, .k = 1, .window = 5, .reopen = true}, 0);
+    /* weak fill, per-batch padding, an input upstream */
+    mask_case(&(mask_opts){.kind = MK_LLAMA, .k = 1, .window = 13, .fill = -1.0f}, 0);
+    mask_case(&(mask_opts){.kind = MK_LLAMA, .k = 1, .window = 13, .pad = 2}, 0);
+    mask_case(&(mask_opts){.kind = MK_RANGE, .window = 13, .pad = 2}, 0);
+    mask_case(&(mask_opts){.kind = MK_LLAMA, .k = 1, .window = 13, .from_input = true}, 0);
+    /* rows and columns sliced from different offsets: the window's edge moves too */
+    mask_case(&(mask_opts){.kind = MK_LLAMA, .k = 1, .window = 13, .row_off = 0, .col_off = 1},
+              0);
+}
+
+/* The lazy proof against the element-by-element check for windowed chains: same verdict and
+ * same w, over windows, diagonals, holes, re-opened bands, offsets and padding. */
+static void test_window_lazy_matches_folded(void **s)
+{
+    (void)s;
+    const int64_t T = 16;
+    static const int64_t ws[] = {1, 3, 5, 8, 15, 16, 20};
+    static const int64_t holes[] = {0, -2, -4, -9, 3};
+    const int64_t offs[3][2] = {{0, 0}, {2, 2}, {0, 1}};
+    int n = 0, windows = 0;
+    for (int kind = MK_LLAMA; kind <= MK_RANGE; kind++)
+        for (size_t wi = 0; wi < sizeof ws / sizeof ws[0]; wi++)
+            for (int64_t k = 0; k <= 2; k++)
+                for (size_t hi = 0; hi < sizeof holes / sizeof holes[0]; hi++)
+                    for (int off = 0; off < 3; off++)
+                        for (int var = 0; var < 3; var++) {
+                            /* var: 1 re-opened band (MK_LLAMA) / range_cmp 2 (MK_RANGE); 2
+                             * padding of one key in batch 1 */
+                            if (kind == MK_RANGE && (k != 1 || holes[hi] || off))
+                                continue;
+                            mask_opts o = {.kind = (mask_kind)kind, .k = k, .window = ws[wi],
+                                           .hole = kind == MK_LLAMA ? holes[hi] : 0,
+                                           .row_off = offs[off][0], .col_off = offs[off][1],
+                                           .reopen = kind == MK_LLAMA && var == 1,
+                                           .range_cmp = kind == MK_RANGE && var == 1 ? 2 : 0,
+                                           .pad = var == 2 ? 2 : 0};
+                            int64_t full = verdict_window(&o, T, 0);
+                            int64_t lazy = verdict_window(&o, T, 64);
+                            if (full != lazy)
+                                fprintf(stderr,
+                                        "kind %d w %lld k %lld hole %lld off %d var %d: folded "
+                                        "%lld lazy %lld\n",
+                                        kind, (long long)ws[wi], (long long)k,
+                                        (long long)holes[hi], off, var, (long long)full,
+                                        (long long)lazy);
+                            assert_true(full == lazy);
+                            n++;
+                            windows += full > 0;
+                        }
+    fprintf(stderr, "  %d windowed chains, %d with a window\n", n, windows);
+    assert_true(windows > 10 && windows < n / 2);
 }
 
 /* The lazy proof against the full-data check, over a grid of chains: each graph is built twice,
@@ -532,6 +661,7 @@ static void long_case(const mask_opts *o)
     const double dt = now() - t0;
     assert_int_equal(ir_graph_count_op(t->g, IR_OP_ATTENTION), 1);
     assert_int_equal(out->producer->op, IR_OP_ATTENTION);
+    assert_int_equal(ir_attr_int(out->producer, "window", 0), o->window);
     assert_false(has_tt(t->g, T));
     /* no constant anywhere holds T x T elements (or anything near it) */
     for (int i = 0; i < t->g->n_values; i++) {
@@ -572,6 +702,40 @@ static void test_long_not_causal(void **s)
     assert_int_equal(ir_graph_count_op(t->g, IR_OP_ATTENTION), 0);
     assert_int_equal(out->producer->op, IR_OP_MATMUL);
     tg_free(t);
+}
+
+/* Mistral-style sliding windows at T = 20000, w = 4096: Trilu chains and Range comparisons,
+ * never materialised, the window read off the proof. */
+static void test_long_window(void **s)
+{
+    (void)s;
+    long_case(&(mask_opts){.kind = MK_LLAMA, .k = 1, .expand_wrap = true, .window = 4096});
+    long_case(&(mask_opts){.kind = MK_RANGE, .window = 4096});
+    long_case(&(mask_opts){.kind = MK_RANGE, .range_cmp = 2, .window = 4096});
+}
+
+/* ... and a window with one key inside it masked, or the far past re-opened, is refused. */
+static void test_long_window_not_causal(void **s)
+{
+    (void)s;
+    const int64_t T = 20000;
+    const mask_opts bad[3] = {
+        {.kind = MK_LLAMA, .k = 1, .window = 4096, .hole = -4094},
+        {.kind = MK_LLAMA, .k = 1, .window = 4096, .reopen = true},
+        {.kind = MK_LLAMA, .k = 1, .window = 4096, .hole = -1000},
+    };
+    for (int i = 0; i < 3; i++) {
+        tgraph *t = tg_new(17);
+        ir_value *out = build_attention(t->g, &bad[i], 1, 2, T);
+        const double t0 = now();
+        assert_int_equal(sbp_pass_fold(t->g), IR_OK);
+        assert_int_equal(sbp_recognize_attention(t->g), IR_OK);
+        assert_true(now() - t0 < 1.0);
+        assert_int_equal(ir_graph_count_op(t->g, IR_OP_ATTENTION), 0);
+        assert_int_equal(out->producer->op, IR_OP_MATMUL);
+        assert_true(diag_has(&t->diag, "is not recognised", NULL));
+        tg_free(t);
+    }
 }
 
 /* fold's cap: a node whose result is above it is left alone, without allocating its data. */
@@ -686,10 +850,15 @@ int main(void)
         cmocka_unit_test(test_gpt2),
         cmocka_unit_test(test_transposed_inverted),
         cmocka_unit_test(test_lazy_matches_folded),
+        cmocka_unit_test(test_window),
+        cmocka_unit_test(test_window_not_causal),
+        cmocka_unit_test(test_window_lazy_matches_folded),
         cmocka_unit_test(test_fold_cap),
         cmocka_unit_test(test_long_llama),
         cmocka_unit_test(test_long_range),
         cmocka_unit_test(test_long_not_causal),
+        cmocka_unit_test(test_long_window),
+        cmocka_unit_test(test_long_window_not_causal),
         cmocka_unit_test(test_fixtures_small_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -509,6 +509,386 @@ static void test_attn_unmasked(void **s)
     tg_free(&t);
 }
 
+/* ---------------------------------------------------------------- windows, soft-capping, SDPA
+ *
+ * A second builder with the sequence length as a parameter: sliding-window masks (keys
+ * i-w < j <= i) as folded constants, Gemma-2's logit soft-capping, the SDPA NaN guard, the
+ * dynamo kT through [B*H, T, hd] and the repeat_kv forms. */
+
+typedef struct win_opts {
+    int64_t T;
+    int64_t window;    /* 0: plain causal */
+    int mask;          /* 0 additive, 1 Where(keep, s, fill), 2 Where(masked, fill, s) */
+    int bad;           /* 0 none; 1 key i-w kept in row fi (one past the window); 2 key i-1
+                          masked in row fi (inside the window); 3 every key kept (bidirectional);
+                          4 the last row alone has window w+1; 5 batch 1 plain causal; 6 the
+                          mask is a graph input */
+    int64_t fi;        /* the row for bad 1 and 2 */
+    float scale;       /* factor on q.k; 0: 1/sqrt(HD) */
+    float softcap;     /* > 0: s -> cap * tanh(s / cap) */
+    bool cap_after;    /* soft-capping after the mask (not Gemma-2's order) */
+    bool nan_guard;    /* Where(IsNaN(p), 0, p) after the Softmax */
+    int guard_bad;     /* 1: the guard's fill is 1, not 0; 2: IsNaN of another tensor */
+    bool kt3d;         /* kT = Reshape(Transpose(Reshape(k, [B*H,T,hd]), [0,2,1]), [B,H,hd,T]) */
+    int rep;           /* repeat_kv: 0 none (k, v [B,HQ,T,hd]); 1 Expand; 2 Tile; 3 Unsqueeze
+                          alone (n_rep 1); 4 Tile along the heads axis (not repeat_kv) */
+} win_opts;
+
+static bool win_keep(const win_opts *o, int64_t b, int64_t i, int64_t j)
+{
+    const int64_t w = o->window;
+    bool keep = j <= i && (w == 0 || i - j < w);
+    switch (o->bad) {
+    case 1:
+        if (i == o->fi && j == i - w)
+            keep = true;
+        break;
+    case 2:
+        if (i == o->fi && j == i - 1)
+            keep = false;
+        break;
+    case 3: keep = true; break;
+    case 4:
+        if (i == o->T - 1)
+            keep = j <= i && i - j < w + 1;
+        break;
+    case 5:
+        if (b == 1)
+            keep = j <= i;
+        break;
+    default: break;
+    }
+    return keep;
+}
+
+/* The mask value [nb,1,T,T] (nb = 2 for bad 5), as the Add's or the Where's operand. */
+static ir_value *win_mask(tg *t, const win_opts *o)
+{
+    const int64_t T_ = o->T, nb = o->bad == 5 ? B : 1;
+    const int64_t d4[4] = {nb, 1, T_, T_};
+    if (o->bad == 6) {
+        ir_value *in = input4(t, "attention_mask", 1, 1, T_, T_);
+        in->dtype = o->mask ? IR_DT_BOOL : IR_DT_FLOAT;
+        return in;
+    }
+    float *add = malloc(sizeof(float) * (size_t)(nb * T_ * T_));
+    uint8_t *cond = malloc((size_t)(nb * T_ * T_));
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t i = 0; i < T_; i++)
+            for (int64_t j = 0; j < T_; j++) {
+                const bool keep = win_keep(o, b, i, j);
+                const size_t e = (size_t)((b * T_ + i) * T_ + j);
+                add[e] = keep ? 0.0f : -FLT_MAX;
+                cond[e] = o->mask == 2 ? !keep : keep;
+            }
+    ir_value *m = o->mask == 0 ? f32(t, 4, d4, add)
+                               : ir_const_new(t->g, "m", IR_DT_BOOL, 4, d4, cond);
+    free(add);
+    free(cond);
+    return m;
+}
+
+static ir_value *win_apply_mask(tg *t, const win_opts *o, ir_value *s, ir_value *m)
+{
+    if (o->mask == 0)
+        return op2(t, IR_OP_ADD, s, m);
+    ir_value *fill = f32_scalar(t, -FLT_MAX);
+    ir_value *in[3] = {m, o->mask == 1 ? s : fill, o->mask == 1 ? fill : s};
+    return end(t, begin(t, IR_OP_WHERE, 3, in, 1));
+}
+
+static ir_value *reshape(tg *t, ir_value *x, int n, const int64_t *shape)
+{
+    return op2(t, IR_OP_RESHAPE, x, ints(t, n, shape));
+}
+
+/* kv [B,hkv,T,HD] -> [B,hkv*n,T,HD] in one of the repeat_kv forms */
+static ir_value *win_repeat(tg *t, const win_opts *o, ir_value *kv, int64_t n)
+{
+    const int64_t T_ = o->T, hkv = kv->dims[1].value;
+    ir_value *in[2] = {kv, int1(t, 2)};
+    ir_value *u = end(t, begin(t, IR_OP_UNSQUEEZE, 2, in, 1));
+    ir_value *e = u;
+    if (o->rep == 1) {
+        const int64_t es[5] = {B, hkv, n, T_, HD};
+        e = op2(t, IR_OP_EXPAND, u, ints(t, 5, es));
+    } else if (o->rep == 2) {
+        const int64_t reps[5] = {1, 1, n, 1, 1};
+        e = op2(t, IR_OP_TILE, u, ints(t, 5, reps));
+    } else if (o->rep == 4) {
+        const int64_t reps[5] = {1, n, 1, 1, 1};
+        e = op2(t, IR_OP_TILE, u, ints(t, 5, reps));
+    }
+    const int64_t rs[4] = {B, hkv * n, T_, HD};
+    return reshape(t, e, 4, rs);
+}
+
+typedef struct win_built {
+    ir_value *q, *k, *v; /* what Attention should read */
+    ir_value *o;         /* the second MatMul's output */
+    ir_node *softmax;
+    int64_t kv_heads;
+} win_built;
+
+static void build_win(tg *t, const win_opts *o, win_built *r)
+{
+    memset(r, 0, sizeof *r);
+    const int64_t T_ = o->T, swap[4] = {0, 1, 3, 2};
+    const int64_t hkv = o->rep == 0 || o->rep == 3 ? HQ : 2, n = HQ / hkv;
+    ir_value *q = r->q = input4(t, "q", B, HQ, T_, HD);
+    ir_value *k0 = input4(t, "k", B, hkv, T_, HD), *v0 = input4(t, "v", B, hkv, T_, HD);
+    ir_value *k = o->rep ? win_repeat(t, o, k0, n) : k0;
+    ir_value *v = o->rep ? win_repeat(t, o, v0, n) : v0;
+    /* repeat_kv is stripped (Attention reads the Hkv heads) unless it is not repeat_kv */
+    const bool stripped = o->rep != 0 && o->rep != 4;
+    r->k = stripped ? k0 : k;
+    r->v = stripped ? v0 : v;
+    r->kv_heads = stripped ? hkv : HQ;
+    ir_value *kt;
+    if (o->kt3d) {
+        const int64_t d3[3] = {B * HQ, T_, HD}, d4[4] = {B, HQ, HD, T_}, p3[3] = {0, 2, 1};
+        ir_value *z = reshape(t, k, 3, d3);
+        ir_node *tn = begin(t, IR_OP_TRANSPOSE, 1, &z, 1);
+        ir_attr_set_ints(t->g, tn, "perm", p3, 3);
+        kt = reshape(t, end(t, tn), 4, d4);
+    } else {
+        kt = transpose(t, k, swap);
+    }
+    ir_value *s = op2(t, IR_OP_MATMUL, q, kt);
+    s = op2(t, IR_OP_MUL, s, f32_scalar(t, o->scale > 0 ? o->scale : 1.0f / sqrtf((float)HD)));
+    ir_value *m = win_mask(t, o);
+    if (o->softcap > 0 && o->cap_after)
+        s = win_apply_mask(t, o, s, m);
+    if (o->softcap > 0) {
+        s = op2(t, IR_OP_DIV, s, f32_scalar(t, o->softcap));
+        s = op1(t, IR_OP_TANH, s);
+        s = op2(t, IR_OP_MUL, s, f32_scalar(t, o->softcap));
+    }
+    if (!(o->softcap > 0 && o->cap_after))
+        s = win_apply_mask(t, o, s, m);
+    ir_node *sm = r->softmax = begin(t, IR_OP_SOFTMAX, 1, &s, 1);
+    ir_attr_set_int(t->g, sm, "axis", -1);
+    ir_value *p = end(t, sm);
+    if (o->nan_guard) {
+        ir_value *isn = op1(t, IR_OP_IS_NAN, o->guard_bad == 2 ? s : p);
+        ir_value *in[3] = {isn, f32_scalar(t, o->guard_bad == 1 ? 1.0f : 0.0f), p};
+        p = end(t, begin(t, IR_OP_WHERE, 3, in, 1));
+    }
+    r->o = op2(t, IR_OP_MATMUL, p, v);
+    const int64_t merge[4] = {0, 2, 1, 3};
+    add_output(t, transpose(t, r->o, merge));
+}
+
+/* The one "is not recognised" warning, on the Softmax; NULL if there is none. */
+static const ir_diag_entry *attn_warning(const tg *t)
+{
+    const ir_diag_entry *w = NULL;
+    for (int i = 0; i < t->d.n; i++)
+        if (t->d.entries[i].msg && strstr(t->d.entries[i].msg, "is not recognised")) {
+            assert_null(w);
+            w = &t->d.entries[i];
+        }
+    return w;
+}
+
+/* Builds, recognises, checks. expect: 1 Attention with the given window (0: none) and the
+ * options' scale/softcap/kv_heads; 0 none, the MatMul left alone. */
+static void win_case(const win_opts *o, int expect, int64_t window)
+{
+    tg t;
+    win_built r;
+    tg_init(&t);
+    build_win(&t, o, &r);
+    assert_int_equal(sbp_recognize_attention(t.g), IR_OK);
+    assert_int_equal(count(&t, IR_OP_ATTENTION), expect);
+    ir_node *merge = t.g->outputs[t.g->n_outputs - 1]->producer;
+    if (!expect) {
+        assert_ptr_equal(merge->in[0], r.o);
+        assert_int_equal(r.o->producer->op, IR_OP_MATMUL);
+        check_valid(&t);
+        tg_free(&t);
+        return;
+    }
+    ir_node *a = merge->in[0]->producer;
+    assert_int_equal(a->op, IR_OP_ATTENTION);
+    assert_ptr_equal(a->in[0], r.q);
+    assert_ptr_equal(a->in[1], r.k);
+    assert_ptr_equal(a->in[2], r.v);
+    assert_int_equal(ir_attr_int(a, "causal", 0), 1);
+    assert_int_equal(ir_attr_int(a, "kv_heads", 0), r.kv_heads);
+    assert_int_equal(ir_attr_int(a, "window", -1), window ? window : -1); /* absent when 0 */
+    const double scale = o->scale > 0 ? (double)o->scale : (double)(1.0f / sqrtf((float)HD));
+    assert_true(fabs(ir_attr_float(a, "scale", 0) - scale) < 1e-6 * scale);
+    if (o->softcap > 0)
+        assert_true(ir_attr_float(a, "softcap", 0) == (double)o->softcap);
+    else
+        assert_true(ir_attr_float(a, "softcap", -1) == -1);
+    assert_null(attn_warning(&t));
+    check_valid(&t);
+    tg_free(&t);
+}
+
+/* A not-recognised case must say why, on the Softmax, as a warning naming the mask. */
+static void win_case_warns(const win_opts *o, const char *why)
+{
+    tg t;
+    win_built r;
+    tg_init(&t);
+    build_win(&t, o, &r);
+    assert_int_equal(sbp_recognize_attention(t.g), IR_OK);
+    assert_int_equal(count(&t, IR_OP_ATTENTION), 0);
+    const ir_diag_entry *w = attn_warning(&t);
+    assert_non_null(w);
+    assert_int_equal(w->sev, IR_SEV_WARNING);
+    assert_string_equal(w->op, "Softmax");
+    assert_string_equal(w->node, r.softmax->name);
+    assert_non_null(strstr(w->msg, why));
+    assert_int_equal(t.d.n_errors, 0);
+    check_valid(&t);
+    tg_free(&t);
+}
+
+/* Sliding windows as folded constants: w read off the last row and checked everywhere; a
+ * window that is not a multiple of any tile size, one that is, w = 1 (the diagonal alone),
+ * w = T-1; w >= T is plain causal (no window attr). */
+static void test_attn_window(void **s)
+{
+    (void)s;
+    for (int mask = 0; mask < 3; mask++) {
+        win_case(&(win_opts){.T = 100, .window = 37, .mask = mask}, 1, 37);
+        win_case(&(win_opts){.T = 100, .window = 1, .mask = mask}, 1, 1);
+        win_case(&(win_opts){.T = 100, .window = 99, .mask = mask}, 1, 99);
+        win_case(&(win_opts){.T = 100, .window = 100, .mask = mask}, 1, 0);
+        win_case(&(win_opts){.T = 100, .window = 150, .mask = mask}, 1, 0);
+    }
+    win_case(&(win_opts){.T = 130, .window = 64}, 1, 64);
+    win_case(&(win_opts){.T = 130, .window = 65, .rep = 1}, 1, 65);
+    win_case(&(win_opts){.T = 1, .window = 0}, 1, 0);
+    win_case(&(win_opts){.T = 2, .window = 1}, 1, 1);
+}
+
+/* Near misses: one element off the window (either side, first, middle and last rows), the last
+ * row alone different (where w is read), batch 1 plain causal: unrecognised, with the warning. */
+static void test_attn_window_off_by_one(void **s)
+{
+    (void)s;
+    const char *why = "computed from constants but neither causal nor a causal sliding window";
+    for (int mask = 0; mask < 3; mask++) {
+        win_case_warns(&(win_opts){.T = 100, .window = 37, .mask = mask, .bad = 1, .fi = 50}, why);
+        win_case_warns(&(win_opts){.T = 100, .window = 37, .mask = mask, .bad = 1, .fi = 37}, why);
+        win_case_warns(&(win_opts){.T = 100, .window = 37, .mask = mask, .bad = 1, .fi = 99}, why);
+        win_case_warns(&(win_opts){.T = 100, .window = 37, .mask = mask, .bad = 2, .fi = 1}, why);
+        win_case_warns(&(win_opts){.T = 100, .window = 37, .mask = mask, .bad = 2, .fi = 99}, why);
+        win_case_warns(&(win_opts){.T = 100, .window = 37, .mask = mask, .bad = 4}, why);
+        win_case_warns(&(win_opts){.T = 100, .window = 37, .mask = mask, .bad = 5}, why);
+    }
+    /* a plain causal mask with one key past the diagonal's reach re-opened is no window */
+    win_case_warns(&(win_opts){.T = 40, .window = 0, .bad = 2, .fi = 20}, why);
+}
+
+/* A bidirectional ("full") mask and a mask that is a graph input: not causal Attention, and
+ * the warning on the Softmax says which. */
+static void test_attn_not_causal_warns(void **s)
+{
+    (void)s;
+    const char *why = "computed from constants but neither causal nor a causal sliding window";
+    for (int mask = 0; mask < 3; mask++)
+        win_case_warns(&(win_opts){.T = 16, .mask = mask, .bad = 3}, why);
+    win_case_warns(&(win_opts){.T = 16, .mask = 1, .bad = 6}, "computed from the model's inputs");
+    win_case_warns(&(win_opts){.T = 16, .mask = 2, .bad = 6}, "computed from the model's inputs");
+    /* an additive mask from the inputs: Add(scores, input) is not taken for a mask at all */
+    win_case(&(win_opts){.T = 16, .mask = 0, .bad = 6}, 0, 0);
+}
+
+/* Two layers sharing one window mask (the memo must carry the window to the second), and a
+ * causal layer next to a window layer (each its own). */
+static void test_attn_window_shared(void **s)
+{
+    (void)s;
+    const int64_t T_ = 48, swap[4] = {0, 1, 3, 2};
+    for (int shared = 0; shared < 2; shared++) {
+        tg t;
+        tg_init(&t);
+        ir_value *m[2];
+        m[0] = win_mask(&t, &(win_opts){.T = T_, .window = 5});
+        m[1] = shared ? m[0] : win_mask(&t, &(win_opts){.T = T_});
+        ir_value *x = input4(&t, "x", B, HQ, T_, HD);
+        ir_value *outs[2];
+        for (int l = 0; l < 2; l++) {
+            ir_value *sc = op2(&t, IR_OP_MATMUL, x, transpose(&t, x, swap));
+            sc = op2(&t, IR_OP_ADD, sc, m[l]);
+            ir_node *sm = begin(&t, IR_OP_SOFTMAX, 1, &sc, 1);
+            ir_attr_set_int(t.g, sm, "axis", -1);
+            x = outs[l] = op2(&t, IR_OP_MATMUL, end(&t, sm), x);
+        }
+        add_output(&t, op1(&t, IR_OP_RELU, x));
+        assert_int_equal(sbp_recognize_attention(t.g), IR_OK);
+        assert_int_equal(count(&t, IR_OP_ATTENTION), 2);
+        assert_int_equal(outs[0]->producer->op, IR_OP_ATTENTION);
+        assert_int_equal(outs[1]->producer->op, IR_OP_ATTENTION);
+        assert_int_equal(ir_attr_int(outs[0]->producer, "window", 0), 5);
+        assert_int_equal(ir_attr_int(outs[1]->producer, "window", 0), shared ? 5 : 0);
+        check_valid(&t);
+        tg_free(&t);
+    }
+}
+
+/* Gemma-2: MatMul -> Mul(scale) -> Div(cap) -> Tanh -> Mul(cap) -> mask -> Softmax -> MatMul:
+ * softcap = cap, scale = (scale / cap) * cap; with a window too (Gemma-2's local layers). */
+static void test_attn_softcap(void **s)
+{
+    (void)s;
+    for (int mask = 0; mask < 3; mask++)
+        win_case(&(win_opts){.T = 12, .mask = mask, .scale = 0.0625f, .softcap = 50.0f}, 1, 0);
+    win_case(&(win_opts){.T = 12, .scale = 0.25f, .softcap = 30.0f, .rep = 1}, 1, 0);
+    win_case(&(win_opts){.T = 40, .window = 7, .scale = 0.0625f, .softcap = 50.0f, .rep = 1,
+                         .nan_guard = true},
+             1, 7);
+}
+
+/* The mask added before the soft-capping: masked scores come out of the tanh at -cap, not
+ * <= -1e4, so the masked keys are not masked: not causal attention. */
+static void test_attn_softcap_mask_first(void **s)
+{
+    (void)s;
+    for (int mask = 0; mask < 3; mask++)
+        win_case(&(win_opts){.T = 12, .mask = mask, .softcap = 50.0f, .cap_after = true}, 0, 0);
+}
+
+/* The SDPA NaN guard Where(IsNaN(p), 0, p) is absorbed; with a fill other than 0, or IsNaN of
+ * something else, it is not the guard and nothing is recognised. */
+static void test_attn_nan_guard(void **s)
+{
+    (void)s;
+    for (int mask = 0; mask < 3; mask++)
+        win_case(&(win_opts){.T = 10, .mask = mask, .nan_guard = true}, 1, 0);
+    win_case(&(win_opts){.T = 10, .nan_guard = true, .rep = 2, .kt3d = true}, 1, 0);
+    win_case(&(win_opts){.T = 10, .nan_guard = true, .guard_bad = 1}, 0, 0);
+    win_case(&(win_opts){.T = 10, .nan_guard = true, .guard_bad = 2}, 0, 0);
+}
+
+/* The dynamo exporter's kT through [B*H, T, hd]: Attention reads k itself (no Transpose). */
+static void test_attn_kt_3d(void **s)
+{
+    (void)s;
+    win_case(&(win_opts){.T = 10, .kt3d = true}, 1, 0);
+    win_case(&(win_opts){.T = 10, .kt3d = true, .mask = 2}, 1, 0);
+    win_case(&(win_opts){.T = 10, .kt3d = true, .rep = 1}, 1, 0);
+}
+
+/* repeat_kv through Expand, through Tile(.., [1,1,n,1,1]), and as Reshape(Unsqueeze(kv)) when
+ * n_rep == 1: stripped, kv_heads = Hkv. Tile along the heads axis ([1,n,1,1,1]) orders the
+ * heads differently: not stripped, kv_heads = Hq reading the Reshape. */
+static void test_attn_repeat_kv_forms(void **s)
+{
+    (void)s;
+    win_case(&(win_opts){.T = 10, .rep = 1}, 1, 0);
+    win_case(&(win_opts){.T = 10, .rep = 2}, 1, 0);
+    win_case(&(win_opts){.T = 10, .rep = 3}, 1, 0);
+    win_case(&(win_opts){.T = 10, .rep = 4}, 1, 0);
+    win_case(&(win_opts){.T = 10, .rep = 2, .mask = 1, .window = 3}, 1, 3);
+}
+
 /* ---------------------------------------------------------------- the fixture exports */
 
 #ifdef SBP_FIXTURES_DIR
@@ -610,6 +990,15 @@ int main(void)
         cmocka_unit_test(test_attn_mask_not_tt),
         cmocka_unit_test(test_attn_probs_used),
         cmocka_unit_test(test_attn_unmasked),
+        cmocka_unit_test(test_attn_window),
+        cmocka_unit_test(test_attn_window_off_by_one),
+        cmocka_unit_test(test_attn_not_causal_warns),
+        cmocka_unit_test(test_attn_window_shared),
+        cmocka_unit_test(test_attn_softcap),
+        cmocka_unit_test(test_attn_softcap_mask_first),
+        cmocka_unit_test(test_attn_nan_guard),
+        cmocka_unit_test(test_attn_kt_3d),
+        cmocka_unit_test(test_attn_repeat_kv_forms),
 #ifdef SBP_FIXTURES_DIR
         cmocka_unit_test(test_fixtures),
 #endif
