@@ -1,6 +1,6 @@
 /* hf_check.c — checks one sbp-train run on a Hugging Face export against PyTorch float64.
  *
- *   hf_check GRADS.safetensors REF.safetensors PARAMS.txt LOG [--steps N] [--tol X]
+ *   hf_check GRADS.safetensors REF.safetensors PARAMS.txt LOG [--steps N] [--tol X] [--wd0]
  *
  * GRADS is sbp-train's --dump-grads of the first step (keyed by ONNX initializer name), REF the
  * float64 gradients of the transformers model (keyed by torch parameter name; metadata `loss`
@@ -14,10 +14,12 @@
  * rotary table or scalar); every torch parameter with a gradient is trained under some name;
  * every gradient is within 1e-4 of the reference (per tensor, ||got - ref|| / ||ref||); the
  * first loss within 1e-5 (relative); the loss of each of the first N steps (AdamW, lr 1e-2,
- * weight decay 0.01) within 1e-4 of PyTorch's — except when a kind-2 entry exists: AdamW's
- * weight decay then acts on 1 + w where PyTorch decays w, a different (and documented) run, so
- * the trajectory is not compared and the check says so. Prints the worst figures; exit 1 on a
- * failure. --tol X replaces the gradient and loss tolerances (bf16 steps: 2e-2).
+ * weight decay 0.01; with --wd0 the run used weight decay 0 and is held to the reference's
+ * `adamw_wd0` losses) within 1e-4 of PyTorch's. With a kind-2 entry AdamW's weight decay acts
+ * on 1 + w where PyTorch decays w, a different (and documented) run: such a run is compared
+ * only with --wd0 (Adam without decay is shift-invariant), else the check says it is not. Prints
+ * the worst figures; exit 1 on a failure. --tol X replaces the gradient and loss tolerances
+ * (bf16 steps: 2e-2).
  */
 #include <math.h>
 #include <stdarg.h>
@@ -118,14 +120,22 @@ int main(int argc, char **argv)
 {
     if (argc < 5) {
         fprintf(stderr, "usage: hf_check GRADS.safetensors REF.safetensors PARAMS.txt LOG "
-                        "[--steps N] [--tol X]\n");
+                        "[--steps N] [--tol X] [--wd0]\n");
         return 2;
     }
     int steps = 0;
+    bool wd0 = false;
     double grad_tol = GRAD_TOL, loss_tol = LOSS_TOL;
-    for (int a = 5; a + 1 < argc; a += 2) {
+    for (int a = 5; a < argc; a += 2) {
+        if (a + 1 >= argc && strcmp(argv[a], "--wd0") != 0) {
+            fprintf(stderr, "hf_check: '%s' needs a value\n", argv[a]);
+            return 2;
+        }
         if (strcmp(argv[a], "--steps") == 0) {
             steps = atoi(argv[a + 1]);
+        } else if (strcmp(argv[a], "--wd0") == 0) {
+            wd0 = true;
+            a--; /* a flag without a value */
         } else if (strcmp(argv[a], "--tol") == 0) {
             grad_tol = loss_tol = strtod(argv[a + 1], NULL);
         } else {
@@ -153,7 +163,7 @@ int main(int argc, char **argv)
                                      &map[n_map].transposed) == 3)
         offset |= map[n_map++].transposed == 2;
     fclose(f);
-    if (offset && steps) {
+    if (offset && steps && !wd0) {
         printf("hf_check: the export stores 1 + w for some weights (kind 2): the AdamW losses are "
                "not compared (weight decay acts on the stored values)\n");
         steps = 0;
@@ -217,7 +227,10 @@ int main(int argc, char **argv)
     char *log = read_text(argv[4]);
     double ref_loss = strtod(sbpio_st_meta(ref, "loss") ? sbpio_st_meta(ref, "loss") : "nan", NULL);
     double adamw[MAX_STEPS];
-    int n_adamw = parse_numbers(sbpio_st_meta(ref, "adamw"), adamw, MAX_STEPS);
+    int n_adamw = parse_numbers(sbpio_st_meta(ref, wd0 ? "adamw_wd0" : "adamw"), adamw, MAX_STEPS);
+    if (steps && n_adamw < steps)
+        fail("the reference has %d %s losses, fewer than %d", n_adamw,
+             wd0 ? "adamw_wd0" : "adamw", steps);
     int n = 0;
     double worst_step = 0;
     for (char *line = log, *nl; line && *line; line = nl ? nl + 1 : NULL) {
@@ -244,7 +257,8 @@ int main(int argc, char **argv)
     if (n < 1 || (steps && n < steps))
         fail("%s has %d 'step N loss X' lines, expected %d", argv[4], n, steps ? steps : 1);
     if (steps)
-        printf("hf_check: %d AdamW losses, worst relative error %.3g\n", steps, worst_step);
+        printf("hf_check: %d AdamW losses (weight decay %s), worst relative error %.3g\n", steps,
+               wd0 ? "0" : "0.01", worst_step);
     free(log);
     sbpio_st_close(got);
     sbpio_st_close(ref);
