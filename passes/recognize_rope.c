@@ -196,7 +196,16 @@ static bool rope_table(const ir_value *c, const ir_value *x, float *tab)
     for (int64_t t = 0; t < T; t++)
         for (int64_t d = 0; d < hd; d++)
             tab[t * hd + d] = cv[(cd[2] == 1 ? 0 : t) * cstride[2] + (cd[3] == 1 ? 0 : d)];
-    /* Every element over the broadcast B and H equals the table (bitwise). */
+    /* Every element over the broadcast B and H equals the table (bitwise); a full [T, hd]
+     * slice is one comparison (long-T tables are 10^7 elements and more). */
+    if (cd[2] == T && cd[3] == hd) {
+        for (int64_t b = 0; b < cd[0]; b++)
+            for (int64_t h = 0; h < cd[1]; h++)
+                if (memcmp(&cv[b * cstride[0] + h * cstride[1]], tab,
+                           (size_t)(T * hd) * sizeof(float)) != 0)
+                    return false;
+        return true;
+    }
     for (int64_t b = 0; b < cd[0]; b++)
         for (int64_t h = 0; h < cd[1]; h++)
             for (int64_t t = 0; t < cd[2]; t++)
