@@ -10,7 +10,7 @@
  * Reads the model, runs the canonicalisation pipeline (passes/pipeline.c) and prints the IR or a
  * summary; with -o it also builds the training program (passes/train.h: objective, freeze,
  * autodiff, strategy) and writes it as C (codegen/), compiled into a shared object for .so.
- * --report and --memory-plot build the program for every strategy (each from a fresh import)
+ * --report and --memory-plot build the program for every strategy (from the one canonical graph)
  * and print / draw their memory plans side by side (codegen/report.c).
  * This is the only place where diagnostics become exit codes: library code records them, the
  * driver prints them compiler-style and exits 1.
@@ -238,22 +238,25 @@ static void summary(const ir_graph *g)
 #define MAX_FREEZE 32
 
 /* --report / --memory-plot: the program of every strategy, planned (passes/memplan.c), printed
- * or drawn side by side. `have` is the program already built for topt->strategy; the others
- * are built from a fresh import of the model with the same options (no memory budget). */
-static int memory_report(const char *model, const sbp_pass_options *opt, sbp_objective objective,
-                         const char *const *freeze, int n_freeze, const sbp_train_options *topt,
+ * or drawn side by side. `have` is the program already built for topt->strategy; the others are
+ * built from the same canonical graph with the same options (no memory budget): building a
+ * program does not change the graph (stream's budget search builds many from one), so the model
+ * is imported and canonicalised once, not once per strategy (at T = 131072 the constant tables
+ * alone take seconds). Each strategy's diagnostics go to its own list: a strategy that cannot
+ * be built is a row of the report saying why, not an error of the compilation. */
+static int memory_report(ir_graph *g, sbp_objective chosen, const sbp_train_options *topt,
                          sbp_train_program *have, bool report, const char *plot, ir_diag *diag)
 {
     static const sbp_strategy strategies[] = {SBP_STRATEGY_STORE, SBP_STRATEGY_CHECKPOINT,
                                               SBP_STRATEGY_STREAM};
     enum { NS = sizeof strategies / sizeof strategies[0] };
     sbp_report_entry e[NS];
-    ir_graph *graphs[NS] = {0};
     ir_diag diags[NS];
     int main_index = -1, rc = 0;
+    ir_diag *const saved = g->diag;
     for (int k = 0; k < NS; k++) {
         e[k] = (sbp_report_entry){sbp_strategy_name(strategies[k]), NULL, NULL};
-        ir_diag_init(&diags[k], model);
+        ir_diag_init(&diags[k], g->path);
         if (strategies[k] == topt->strategy) {
             e[k].p = have;
             main_index = k;
@@ -262,13 +265,9 @@ static int memory_report(const char *model, const sbp_pass_options *opt, sbp_obj
         sbp_train_options o = *topt;
         o.strategy = strategies[k];
         o.memory_budget = 0; /* show what the other strategies need, fitting or not */
-        sbp_objective chosen = objective;
-        ir_graph *g = graphs[k] = ir_import_onnx(model, &diags[k], NULL);
-        bool ok = g && !diags[k].n_errors && sbp_canonicalize(g, opt, NULL) == IR_OK &&
-                  sbp_pass_objective(g, objective, &chosen) == IR_OK;
-        for (int f = 0; ok && f < n_freeze; f++)
-            ok = sbp_freeze_params(g, freeze[f], NULL) == IR_OK;
-        e[k].p = ok ? sbp_train_build(g, chosen, &o) : NULL;
+        g->diag = &diags[k];
+        e[k].p = sbp_train_build(g, chosen, &o);
+        g->diag = saved;
         for (int i = 0; !e[k].p && i < diags[k].n && !e[k].why; i++)
             if (diags[k].entries[i].sev == IR_SEV_ERROR)
                 e[k].why = diags[k].entries[i].msg;
@@ -289,10 +288,8 @@ static int memory_report(const char *model, const sbp_pass_options *opt, sbp_obj
             }
         }
     }
-    for (int k = 0; k < NS; k++) {
-        ir_graph_free(graphs[k]);
+    for (int k = 0; k < NS; k++)
         ir_diag_free(&diags[k]);
-    }
     return rc;
 }
 
@@ -509,9 +506,7 @@ int main(int argc, char **argv)
             rc = 1;
         else if (out && sbp_codegen_write_target(p, out, model, NULL, target, &diag) != IR_OK)
             rc = 1;
-        if (p && (report || plot) &&
-            memory_report(model, &opt, objective, freeze, n_freeze, &topt, p, report, plot,
-                          &diag) != 0)
+        if (p && (report || plot) && memory_report(g, chosen, &topt, p, report, plot, &diag) != 0)
             rc = 1;
     }
     ir_diag_print_from(&diag, printed, stderr, prog); /* what code generation added */
