@@ -619,6 +619,31 @@ static int binop_code(ir_op op)
 static const char *const binop_names[] = {"SBPRT_BIN_ADD", "SBPRT_BIN_SUB", "SBPRT_BIN_MUL",
                                           "SBPRT_BIN_DIV"};
 
+/* Scaling by a constant: x * c, c * x or x / c, where c is a float constant of one element
+ * (any rank: [], [1], [1,1,1]) and x a non-constant value of the output's shape (Gemma's
+ * embedding normaliser, Gemma-2's final-logit soft-cap, Granite's multipliers). These lower to
+ * sbprt_scale / sbprt_div_scalar with c as a float argument rather than to the broadcast
+ * kernels, whose bf16 forms want every operand bf16 while constants stay fp32. The
+ * arithmetic is the broadcast kernels' for a one-element operand (a product or a true
+ * quotient, then the gradient's sum, each rounded to fp32), so fp32 steps are bitwise what
+ * they were; the gradient reads neither x nor c, and c, not being an operand, never becomes a
+ * buffer. Returns the slot of x, with c and whether to divide; -1 for any other binary op. */
+static int scale_form(const ir_node *n, float *c, bool *divide)
+{
+    if (n->op != IR_OP_MUL && n->op != IR_OP_DIV)
+        return -1;
+    for (int xs = 0; xs < (n->op == IR_OP_DIV ? 1 : 2); xs++) {
+        const ir_value *x = n->in[xs], *k = n->in[1 - xs];
+        if (!ir_value_is_const(k) || !ir_dtype_is_float(k->dtype) || tx_numel(k) != 1 ||
+            ir_value_is_const(x) || !same_dims(x, n->out[0]))
+            continue;
+        *c = (float)ir_const_f64(k, 0); /* as const_buf would store it */
+        *divide = n->op == IR_OP_DIV;
+        return xs;
+    }
+    return -1;
+}
+
 static int plan_binary(tctx *t, const ir_node *n)
 {
     const ir_value *a = n->in[0], *b = n->in[1], *y = n->out[0];
@@ -628,6 +653,13 @@ static int plan_binary(tctx *t, const ir_node *n)
                         ir_op_name(n->op), ir_dtype_name(y->dtype));
     if (y->rank > 8 || a->rank > y->rank || b->rank > y->rank)
         return tx_error(t, n, "unsupported broadcast");
+    float c;
+    bool divide;
+    int xs = scale_form(n, &c, &divide);
+    if (xs >= 0) { /* flat over x as stored: any layout; the constant is never read */
+        tx_node(t, n)->out_layout = t->v[n->in[xs]->id].layout;
+        return IR_OK;
+    }
     if (same_dims(a, y) && same_dims(b, y))
         return plan_rowwise(t, n);
     return plan_natural(t, n);
@@ -665,6 +697,14 @@ static bool plain_add(const ir_node *n)
 
 static int binary_fwd(tctx *t, const ir_node *n)
 {
+    float c;
+    bool divide;
+    int xs = scale_form(n, &c, &divide);
+    if (xs >= 0) {
+        tx_emit(t, divide ? TP_K_DIV_SCALAR : TP_K_SCALE, BUFS(tx_out(t, n, 0), tx_in(t, n, xs)),
+                ARGS(A_I(numel(n->out[0])), A_F(c)));
+        return IR_OK;
+    }
     int y = tx_out(t, n, 0), a = tx_in(t, n, 0), b = tx_in(t, n, 1);
     if (plain_add(n)) {
         tx_emit(t, TP_K_ADD, BUFS(y, a, b), ARGS(A_I(numel(n->out[0]))));
@@ -681,6 +721,16 @@ static int binary_bwd(tctx *t, const ir_node *n)
     int gy = tx_gout(t, n, 0), ga = tx_gin(t, n, 0), gb = tx_gin(t, n, 1);
     if (gy < 0 || (ga < 0 && gb < 0))
         return IR_OK;
+    float c;
+    bool divide;
+    int xs = scale_form(n, &c, &divide);
+    if (xs >= 0) { /* dx += c * dy or dy / c; a constant has no gradient */
+        int gx = xs ? gb : ga;
+        if (gx >= 0)
+            tx_emit(t, divide ? TP_K_DIV_SCALAR_ACCUMULATE : TP_K_SCALE_ACCUMULATE, BUFS(gx, gy),
+                    ARGS(A_I(numel(n->out[0])), A_F(c)));
+        return IR_OK;
+    }
     if (plain_add(n)) {
         int64_t c = numel(n->out[0]);
         if (ga >= 0)

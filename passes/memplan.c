@@ -36,6 +36,10 @@
 #define ROLES_BIAS_BACKWARD "ar"
 #define ROLES_ADD           "wrr"
 #define ROLES_ACCUMULATE    "ar"
+#define ROLES_SCALE         "wr"        /* out, x (the constant is an argument) */
+#define ROLES_SCALE_ACCUMULATE "ar"
+#define ROLES_DIV_SCALAR    "wr"
+#define ROLES_DIV_SCALAR_ACCUMULATE "ar"
 #define ROLES_EMBEDDING_FWD "wrr"
 #define ROLES_EMBEDDING_BWD "arr"
 #define ROLES_LAYERNORM_FWD "wwwrrr"    /* out, mean, rstd, x, gamma, beta */

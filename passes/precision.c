@@ -26,7 +26,11 @@ const char *tp_kernel_bf16_types(tp_kernel k)
     case TP_K_BIAS_ADD: return "bf";
     case TP_K_BIAS_BACKWARD: return "fb";
     case TP_K_ADD: return "bbb";
-    case TP_K_ACCUMULATE: return "bb";
+    case TP_K_ACCUMULATE:
+    case TP_K_SCALE: /* the constant is an argument, not an operand */
+    case TP_K_SCALE_ACCUMULATE:
+    case TP_K_DIV_SCALAR:
+    case TP_K_DIV_SCALAR_ACCUMULATE: return "bb";
     case TP_K_EMBEDDING_FWD: return "bfi";
     case TP_K_EMBEDDING_BWD: return "fbi";
     case TP_K_LAYERNORM_FWD: return "bffbff";

@@ -43,7 +43,8 @@
 extern "C" {
 #endif
 
-#define SBPRT_API_VERSION 1
+/* 2: sbprt_scale became out = alpha * x (it was y *= alpha, with another argument order) */
+#define SBPRT_API_VERSION 2
 
 /* ---- status ------------------------------------------------------------------------- */
 
@@ -128,8 +129,21 @@ int sbprt_bias_backward(sbprt_ctx *ctx, float *dbias, const float *dy, int n, in
 int sbprt_add(sbprt_ctx *ctx, float *out, const float *a, const float *b, size_t n);
 /* y += x.   y, x: [n] */
 int sbprt_accumulate(sbprt_ctx *ctx, float *y, const float *x, size_t n);
-/* y *= alpha.   y: [n] */
-int sbprt_scale(sbprt_ctx *ctx, float *y, float alpha, size_t n);
+/* A tensor times or divided by a scalar constant (Mul / Div by a one-element constant, e.g.
+ * Gemma's embedding normaliser or its final-logit soft-cap): the constant is an argument, not
+ * a tensor, so a bf16 step's activations need no fp32 operand.  Each element is one fp32
+ * product (quotient) and, in the backward, one fp32 sum, rounded in that order: bitwise what
+ * sbprt_broadcast_forward / sbprt_broadcast_backward give for a one-element operand.  The
+ * divisions divide (they do not multiply by 1 / divisor, which rounds differently).
+ * out = alpha * x.   out may alias x.   out, x: [n] */
+int sbprt_scale(sbprt_ctx *ctx, float *out, const float *x, size_t n, float alpha);
+/* dx += alpha * dy (the backward of sbprt_scale).   dx, dy: [n] */
+int sbprt_scale_accumulate(sbprt_ctx *ctx, float *dx, const float *dy, size_t n, float alpha);
+/* out = x / divisor.   out may alias x.   out, x: [n] */
+int sbprt_div_scalar(sbprt_ctx *ctx, float *out, const float *x, size_t n, float divisor);
+/* dx += dy / divisor (the backward of sbprt_div_scalar).   dx, dy: [n] */
+int sbprt_div_scalar_accumulate(sbprt_ctx *ctx, float *dx, const float *dy, size_t n,
+                                float divisor);
 /* out[0] += Σ x² (summed in double in fixed-size blocks combined in order; for gradient
  * norm clipping).   out: [1]    x: [n] */
 int sbprt_sum_squares(sbprt_ctx *ctx, float *out, const float *x, size_t n);
@@ -499,6 +513,14 @@ int sbprt_bias_backward_bf16(sbprt_ctx *ctx, float *dbias, const sbprt_bf16 *dy,
 int sbprt_add_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *a, const sbprt_bf16 *b,
                    size_t n);
 int sbprt_accumulate_bf16(sbprt_ctx *ctx, sbprt_bf16 *y, const sbprt_bf16 *x, size_t n);
+/* out, x (dx, dy): bf16; alpha and divisor fp32 */
+int sbprt_scale_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *x, size_t n, float alpha);
+int sbprt_scale_accumulate_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *dy, size_t n,
+                                float alpha);
+int sbprt_div_scalar_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *x, size_t n,
+                          float divisor);
+int sbprt_div_scalar_accumulate_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *dy,
+                                     size_t n, float divisor);
 /* out: [n, c] bf16    table: [v, c] fp32 */
 int sbprt_embedding_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const float *table,
                                  const int32_t *ids, int n, int v, int c);

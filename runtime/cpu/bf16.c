@@ -195,6 +195,38 @@ int sbprt_accumulate_bf16(sbprt_ctx *ctx, sbprt_bf16 *y, const sbprt_bf16 *x, si
     CALL(sbprt_accumulate(ctx, OUT(y, n), fx, n));
 }
 
+typedef int (*scalar_fn)(sbprt_ctx *, float *, const float *, size_t, float);
+
+/* sbprt_scale and friends: dst is written (fwd) or accumulated into (the fp32 kernel reads
+ * it; OUT converts it in either way). */
+static int scalar_op(scalar_fn f, sbprt_ctx *ctx, sbprt_bf16 *dst, const sbprt_bf16 *src,
+                     size_t n, float c)
+{
+    BEGIN;
+    float *fs = IN(src, n);
+    CALL(f(ctx, OUT(dst, n), fs, n, c));
+}
+
+int sbprt_scale_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *x, size_t n, float alpha)
+{
+    return scalar_op(sbprt_scale, ctx, out, x, n, alpha);
+}
+int sbprt_scale_accumulate_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *dy, size_t n,
+                                float alpha)
+{
+    return scalar_op(sbprt_scale_accumulate, ctx, dx, dy, n, alpha);
+}
+int sbprt_div_scalar_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *x, size_t n,
+                          float divisor)
+{
+    return scalar_op(sbprt_div_scalar, ctx, out, x, n, divisor);
+}
+int sbprt_div_scalar_accumulate_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *dy,
+                                     size_t n, float divisor)
+{
+    return scalar_op(sbprt_div_scalar_accumulate, ctx, dx, dy, n, divisor);
+}
+
 typedef int (*fwd_fn)(sbprt_ctx *, float *, const float *, size_t);
 typedef int (*bwd_fn)(sbprt_ctx *, float *, const float *, const float *, size_t);
 

@@ -37,10 +37,35 @@ int sbprt_accumulate(sbprt_ctx *ctx, float *y, const float *x, size_t n)
     return SBPRT_OK;
 }
 
-int sbprt_scale(sbprt_ctx *ctx, float *y, float alpha, size_t n)
+/* The product (quotient) is its own statement: under clang's default -ffp-contract=on an
+ * expression `dx[i] += alpha * dy[i]` may become one fused multiply-add, which rounds once
+ * where sbprt_broadcast_backward rounds twice (see sbprt.h). */
+int sbprt_scale(sbprt_ctx *ctx, float *out, const float *x, size_t n, float alpha)
 {
-    CPU_CHECK(ctx && (n == 0 || y));
-    EW_FOR(y[i] *= alpha);
+    CPU_CHECK(ctx && (n == 0 || (out && x)));
+    EW_FOR(out[i] = alpha * x[i]);
+    return SBPRT_OK;
+}
+
+int sbprt_scale_accumulate(sbprt_ctx *ctx, float *dx, const float *dy, size_t n, float alpha)
+{
+    CPU_CHECK(ctx && (n == 0 || (dx && dy)));
+    EW_FOR(float d = alpha * dy[i]; dx[i] += d);
+    return SBPRT_OK;
+}
+
+int sbprt_div_scalar(sbprt_ctx *ctx, float *out, const float *x, size_t n, float divisor)
+{
+    CPU_CHECK(ctx && (n == 0 || (out && x)));
+    EW_FOR(out[i] = x[i] / divisor);
+    return SBPRT_OK;
+}
+
+int sbprt_div_scalar_accumulate(sbprt_ctx *ctx, float *dx, const float *dy, size_t n,
+                                float divisor)
+{
+    CPU_CHECK(ctx && (n == 0 || (dx && dy)));
+    EW_FOR(float d = dy[i] / divisor; dx[i] += d);
     return SBPRT_OK;
 }
 

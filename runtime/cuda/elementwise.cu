@@ -59,7 +59,10 @@ __device__ __forceinline__ float ew_silu_grad(float x)
 enum ew_op {
     EW_ADD,          /* out = a + b */
     EW_ACCUMULATE,   /* out += a */
-    EW_SCALE,        /* out *= alpha */
+    EW_SCALE,        /* out = a * alpha */
+    EW_SCALE_ACC,    /* out += a * alpha */
+    EW_DIV,          /* out = a / alpha */
+    EW_DIV_ACC,      /* out += a / alpha */
     EW_GELU_TANH,    /* out = gelu_tanh(a) */
     EW_GELU_TANH_BW, /* out += b * gelu_tanh'(a)   (a: x, b: dout) */
     EW_GELU_ERF,
@@ -85,7 +88,12 @@ __global__ void ew_kernel(int op, T *out, const T *a, const T *b, const T *c, fl
         switch (op) {
         case EW_ADD: out[i] = a[i] + b[i]; break;
         case EW_ACCUMULATE: out[i] += a[i]; break;
-        case EW_SCALE: out[i] *= alpha; break;
+        /* __fmul_rn: the product rounded before the sum, as the CPU twin (and the broadcast
+         * kernels these replace for scalar constants) round it, never contracted into an FMA */
+        case EW_SCALE: out[i] = __fmul_rn(a[i], alpha); break;
+        case EW_SCALE_ACC: out[i] += __fmul_rn(a[i], alpha); break;
+        case EW_DIV: out[i] = (float)a[i] / alpha; break;
+        case EW_DIV_ACC: out[i] += (float)a[i] / alpha; break;
         case EW_GELU_TANH: out[i] = ew_gelu_tanh(a[i]); break;
         case EW_GELU_TANH_BW: out[i] += b[i] * ew_gelu_tanh_grad(a[i]); break;
         case EW_GELU_ERF: out[i] = ew_gelu_erf(a[i]); break;
@@ -126,12 +134,26 @@ extern "C" int sbprt_accumulate(sbprt_ctx *ctx, float *y, const float *x, size_t
     return ew_run<float>(ctx, EW_ACCUMULATE, y, x, NULL, NULL, 0, n);
 }
 
-extern "C" int sbprt_scale(sbprt_ctx *ctx, float *y, float alpha, size_t n)
-{
-    CU_CHECK(ctx && (n == 0 || y));
-    return ew_run(ctx, EW_SCALE, y, (const float *)NULL, (const float *)NULL, (const float *)NULL,
-                  alpha, n);
-}
+/* The public pointer as the kernel's element type: itself, or cu_bf16 (cu_bf). */
+static inline float *ew_el(float *p) { return p; }
+static inline const float *ew_el(const float *p) { return p; }
+static inline cu_bf16 *ew_el(sbprt_bf16 *p) { return cu_bf(p); }
+static inline const cu_bf16 *ew_el(const sbprt_bf16 *p) { return cu_bf(p); }
+
+#define EW_SCALAR(name, T, E, op)                                                              \
+    extern "C" int name(sbprt_ctx *ctx, T *out, const T *x, size_t n, float c)                 \
+    {                                                                                          \
+        CU_CHECK(ctx && (n == 0 || (out && x)));                                               \
+        return ew_run<E>(ctx, op, ew_el(out), ew_el(x), NULL, NULL, c, n);                     \
+    }
+EW_SCALAR(sbprt_scale, float, float, EW_SCALE)
+EW_SCALAR(sbprt_scale_accumulate, float, float, EW_SCALE_ACC)
+EW_SCALAR(sbprt_div_scalar, float, float, EW_DIV)
+EW_SCALAR(sbprt_div_scalar_accumulate, float, float, EW_DIV_ACC)
+EW_SCALAR(sbprt_scale_bf16, sbprt_bf16, cu_bf16, EW_SCALE)
+EW_SCALAR(sbprt_scale_accumulate_bf16, sbprt_bf16, cu_bf16, EW_SCALE_ACC)
+EW_SCALAR(sbprt_div_scalar_bf16, sbprt_bf16, cu_bf16, EW_DIV)
+EW_SCALAR(sbprt_div_scalar_accumulate_bf16, sbprt_bf16, cu_bf16, EW_DIV_ACC)
 
 extern "C" int sbprt_gelu_tanh_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n)
 {

@@ -22,8 +22,11 @@
  * runs inside its LM-head chunk loop; and heads whose logits are made by Tanh or ReLU
  * themselves, where stream writes dlogits over the logits, so those rules must not read their
  * output there (checked on the program too); the --precision bf16 programs of the activation
- * block are built (not run) too. The biases feeding each ReLU are +-0.8 with small
- * weights, so no pre-activation lies within a finite-difference step of the kink at 0.
+ * block are built (not run) too. Mul and Div by one-element constants (rank 0, [1], [1,1,1];
+ * c * x and x * c) lower to the scalar kernels (sbprt_scale, sbprt_div_scalar), a query stored
+ * swapped keeping its layout, under all three strategies and in bf16 programs (built, not
+ * run). The biases feeding each ReLU are +-0.8 with small weights, so no pre-activation lies
+ * within a finite-difference step of the kink at 0.
  * Compiling and running a step are the e2e tests' shared steps (e2e_util.c).
  */
 #include <setjmp.h>
@@ -381,6 +384,47 @@ static void build_softcap(gb *b)
                       ir_const_new(b->g, "cap1", IR_DT_FLOAT, 1, (const int64_t[]){1}, &cap)));
 }
 
+/* Scaling by constants of one element, which lowers to sbprt_scale / sbprt_div_scalar with the
+ * constant as an argument (not to the broadcast kernels): the embedding times a rank-0
+ * constant (Gemma's normaliser), a query stored swapped times a [1] constant written first
+ * (c * q: its layout is kept, so the step has no permute at all), the residual divided by a
+ * [1,1,1] constant before a SiLU MLP, and logits divided by a rank-0 constant (the loss their
+ * only reader: stream writes dlogits over them). */
+static void build_scaled(gb *b)
+{
+    static const float c_embed = 2.5f, c_q = 0.8f, c_res = 3.0f, c_logits = 0.7f;
+    ir_value *table = param(b, "table", 2, (const int64_t[]){V, D}, 0.8f, 0);
+    ir_value *x = op2(b, IR_OP_EMBEDDING, table, b->ids); /* [B,T,D] */
+    x = op2(b, IR_OP_MUL, x, ir_const_new(b->g, "embed_scale", IR_DT_FLOAT, 0, NULL, &c_embed));
+    const int64_t bthd[4] = {B, T, H, HD}, p0213[4] = {0, 2, 1, 3};
+    ir_value *qkv[3];
+    for (int i = 0; i < 3; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "w%c", "qkv"[i]);
+        ir_value *w = param(b, name, 2, (const int64_t[]){D, D}, i < 2 ? 1.0f : 0.6f, 0);
+        qkv[i] = transpose(b, reshape(b, linear(b, x, w, NULL, 0), 4, bthd), 4, p0213);
+    }
+    qkv[0] = op2(b, IR_OP_MUL,
+                 ir_const_new(b->g, "q_scale", IR_DT_FLOAT, 1, (const int64_t[]){1}, &c_q), qkv[0]);
+    ir_node *an = node(b, IR_OP_ATTENTION, 3, qkv, 1);
+    ir_attr_set_float(b->g, an, "scale", 0.5);
+    ir_attr_set_int(b->g, an, "causal", 1);
+    ir_attr_set_int(b->g, an, "kv_heads", H);
+    ir_value *o = transpose(b, infer(b, an), 4, p0213);
+    ir_value *h = op2(b, IR_OP_ADD, x, reshape(b, o, 3, (const int64_t[]){B, T, D}));
+    ir_value *m = op2(b, IR_OP_DIV, h,
+                      ir_const_new(b->g, "res_div", IR_DT_FLOAT, 3, (const int64_t[]){1, 1, 1},
+                                   &c_res));
+    ir_value *w1 = param(b, "w1", 2, (const int64_t[]){D, D}, 1.0f, 0);
+    m = op1(b, IR_OP_SILU, linear(b, m, w1, NULL, 0));
+    ir_value *w2 = param(b, "w2", 2, (const int64_t[]){D, D}, 0.6f, 0);
+    h = op2(b, IR_OP_ADD, h, linear(b, m, w2, NULL, 0));
+    ir_value *wo = param(b, "w_out", 2, (const int64_t[]){D, V}, 1.0f, 0);
+    ir_value *z = linear(b, h, wo, NULL, 0);
+    set_output(b, op2(b, IR_OP_DIV, z,
+                      ir_const_new(b->g, "logit_div", IR_DT_FLOAT, 0, NULL, &c_logits)));
+}
+
 /* Logits made by the activation itself (the loss their only reader): stream's head writes
  * dlogits over them. */
 static void build_tanh_logits(gb *b)
@@ -579,6 +623,45 @@ static void test_softcap_head(void **state)
     check_fd(build_softcap, 2024, "rules_softcap", true);
 }
 
+/* x * c and x / c by one-element constants: gradients against finite differences (store,
+ * checkpoint, stream), and the programs, fp32 and --precision bf16 (built, not run), hold the
+ * scalar kernels and no broadcast or permute (with broadcasts, the constants would be fp32
+ * operands of bf16 kernels, which --precision bf16 refuses). */
+static void test_scaled(void **state)
+{
+    (void)state;
+    check_fd(build_scaled, 555, "rules_scaled", true);
+    for (int k = 0; k < 4; k++) {
+        gb b;
+        rng_state = 555;
+        gb_init(&b);
+        build_scaled(&b);
+        sbp_objective chosen;
+        assert_int_equal(sbp_pass_objective(b.g, SBP_OBJECTIVE_SFT, &chosen), IR_OK);
+        sbp_train_options o = {.strategy = k & 1 ? SBP_STRATEGY_STREAM : SBP_STRATEGY_STORE,
+                               .chunk = 2, .logits_chunk = 3, .bf16 = k >= 2};
+        sbp_train_program *p = sbp_train_build(b.g, chosen, &o);
+        if (!p)
+            e2e_print_diag(&b.d);
+        assert_non_null(p);
+        int count[TP_K_COUNT] = {0};
+        for (int bi = 0; bi < p->n_blocks; bi++)
+            for (int i = 0; i < p->blocks[bi]->n_insts; i++)
+                count[p->blocks[bi]->insts[i].k]++;
+        print_message("  rules_scaled %s%s: %d scale, %d div_scalar, %d scale_accumulate, "
+                      "%d div_scalar_accumulate\n",
+                      sbp_strategy_name(o.strategy), o.bf16 ? " bf16" : "", count[TP_K_SCALE],
+                      count[TP_K_DIV_SCALAR], count[TP_K_SCALE_ACCUMULATE],
+                      count[TP_K_DIV_SCALAR_ACCUMULATE]);
+        assert_true(count[TP_K_SCALE] >= 2 && count[TP_K_DIV_SCALAR] >= 2);
+        assert_true(count[TP_K_SCALE_ACCUMULATE] >= 2 && count[TP_K_DIV_SCALAR_ACCUMULATE] >= 2);
+        assert_int_equal(count[TP_K_BROADCAST_FWD] + count[TP_K_BROADCAST_BWD], 0);
+        assert_int_equal(count[TP_K_PERMUTE_FWD] + count[TP_K_PERMUTE_BWD], 0);
+        ir_graph_free(b.g);
+        ir_diag_free(&b.d);
+    }
+}
+
 /* The stream program of a head whose logits Tanh / ReLU make: the gradient does overwrite the
  * logits (the rule's dout operand is the logits' own buffer, not a gradient buffer), and the
  * rule reads something else (Tanh: its output recomputed, ReLU: its input). */
@@ -631,6 +714,7 @@ int main(void)
         cmocka_unit_test(test_stream_refusals),
         cmocka_unit_test(test_activations),
         cmocka_unit_test(test_softcap_head),
+        cmocka_unit_test(test_scaled),
         cmocka_unit_test(test_activation_logits),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -575,10 +575,33 @@ static void t_elementwise(void)
     REF(cpuref_sbprt_accumulate(C, out->ref, a, n));
     KC_RUN(K, sbprt_accumulate(G, out->d, da, n));
 
-    kc_begin(&K, "scale", TOL_FP32, "n=%zu", n);
-    out = kc_out_rand(&K, "y", n, 0);
-    REF(cpuref_sbprt_scale(C, out->ref, -0.37f, n));
-    KC_RUN(K, sbprt_scale(G, out->d, -0.37f, n));
+    /* by a scalar: out = / += x * c or x / c, also in place (c's reciprocal is not exact) */
+    typedef int (*sfn)(sbprt_ctx *, float *, const float *, size_t, float);
+    const struct {
+        const char *name;
+        sfn g, c;
+        int acc;
+        float k;
+    } scal[] = {
+        {"scale", sbprt_scale, cpuref_sbprt_scale, 0, -0.37f},
+        {"scale_accumulate", sbprt_scale_accumulate, cpuref_sbprt_scale_accumulate, 1, -0.37f},
+        {"div_scalar", sbprt_div_scalar, cpuref_sbprt_div_scalar, 0, 0.7f},
+        {"div_scalar_accumulate", sbprt_div_scalar_accumulate,
+         cpuref_sbprt_div_scalar_accumulate, 1, 0.7f},
+    };
+    for (int i = 0; i < 4; i++) {
+        kc_begin(&K, scal[i].name, TOL_FP32, "n=%zu c=%g", n, (double)scal[i].k);
+        da = KC_IN_F(&K, a, n);
+        out = kc_out_rand(&K, "out", n, scal[i].acc);
+        REF(scal[i].c(C, out->ref, a, n, scal[i].k));
+        KC_RUN(K, scal[i].g(G, out->d, da, n, scal[i].k));
+        if (scal[i].acc)
+            continue;
+        kc_begin(&K, scal[i].name, TOL_FP32, "n=%zu c=%g in place", n, (double)scal[i].k);
+        out = kc_out(&K, "out", a, n, 0);
+        REF(scal[i].c(C, out->ref, out->ref, n, scal[i].k));
+        KC_RUN(K, scal[i].g(G, out->d, out->d, n, scal[i].k));
+    }
 
     const size_t sq_n[] = {n, 1, 8192, 8193};
     for (int i = 0; i < 4; i++) {
@@ -1235,6 +1258,34 @@ static void t_bf16_bias_ew(void)
     o = kc_out_bf_rand(&K, "y", n, 1);
     REF(cpuref_sbprt_accumulate_bf16(C, BREF(o), a, n));
     KC_RUN(K, sbprt_accumulate_bf16(G, BDEV(o), da, n));
+
+    typedef int (*sbfn)(sbprt_ctx *, sbprt_bf16 *, const sbprt_bf16 *, size_t, float);
+    const struct {
+        const char *name;
+        sbfn g, c;
+        int acc;
+        float k;
+    } scal[] = {
+        {"scale_bf16", sbprt_scale_bf16, cpuref_sbprt_scale_bf16, 0, 30.0f},
+        {"scale_accumulate_bf16", sbprt_scale_accumulate_bf16,
+         cpuref_sbprt_scale_accumulate_bf16, 1, 30.0f},
+        {"div_scalar_bf16", sbprt_div_scalar_bf16, cpuref_sbprt_div_scalar_bf16, 0, 30.0f},
+        {"div_scalar_accumulate_bf16", sbprt_div_scalar_accumulate_bf16,
+         cpuref_sbprt_div_scalar_accumulate_bf16, 1, 0.7f},
+    };
+    for (int i = 0; i < 4; i++) {
+        kc_begin(&K, scal[i].name, TOL_BF16, "n=%zu c=%g", n, (double)scal[i].k);
+        sbprt_bf16 *dx = KC_IN_B(&K, x, n);
+        o = kc_out_bf_rand(&K, "out", n, scal[i].acc);
+        REF(scal[i].c(C, BREF(o), x, n, scal[i].k));
+        KC_RUN(K, scal[i].g(G, BDEV(o), dx, n, scal[i].k));
+        if (scal[i].acc)
+            continue;
+        kc_begin(&K, scal[i].name, TOL_BF16, "n=%zu c=%g in place", n, (double)scal[i].k);
+        o = kc_out_bf(&K, "out", x, n, 0);
+        REF(scal[i].c(C, BREF(o), BREF(o), n, scal[i].k));
+        KC_RUN(K, scal[i].g(G, BDEV(o), BDEV(o), n, scal[i].k));
+    }
 
     typedef int (*ffn)(sbprt_ctx *, sbprt_bf16 *, const sbprt_bf16 *, size_t);
     typedef int (*bfn)(sbprt_ctx *, sbprt_bf16 *, const sbprt_bf16 *, const sbprt_bf16 *, size_t);

@@ -1,6 +1,7 @@
 /*
  * test_core.c — context, memory and status functions; GEMM and strided-batched GEMM; the
- * linear-layer bias; flat elementwise helpers.  References are double loops.
+ * linear-layer bias; flat elementwise helpers, scaling by a scalar (fp32 and bf16, also
+ * bitwise against the broadcast kernels they stand in for).  References are double loops.
  */
 #include "rt_test.h"
 
@@ -249,11 +250,6 @@ static void test_elementwise_helpers(void **state)
     rt_assert_ok(sbprt_accumulate(ctx, y, b, n));
     rt_assert_err(rt_rel_err(y, ref, n), RT_TOL, "accumulate");
 
-    for (size_t i = 0; i < n; i++)
-        ref[i] = -0.37 * a[i];
-    memcpy(y, a, n * sizeof(float));
-    rt_assert_ok(sbprt_scale(ctx, y, -0.37f, n));
-    rt_assert_err(rt_rel_err(y, ref, n), RT_TOL, "scale");
 
     double ss = 0;
     for (size_t i = 0; i < n; i++)
@@ -269,6 +265,151 @@ static void test_elementwise_helpers(void **state)
     sbprt_ctx_destroy(ctx);
 }
 
+/* ---- scaling by a scalar (sbprt_scale, sbprt_div_scalar and their backwards) ----------- */
+
+/* f = Σ w_i g(x_i) over [lo, hi), g(x) = x * c or x / c. */
+typedef struct {
+    const double *w;
+    double *x;
+    double c;
+    int divide;
+    size_t lo, hi;
+} scale_fd;
+
+static double scale_f(void *p)
+{
+    scale_fd *s = p;
+    double f = 0;
+    for (size_t i = s->lo; i < s->hi; i++)
+        f += s->w[i] * (s->divide ? s->x[i] / s->c : s->x[i] * s->c);
+    return f;
+}
+
+static void scale_focus(void *p, size_t i)
+{
+    scale_fd *s = p;
+    s->lo = i, s->hi = i + 1;
+}
+
+static sbprt_bf16 bf_round(float f) /* nearest even, as the runtime (no NaN here) */
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    sbprt_bf16 h;
+    h.bits = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return h;
+}
+
+static float bf_value(sbprt_bf16 h)
+{
+    uint32_t u = (uint32_t)h.bits << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+typedef int (*scalar_fn)(sbprt_ctx *, float *, const float *, size_t, float);
+typedef int (*scalar_bf_fn)(sbprt_ctx *, sbprt_bf16 *, const sbprt_bf16 *, size_t, float);
+
+/* One of the two pairs, with constant c: against double formulas and finite differences;
+ * in place; bitwise the broadcast kernels' result for a one-element operand, which is what
+ * the compiler lowered x * c and x / c to before (and still does for non-constant ones), for
+ * both operand orders of Mul; the same for any thread count; the bf16 forms bitwise the fp32
+ * arithmetic on the bf16 values with one rounding. */
+static void check_scalar_pair(scalar_fn fwd, scalar_fn bwd, scalar_bf_fn fwd_bf,
+                              scalar_bf_fn bwd_bf, int divide, float c, const char *name)
+{
+    sbprt_ctx *ctx = rt_ctx(2), *ctx4 = rt_ctx(4);
+    rt_rng r = {divide ? 23u : 21u};
+    const size_t n = 40000; /* above the parallel threshold */
+    const int dims[1] = {(int)n}, one[1] = {1};
+    float *x = rt_random(&r, n, -3, 3), *y = RT_NEW(float, n), *y2 = RT_NEW(float, n);
+    double *ref = RT_NEW(double, n);
+    for (size_t i = 0; i < n; i++)
+        ref[i] = divide ? (double)x[i] / c : (double)x[i] * c;
+    rt_assert_ok(fwd(ctx, y, x, n, c));
+    rt_assert_err(rt_rel_err(y, ref, n), RT_TOL, name);
+    rt_assert_ok(sbprt_broadcast_forward(ctx, y2, x, &c, divide ? SBPRT_BIN_DIV : SBPRT_BIN_MUL,
+                                         1, dims, dims, one));
+    assert_memory_equal(y, y2, n * sizeof(float));
+    if (!divide) { /* c * x */
+        rt_assert_ok(sbprt_broadcast_forward(ctx, y2, &c, x, SBPRT_BIN_MUL, 1, dims, one, dims));
+        assert_memory_equal(y, y2, n * sizeof(float));
+    }
+    float *inplace = rt_copy(x, n);
+    rt_assert_ok(fwd(ctx4, inplace, inplace, n, c));
+    assert_memory_equal(inplace, y, n * sizeof(float));
+
+    float *dy = rt_random(&r, n, -1, 1);
+    float *dx = rt_random(&r, n, -1, 1), *dx0 = rt_copy(dx, n), *dx2 = rt_copy(dx, n);
+    for (size_t i = 0; i < n; i++)
+        ref[i] = divide ? (double)dy[i] / c : (double)dy[i] * c;
+    rt_assert_ok(bwd(ctx, dx, dy, n, c));
+    rt_assert_err(rt_rel_err_delta(dx, dx0, ref, n), RT_TOL, name);
+    scale_fd st = {rt_to_double(dy, n), rt_to_double(x, n), c, divide, 0, n};
+    rt_assert_err(rt_fd_check(scale_f, scale_focus, &st, st.x, n, dx, dx0, n), RT_TOL, name);
+    rt_assert_ok(sbprt_broadcast_backward(ctx, dx2, NULL, dy, x, &c,
+                                          divide ? SBPRT_BIN_DIV : SBPRT_BIN_MUL, 1, dims, dims,
+                                          one));
+    assert_memory_equal(dx, dx2, n * sizeof(float));
+    if (!divide) {
+        memcpy(dx2, dx0, n * sizeof(float));
+        rt_assert_ok(sbprt_broadcast_backward(ctx, NULL, dx2, dy, &c, x, SBPRT_BIN_MUL, 1, dims,
+                                              one, dims));
+        assert_memory_equal(dx, dx2, n * sizeof(float));
+    }
+    memcpy(dx2, dx0, n * sizeof(float));
+    rt_assert_ok(bwd(ctx4, dx2, dy, n, c));
+    assert_memory_equal(dx, dx2, n * sizeof(float));
+
+    /* bf16: x, dy, dx as bf16; every output the fp32 arithmetic rounded once */
+    sbprt_bf16 *xb = RT_NEW(sbprt_bf16, n), *yb = RT_NEW(sbprt_bf16, n);
+    sbprt_bf16 *dyb = RT_NEW(sbprt_bf16, n), *dxb = RT_NEW(sbprt_bf16, n);
+    for (size_t i = 0; i < n; i++) {
+        xb[i] = bf_round(x[i]);
+        dyb[i] = bf_round(dy[i]);
+        dxb[i] = bf_round(dx0[i]);
+    }
+    rt_assert_ok(fwd_bf(ctx, yb, xb, n, c));
+    for (size_t i = 0; i < n; i++) {
+        float v = bf_value(xb[i]);
+        float want = divide ? v / c : v * c;
+        assert_int_equal(yb[i].bits, bf_round(want).bits);
+    }
+    rt_assert_ok(fwd_bf(ctx, xb, xb, n, c)); /* in place */
+    assert_memory_equal(xb, yb, n * sizeof(sbprt_bf16));
+    rt_assert_ok(bwd_bf(ctx, dxb, dyb, n, c));
+    for (size_t i = 0; i < n; i++) {
+        float g = bf_value(dyb[i]);
+        float d = divide ? g / c : g * c;
+        float want = bf_value(bf_round(dx0[i])) + d;
+        assert_int_equal(dxb[i].bits, bf_round(want).bits);
+    }
+
+    assert_int_equal(fwd(ctx, NULL, x, n, c), SBPRT_ERR_INVALID);
+    assert_int_equal(bwd(ctx, dx, NULL, n, c), SBPRT_ERR_INVALID);
+    assert_int_equal(fwd_bf(ctx, yb, NULL, n, c), SBPRT_ERR_INVALID);
+    rt_assert_ok(fwd(ctx, NULL, NULL, 0, c));
+    rt_assert_ok(bwd_bf(ctx, NULL, NULL, 0, c));
+    free((void *)st.w), free(st.x);
+    free(x), free(y), free(y2), free(ref), free(inplace), free(dy), free(dx), free(dx0), free(dx2);
+    free(xb), free(yb), free(dyb), free(dxb);
+    sbprt_ctx_destroy(ctx);
+    sbprt_ctx_destroy(ctx4);
+}
+
+static void test_scale(void **state)
+{
+    (void)state;
+    /* constants whose reciprocal is not exact: a Div that multiplied by 1/c would differ */
+    check_scalar_pair(sbprt_scale, sbprt_scale_accumulate, sbprt_scale_bf16,
+                      sbprt_scale_accumulate_bf16, 0, -0.37f, "scale");
+    check_scalar_pair(sbprt_div_scalar, sbprt_div_scalar_accumulate, sbprt_div_scalar_bf16,
+                      sbprt_div_scalar_accumulate_bf16, 1, 30.0f, "div_scalar");
+    check_scalar_pair(sbprt_div_scalar, sbprt_div_scalar_accumulate, sbprt_div_scalar_bf16,
+                      sbprt_div_scalar_accumulate_bf16, 1, 0.7f, "div_scalar 0.7");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -278,6 +419,7 @@ int main(void)
         cmocka_unit_test(test_gemm_split),
         cmocka_unit_test(test_bias),
         cmocka_unit_test(test_elementwise_helpers),
+        cmocka_unit_test(test_scale),
     };
     return cmocka_run_group_tests_name("runtime_core", tests, NULL, NULL);
 }
