@@ -1238,6 +1238,28 @@ static ir_value *strip_repeat_kv(const ir_value *rep, ir_node **nodes, int *nn)
 
 /* ---------------------------------------------------------------- the matcher */
 
+/* v is the QK MatMul's output, possibly under float Casts and scalar factors (a few steps). */
+static bool leads_to_qk(const ir_value *v)
+{
+    for (int step = 0; v && step < 8; step++) {
+        const ir_node *n = v->kind == IR_VAL_NODE ? v->producer : NULL;
+        if (!n || n->dead)
+            return false;
+        if (n->op == IR_OP_MATMUL)
+            return true;
+        double c;
+        if (n->op == IR_OP_CAST)
+            v = n->in[0];
+        else if ((n->op == IR_OP_MUL || n->op == IR_OP_DIV) && rz_const_scalar(n->in[1], &c))
+            v = n->in[0];
+        else if (n->op == IR_OP_MUL && rz_const_scalar(n->in[0], &c))
+            v = n->in[1];
+        else
+            return false;
+    }
+    return false;
+}
+
 /* Walks back from the softmax input s over Casts, scalings and one mask to the QK MatMul;
  * every value on the way must have the scores' shape (proto) and be used once. */
 static ir_node *match_scores(const ir_uses *u, attn_match *m, ir_value *s, const ir_value *proto)
@@ -1288,7 +1310,11 @@ static ir_node *match_scores(const ir_uses *u, attn_match *m, ir_value *s, const
                        : ir_value_is_const(n->in[0]) ? 1
                        : is_const_derived(n->in[1]) ? 0
                        : is_const_derived(n->in[0]) ? 1
-                                                    : -1;
+                       /* a mask from the inputs (padding): follow the scores so that the
+                        * attention is matched and then refused with a warning naming it */
+                       : leads_to_qk(n->in[0]) && !leads_to_qk(n->in[1]) ? 0
+                       : leads_to_qk(n->in[1]) && !leads_to_qk(n->in[0]) ? 1
+                                                                         : -1;
             if (slot < 0 || !n->in[slot] || is_const_derived(n->in[slot]))
                 return NULL;
             m->mask_kind = MASK_ADD;

@@ -796,8 +796,9 @@ static void test_attn_not_causal_warns(void **s)
         win_case_warns(&(win_opts){.T = 16, .mask = mask, .bad = 3}, why);
     win_case_warns(&(win_opts){.T = 16, .mask = 1, .bad = 6}, "computed from the model's inputs");
     win_case_warns(&(win_opts){.T = 16, .mask = 2, .bad = 6}, "computed from the model's inputs");
-    /* an additive mask from the inputs: Add(scores, input) is not taken for a mask at all */
-    win_case(&(win_opts){.T = 16, .mask = 0, .bad = 6}, 0, 0);
+    /* an additive mask from the inputs (padding): Add(scores, input) is followed along the
+     * scores, so the attention is matched and then refused with the warning */
+    win_case_warns(&(win_opts){.T = 16, .mask = 0, .bad = 6}, "computed from the model's inputs");
 }
 
 /* Two layers sharing one window mask (the memo must carry the window to the second), and a
