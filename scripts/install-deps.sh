@@ -2,15 +2,16 @@
 # install-deps.sh — installs what sbpc needs on a fresh Debian (bookworm or newer) machine.
 # Build: cmake, a C compiler, protobuf-c (protoc-c + library), the ONNX schema (libonnx-dev),
 # OpenBLAS, cmocka, clang with its libFuzzer/sanitizer runtimes. Runs as root or via sudo.
-# Optional: SBP_WITH_TORCH=1 also installs Debian's PyTorch and onnx (fixture regeneration and
-# references only; nothing at build or run time needs Python).
+# Tests: python3 with numpy and onnx (the io cross-checks read what sbpio writes with them).
+# Optional: SBP_WITH_TORCH=1 also installs Debian's PyTorch (fixture regeneration and references
+# only; nothing at build or run time needs Python).
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 pkgs=(cmake make gcc clang libclang-rt-14-dev pkg-config
       protobuf-c-compiler libprotobuf-c-dev libonnx-dev
-      libopenblas-dev libcmocka-dev python3 python3-numpy)
-if [ "${SBP_WITH_TORCH:-0}" = 1 ]; then pkgs+=(python3-torch python3-onnx); fi
+      libopenblas-dev libcmocka-dev python3 python3-numpy python3-onnx)
+if [ "${SBP_WITH_TORCH:-0}" = 1 ]; then pkgs+=(python3-torch); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

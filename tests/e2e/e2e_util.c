@@ -318,7 +318,8 @@ double e2e_max_rel_vs_ref(const e2e_step *s, const float *grads, const e2e_refer
 void e2e_check_warnings(const sbp_train_program *p, const char *model, const char *stem,
                         ir_diag *d)
 {
-    static const char *const compilers[] = {"gcc", "clang"};
+    /* "" when CMake did not find it: that half is the skipped ctest test e2e.warnings_<cc> */
+    static const char *const compilers[] = {SBP_E2E_GCC, SBP_E2E_CLANG};
     char c[1024];
     snprintf(c, sizeof c, "%s/%s.txt", SBP_E2E_OUT, stem);
     FILE *listing = fopen(c, "w"); /* the program listing, for reading */
@@ -328,11 +329,12 @@ void e2e_check_warnings(const sbp_train_program *p, const char *model, const cha
     snprintf(c, sizeof c, "%s/%s.c", SBP_E2E_OUT, stem);
     assert_int_equal(sbp_codegen_write(p, c, model, NULL, d), IR_OK);
     for (int k = 0; k < 2; k++) {
+        if (!compilers[k][0])
+            continue;
         char cmd[4096];
         snprintf(cmd, sizeof cmd,
-                 "command -v %s >/dev/null 2>&1 || exit 0; %s -std=c11 -Wall -Wextra "
-                 "-Wpedantic -Werror -fsyntax-only %s %s",
-                 compilers[k], compilers[k], SBP_E2E_INCLUDES, c);
+                 "'%s' -std=c11 -Wall -Wextra -Wpedantic -Werror -fsyntax-only %s %s",
+                 compilers[k], SBP_E2E_INCLUDES, c);
         int rc = system(cmd);
         if (rc != 0)
             print_message("%s\n", cmd);

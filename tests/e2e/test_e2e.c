@@ -91,8 +91,11 @@ static double check_against_reference(const e2e_step *s, const e2e_reference *r,
         double *ref = malloc(q->numel * sizeof *ref), *got = malloc(q->numel * sizeof *got);
         assert_true(ref && got);
         char err[256];
-        if (sbpio_st_copy_f64(r->st, rn, ref, (int64_t)q->numel, err, sizeof err) != 0)
-            print_message("  %s\n", err);
+        if (sbpio_st_copy_f64(r->st, rn, ref, (int64_t)q->numel, err, sizeof err) != 0) {
+            free(ref); /* nothing to compare against: fail now, not on uninitialised memory */
+            free(got);
+            fail_msg("  reference '%s' for parameter '%s' is unreadable: %s", rn, q->name, err);
+        }
         matched++;
         e2e_grad_of(s->info, grads, i, got);
         if (!q->trainable) {

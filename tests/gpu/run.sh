@@ -33,7 +33,10 @@
 #   --no-fixtures, --no-bench     leave out stage 2 / stage 3
 # Environment: SBP_GPU_BUILD, SBP_GPU_FULL_BUILD (build folders), SBP_GPU_TOTAL (seconds),
 # PYTHON (the Python with numpy and torch, default python3).
-# Exit status: 0 when every stage that ran passed; 1 otherwise (including "no GPU visible").
+# Exit status: 1 when anything failed (including "no GPU visible"); else 77 when a stage was
+# SKIPPED (it could not run: no numpy, no torch, not built, out of time), with a final line
+# "SKIPPED: tests/gpu ..." naming what did not run, never "PASSED"; else 0 ("PASSED: tests/gpu",
+# a stage left out by --no-fixtures / --no-bench named on that line).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -64,7 +67,10 @@ cap() { local l; l=$(left); [ "$l" -lt "$1" ] && echo $((l > 1 ? l : 1)) || echo
 
 status=0
 summary=()
+skipped=() # stages that could not run: the run is then SKIPPED (exit 77), not PASSED
+left_out=() # stages left out on request (--no-fixtures, --no-bench)
 note() { summary+=("$1"); }
+skip_note() { summary+=("$1"); skipped+=("$1"); }
 
 stamp "tests/gpu/run.sh on $(hostname) ($(nproc) cores)"
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -264,14 +270,15 @@ stage2() {
 }
 if [ $fixtures -eq 0 ]; then
     note "stage 2 (fixtures): left out (--no-fixtures)"
+    left_out+=("stage 2 (fixtures)")
 elif [ $no_device -eq 1 ]; then
-    note "stage 2 (fixtures): SKIPPED, no CUDA device"
+    skip_note "stage 2 (fixtures): SKIPPED, no CUDA device"
 elif [ $have_full -eq 0 ]; then
-    note "stage 2 (fixtures): SKIPPED, sbpc/sbp-train not built (see above)"
+    skip_note "stage 2 (fixtures): SKIPPED, sbpc/sbp-train not built (see above)"
 elif ! "$py" -c "import numpy" >/dev/null 2>&1; then
-    note "stage 2 (fixtures): SKIPPED, $py has no numpy (check_ref.py needs it; set PYTHON)"
+    skip_note "stage 2 (fixtures): SKIPPED, $py has no numpy (check_ref.py needs it; set PYTHON)"
 elif [ "$(left)" -lt 20 ]; then
-    note "stage 2 (fixtures): SKIPPED, out of time"
+    skip_note "stage 2 (fixtures): SKIPPED, out of time"
 else
     stamp "stage 2: fixture gradients on the GPU against PyTorch (sbpc --target cuda, sbp-train)"
     s2=0
@@ -287,14 +294,15 @@ fi
 # ---------------------------------------------------------------- stage 3: benchmark
 if [ $bench -eq 0 ]; then
     note "stage 3 (benchmark): left out (--no-bench)"
+    left_out+=("stage 3 (benchmark)")
 elif [ $no_device -eq 1 ]; then
-    note "stage 3 (benchmark): SKIPPED, no CUDA device"
+    skip_note "stage 3 (benchmark): SKIPPED, no CUDA device"
 elif [ $have_full -eq 0 ]; then
-    note "stage 3 (benchmark): SKIPPED, sbpc/sbp-train not built (see above)"
+    skip_note "stage 3 (benchmark): SKIPPED, sbpc/sbp-train not built (see above)"
 elif ! "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
-    note "stage 3 (benchmark): SKIPPED, $py has no torch with CUDA (set PYTHON)"
+    skip_note "stage 3 (benchmark): SKIPPED, $py has no torch with CUDA (set PYTHON)"
 elif [ "$(left)" -lt 60 ]; then
-    note "stage 3 (benchmark): SKIPPED, out of time ($(left) s left)"
+    skip_note "stage 3 (benchmark): SKIPPED, out of time ($(left) s left)"
 else
     b=$(($(left) - 10))
     stamp "stage 3: benchmark, Qwen3-0.6B-shaped model ($b s)"
@@ -317,9 +325,20 @@ stamp "summary"
 for s in "${summary[@]}"; do
     echo "  $s"
 done
-if [ $status -eq 0 ]; then
-    stamp "PASSED: tests/gpu"
-else
+if [ $status -ne 0 ]; then
     stamp "FAILED: tests/gpu"
+    exit $status
 fi
-exit $status
+if [ ${#skipped[@]} -gt 0 ]; then
+    # what ran passed, but not everything ran: say what did not, and do not call it a pass
+    what=$(printf '%s; ' "${skipped[@]}")
+    stamp "SKIPPED: tests/gpu: ${#skipped[@]} stage(s) did not run (${what%; }); the stages that ran passed (exit 77)"
+    exit 77
+fi
+if [ ${#left_out[@]} -gt 0 ]; then
+    what=$(printf '%s, ' "${left_out[@]}")
+    stamp "PASSED: tests/gpu (left out on request: ${what%, })"
+else
+    stamp "PASSED: tests/gpu"
+fi
+exit 0

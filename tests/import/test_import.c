@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -23,6 +24,7 @@
 #include <unistd.h>
 
 #include "ir.h"
+#include "../intree_fixtures.h"
 
 #define CORPUS SBP_IMPORT_CORPUS
 
@@ -499,13 +501,25 @@ static void test_truncation_and_bitflip_sweep(void **state)
     free(buf);
 }
 
-/* The real exports: every fixture imports, verifies, and has no Constant node left. */
+/* The real exports: every fixture imports, verifies, and has no Constant node left. The
+ * fixtures are committed (../intree_fixtures.h): a missing folder or model fails the test. */
 static void test_fixtures(void **state)
 {
     (void)state;
+    int missing = 0;
+    for (int i = 0; i < SBP_N_INTREE_FIXTURES; i++) {
+        char p[4096];
+        snprintf(p, sizeof p, "%s/%s", SBP_FIXTURES_DIR, sbp_intree_fixtures[i]);
+        if (access(p, R_OK) != 0) {
+            print_error("in-tree fixture %s is missing or unreadable: %s\n", p, strerror(errno));
+            missing++;
+        }
+    }
     DIR *dir = opendir(SBP_FIXTURES_DIR);
     if (!dir)
-        skip();
+        fail_msg("cannot open the fixture folder %s: %s (it is committed: a missing folder is "
+                 "a failure, not a skip)",
+                 SBP_FIXTURES_DIR, strerror(errno));
     int n = 0;
     struct dirent *de;
     while ((de = readdir(dir))) {
@@ -530,8 +544,10 @@ static void test_fixtures(void **state)
         n++;
     }
     closedir(dir);
-    if (n == 0)
-        skip();
+    if (missing)
+        fail_msg("%d in-tree fixture model(s) missing from %s (a failure, not a skip)", missing,
+                 SBP_FIXTURES_DIR);
+    assert_true(n >= SBP_N_INTREE_FIXTURES);
 }
 
 /* The dynamo exporter's graph signature (GraphProto.metadata_props, field 16, which protobuf-c
@@ -542,8 +558,9 @@ static void test_torch_signature(void **state)
     (void)state;
     char p[4096];
     snprintf(p, sizeof p, "%s/hf/llama_dynamo_eager.onnx", SBP_FIXTURES_DIR);
+    /* committed (tests/fixtures/hf): missing is a failure, not a skip */
     if (access(p, R_OK) != 0)
-        skip();
+        fail_msg("in-tree fixture %s is missing or unreadable: %s", p, strerror(errno));
     ir_diag d;
     ir_diag_init(&d, NULL);
     ir_graph *g = expect_ok(p, &d);
@@ -559,6 +576,8 @@ static void test_torch_signature(void **state)
     ir_diag_free(&d);
 
     snprintf(p, sizeof p, "%s/hf/llama_ts_eager.onnx", SBP_FIXTURES_DIR);
+    if (access(p, R_OK) != 0)
+        fail_msg("in-tree fixture %s is missing or unreadable: %s", p, strerror(errno));
     ir_diag_init(&d, NULL);
     g = expect_ok(p, &d);
     assert_null(g->torch_signature);

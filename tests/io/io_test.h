@@ -1,8 +1,11 @@
 /* io_test.h — helpers shared by the sbpio tests (header-only, static): a scratch directory per
  * test program (created by the group setup, removed with its contents by the group teardown),
  * writing byte buffers to files, listing leftovers, and finding a Python interpreter that has a
- * given module (for the optional cross-checks; a test without one prints "SKIPPED: ..." and
- * calls cmocka's skip()).
+ * given module (for the optional cross-checks; a test without one calls IO_SKIP: it prints
+ * "SKIPPED: ..." and calls cmocka's skip()), and io_main, which runs either the program's own
+ * tests or (argument --python) its Python cross-checks, registered as a ctest test of their own
+ * with SKIP_RETURN_CODE 77: a cross-check that could not run makes that test exit 77, which ctest
+ * reports as skipped (never as passed).
  *
  * Paths: IO_TEST_DATA (tests/io/data) and IO_TEST_FIXTURES (tests/fixtures) come from CMake.
  */
@@ -180,6 +183,42 @@ static inline const char *io_python_with(const char *module)
     }
     return NULL;
 }
+
+/* How many checks called IO_SKIP; io_main turns any into exit status 77. */
+static int io_skipped;
+#define IO_SKIP(...)                                                                               \
+    do {                                                                                           \
+        printf("SKIPPED: " __VA_ARGS__);                                                           \
+        fflush(stdout);                                                                            \
+        io_skipped++;                                                                              \
+        skip();                                                                                    \
+    } while (0)
+
+/* Runs tests[0..n) (no arguments) or python[0..npy) (argument --python) as one cmocka group.
+ * Returns cmocka's count of failures when there are any, else 77 (ctest's SKIP_RETURN_CODE for
+ * these tests) when a check skipped, else 0. */
+static inline int io_main(int argc, char **argv, const char *name, const struct CMUnitTest *tests,
+                          size_t n, const struct CMUnitTest *python, size_t npy)
+{
+    bool py = argc > 1 && strcmp(argv[1], "--python") == 0;
+    if (argc > 2 || (argc == 2 && !py)) {
+        fprintf(stderr, "usage: %s [--python]\n", argv[0]);
+        return 2;
+    }
+    int failed = _cmocka_run_group_tests(py ? "python cross-checks" : name, py ? python : tests,
+                                         py ? npy : n, io_setup, io_teardown);
+    if (failed)
+        return failed;
+    if (io_skipped) {
+        printf("%d check(s) SKIPPED (see above): exit status 77, reported by ctest as skipped\n",
+               io_skipped);
+        return 77;
+    }
+    return 0;
+}
+#define IO_MAIN(name, tests, python)                                                               \
+    io_main(argc, argv, name, tests, sizeof tests / sizeof tests[0], python,                     \
+            sizeof python / sizeof python[0])
 
 /* splitmix64: a fixed-seed generator for the mutation tests. */
 static inline uint64_t io_rand(uint64_t *s)

@@ -532,10 +532,8 @@ static void test_numpy_reads_ours(void **state)
 {
     (void)state;
     const char *py = io_python_with("numpy");
-    if (!py) {
-        printf("SKIPPED: no python3 with numpy; NumPy does not cross-check the writer\n");
-        skip();
-    }
+    if (!py)
+        IO_SKIP("no python3 with numpy; NumPy does not cross-check the writer\n");
     int64_t s[] = {2, 3};
     float f[6] = {0.5f, -1, 2, 3, 4, 1e-3f};
     int64_t i[6] = {1, -2, 3, INT64_MAX, INT64_MIN, 0};
@@ -560,7 +558,7 @@ static void test_numpy_reads_ours(void **state)
     assert_int_equal(io_run_python(py, "check_npy.py", script, args), 0);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip_all_dtypes),
@@ -574,7 +572,9 @@ int main(void)
         cmocka_unit_test(test_good_dict_variants),
         cmocka_unit_test(test_shape_overflow_and_length),
         cmocka_unit_test(test_mutations),
+    };
+    const struct CMUnitTest python[] = {
         cmocka_unit_test(test_numpy_reads_ours),
     };
-    return cmocka_run_group_tests(tests, io_setup, io_teardown);
+    return IO_MAIN("npy", tests, python);
 }

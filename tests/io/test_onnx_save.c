@@ -509,10 +509,8 @@ static void test_python_onnx_checker(void **state)
 {
     (void)state;
     const char *py = io_python_with("onnx");
-    if (!py) {
-        printf("SKIPPED: no python3 with the onnx package; onnx.checker does not see the output\n");
-        skip();
-    }
+    if (!py)
+        IO_SKIP("no python3 with the onnx package; onnx.checker does not see the output\n");
     Onnx__ModelProto *orig = load(io_fixture(FIXTURE));
     weights w;
     make_weights(orig, &w, false);
@@ -561,7 +559,7 @@ static void test_python_onnx_checker(void **state)
     onnx__model_proto__free_unpacked(orig, NULL);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replace_inline),
@@ -570,7 +568,9 @@ int main(void)
         cmocka_unit_test(test_external_roundtrip),
         cmocka_unit_test(test_external_confinement),
         cmocka_unit_test(test_mutations),
+    };
+    const struct CMUnitTest python[] = {
         cmocka_unit_test(test_python_onnx_checker),
     };
-    return cmocka_run_group_tests(tests, io_setup, io_teardown);
+    return IO_MAIN("onnx_save", tests, python);
 }

@@ -229,10 +229,8 @@ static void test_fixture_vs_python_json(void **state)
 {
     (void)state;
     const char *py = io_python_with("json");
-    if (!py) {
-        printf("SKIPPED: no python3; the fixture header is not cross-checked with Python's json\n");
-        skip();
-    }
+    if (!py)
+        IO_SKIP("no python3; the fixture header is not cross-checked with Python's json\n");
     const char *p = io_fixture("ref/llama_grads.safetensors");
     sbpio_st_file *f;
     assert_int_equal(sbpio_st_open(p, &f, err, sizeof err), SBPIO_OK);
@@ -286,10 +284,8 @@ static void test_python_reads_ours(void **state)
 {
     (void)state;
     const char *py = io_python_with("json");
-    if (!py) {
-        printf("SKIPPED: no python3; Python does not cross-check the writer\n");
-        skip();
-    }
+    if (!py)
+        IO_SKIP("no python3; Python does not cross-check the writer\n");
     double g[3] = {0.5, -1.25, 3};
     int64_t ids[2] = {-100, 7};
     int64_t s3[] = {3}, s12[] = {1, 2};
@@ -578,17 +574,19 @@ static void test_json(void **state)
     free(sb.s);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_write_errors),
         cmocka_unit_test(test_fixture_llama_grads),
-        cmocka_unit_test(test_fixture_vs_python_json),
-        cmocka_unit_test(test_python_reads_ours),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_mutations),
         cmocka_unit_test(test_json),
     };
-    return cmocka_run_group_tests(tests, io_setup, io_teardown);
+    const struct CMUnitTest python[] = {
+        cmocka_unit_test(test_fixture_vs_python_json),
+        cmocka_unit_test(test_python_reads_ours),
+    };
+    return IO_MAIN("safetensors", tests, python);
 }

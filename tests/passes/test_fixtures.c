@@ -7,6 +7,10 @@
 #include "pass_test.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <unistd.h>
+
+#include "../intree_fixtures.h"
 
 #ifndef SBP_FIXTURES_DIR
 #define SBP_FIXTURES_DIR "tests/fixtures"
@@ -65,14 +69,25 @@ static bool check_one(const char *path)
     return ok;
 }
 
+/* The fixtures are committed (../intree_fixtures.h): a missing folder or model is a failure. */
 static void test_fixtures(void **state)
 {
     (void)state;
-    DIR *dir = opendir(SBP_FIXTURES_DIR);
-    if (!dir) {
-        print_message("no fixtures at %s\n", SBP_FIXTURES_DIR);
-        skip();
+    int missing = 0;
+    for (int i = 0; i < SBP_N_INTREE_FIXTURES; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", SBP_FIXTURES_DIR, sbp_intree_fixtures[i]);
+        if (access(path, R_OK) != 0) {
+            print_error("in-tree fixture %s is missing or unreadable: %s\n", path,
+                        strerror(errno));
+            missing++;
+        }
     }
+    DIR *dir = opendir(SBP_FIXTURES_DIR);
+    if (!dir)
+        fail_msg("cannot open the fixture folder %s: %s (it is committed: a missing folder is "
+                 "a failure, not a skip)",
+                 SBP_FIXTURES_DIR, strerror(errno));
     char *names[256];
     int n = 0;
     for (struct dirent *e; (e = readdir(dir)) && n < 256;) {
@@ -90,7 +105,10 @@ static void test_fixtures(void **state)
             bad++;
         free(names[i]);
     }
-    assert_true(n > 0);
+    if (missing)
+        fail_msg("%d in-tree fixture model(s) missing from %s (a failure, not a skip)", missing,
+                 SBP_FIXTURES_DIR);
+    assert_true(n >= SBP_N_INTREE_FIXTURES);
     assert_int_equal(bad, 0);
 }
 
