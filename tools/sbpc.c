@@ -1,14 +1,16 @@
 /* sbpc.c — the compiler driver.
  *
- *   sbpc MODEL.onnx [--batch N] [--seq-len N] [--no-retie] [--dump-ir[=PASS]]
+ *   sbpc MODEL.onnx [--batch N] [--seq-len N] [--no-retie] [--dump-ir[=PASS]] [--dump-params]
  *        [-o train_step.c|train_step.so] [--strategy stream|store|checkpoint] [--target cpu|cuda]
  *        [--precision fp32|bf16]
  *        [--chunk N] [--logits-chunk N] [--memory-budget BYTES]
  *        [--objective sft|graph-loss|dpo|grpo] [--beta F] [--epsilon F]
  *        [--grpo-norm sequence|token] [--freeze REGEX]... [--report] [--memory-plot FILE.svg]
  *
- * Reads the model, runs the canonicalisation pipeline (passes/pipeline.c) and prints the IR or a
- * summary; with -o it also builds the training program (passes/train.h: objective, freeze,
+ * Reads the model, runs the canonicalisation pipeline (passes/pipeline.c) and prints the IR, the
+ * parameters (--dump-params) or a summary (with each attention layer's variant and work);
+ * --dump-ir=objective and =program go past canonicalisation (the graph with its loss, the
+ * training program's listing); with -o it also builds the training program (passes/train.h: objective, freeze,
  * autodiff, strategy) and writes it as C (codegen/), compiled into a shared object for .so.
  * --report and --memory-plot build the program for every strategy (from the one canonical graph)
  * and print / draw their memory plans side by side (codegen/report.c).
@@ -92,6 +94,10 @@ static void usage(FILE *f)
             "passes (for --dump-ir=PASS):\n");
     for (int i = 0; i < sbp_n_passes; i++)
         fprintf(f, "  %-12s %s\n", sbp_pass_list[i].name, sbp_pass_list[i].what);
+    fprintf(f, "  %-12s %s\n", "objective", "the graph with its loss (--objective) and --freeze");
+    fprintf(f, "  %-12s %s\n", "program",
+            "the training program (--strategy, --chunk, ...): segments, chunk loops, the "
+            "planned workspace, the instructions");
 }
 
 /* A strict positive count: decimal digits only, no sign, no trailing junk, at most 2^30 (no
@@ -468,14 +474,47 @@ int main(int argc, char **argv)
     ir_diag diag;
     ir_diag_init(&diag, model);
     int rc = 0;
+    const bool dump_training = dump_pass && (strcmp(dump_pass, "objective") == 0 ||
+                                             strcmp(dump_pass, "program") == 0);
+    if (dump_training && (out || report || plot || want_params)) {
+        fprintf(stderr, "%s: error: --dump-ir=%s prints and exits: not with -o, --report, "
+                "--memory-plot or --dump-params\n", prog, dump_pass);
+        ir_diag_free(&diag);
+        return 1;
+    }
     ir_graph *g = ir_import_onnx(model, &diag, NULL);
     if (!g || diag.n_errors) {
         rc = 1;
-    } else if (sbp_canonicalize(g, &opt, dump_pass) != IR_OK) {
+    } else if (sbp_canonicalize(g, &opt, dump_training ? NULL : dump_pass) != IR_OK) {
         rc = 1;
     }
     ir_diag_print(&diag, stderr, prog);
     int printed = diag.n;
+    if (rc == 0 && dump_training) {
+        /* past canonicalisation: the graph with its objective (and --freeze), or the training
+         * program the step is emitted from (segments, StreamBP chunk loops with their row
+         * ranges and what runs once per layer, each workspace buffer's offset, size and
+         * lifetime, the instructions) */
+        sbp_objective chosen = objective;
+        if (sbp_pass_objective(g, objective, &chosen) != IR_OK)
+            rc = 1;
+        for (int k = 0; rc == 0 && k < n_freeze; k++)
+            if (sbp_freeze_params(g, freeze[k], NULL) != IR_OK)
+                rc = 1;
+        if (rc == 0 && strcmp(dump_pass, "objective") == 0) {
+            ir_print(g, stdout);
+        } else if (rc == 0) {
+            sbp_train_program *p = sbp_train_build(g, chosen, &topt);
+            if (p)
+                sbp_train_print(p, stdout);
+            else
+                rc = 1;
+        }
+        ir_diag_print_from(&diag, printed, stderr, prog);
+        ir_graph_free(g);
+        ir_diag_free(&diag);
+        return rc;
+    }
     for (int k = 0; rc == 0 && want_params && k < n_freeze; k++)
         if (sbp_freeze_params(g, freeze[k], NULL) != IR_OK)
             rc = 1;
