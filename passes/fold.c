@@ -281,9 +281,28 @@ static int ev_gather(ir_graph *g, ir_node *n, tens *in, tens *out)
     return EV_OK;
 }
 
+/* The element offset in x (strides xst) of index tuple t of ix (k = ix's last dim), whose
+ * entries address x's axes first, first + 1, ...: negative entries count from the end, as the
+ * spec says; one out of range is an error (onnxruntime rejects it too). GatherND and ScatterND. */
+static int nd_offset(ir_graph *g, ir_node *n, const tens *x, const tens *ix, int64_t t,
+                     int64_t first, const int64_t *xst, int64_t *off)
+{
+    const int64_t k = ix->dims[ix->rank - 1];
+    *off = 0;
+    for (int64_t j = 0; j < k; j++) {
+        int64_t d = x->dims[first + j], v = ld_i(ix, t * k + j);
+        if (v < 0)
+            v += d;
+        if (v < 0 || v >= d)
+            return ev_err(g, n, "index %lld is out of range for an axis of %lld",
+                          (long long)ld_i(ix, t * k + j), (long long)d);
+        *off += v * xst[first + j];
+    }
+    return EV_OK;
+}
+
 /* GatherND(data, indices, batch_dims b): for each index tuple (the last dim of indices, k
- * long) copy the slice data[batch..., i_0, ..., i_{k-1}, ...]. Negative indices count from the
- * end, as in the spec; an index out of range is an error (onnxruntime rejects it too). */
+ * long) copy the slice data[batch..., i_0, ..., i_{k-1}, ...]. */
 static int ev_gather_nd(ir_graph *g, ir_node *n, tens *in, tens *out)
 {
     const tens *x = &in[0], *ix = &in[1];
@@ -303,17 +322,10 @@ static int ev_gather_nd(ir_graph *g, ir_node *n, tens *in, tens *out)
     size_t blk = (size_t)slice * x->es;
     char *o = out[0].data;
     for (int64_t t = 0; t < tuples; t++) {
-        int64_t bi = per_batch ? t / per_batch : 0;
-        int64_t off = bi * (b ? xst[b - 1] : 0);
-        for (int64_t j = 0; j < k; j++) {
-            int64_t d = x->dims[b + j], v = ld_i(ix, t * k + j);
-            if (v < 0)
-                v += d;
-            if (v < 0 || v >= d)
-                return ev_err(g, n, "index %lld is out of range for an axis of %lld",
-                              (long long)ld_i(ix, t * k + j), (long long)d);
-            off += v * xst[b + j];
-        }
+        int64_t bi = per_batch ? t / per_batch : 0, off;
+        if (nd_offset(g, n, x, ix, t, b, xst, &off) != EV_OK)
+            return EV_ERR;
+        off += bi * (b ? xst[b - 1] : 0);
         memcpy(o, (const char *)x->data + (size_t)off * x->es, blk);
         o += blk;
     }
@@ -344,16 +356,9 @@ static int ev_scatter_nd(ir_graph *g, ir_node *n, tens *in, tens *out)
     memcpy(out[0].data, x->data, (size_t)x->numel * x->es);
     size_t blk = (size_t)slice * x->es;
     for (int64_t t = 0; t < tuples; t++) {
-        int64_t off = 0;
-        for (int64_t j = 0; j < k; j++) {
-            int64_t d = x->dims[j], v = ld_i(ix, t * k + j);
-            if (v < 0)
-                v += d;
-            if (v < 0 || v >= d)
-                return ev_err(g, n, "index %lld is out of range for an axis of %lld",
-                              (long long)ld_i(ix, t * k + j), (long long)d);
-            off += v * xst[j];
-        }
+        int64_t off;
+        if (nd_offset(g, n, x, ix, t, 0, xst, &off) != EV_OK)
+            return EV_ERR;
         memcpy((char *)out[0].data + (size_t)off * x->es,
                (const char *)up->data + (size_t)t * blk, blk);
     }

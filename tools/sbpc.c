@@ -243,6 +243,15 @@ static void summary(const ir_graph *g)
 
 #define MAX_FREEZE 32
 
+/* --freeze REGEX..., each in turn. */
+static int apply_freeze(ir_graph *g, const char *const *freeze, int n_freeze)
+{
+    for (int k = 0; k < n_freeze; k++)
+        if (sbp_freeze_params(g, freeze[k], NULL) != IR_OK)
+            return IR_ERR;
+    return IR_OK;
+}
+
 /* --report / --memory-plot: the program of every strategy, planned (passes/memplan.c), printed
  * or drawn side by side. `have` is the program already built for topt->strategy; the others are
  * built from the same canonical graph with the same options (no memory budget): building a
@@ -490,63 +499,51 @@ int main(int argc, char **argv)
     }
     ir_diag_print(&diag, stderr, prog);
     int printed = diag.n;
-    if (rc == 0 && dump_training) {
+    sbp_objective chosen = objective;
+    if (rc != 0) {
+        /* the diagnostics say why */
+    } else if (want_params) {
+        if (apply_freeze(g, freeze, n_freeze) == IR_OK)
+            dump_params(g);
+        else
+            rc = 1;
+    } else if (dump_training) {
         /* past canonicalisation: the graph with its objective (and --freeze), or the training
          * program the step is emitted from (segments, StreamBP chunk loops with their row
          * ranges and what runs once per layer, each workspace buffer's offset, size and
          * lifetime, the instructions) */
-        sbp_objective chosen = objective;
-        if (sbp_pass_objective(g, objective, &chosen) != IR_OK)
+        sbp_train_program *p = NULL;
+        if (sbp_pass_objective(g, objective, &chosen) != IR_OK ||
+            apply_freeze(g, freeze, n_freeze) != IR_OK)
             rc = 1;
-        for (int k = 0; rc == 0 && k < n_freeze; k++)
-            if (sbp_freeze_params(g, freeze[k], NULL) != IR_OK)
-                rc = 1;
-        if (rc == 0 && strcmp(dump_pass, "objective") == 0) {
+        else if (strcmp(dump_pass, "objective") == 0)
             ir_print(g, stdout);
-        } else if (rc == 0) {
-            sbp_train_program *p = sbp_train_build(g, chosen, &topt);
-            if (p)
-                sbp_train_print(p, stdout);
-            else
+        else if ((p = sbp_train_build(g, chosen, &topt)))
+            sbp_train_print(p, stdout);
+        else
+            rc = 1;
+    } else {
+        if (dump)
+            ir_print(g, stdout);
+        else if (!out)
+            summary(g);
+        if (out || report || plot) {
+            if (dump_pass && strcmp(dump_pass, sbp_pass_list[sbp_n_passes - 1].name) != 0) {
+                ir_diag_error(&diag, "-o needs the whole pipeline (not --dump-ir=%s)", dump_pass);
+                rc = 1;
+            }
+            if (rc == 0 && (sbp_pass_objective(g, objective, &chosen) != IR_OK ||
+                            apply_freeze(g, freeze, n_freeze) != IR_OK))
+                rc = 1;
+            sbp_train_program *p = rc == 0 ? sbp_train_build(g, chosen, &topt) : NULL;
+            if (!p)
+                rc = 1;
+            else if (out && sbp_codegen_write_target(p, out, model, NULL, target, &diag) != IR_OK)
+                rc = 1;
+            if (p && (report || plot) &&
+                memory_report(g, chosen, &topt, p, report, plot, &diag) != 0)
                 rc = 1;
         }
-        ir_diag_print_from(&diag, printed, stderr, prog);
-        ir_graph_free(g);
-        ir_diag_free(&diag);
-        return rc;
-    }
-    for (int k = 0; rc == 0 && want_params && k < n_freeze; k++)
-        if (sbp_freeze_params(g, freeze[k], NULL) != IR_OK)
-            rc = 1;
-    if (rc == 0 && want_params) {
-        ir_diag_print_from(&diag, printed, stderr, prog);
-        dump_params(g);
-        ir_graph_free(g);
-        ir_diag_free(&diag);
-        return 0;
-    }
-    if (rc == 0 && dump)
-        ir_print(g, stdout);
-    else if (rc == 0 && !out)
-        summary(g);
-    if (rc == 0 && (out || report || plot)) {
-        if (dump_pass && strcmp(dump_pass, sbp_pass_list[sbp_n_passes - 1].name) != 0) {
-            ir_diag_error(&diag, "-o needs the whole pipeline (not --dump-ir=%s)", dump_pass);
-            rc = 1;
-        }
-        sbp_objective chosen = objective;
-        if (rc == 0 && sbp_pass_objective(g, objective, &chosen) != IR_OK)
-            rc = 1;
-        for (int k = 0; rc == 0 && k < n_freeze; k++)
-            if (sbp_freeze_params(g, freeze[k], NULL) != IR_OK)
-                rc = 1;
-        sbp_train_program *p = rc == 0 ? sbp_train_build(g, chosen, &topt) : NULL;
-        if (!p)
-            rc = 1;
-        else if (out && sbp_codegen_write_target(p, out, model, NULL, target, &diag) != IR_OK)
-            rc = 1;
-        if (p && (report || plot) && memory_report(g, chosen, &topt, p, report, plot, &diag) != 0)
-            rc = 1;
     }
     ir_diag_print_from(&diag, printed, stderr, prog); /* what code generation added */
     ir_graph_free(g);

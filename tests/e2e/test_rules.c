@@ -586,6 +586,23 @@ static void test_stream_refusals(void **state)
     }
 }
 
+/* The training program of the graph `build` makes (weights from seed), with the SFT objective
+ * and options o; asserts that it builds. The caller frees b.g and b.d. */
+static sbp_train_program *program_of(gb *b, void (*build)(gb *), unsigned seed,
+                                     sbp_train_options o)
+{
+    rng_state = seed;
+    gb_init(b);
+    build(b);
+    sbp_objective chosen;
+    assert_int_equal(sbp_pass_objective(b->g, SBP_OBJECTIVE_SFT, &chosen), IR_OK);
+    sbp_train_program *p = sbp_train_build(b->g, chosen, &o);
+    if (!p)
+        e2e_print_diag(&b->d);
+    assert_non_null(p);
+    return p;
+}
+
 static void test_elementwise(void **state)
 {
     (void)state;
@@ -600,17 +617,9 @@ static void test_activations(void **state)
      * ReLU and tanh have bf16 forms and take bf16 activations */
     for (int k = 0; k < 2; k++) {
         gb b;
-        rng_state = 31;
-        gb_init(&b);
-        build_activations(&b);
-        sbp_objective chosen;
-        assert_int_equal(sbp_pass_objective(b.g, SBP_OBJECTIVE_SFT, &chosen), IR_OK);
         sbp_train_options o = {.strategy = k ? SBP_STRATEGY_STREAM : SBP_STRATEGY_STORE,
                                .chunk = 2, .logits_chunk = 3, .bf16 = true};
-        sbp_train_program *p = sbp_train_build(b.g, chosen, &o);
-        if (!p)
-            e2e_print_diag(&b.d);
-        assert_non_null(p);
+        sbp_train_program *p = program_of(&b, build_activations, 31, o);
         assert_true(p->bf16);
         ir_graph_free(b.g);
         ir_diag_free(&b.d);
@@ -633,17 +642,9 @@ static void test_scaled(void **state)
     check_fd(build_scaled, 555, "rules_scaled", true);
     for (int k = 0; k < 4; k++) {
         gb b;
-        rng_state = 555;
-        gb_init(&b);
-        build_scaled(&b);
-        sbp_objective chosen;
-        assert_int_equal(sbp_pass_objective(b.g, SBP_OBJECTIVE_SFT, &chosen), IR_OK);
         sbp_train_options o = {.strategy = k & 1 ? SBP_STRATEGY_STREAM : SBP_STRATEGY_STORE,
                                .chunk = 2, .logits_chunk = 3, .bf16 = k >= 2};
-        sbp_train_program *p = sbp_train_build(b.g, chosen, &o);
-        if (!p)
-            e2e_print_diag(&b.d);
-        assert_non_null(p);
+        sbp_train_program *p = program_of(&b, build_scaled, 555, o);
         int count[TP_K_COUNT] = {0};
         for (int bi = 0; bi < p->n_blocks; bi++)
             for (int i = 0; i < p->blocks[bi]->n_insts; i++)
@@ -668,16 +669,8 @@ static void test_scaled(void **state)
 static void check_logits_rule(void (*build)(gb *), tp_kernel k)
 {
     gb b;
-    rng_state = 5;
-    gb_init(&b);
-    build(&b);
-    sbp_objective chosen;
-    assert_int_equal(sbp_pass_objective(b.g, SBP_OBJECTIVE_SFT, &chosen), IR_OK);
     sbp_train_options o = {.strategy = SBP_STRATEGY_STREAM, .chunk = 2, .logits_chunk = 3};
-    sbp_train_program *p = sbp_train_build(b.g, chosen, &o);
-    if (!p)
-        e2e_print_diag(&b.d);
-    assert_non_null(p);
+    sbp_train_program *p = program_of(&b, build, 5, o);
     int found = 0;
     for (int bi = 0; bi < p->n_blocks; bi++)
         for (int i = 0; i < p->blocks[bi]->n_insts; i++) {
