@@ -1,6 +1,6 @@
 /* stream.c — StreamBP: the training program of the stream strategy (DESIGN.md, step 5).
  *
- * requires: the segments (train_program.c, step 4) and the sequence analysis (sequence.c).
+ * requires: the segments (train_lower.c, step 4) and the sequence analysis (sequence.c).
  * produces: the program's blocks, with chunk loops (train.h: tp_loop), for make_group_buffers'
  * buffers; the memory planner (memplan.c) then places them.
  *
@@ -556,81 +556,4 @@ int stream_emit(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
 out:
     free(sel);
     return rc;
-}
-
-/* ------------------------------------------------------------------ the memory budget */
-
-size_t sbp_train_planned_peak(const sbp_train_program *p)
-{
-    return 2 * p->param_elems * sizeof(float) + p->workspace_bytes;
-}
-
-static sbp_train_program *build_at(ir_graph *g, sbp_objective objective,
-                                   const sbp_train_options *base, int64_t chunk, int64_t lc)
-{
-    sbp_train_options o = *base;
-    o.memory_budget = 0;
-    o.chunk = chunk;
-    o.logits_chunk = lc;
-    return sbp_train_build(g, objective, &o);
-}
-
-/* The largest x in [lo, hi] whose plan fits (lo's does; the peak grows with the chunk, so a
- * bisection finds it). which: 0 the layer chunk, 1 the logits chunk. */
-static sbp_train_program *largest_fitting(ir_graph *g, sbp_objective objective,
-                                          const sbp_train_options *opt, sbp_train_program *best,
-                                          int which, int64_t lo, int64_t hi)
-{
-    while (lo < hi && best) {
-        int64_t mid = lo + (hi - lo + 1) / 2;
-        sbp_train_program *p = build_at(g, objective, opt, which ? best->chunk : mid,
-                                        which ? mid : best->logits_chunk);
-        if (!p)
-            return NULL;
-        if (sbp_train_planned_peak(p) <= opt->memory_budget) {
-            best = p;
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    return best;
-}
-
-sbp_train_program *stream_fit_budget(ir_graph *g, sbp_objective objective,
-                                     const sbp_train_options *opt)
-{
-    bool stream = opt->strategy == SBP_STRATEGY_STREAM;
-    int64_t c0 = opt->chunk > 0 || !stream ? opt->chunk : 1;
-    int64_t l0 = opt->logits_chunk > 0 || !stream ? opt->logits_chunk : 1;
-    sbp_train_program *p = build_at(g, objective, opt, c0, l0);
-    if (!p)
-        return NULL;
-    size_t need = sbp_train_planned_peak(p);
-    if (need > opt->memory_budget) {
-        ir_diag_error(g->diag,
-                      "memory budget of %zu bytes is too small: the smallest %s plan%s needs "
-                      "%zu bytes (parameters %zu + gradients %zu + workspace %zu)",
-                      opt->memory_budget, sbp_strategy_name(opt->strategy),
-                      stream ? ir_arena_printf(g->arena, " (chunk %lld, logits chunk %lld)",
-                                               (long long)p->chunk, (long long)p->logits_chunk)
-                             : "",
-                      need, p->param_elems * sizeof(float), p->param_elems * sizeof(float),
-                      p->workspace_bytes);
-        return NULL;
-    }
-    if (!stream)
-        return p;
-    /* the logits chunk at most one sequence, as the automatic choice: B*T*V never exists */
-    if (opt->chunk <= 0)
-        p = largest_fitting(g, objective, opt, p, 0, p->chunk, p->seq_len);
-    if (p && opt->logits_chunk <= 0)
-        p = largest_fitting(g, objective, opt, p, 1, p->logits_chunk, p->seq_len);
-    if (p)
-        ir_diag_add(g->diag, IR_SEV_NOTE, NULL, NULL,
-                    "memory budget %zu bytes: chunk %lld, logits chunk %lld, planned peak %zu "
-                    "bytes",
-                    opt->memory_budget, (long long)p->chunk, (long long)p->logits_chunk,
-                    sbp_train_planned_peak(p));
-    return p;
 }

@@ -8,7 +8,8 @@
  *                `labels` input, -100 = not scored); a graph that already ends in a loss
  *                (SoftmaxCrossEntropyLoss, canonicalised to CrossEntropy) keeps it.
  *   freeze       (passes/objective.c) marks parameters whose name matches a regex frozen.
- *   train build  (passes/autodiff.c + passes/train_program.c) lowers every node to runtime
+ *   train build  (passes/train_build.c, the driver, over train_lower.c, autodiff.c, stream.c,
+ *                memplan.c; the toolkit they share is train_tx.c) lowers every node to runtime
  *                calls (forward), derives the backward by reverse mode with one gradient rule
  *                per op (a table in autodiff.c; gradients of a value with several uses are
  *                summed because the runtime's backward kernels accumulate), splits the graph
@@ -378,6 +379,24 @@ size_t tp_buf_elem_bytes(const tp_buf *b);
  * unsupported. */
 sbp_train_program *sbp_train_build(ir_graph *g, sbp_objective objective,
                                    const sbp_train_options *opt);
+
+/* The stages of sbp_train_build (passes/train_build.c), for sbpc --dump-ir:
+ *   AUTODIFF   the reverse-mode program on the whole sequence, every activation kept (as store,
+ *              whatever the strategy): block "forward", then the gradient rules of each segment
+ *              in reverse; not yet planned (workspace offsets 0);
+ *   SCHEDULE   the strategy's program ("stream"): checkpoint's recomputation, stream's chunk
+ *              loops; not yet planned;
+ *   PLAN       the program with its memory plan (what sbp_train_build returns). */
+typedef enum {
+    SBP_TRAIN_UNTIL_AUTODIFF,
+    SBP_TRAIN_UNTIL_SCHEDULE,
+    SBP_TRAIN_UNTIL_PLAN,
+} sbp_train_stage;
+const char *sbp_train_stage_name(sbp_train_stage s); /* "autodiff" | "stream" | "plan" */
+/* sbp_train_build stopped after stage `stop` (with a memory budget, at the chunks the budget
+ * search chose). */
+sbp_train_program *sbp_train_build_until(ir_graph *g, sbp_objective objective,
+                                         const sbp_train_options *opt, sbp_train_stage stop);
 
 /* The memory a step needs, as sbp_step_info.planned_peak_bytes reports it: parameters +
  * gradients (the caller's two blocks) + the planned workspace; optimizer state is the

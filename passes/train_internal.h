@@ -1,5 +1,14 @@
-/* train_internal.h — what the training-program builder (train_program.c) and the gradient
- * rule table (autodiff.c) share; internal to passes/.
+/* train_internal.h — what the files of the training half of passes/ share; internal to passes/.
+ *
+ * Layers, bottom up (a file calls only into its own layer's files below it or into lower
+ * layers; scripts/check-passes-layers.py checks the objects' call graph has no circle):
+ *   toolkit    train_tx.c (containers, buffers, emission, operands, layout planners),
+ *              train_verify.c, precision.c, memplan.c, sequence.c
+ *   rules      objective_pref.c (DPO / GRPO at the LM head), autodiff.c (the gradient rules)
+ *   lowering   train_lower.c (the autodiff analysis, per-node lowering, store / checkpoint)
+ *   strategy   stream.c (StreamBP's chunk loops)
+ *   driver     train_build.c (sbp_train_build: the stages in order, the memory budget)
+ *   listing    train_print.c
  *
  * Layouts. The runtime's attention reads q/k/v as [B,T,H,hd], while the exporters' graphs carry
  * them as [B,H,T,hd] made by a Transpose(perm 0,2,1,3) of the projection's [B,T,H,hd] view. A
@@ -96,7 +105,7 @@ int plan_view(tctx *t, const ir_node *n);
 /* Row-wise: float inputs of the output's rank share input 0's layout; outputs get it too. */
 int plan_rowwise(tctx *t, const ir_node *n);
 
-/* ---- builder helpers (train_program.c) */
+/* ---- builder helpers (train_tx.c) */
 
 int tx_index(const tctx *t, const ir_node *n);             /* n's index in g->nodes */
 tn *tx_node(tctx *t, const ir_node *n);
@@ -131,7 +140,21 @@ int tx_error(tctx *t, const ir_node *n, const char *fmt, ...) __attribute__((for
 /* t0 + i of the enclosing chunk loop (attention's q_start in a chunk body). */
 tp_arg A_T0(int64_t i);
 
-/* ---- what stream.c shares with train_program.c */
+/* ---- what the lowering and stream.c use of the toolkit (train_tx.c) */
+
+/* A C identifier from prefix + base, unique in the program. */
+const char *tx_cname(tctx *t, const char *prefix, const char *base);
+/* The readable stem of a value's buffer name (a semantic op's module path + op). */
+const char *tx_value_stem(tctx *t, const ir_value *v);
+/* The buffer of a value's alias group (a constant's is made on first use). */
+int tx_group_buf(tctx *t, const ir_value *v);
+/* A workspace buffer owned by node n, in n's region (chunk-local inside a chunk body). */
+int tx_node_buf(tctx *t, const ir_node *n, size_t numel, bool is_int, bool is_grad,
+                const char *what);
+/* A span buffer: "every gradient buffer of the region" (for tx_zero_span). */
+int tx_span_buf(tctx *t, int region);
+/* MEMSET_ZERO of a span buffer (the planner turns it into per-buffer zeroing). */
+void tx_zero_span(tctx *t, int span);
 
 /* Grows an arena array of elem-sized items to hold `need`. */
 int tx_grow(ir_arena *a, void **arr, int *cap, int need, size_t elem);
@@ -177,6 +200,17 @@ int pref_loss_logp(tctx *t, const ir_node *n);
 int pref_emit_coefficients(tctx *t);
 int pref_emit_row_weights(tctx *t);
 
+/* ---- the lowering (train_lower.c), run by the driver */
+
+/* The autodiff stage: parameters, inputs (and the objective's setup, pref_setup), the layout
+ * plan with needs_grad / grad_live (a node on the loss's path without a rule is an error), the
+ * segments and regions. */
+int lower_analyze(tctx *t, const ir_value *loss, const sbp_train_options *opt);
+/* One buffer and gradient buffer per alias group (stream: after stream_plan sized them). */
+int lower_group_buffers(tctx *t);
+/* Store and checkpoint: block "forward", then each segment's backward block, last first. */
+int lower_emit_blocks(tctx *t, ir_node **nodes, int nn, const ir_value *loss);
+
 /* ---- the sequence analysis (sequence.c) */
 
 /* Fills p->seq_values / seq_class / seq_why (requires the layout plan and the inputs bound). */
@@ -198,10 +232,6 @@ int stream_plan(tctx *t, ir_node **nodes, int nn, const ir_value *loss,
  * backward fused), then each layer's backward (K/V path recomputed once, the chunk loop, the
  * K/V path's gradients) and the prologue's. */
 int stream_emit(tctx *t, ir_node **nodes, int nn, const ir_value *loss);
-/* sbp_train_build with opt->memory_budget set: the plan that fits (stream: the largest chunks,
- * by bisection over the layer chunk, then the logits chunk, among those not given). */
-sbp_train_program *stream_fit_budget(ir_graph *g, sbp_objective objective,
-                                     const sbp_train_options *opt);
 
 /* ---- precision (precision.c) */
 

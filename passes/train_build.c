@@ -1,0 +1,238 @@
+/* train_build.c — the driver of the training half of passes/: from a graph that ends in its
+ * loss to a planned training program (sbp_train_build, train.h).
+ *
+ * The steps, in order, each one call into the layer below (no file below calls back up;
+ * scripts/check-passes-layers.py checks it on every build's objects):
+ *
+ *   autodiff   train_lower.c   parameters, inputs, layouts, which values need and carry a
+ *                              gradient (a missing rule is an error here), segments, regions
+ *   stream     sequence.c      stream only: each value's and node's relation to the sequence
+ *              stream.c        stream only: chunk sizes, what runs once per layer, what per chunk
+ *              train_lower.c   the buffers of the alias groups
+ *              stream.c or     the blocks: stream's chunk loops, or store / checkpoint's
+ *              train_lower.c   forward + one backward per segment
+ *              train_verify.c  operands, loops and row coverage checked
+ *              precision.c     bf16 programs: which buffers are stored as bf16
+ *   plan       memplan.c       lifetimes and offsets in one workspace (bf16: the weights' copy
+ *                              after it)
+ *
+ * The stage names are sbpc's --dump-ir names (sbp_train_build_until stops after one). The
+ * memory budget (--memory-budget) is handled here too: the largest stream chunks whose plan
+ * fits are found by bisection over whole builds, each from the same graph (a build only reads
+ * the graph).
+ */
+#include "memplan.h"
+#include "train_internal.h"
+
+#include <string.h>
+
+static sbp_train_program *oom(ir_graph *g)
+{
+    ir_diag_error(g->diag, "out of memory");
+    return NULL;
+}
+
+/* The builder's state for one program of g: every value its own alias group, no buffers yet. */
+static tctx *new_ctx(ir_graph *g, sbp_train_program *p)
+{
+    tctx *t = ir_arena_alloc(g->arena, sizeof *t);
+    int nn = g->n_nodes, max_id = 0;
+    for (int k = 0; k < nn; k++)
+        if (g->nodes[k]->id > max_id)
+            max_id = g->nodes[k]->id;
+    if (!t)
+        return NULL;
+    t->g = g;
+    t->p = p;
+    t->v = ir_arena_calloc(g->arena, (size_t)g->n_values + 1, sizeof *t->v);
+    t->n = ir_arena_calloc(g->arena, (size_t)nn + 1, sizeof *t->n);
+    t->node_index = ir_arena_calloc(g->arena, (size_t)max_id + 1, sizeof *t->node_index);
+    if (!t->v || !t->n || !t->node_index)
+        return NULL;
+    for (int i = 0; i < g->n_values; i++) {
+        t->v[i].group = i;
+        t->v[i].buf = t->v[i].grad = -1;
+        t->v[i].first_node = t->v[i].last_use = -1;
+    }
+    for (int k = 0; k < nn; k++) {
+        t->node_index[g->nodes[k]->id] = k;
+        for (int i = 0; i < TN_MAX_IN; i++)
+            t->n[k].relayout[i] = t->n[k].relay_buf[i] = t->n[k].relay_grad[i] = -1;
+        for (int i = 0; i < TN_MAX_AUX; i++)
+            t->n[k].aux[i] = -1;
+    }
+    return t;
+}
+
+/* One build at the options' chunk sizes (no budget search). */
+static sbp_train_program *build_once(ir_graph *g, sbp_objective objective,
+                                     const sbp_train_options *opt, sbp_train_stage stop)
+{
+    ir_graph_compact(g);
+    if (g->n_outputs != 1) {
+        ir_diag_error(g->diag, "the graph must end in one loss (run the objective pass)");
+        return NULL;
+    }
+    const ir_value *loss = g->outputs[0];
+    if (!loss->producer || (loss->producer->op != IR_OP_CROSS_ENTROPY &&
+                            loss->producer->op != IR_OP_SOFTMAX_CE_LOSS)) {
+        ir_diag_error(g->diag, "the loss '%s' must be made by a CrossEntropy node", loss->name);
+        return NULL;
+    }
+    sbp_train_program *p = ir_arena_alloc(g->arena, sizeof *p);
+    tctx *t = p ? new_ctx(g, p) : NULL;
+    if (!t)
+        return oom(g);
+    p->g = g;
+    /* the autodiff stage's program is the plain reverse-mode one: every value kept (store) */
+    p->strategy = stop == SBP_TRAIN_UNTIL_AUTODIFF ? SBP_STRATEGY_STORE
+                  : opt                            ? opt->strategy
+                                                   : SBP_STRATEGY_STORE;
+    p->objective = objective;
+    const char *red = ir_attr_string(loss->producer, "reduction", "mean");
+    p->loss_is_mean = strcmp(red, "sum") != 0;
+    p->vocab = loss->producer->in[0]->rank > 0
+                   ? loss->producer->in[0]->dims[loss->producer->in[0]->rank - 1].value
+                   : 0;
+    ir_node **nodes = g->nodes;
+    int nn = g->n_nodes;
+
+    /* autodiff */
+    if (lower_analyze(t, loss, opt) != IR_OK)
+        return NULL;
+    /* stream (the strategy's schedule) */
+    bool stream = p->strategy == SBP_STRATEGY_STREAM;
+    if (stream && (seq_analyze(t, nodes, nn) != IR_OK ||
+                   stream_plan(t, nodes, nn, loss, opt) != IR_OK))
+        return NULL;
+    if (lower_group_buffers(t) != IR_OK)
+        return NULL;
+    p->loss_buf = tx_root(t, loss)->buf;
+    if ((stream ? stream_emit(t, nodes, nn, loss) : lower_emit_blocks(t, nodes, nn, loss)) !=
+            IR_OK ||
+        g->diag->n_errors)
+        return NULL;
+    if (sbp_train_verify(p, g->diag) != IR_OK)
+        return NULL;
+    p->bf16 = opt && opt->bf16; /* precision.c: bf16 storage, sized by the plan */
+    if (p->bf16 && sbp_train_mark_bf16(p, g->diag) != IR_OK)
+        return NULL;
+    if (stop < SBP_TRAIN_UNTIL_PLAN)
+        return p;
+    /* plan */
+    if (sbp_memplan(p, g->diag) != IR_OK)
+        return NULL;
+    if (p->bf16)
+        sbp_train_place_bf16_shadow(p);
+    return p;
+}
+
+/* ------------------------------------------------------------------ the memory budget */
+
+size_t sbp_train_planned_peak(const sbp_train_program *p)
+{
+    return 2 * p->param_elems * sizeof(float) + p->workspace_bytes;
+}
+
+static sbp_train_program *build_at(ir_graph *g, sbp_objective objective,
+                                   const sbp_train_options *base, int64_t chunk, int64_t lc)
+{
+    sbp_train_options o = *base;
+    o.memory_budget = 0;
+    o.chunk = chunk;
+    o.logits_chunk = lc;
+    return build_once(g, objective, &o, SBP_TRAIN_UNTIL_PLAN);
+}
+
+/* The largest x in [lo, hi] whose plan fits (lo's does; the peak grows with the chunk, so a
+ * bisection finds it). which: 0 the layer chunk, 1 the logits chunk. */
+static sbp_train_program *largest_fitting(ir_graph *g, sbp_objective objective,
+                                          const sbp_train_options *opt, sbp_train_program *best,
+                                          int which, int64_t lo, int64_t hi)
+{
+    while (lo < hi && best) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        sbp_train_program *p = build_at(g, objective, opt, which ? best->chunk : mid,
+                                        which ? mid : best->logits_chunk);
+        if (!p)
+            return NULL;
+        if (sbp_train_planned_peak(p) <= opt->memory_budget) {
+            best = p;
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return best;
+}
+
+/* The plan that fits opt->memory_budget: stream's largest chunks among those not given (the
+ * layer chunk first, then the logits chunk, each by bisection); other strategies have one plan,
+ * which fits or not. Too small: NULL and the smallest budget that would fit. */
+static sbp_train_program *fit_budget(ir_graph *g, sbp_objective objective,
+                                     const sbp_train_options *opt)
+{
+    bool stream = opt->strategy == SBP_STRATEGY_STREAM;
+    int64_t c0 = opt->chunk > 0 || !stream ? opt->chunk : 1;
+    int64_t l0 = opt->logits_chunk > 0 || !stream ? opt->logits_chunk : 1;
+    sbp_train_program *p = build_at(g, objective, opt, c0, l0);
+    if (!p)
+        return NULL;
+    size_t need = sbp_train_planned_peak(p);
+    if (need > opt->memory_budget) {
+        ir_diag_error(g->diag,
+                      "memory budget of %zu bytes is too small: the smallest %s plan%s needs "
+                      "%zu bytes (parameters %zu + gradients %zu + workspace %zu)",
+                      opt->memory_budget, sbp_strategy_name(opt->strategy),
+                      stream ? ir_arena_printf(g->arena, " (chunk %lld, logits chunk %lld)",
+                                               (long long)p->chunk, (long long)p->logits_chunk)
+                             : "",
+                      need, p->param_elems * sizeof(float), p->param_elems * sizeof(float),
+                      p->workspace_bytes);
+        return NULL;
+    }
+    if (!stream)
+        return p;
+    /* the logits chunk at most one sequence, as the automatic choice: B*T*V never exists */
+    if (opt->chunk <= 0)
+        p = largest_fitting(g, objective, opt, p, 0, p->chunk, p->seq_len);
+    if (p && opt->logits_chunk <= 0)
+        p = largest_fitting(g, objective, opt, p, 1, p->logits_chunk, p->seq_len);
+    if (p)
+        ir_diag_add(g->diag, IR_SEV_NOTE, NULL, NULL,
+                    "memory budget %zu bytes: chunk %lld, logits chunk %lld, planned peak %zu "
+                    "bytes",
+                    opt->memory_budget, (long long)p->chunk, (long long)p->logits_chunk,
+                    sbp_train_planned_peak(p));
+    return p;
+}
+
+/* ------------------------------------------------------------------ entry points */
+
+const char *sbp_train_stage_name(sbp_train_stage s)
+{
+    return s == SBP_TRAIN_UNTIL_AUTODIFF ? "autodiff" : s == SBP_TRAIN_UNTIL_SCHEDULE ? "stream"
+                                                                                      : "plan";
+}
+
+sbp_train_program *sbp_train_build_until(ir_graph *g, sbp_objective objective,
+                                         const sbp_train_options *opt, sbp_train_stage stop)
+{
+    if (!opt || !opt->memory_budget)
+        return build_once(g, objective, opt, stop);
+    sbp_train_program *p = fit_budget(g, objective, opt);
+    if (!p || stop == SBP_TRAIN_UNTIL_PLAN)
+        return p;
+    /* a dump before the plan shows the program at the chunks the budget chose */
+    sbp_train_options o = *opt;
+    o.memory_budget = 0;
+    o.chunk = p->chunk;
+    o.logits_chunk = p->logits_chunk;
+    return build_once(g, objective, &o, stop);
+}
+
+sbp_train_program *sbp_train_build(ir_graph *g, sbp_objective objective,
+                                   const sbp_train_options *opt)
+{
+    return sbp_train_build_until(g, objective, opt, SBP_TRAIN_UNTIL_PLAN);
+}
