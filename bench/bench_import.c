@@ -8,7 +8,7 @@
  * flat if the pipeline is linear in depth.
  */
 #include "ir.h"
-#include "passes.h"
+#include "flow.h"
 
 #include <stdlib.h>
 #include <time.h>
@@ -42,16 +42,19 @@ int main(int argc, char **argv)
         for (int r = 0; r < REPS; r++) {
             ir_diag d;
             ir_diag_init(&d, argv[m]);
+            /* the compile flow (passes/flow.h) run to "import", then on to "cleanup" */
+            const sbp_flow_options fo = {.pass = {.batch = 2, .seq_len = 64, .verify = true}};
+            sbp_flow f = {.path = argv[m]};
             double t0 = now();
-            ir_graph *g = ir_import_onnx(argv[m], &d, NULL);
+            int rc = sbp_flow_run(&f, &fo, &d, "import");
             double t1 = now();
-            if (!g) {
+            ir_graph *g = f.g;
+            if (rc != IR_OK) {
                 ir_diag_print(&d, stderr, "bench_import");
                 return 1;
             }
             n_raw = g->n_nodes;
-            sbp_pass_options opt = {.batch = 2, .seq_len = 64, .verify = true};
-            if (sbp_canonicalize(g, &opt, NULL) != IR_OK) {
+            if (sbp_flow_run(&f, &fo, &d, "cleanup") != IR_OK) {
                 ir_diag_print(&d, stderr, "bench_import");
                 return 1;
             }

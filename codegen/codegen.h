@@ -20,6 +20,7 @@
 
 #include <stdio.h>
 
+#include "files.h"
 #include "ir.h"
 #include "train.h"
 
@@ -48,10 +49,20 @@ uint64_t sbp_codegen_fingerprint(const sbp_train_program *p);
 int sbp_codegen_emit(const sbp_train_program *p, const sbp_codegen_options *o, FILE *c, FILE *h,
                      ir_diag *d);
 
-/* Writes PATH.c and PATH.h for out_path "PATH.c"; for "PATH.so" writes them next to it and
- * compiles them (sbp_codegen_compile_so). extra_cflags may be NULL. */
+/* Writes PATH.c and PATH.h (and PATH.consts.bin) for out_path "PATH.c"; for "PATH.so" writes
+ * them next to it and compiles them (sbp_codegen_compile_so). All or none: the files are made
+ * as temporaries in the target's folder and renamed only when every one is written, compiled
+ * and fsynced; on any failure the previous files are left as they were. extra_cflags may be
+ * NULL. */
 int sbp_codegen_write(const sbp_train_program *p, const char *out_path, const char *model_path,
                       const char *extra_cflags, ir_diag *d);
+
+/* Checks the files -o out_path will write (PATH.c, PATH.h, PATH.consts.bin, and PATH.so for a
+ * .so) before any work: none may be one of `inputs` (the model, its external data) or an
+ * existing special file other than a character device (ir/files.h, sbp_file_check_output); each
+ * is added to `outputs` (may be NULL). */
+int sbp_codegen_check_outputs(const char *out_path, const sbp_file_set *inputs,
+                              sbp_file_set *outputs, ir_diag *d);
 
 /* Compiles c_path into the shared object so_path with $CC (else clang, else cc) and links it
  * against libsbprt and its dependencies (paths fixed when sbpc was built). extra_cflags: more

@@ -7,6 +7,10 @@
  * (SBP_RT_* below, set by codegen/CMakeLists.txt). The compiler runs without a shell
  * (posix_spawnp), so paths with spaces or quotes need no escaping.
  *
+ * The outputs are written as a set, all or none (sbp_codegen_write_target below): temporaries
+ * in a private folder next to the targets, compiled and fsynced there, then renamed; a failure
+ * anywhere leaves the previous outputs untouched and no temporary behind (ir/files.h).
+ *
  * A cuda step (--target cuda) links SBP_RT_CUDA_LINK instead (codegen/cuda.cmake: the whole
  * of libsbprt_cuda.a, so that the step exports every runtime function sbp-train calls on its
  * device memory, then -lcudart -lcublas and the C++ runtime); it is empty when sbpc was
@@ -15,6 +19,7 @@
 #include "codegen.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,8 +130,10 @@ static void av_free(argvec *a)
     free(a->v);
 }
 
-int sbp_codegen_compile_so_target(const char *c_path, const char *so_path,
-                                  const char *extra_cflags, const char *target, ir_diag *d)
+/* sbp_codegen_compile_so_target with one more argument for the compiler, `define` (a -D
+ * flag kept whole, whatever its characters; NULL: none). */
+static int compile_so(const char *c_path, const char *so_path, const char *extra_cflags,
+                      const char *target, const char *define, ir_diag *d)
 {
     const bool cuda = target && strcmp(target, "cuda") == 0;
     if (target && !cuda && strcmp(target, "cpu") != 0)
@@ -165,6 +172,8 @@ int sbp_codegen_compile_so_target(const char *c_path, const char *so_path,
     snprintf(inc, sizeof inc, "-I%s", dir);
     rc |= av_push(&a, inc);
     rc |= av_split(&a, SBP_RT_INCLUDE_DIRS, "-I");
+    if (define)
+        rc |= av_push(&a, define);
     rc |= av_push(&a, "-o");
     rc |= av_push(&a, so_path);
     rc |= av_push(&a, c_path);
@@ -210,6 +219,12 @@ int sbp_codegen_compile_so_target(const char *c_path, const char *so_path,
     return IR_OK;
 }
 
+int sbp_codegen_compile_so_target(const char *c_path, const char *so_path,
+                                  const char *extra_cflags, const char *target, ir_diag *d)
+{
+    return compile_so(c_path, so_path, extra_cflags, target, NULL, d);
+}
+
 int sbp_codegen_compile_so(const char *c_path, const char *so_path, const char *extra_cflags,
                            ir_diag *d)
 {
@@ -222,65 +237,265 @@ int sbp_codegen_write(const sbp_train_program *p, const char *out_path, const ch
     return sbp_codegen_write_target(p, out_path, model_path, extra_cflags, NULL, d);
 }
 
+/* The files -o PATH.c / PATH.so stands for: [0] PATH.c, [1] PATH.h, [2] PATH.consts.bin and,
+ * for .so, [3] PATH.so (malloc'd, NULL where absent). Returns the count, or -1 for a bad name. */
+enum { OUT_C, OUT_H, OUT_BLOB, OUT_SO, OUT_N };
+static int output_names(const char *out_path, char *names[OUT_N])
+{
+    bool so = ends_with(out_path, ".so");
+    if (!so && !ends_with(out_path, ".c"))
+        return -1;
+    size_t stem = strlen(out_path) - (so ? 3 : 2);
+    static const char *const suffix[OUT_N] = {".c", ".h", ".consts.bin", ".so"};
+    int n = so ? OUT_N : OUT_SO;
+    for (int k = 0; k < OUT_N; k++) {
+        names[k] = NULL;
+        if (k >= n)
+            continue;
+        size_t len = stem + strlen(suffix[k]) + 1;
+        if ((names[k] = malloc(len)))
+            snprintf(names[k], len, "%.*s%s", (int)stem, out_path, suffix[k]);
+    }
+    return n;
+}
+
+static void free_names(char *names[OUT_N])
+{
+    for (int k = 0; k < OUT_N; k++)
+        free(names[k]);
+}
+
+int sbp_codegen_check_outputs(const char *out_path, const sbp_file_set *inputs,
+                              sbp_file_set *outputs, ir_diag *d)
+{
+    char *names[OUT_N];
+    int n = output_names(out_path, names);
+    if (n < 0)
+        return ir_diag_error(d, "-o %s: the output must end in .c (C source and header) or .so "
+                                "(compiled shared object)", out_path);
+    int rc = IR_OK;
+    char err[1024];
+    for (int k = 0; k < n && rc == IR_OK; k++)
+        if (!names[k])
+            rc = ir_diag_error(d, "out of memory");
+        else if (sbp_file_check_output(names[k], "-o", inputs, outputs, err, sizeof err) !=
+                 SBP_FILE_OK)
+            rc = ir_diag_error(d, "%s", err);
+    free_names(names);
+    return rc;
+}
+
+/* The generated files, written as a set: every file goes to a private temporary folder next to
+ * the targets (".<name>.tmp.<pid>.<n>/", listed for the signal handler, so an interrupted sbpc
+ * leaves nothing), the .so is compiled there from the temporary .c and constants file, every
+ * file is fsynced, and only then are they renamed over the targets, keeping the permissions of
+ * the files they replace. Any failure before the renames (a full disk, a header that cannot be
+ * written, the C compiler failing) removes the folder and leaves the previous outputs as they
+ * were. A target that is a character device (/dev/null) gets the bytes written into it in
+ * place; any other special file is refused before anything is written. */
+typedef struct out_set {
+    char *final[OUT_N]; /* the targets */
+    char *tmp[OUT_N];   /* the temporaries, in dir */
+    int slot[OUT_N];    /* their sbp_tmp_register handles */
+    char *dir;          /* the temporary folder */
+    int dir_slot;
+    int n;
+} out_set;
+
+static void out_set_remove(out_set *s)
+{
+    for (int k = 0; k < OUT_N; k++) {
+        if (s->tmp[k])
+            unlink(s->tmp[k]);
+        sbp_tmp_unregister(s->slot[k]);
+        free(s->tmp[k]);
+        s->tmp[k] = NULL;
+        s->slot[k] = 0;
+    }
+    if (s->dir)
+        rmdir(s->dir);
+    sbp_tmp_unregister(s->dir_slot);
+    free(s->dir);
+    s->dir = NULL;
+    s->dir_slot = 0;
+    free_names(s->final);
+}
+
+static int out_set_begin(out_set *s, const char *out_path, ir_diag *d)
+{
+    memset(s, 0, sizeof *s);
+    s->n = output_names(out_path, s->final);
+    if (s->n < 0)
+        return ir_diag_error(d, "-o %s: the output must end in .c (C source and header) or .so "
+                                "(compiled shared object)", out_path);
+    char err[1024];
+    for (int k = 0; k < s->n; k++) {
+        struct stat st;
+        if (!s->final[k]) {
+            out_set_remove(s);
+            return ir_diag_error(d, "out of memory");
+        }
+        if (stat(s->final[k], &st) == 0 && !S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode)) {
+            ir_diag_error(d, "-o: %s is %s, not a regular file: refusing to replace it",
+                          s->final[k], sbp_file_kind(st.st_mode));
+            out_set_remove(s);
+            return IR_ERR;
+        }
+    }
+    sbp_tmp_clean_stale(out_path);
+    s->dir = sbp_tmp_name(out_path);
+    if (!s->dir) {
+        out_set_remove(s);
+        return ir_diag_error(d, "out of memory");
+    }
+    if (mkdir(s->dir, 0700) != 0) {
+        snprintf(err, sizeof err, "%s", strerror(errno));
+        free(s->dir);
+        s->dir = NULL;
+        ir_diag_error(d, "cannot write %s: cannot create a temporary folder next to it: %s",
+                      out_path, err);
+        out_set_remove(s);
+        return IR_ERR;
+    }
+    s->dir_slot = sbp_tmp_register(s->dir, true);
+    for (int k = 0; k < s->n; k++) {
+        const char *base = strrchr(s->final[k], '/');
+        base = base ? base + 1 : s->final[k];
+        size_t len = strlen(s->dir) + strlen(base) + 2;
+        if (!(s->tmp[k] = malloc(len))) {
+            out_set_remove(s);
+            return ir_diag_error(d, "out of memory");
+        }
+        snprintf(s->tmp[k], len, "%s/%s", s->dir, base);
+        s->slot[k] = sbp_tmp_register(s->tmp[k], false); /* before the file exists */
+    }
+    return IR_OK;
+}
+
+/* fsync of a finished temporary (the .so, written by the linker, is opened for it). */
+static int sync_file(const char *path, ir_diag *d)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return IR_OK; /* not written (no constants file): nothing to sync */
+    int rc = fsync(fd) != 0 && errno != EINVAL && errno != EROFS
+                 ? ir_diag_error(d, "cannot write %s: fsync: %s", path, strerror(errno))
+                 : IR_OK;
+    close(fd);
+    return rc;
+}
+
+/* Copies the temporary into a character device target (a sink written in place). */
+static int copy_into_sink(const char *from, const char *to, ir_diag *d)
+{
+    int in = open(from, O_RDONLY | O_CLOEXEC), out = open(to, O_WRONLY | O_NOCTTY | O_CLOEXEC);
+    int rc = in < 0 || out < 0 ? ir_diag_error(d, "cannot write %s: %s", to, strerror(errno))
+                               : IR_OK;
+    char buf[1 << 16];
+    for (ssize_t r; rc == IR_OK && (r = read(in, buf, sizeof buf)) != 0;) {
+        if (r < 0 && errno == EINTR)
+            continue;
+        for (ssize_t off = 0; rc == IR_OK && r > 0 && off < r;) {
+            ssize_t w = write(out, buf + off, (size_t)(r - off));
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                rc = ir_diag_error(d, "cannot write %s: %s", to, strerror(errno));
+            else
+                off += w;
+        }
+        if (r < 0)
+            rc = ir_diag_error(d, "cannot write %s: %s", to, strerror(errno));
+    }
+    if (in >= 0)
+        close(in);
+    if (out >= 0)
+        close(out);
+    return rc;
+}
+
+/* Renames every temporary over its target, keeping the target's mode; removes the folder. */
+static int out_set_commit(out_set *s, ir_diag *d)
+{
+    int rc = IR_OK;
+    for (int k = 0; k < s->n && rc == IR_OK; k++)
+        rc = sync_file(s->tmp[k], d);
+    for (int k = 0; k < s->n && rc == IR_OK; k++) {
+        struct stat st;
+        if (stat(s->tmp[k], &st) != 0)
+            continue; /* never written (the constants file when every constant is inline) */
+        bool exists = stat(s->final[k], &st) == 0;
+        if (exists && S_ISCHR(st.st_mode)) {
+            rc = copy_into_sink(s->tmp[k], s->final[k], d);
+            continue;
+        }
+        if (exists && chmod(s->tmp[k], st.st_mode & 07777) != 0)
+            rc = ir_diag_error(d, "cannot write %s: %s", s->final[k], strerror(errno));
+        else if (rename(s->tmp[k], s->final[k]) != 0)
+            rc = ir_diag_error(d, "cannot write %s: rename from %s: %s", s->final[k], s->tmp[k],
+                               strerror(errno));
+    }
+    out_set_remove(s);
+    return rc;
+}
+
 int sbp_codegen_write_target(const sbp_train_program *p, const char *out_path,
                              const char *model_path, const char *extra_cflags,
                              const char *target, ir_diag *d)
 {
-    bool so = ends_with(out_path, ".so");
-    if (!so && !ends_with(out_path, ".c"))
-        return ir_diag_error(d, "-o %s: the output must end in .c (C source and header) or .so "
-                                "(compiled shared object)", out_path);
-    size_t stem = strlen(out_path) - (so ? 3 : 2);
-    char *c_path = malloc(stem + 3), *h_path = malloc(stem + 3);
-    if (!c_path || !h_path) {
-        free(c_path);
-        free(h_path);
-        return ir_diag_error(d, "out of memory");
-    }
-    snprintf(c_path, stem + 3, "%.*s.c", (int)stem, out_path);
-    snprintf(h_path, stem + 3, "%.*s.h", (int)stem, out_path);
-    const char *hbase = strrchr(h_path, '/');
-    hbase = hbase ? hbase + 1 : h_path;
+    out_set s;
+    if (out_set_begin(&s, out_path, d) != IR_OK)
+        return IR_ERR;
+    const bool so = s.n == OUT_N;
+    const char *hbase = strrchr(s.final[OUT_H], '/');
+    hbase = hbase ? hbase + 1 : s.final[OUT_H];
 
     int rc = IR_OK;
-    FILE *c = fopen(c_path, "w"), *h = c ? fopen(h_path, "w") : NULL;
-    if (!c || !h) {
-        rc = ir_diag_error(d, "cannot write %s: %s", c ? h_path : c_path, strerror(errno));
+    FILE *c = fopen(s.tmp[OUT_C], "w"), *h = c ? fopen(s.tmp[OUT_H], "w") : NULL;
+    FILE *blob = h ? fopen(s.tmp[OUT_BLOB], "wb") : NULL;
+    /* PATH.consts.bin holds the large constants; the .c names it by absolute path, where it
+     * will be once renamed; the .so is built from the temporary copy (-DSBP_CONSTS_FILE). */
+    char abs_blob[8192], tmp_blob_def[8300] = "";
+    const char *bbase = strrchr(s.final[OUT_BLOB], '/');
+    bbase = bbase ? bbase + 1 : s.final[OUT_BLOB];
+    char *dir = realpath(s.dir, NULL), *final_dir = dir ? strdup(dir) : NULL;
+    char *slash = final_dir ? strrchr(final_dir, '/') : NULL;
+    if (slash)
+        *(slash == final_dir ? slash + 1 : slash) = 0; /* the temporary folder's parent */
+    if (!c || !h || !blob) {
+        rc = ir_diag_error(d, "cannot write %s: %s", !c ? s.final[OUT_C] : !h ? s.final[OUT_H]
+                                                                               : s.final[OUT_BLOB],
+                           strerror(errno));
     } else {
-        /* PATH.consts.bin holds the large constants; the .c names it by absolute path. */
         sbp_codegen_options o = {.header_name = hbase, .model_path = model_path,
                                  .target = target};
-        char blob_path[4096], *dir = NULL;
-        int n = snprintf(blob_path, sizeof blob_path, "%.*s.consts.bin", (int)stem, out_path);
-        FILE *blob = n > 0 && (size_t)n < sizeof blob_path ? fopen(blob_path, "wb") : NULL;
-        if (blob) {
-            char *slash = strrchr(blob_path, '/');
-            char *d_only = slash ? strndup(blob_path, (size_t)(slash - blob_path)) : strdup(".");
-            dir = d_only ? realpath(d_only, NULL) : NULL;
-            free(d_only);
-        }
-        char abs_blob[8192];
-        const char *bbase = strrchr(blob_path, '/');
-        bbase = bbase ? bbase + 1 : blob_path;
-        if (blob && dir && !strpbrk(dir, "\"\\\n") && !strpbrk(bbase, "\"\\\n") &&
-            (size_t)snprintf(abs_blob, sizeof abs_blob, "%s/%s", dir, bbase) < sizeof abs_blob) {
+        if (dir && final_dir && !strpbrk(dir, "\"\\\n") && !strpbrk(bbase, "\"\\\n") &&
+            (size_t)snprintf(abs_blob, sizeof abs_blob, "%s%s%s", final_dir,
+                             strcmp(final_dir, "/") ? "/" : "", bbase) < sizeof abs_blob &&
+            (size_t)snprintf(tmp_blob_def, sizeof tmp_blob_def, "-DSBP_CONSTS_FILE=\"%s/%s\"",
+                             dir, bbase) < sizeof tmp_blob_def) {
             o.blob = blob;
             o.blob_path = abs_blob;
+        } else {
+            tmp_blob_def[0] = 0;
         }
         rc = sbp_codegen_emit(p, &o, c, h, d);
-        if (blob && fclose(blob) != 0 && rc == IR_OK)
-            rc = ir_diag_error(d, "cannot write %s: %s", blob_path, strerror(errno));
-        if (blob && !o.blob)
-            remove(blob_path); /* unusable path: everything was emitted inline */
-        free(dir);
     }
+    if (blob && fclose(blob) != 0 && rc == IR_OK)
+        rc = ir_diag_error(d, "cannot write %s: %s", s.final[OUT_BLOB], strerror(errno));
+    if (!tmp_blob_def[0] || rc != IR_OK)
+        unlink(s.tmp[OUT_BLOB]); /* unusable path: everything was emitted inline */
     if (c && fclose(c) != 0 && rc == IR_OK)
-        rc = ir_diag_error(d, "cannot write %s: %s", c_path, strerror(errno));
+        rc = ir_diag_error(d, "cannot write %s: %s", s.final[OUT_C], strerror(errno));
     if (h && fclose(h) != 0 && rc == IR_OK)
-        rc = ir_diag_error(d, "cannot write %s: %s", h_path, strerror(errno));
+        rc = ir_diag_error(d, "cannot write %s: %s", s.final[OUT_H], strerror(errno));
     if (rc == IR_OK && so)
-        rc = sbp_codegen_compile_so_target(c_path, out_path, extra_cflags, target, d);
-    free(c_path);
-    free(h_path);
+        rc = compile_so(s.tmp[OUT_C], s.tmp[OUT_SO], extra_cflags, target,
+                        tmp_blob_def[0] ? tmp_blob_def : NULL, d);
+    free(dir);
+    free(final_dir);
+    if (rc == IR_OK)
+        return out_set_commit(&s, d);
+    out_set_remove(&s);
     return rc;
 }

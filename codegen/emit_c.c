@@ -228,9 +228,8 @@ static bool emit_blob_constant(const tp_buf *b, const sbp_codegen_options *o, FI
     fprintf(f, " (%zu bytes, from the constants file) */\n"
                "extern const %s %s[%zu] __attribute__((visibility(\"hidden\")));\n"
                "__asm__(\".pushsection .rodata\\n.balign 64\\n.globl %s\\n.hidden %s\\n%s:\\n\"\n"
-               "        \".incbin \\\"%s\\\", %zu, %zu\\n.popsection\");\n",
-            bytes, type, b->name, b->numel, b->name, b->name, b->name, o->blob_path,
-            (size_t)pos + pad, bytes);
+               "        \".incbin \\\"\" SBP_CONSTS_FILE \"\\\", %zu, %zu\\n.popsection\");\n",
+            bytes, type, b->name, b->numel, b->name, b->name, b->name, (size_t)pos + pad, bytes);
     return true;
 }
 
@@ -242,10 +241,18 @@ static void emit_constants(const sbp_train_program *p, const sbp_codegen_options
         const tp_buf *b = p->bufs[i];
         if (b->kind != TP_BUF_CONST || (used && !used[i]))
             continue;
-        if (!any)
+        if (!any) {
             fputs("\n/* ---------------------------------------------------------------- "
                   "constants */\n",
                   f);
+            /* The file is named by a macro so that sbpc can build the .so while the file is
+             * still a temporary (codegen/compile.c writes its outputs as a set). */
+            if (o->blob)
+                fprintf(f, "\n/* The constants file, by absolute path so that this file compiles "
+                           "from any folder;\n * -DSBP_CONSTS_FILE='\"...\"' assembles another "
+                           "copy in. */\n#ifndef SBP_CONSTS_FILE\n#define SBP_CONSTS_FILE "
+                           "\"%s\"\n#endif\n", o->blob_path);
+        }
         any = true;
         size_t n = b->numel ? b->numel : 1;
         fprintf(f, "\n/* ");

@@ -5,6 +5,7 @@
  * addressing over FNV-1a hashes) makes lookup by name O(1) for the importer and the passes.
  */
 #include "ir.h"
+#include "checked.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -280,6 +281,27 @@ int64_t ir_value_numel(const ir_value *v)
         n *= d;
     }
     return n;
+}
+
+int ir_check_shape_size(ir_graph *g, const ir_node *n, const char *what, const ir_value *v)
+{
+    if (!v || v->rank <= 0)
+        return IR_OK;
+    /* the product of the known dims, zeros read as 1, then times the element size: both must
+     * fit, so that numel * dtype_size never wraps either */
+    int64_t q = (int64_t)(ir_dtype_size(v->dtype) ? ir_dtype_size(v->dtype) : 1);
+    bool wraps = false;
+    for (int i = 0; i < v->rank && !wraps; i++)
+        if (v->dims[i].value > 0)
+            wraps = !ck_mul_i64(q, v->dims[i].value, &q);
+    if (!wraps)
+        return IR_OK;
+    char ty[256];
+    ir_value_type_str(v, ty, sizeof ty);
+    return ir_diag_add(g->diag, IR_SEV_ERROR, n ? n->name : NULL, n ? n->op_type : NULL,
+                       "%s ('%s') %s: its size overflows 64 bits (the product of its dims, "
+                       "times %zu bytes an element, does not fit in int64)",
+                       what, v->name, ty, ir_dtype_size(v->dtype));
 }
 
 bool ir_value_shape_known(const ir_value *v)

@@ -149,6 +149,7 @@ typedef enum {
 } ir_value_kind;
 
 typedef struct ir_node ir_node;
+typedef struct ir_graph ir_graph;
 
 typedef struct ir_value {
     int id;                  /* index in graph->values */
@@ -173,6 +174,15 @@ typedef struct ir_value {
 
 /* numel of a fully known shape; -1 when a dim is not known or the product overflows int64. */
 int64_t ir_value_numel(const ir_value *v);
+/* The size check every shape passes (ir/checked.h): the product of v's known dims (zeros read
+ * as 1, so that no prefix product of a walk over the shape can wrap) times its element size
+ * must fit int64. Otherwise an error naming node n (NULL: a graph input or initializer), `what`
+ * ("output 0", "value"), the value and its dims; IR_ERR. Passes may then multiply a value's
+ * dims (or any subset of them, or them and the element size) without checking again. Whether a
+ * tensor fits a target (IR_MAX_TENSOR_BYTES) is decided where it is materialised (the training
+ * program's buffers): an IR value such as attention's [B,H,T,T] scores never is. */
+int ir_check_shape_size(ir_graph *g, const ir_node *n, const char *what,
+                        const ir_value *v);
 bool ir_value_shape_known(const ir_value *v);
 /* "f32[2,64,32]" / "f32[batch,sequence,32]" into buf; returns buf. */
 char *ir_value_type_str(const ir_value *v, char *buf, size_t n);
@@ -328,8 +338,10 @@ int ir_verify(ir_graph *g);
 /* ---------------------------------------------------------------- ONNX import (ir/onnx_import.c) */
 
 typedef struct ir_import_options {
-    /* Reserved for later (e.g. an external-data base override); zero-initialise. */
-    int reserved;
+    /* When not NULL, the identity of every file the import reads (the model, each external data
+     * file) is added here (ir/files.h), so that a tool can refuse outputs that would overwrite
+     * them. Zero-initialise the rest. */
+    struct sbp_file_set *files;
 } ir_import_options;
 
 /* Reads an ONNX model file into a new graph. On failure returns NULL with diagnostics in diag

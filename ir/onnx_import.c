@@ -28,6 +28,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "files.h"
 #include "onnx.pb-c.h"
 
 /* Largest extent of one dimension, and largest tensor, the importer believes. Real LMs are far
@@ -52,6 +53,8 @@ typedef struct importer {
     const char *base_dir;   /* directory for external data; NULL: external data refused */
     char *base_real;        /* realpath(base_dir), computed on first use (malloc'd) */
     bool base_failed;       /* realpath(base_dir) failed; reported once */
+    char *ext_bad;          /* realpath of an external data file that could not be opened
+                             * (malloc'd): reported once, not once per initializer */
     /* one-entry cache of the external data file last opened */
     char *ext_path;         /* realpath of the open file (malloc'd) */
     int ext_fd;
@@ -63,6 +66,7 @@ typedef struct importer {
     int cap_val_node;
     unsupported_op *unsup;  /* [n_unsup] distinct unsupported (domain, op_type) */
     int n_unsup, cap_unsup;
+    struct sbp_file_set *files; /* every file read is added here (ir_import_options), or NULL */
 } importer;
 
 /* ------------------------------------------------------------------ small helpers */
@@ -396,17 +400,30 @@ static int ext_open(importer *I, const char *loc, const char *what)
         free(real);
         return IR_OK;
     }
+    if (I->ext_bad && strcmp(I->ext_bad, real) == 0) {
+        free(real);
+        return IR_ERR; /* already reported */
+    }
     ext_close(I);
-    int fd = open(real, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    /* Non-blocking: a FIFO in place of the data file must not hang the import. */
+    struct stat st;
+    char because[600];
+    int fd = sbp_file_open_input(real, &st, because, sizeof because);
     if (fd < 0) {
-        err(I, NULL, NULL, "%s: cannot open external data file '%s': %s", what, loc,
-            strerror(errno));
+        free(I->ext_bad);
+        I->ext_bad = strdup(real);
+        struct stat ls;
+        if (stat(real, &ls) == 0 && !S_ISREG(ls.st_mode))
+            err(I, NULL, NULL, "%s: external data file '%s' is %s, not a regular file", what, loc,
+                sbp_file_kind(ls.st_mode));
+        else
+            err(I, NULL, NULL, "%s: cannot open external data file '%s': %s", what, loc, because);
         free(real);
         return IR_ERR;
     }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        err(I, NULL, NULL, "%s: external data file '%s' is not a regular file", what, loc);
+    if (I->files && sbp_file_set_add(I->files, real, "the model's external data", &st) !=
+                        SBP_FILE_OK) {
+        err(I, NULL, NULL, "%s: out of memory", what);
         close(fd);
         free(real);
         return IR_ERR;
@@ -1290,7 +1307,7 @@ static int import_graph(importer *I, const Onnx__ModelProto *m)
 /* ------------------------------------------------------------------ entry points */
 
 static ir_graph *import_bytes(const uint8_t *buf, size_t len, const char *display_name,
-                              const char *base_dir, ir_diag *diag)
+                              const char *base_dir, ir_diag *diag, const ir_import_options *opt)
 {
     bool set_file = diag->file == NULL && display_name;
     if (set_file)
@@ -1303,6 +1320,7 @@ static ir_graph *import_bytes(const uint8_t *buf, size_t len, const char *displa
     I.d = diag;
     I.base_dir = base_dir;
     I.ext_fd = -1;
+    I.files = opt ? opt->files : NULL;
 
     if (!buf || len == 0) {
         ir_diag_error(diag, "the model file is empty");
@@ -1333,6 +1351,7 @@ static ir_graph *import_bytes(const uint8_t *buf, size_t len, const char *displa
 out:
     ext_close(&I);
     free(I.base_real);
+    free(I.ext_bad);
     free(I.val_node);
     free(I.unsup);
     if (m)
@@ -1350,26 +1369,31 @@ ir_graph *ir_import_onnx_buffer(const uint8_t *buf, size_t len, const char *disp
                                 const char *base_dir, ir_diag *diag,
                                 const ir_import_options *opt)
 {
-    (void)opt;
-    return import_bytes(buf, len, display_name ? display_name : "<memory>", base_dir, diag);
+    return import_bytes(buf, len, display_name ? display_name : "<memory>", base_dir, diag, opt);
 }
 
 ir_graph *ir_import_onnx(const char *path, ir_diag *diag, const ir_import_options *opt)
 {
-    (void)opt;
     if (!path || !path[0]) {
         ir_diag_error(diag, "no model file given");
         return NULL;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* Non-blocking and checked to be a regular file before a byte is read: a FIFO as the model
+     * is an error, not a compiler that waits forever for a writer. */
+    struct stat st;
+    char why[600];
+    int fd = sbp_file_open_input(path, &st, why, sizeof why);
     if (fd < 0) {
-        ir_diag_add(diag, IR_SEV_ERROR, NULL, NULL, "cannot open model file '%s': %s", path,
-                    strerror(errno));
+        struct stat ls;
+        if (stat(path, &ls) == 0 && !S_ISREG(ls.st_mode))
+            ir_diag_error(diag, "model file '%s' is %s, not a regular file", path,
+                          sbp_file_kind(ls.st_mode));
+        else
+            ir_diag_add(diag, IR_SEV_ERROR, NULL, NULL, "cannot open model file %s", why);
         return NULL;
     }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        ir_diag_error(diag, "model file '%s' is not a regular file", path);
+    if (opt && opt->files && sbp_file_set_add(opt->files, path, "the model", &st) != SBP_FILE_OK) {
+        ir_diag_error(diag, "out of memory");
         close(fd);
         return NULL;
     }
@@ -1422,7 +1446,7 @@ ir_graph *ir_import_onnx(const char *path, ir_diag *diag, const ir_import_option
             *slash = 0;
         base = dir;
     }
-    ir_graph *g = dir ? import_bytes(buf, len, path, base, diag) : NULL;
+    ir_graph *g = dir ? import_bytes(buf, len, path, base, diag, opt) : NULL;
     if (!dir)
         ir_diag_error(diag, "out of memory");
     free(dir);

@@ -102,7 +102,7 @@ static const char *shp_str(const shp *s, char *buf, size_t n)
 }
 
 /* Writes output `slot`, merging with what the value already holds (see the file comment). */
-static int set_out(ir_graph *g, ir_node *n, int slot, ir_dtype dt, const shp *s)
+static int merge_out(ir_graph *g, ir_node *n, int slot, ir_dtype dt, const shp *s)
 {
     ir_value *v = slot < n->n_out ? n->out[slot] : NULL;
     if (!v)
@@ -150,6 +150,18 @@ static int set_out(ir_graph *g, ir_node *n, int slot, ir_dtype dt, const shp *s)
         }
     }
     return IR_OK;
+}
+
+/* merge_out, then the size check (ir/checked.h): no shape leaves inference with dims whose
+ * product wraps or that no target could hold, so later passes can multiply dims freely. This is
+ * where a hostile Expand to [3, (2^64+2)/3] is stopped, naming the node. */
+static int set_out(ir_graph *g, ir_node *n, int slot, ir_dtype dt, const shp *s)
+{
+    if (merge_out(g, n, slot, dt, s) != IR_OK)
+        return IR_ERR;
+    char what[32];
+    snprintf(what, sizeof what, "output %d", slot);
+    return ir_check_shape_size(g, n, what, slot < n->n_out ? n->out[slot] : NULL);
 }
 
 /* Reads a small integer CONST (rank 0 or 1) into out[max]; the count, or -1 if v is not such a
@@ -1509,15 +1521,32 @@ int ir_infer_node(ir_graph *g, ir_node *n)
     return infer_table[n->op](g, n);
 }
 
+/* Every node in order; a node that fails poisons its outputs, and a node that reads a poisoned
+ * value is skipped (its outputs poisoned in turn). The shapes a failed node leaves behind are
+ * not to be trusted (an Expand whose size wraps has already merged its wrapped dims), so
+ * inferring its consumers would only repeat the same error once per consumer: one root cause,
+ * one diagnostic. Independent failures are still each reported. */
 int ir_infer_graph(ir_graph *g)
 {
     int rc = IR_OK;
+    bool *bad = NULL; /* by value id, allocated at the first failure */
     for (int i = 0; i < g->n_nodes; i++) {
         ir_node *n = g->nodes[i];
         if (n->dead)
             continue;
-        if (ir_infer_node(g, n) != IR_OK)
-            rc = IR_ERR;
+        bool skip = false;
+        for (int k = 0; bad && k < n->n_in && !skip; k++)
+            skip = n->in[k] && n->in[k]->id >= 0 && n->in[k]->id < g->n_values &&
+                   bad[n->in[k]->id];
+        if (!skip && ir_infer_node(g, n) == IR_OK)
+            continue;
+        rc = IR_ERR;
+        if (!bad)
+            bad = calloc((size_t)g->n_values + 1, sizeof *bad);
+        for (int k = 0; bad && k < n->n_out; k++)
+            if (n->out[k] && n->out[k]->id >= 0 && n->out[k]->id < g->n_values)
+                bad[n->out[k]->id] = true;
     }
+    free(bad);
     return rc;
 }

@@ -24,6 +24,7 @@
  * not folded (data movement of it is).
  */
 #include "passes.h"
+#include "checked.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -1181,8 +1182,11 @@ static bool foldable(const ir_node *n)
 }
 
 /* Evaluates an already-inferred candidate node whose outputs have at most max_elems elements
- * each (it is left as a node otherwise). */
-static int eval_inferred(ir_graph *g, ir_node *n, int64_t max_elems, bool *folded)
+ * each (it is left as a node otherwise). mem_limit > 0: the compilation's arena may not grow
+ * past it; a node whose outputs would take it there is an error before anything is allocated
+ * (a huge --seq-len makes the exporters' position and rotary tables huge). */
+static int eval_inferred(ir_graph *g, ir_node *n, int64_t max_elems, int64_t mem_limit,
+                         bool *folded)
 {
     *folded = false;
     if (n->n_in > 64 || n->n_out > 64 || n->op >= IR_OP_COUNT || ir_op_is_semantic(n->op))
@@ -1200,6 +1204,23 @@ static int eval_inferred(ir_graph *g, ir_node *n, int64_t max_elems, bool *folde
             return IR_OK;
         if (v && (out[i].es == 0 || out[i].numel > max_elems))
             return IR_OK;
+    }
+    if (mem_limit > 0) {
+        /* numel * es fits (ir_check_shape_size); the sum saturates */
+        int64_t need = (int64_t)ir_arena_bytes(g->arena);
+        for (int i = 0; i < n->n_out; i++)
+            if (n->out[i])
+                need = ck_add_sat_i64(need, out[i].numel * (int64_t)out[i].es);
+        if (need > mem_limit) {
+            char ty[256];
+            ir_value_type_str(n->out[0], ty, sizeof ty);
+            ev_err(g, n,
+                   "folding output 0 ('%s') %s into a constant would bring this compilation to "
+                   "%lld bytes, more than the %lld bytes it may use (this machine's memory, or "
+                   "SBPC_MAX_COMPILE_BYTES): give a shorter --seq-len or a smaller --batch",
+                   n->out[0]->name, ty, (long long)need, (long long)mem_limit);
+            return IR_ERR;
+        }
     }
     /* A re-view (Reshape, (Un)Squeeze, Flatten, Identity) shares its input's bytes: constant
      * data is never written after it is made, and a long-T RoPE table ([T, head_dim], 128 MiB at
@@ -1312,7 +1333,7 @@ int sbp_eval_node(ir_graph *g, ir_node *n, bool *folded)
         return IR_OK;
     if (ir_infer_node(g, n) != IR_OK)
         return IR_ERR;
-    return eval_inferred(g, n, FOLD_MAX_ELEMS, folded);
+    return eval_inferred(g, n, FOLD_MAX_ELEMS, 0, folded);
 }
 
 /* ------------------------------------------------------------------ bypasses */
@@ -1397,6 +1418,11 @@ int sbp_pass_fold(ir_graph *g) { return sbp_pass_fold_max(g, 0); }
 
 int sbp_pass_fold_max(ir_graph *g, int64_t max_elems)
 {
+    return sbp_pass_fold_limited(g, max_elems, 0);
+}
+
+int sbp_pass_fold_limited(ir_graph *g, int64_t max_elems, int64_t mem_limit)
+{
     if (max_elems <= 0)
         max_elems = FOLD_MAX_ELEMS;
     int rc = IR_OK;
@@ -1424,7 +1450,7 @@ int sbp_pass_fold_max(ir_graph *g, int64_t max_elems)
         if (!foldable(n))
             continue;
         bool folded;
-        if (eval_inferred(g, n, max_elems, &folded) != IR_OK)
+        if (eval_inferred(g, n, max_elems, mem_limit, &folded) != IR_OK)
             rc = IR_ERR;
     }
     free(fwd);

@@ -1,9 +1,9 @@
 /* memplan.c — buffer lifetimes and offsets in one workspace arena (see memplan.h).
  *
  * Approach, in order:
- *   1. roles      a table, one row per kernel of train_kernels.def (a missing or short row is a
- *                 build error below), gives each buffer operand's role; a few depend on the
- *                 call's scalar arguments (GEMM's beta, copy_cols' accumulate flag, byte counts);
+ *   1. roles      the ROLES column of train_kernels.def (a short row is a build error below)
+ *                 gives each buffer operand's role; a few depend on the call's scalar
+ *                 arguments (GEMM's beta, copy_cols' accumulate flag, byte counts);
  *   2. linearise  every instruction of every block, in execution order, gets a position; each
  *                 workspace operand is an access (duplicates within one call merged);
  *   3. zeroing    the builder's region-wide gradient zeroing (span buffers) becomes one
@@ -23,73 +23,21 @@
 
 /* ---------------------------------------------------------------- 1. roles
  *
- * One row per kernel, one letter per buffer operand, in the kernel's operand order (outputs
- * first, as runtime/sbprt.h orders them): r read, w written whole, a accumulated (+=), p partly
- * written; g GEMM's c (beta), c copy_cols' dst, z a byte-count destination (memplan.h).
- * A kernel added to train_kernels.def without a row here fails the build at the
- * _Static_assert below ("ROLES_<KERNEL> undeclared"); give it a row.
+ * The ROLES column of train_kernels.def: one letter per buffer operand, in the kernel's operand
+ * order: r read, w written whole, a accumulated (+=), p partly written; g GEMM's c (beta),
+ * c copy_cols' dst, z a byte-count destination (memplan.h). A row whose ROLES string does not
+ * have NBUF letters fails the build here.
  */
-#define ROLES_MEMSET_ZERO   "z"
-#define ROLES_COPY          "zr"
-#define ROLES_GEMM          "grr"
-#define ROLES_BIAS_ADD      "ar"        /* y += bias */
-#define ROLES_BIAS_BACKWARD "ar"
-#define ROLES_ADD           "wrr"
-#define ROLES_ACCUMULATE    "ar"
-#define ROLES_SCALE         "wr"        /* out, x (the constant is an argument) */
-#define ROLES_SCALE_ACCUMULATE "ar"
-#define ROLES_DIV_SCALAR    "wr"
-#define ROLES_DIV_SCALAR_ACCUMULATE "ar"
-#define ROLES_EMBEDDING_FWD "wrr"
-#define ROLES_EMBEDDING_BWD "arr"
-#define ROLES_LAYERNORM_FWD "wwwrrr"    /* out, mean, rstd, x, gamma, beta */
-#define ROLES_LAYERNORM_BWD "aaarrrrr"  /* dx, dgamma, dbeta, dout, x, gamma, mean, rstd */
-#define ROLES_RMSNORM_FWD   "wwrr"
-#define ROLES_RMSNORM_BWD   "aarrrr"
-#define ROLES_GELU_TANH_FWD "wr"
-#define ROLES_GELU_TANH_BWD "arr"
-#define ROLES_GELU_ERF_FWD  "wr"
-#define ROLES_GELU_ERF_BWD  "arr"
-#define ROLES_SILU_FWD      "wr"
-#define ROLES_SILU_BWD      "arr"
-#define ROLES_RELU_FWD      "wr"
-#define ROLES_RELU_BWD      "arr"       /* dx, dout, x or y (the rule passes what it keeps) */
-#define ROLES_TANH_FWD      "wr"
-#define ROLES_TANH_BWD      "arr"       /* dx, dout, y (the forward's output) */
-#define ROLES_SWIGLU_FWD    "wrr"
-#define ROLES_SWIGLU_BWD    "aarrr"
-#define ROLES_ROPE_FWD      "wrrrr"     /* out, x, pos, cos, sin */
-#define ROLES_ROPE_BWD      "arrrr"
-#define ROLES_ATTENTION_FWD "wwrrr"     /* out, lse, q, k, v */
-#define ROLES_ATTENTION_BWD "aaarrrrrr" /* dq, dk, dv, dout, q, k, v, out, lse */
-#define ROLES_CROSS_ENTROPY "awrr"      /* loss_sum +=, dlogits = (ignored rows 0), logits, labels */
-#define ROLES_PERMUTE_FWD   "wr"
-#define ROLES_PERMUTE_BWD   "ar"
-#define ROLES_COPY_COLS     "cr"
-#define ROLES_BROADCAST_FWD "wrr"
-#define ROLES_BROADCAST_BWD "aarrr"
-#define ROLES_LOGPROB_FWD   "wwrr"      /* logp, lse, logits, labels */
-#define ROLES_LOGPROB_GRAD  "wrrrr"     /* dlogits = (ignored rows 0), dlogp, logits, labels, lse */
-#define ROLES_GRPO_LOSS     "awrrr"     /* loss_sum +=, dlogp =, logp, labels, row weights */
-#define ROLES_GRPO_WEIGHTS  "wr"        /* row weights, labels (host step) */
-#define ROLES_DPO_COEF      "wwr"       /* coefficients per token, loss, logp per token (host) */
-
-#define K(e, nb, na, call)                                                                     \
-    _Static_assert(sizeof(ROLES_##e) == (nb) + 1,                                              \
-                   "memplan.c: the operand-role row of kernel " #e " needs one letter per "    \
-                   "buffer operand");
+#define K(e, nb, na, roles, bf16, call)                                                        \
+    _Static_assert(sizeof(roles) == (nb) + 1,                                                  \
+                   "train_kernels.def: the ROLES of kernel " #e " need one letter per buffer "  \
+                   "operand");
 #include "train_kernels.def"
 #undef K
-
-static const char *const kernel_roles[TP_K_COUNT] = {
-#define K(e, nb, na, call) [TP_K_##e] = ROLES_##e,
-#include "train_kernels.def"
-#undef K
-};
 
 const char *memplan_kernel_roles(tp_kernel k)
 {
-    return (int)k >= 0 && k < TP_K_COUNT ? kernel_roles[k] : NULL;
+    return (int)k >= 0 && k < TP_K_COUNT ? tp_kernel_table[k].roles : NULL;
 }
 
 /* Scalar argument i as a number; false for an expression or a list. */
@@ -143,29 +91,99 @@ static mp_role merge_roles(mp_role a, mp_role b)
 
 static size_t align_up(size_t x) { return (x + MEMPLAN_ALIGN - 1) / MEMPLAN_ALIGN * MEMPLAN_ALIGN; }
 
-/* ---------------------------------------------------------------- 4. liveness (abstract) */
+/* ---------------------------------------------------------------- 4. liveness (abstract)
+ *
+ * Loops nest or are disjoint, so they form a forest; every position has an innermost loop, and
+ * the loops holding a position are that loop and its ancestors. Everything below walks those
+ * chains (as long as the nesting is deep: 1 or 2 in a program) instead of every loop, and finds
+ * a buffer's next access by binary search in its own access list: liveness is
+ * O((accesses + positions) log) whatever the number of loops and buffers.
+ */
 
 static bool loop_contains(const mp_loop *l, int pos) { return l->first <= pos && pos <= l->last; }
 
-static int check_loops(const mp_schedule *s)
+/* The loop forest of a schedule (malloc'd arrays; loop_forest_free). */
+typedef struct loop_forest {
+    int *parent; /* [n_loops] the smallest loop strictly holding it, or -1 */
+    int *inner;  /* [n_pos] the innermost loop holding the position, or -1 */
+} loop_forest;
+
+static const mp_loop *g_sort_loops; /* qsort has no context argument; single-threaded */
+
+/* By first ascending, last descending (outer first), then index descending: of two equal
+ * loops the lower index is the inner one, as the inner-first order by length (stable) had it. */
+static int cmp_loop_idx(const void *pa, const void *pb)
 {
-    for (int i = 0; i < s->n_loops; i++) {
+    int a = *(const int *)pa, b = *(const int *)pb;
+    const mp_loop *x = &g_sort_loops[a], *y = &g_sort_loops[b];
+    if (x->first != y->first)
+        return x->first < y->first ? -1 : 1;
+    if (x->last != y->last)
+        return x->last > y->last ? -1 : 1;
+    return a > b ? -1 : a < b;
+}
+
+static void loop_forest_free(loop_forest *f)
+{
+    free(f->parent);
+    free(f->inner);
+    f->parent = f->inner = NULL;
+}
+
+/* Builds the forest; IR_ERR for loops out of range, loops that overlap without nesting, accesses
+ * out of position order, or out of memory. O(L log L + n_pos + n_acc). */
+static int loop_forest_build(const mp_schedule *s, loop_forest *f)
+{
+    f->parent = malloc(sizeof *f->parent * (size_t)(s->n_loops + 1));
+    f->inner = malloc(sizeof *f->inner * (size_t)(s->n_pos + 1));
+    int *ord = malloc(sizeof *ord * (size_t)(s->n_loops + 1));
+    int *stack = malloc(sizeof *stack * (size_t)(s->n_loops + 1));
+    int rc = f->parent && f->inner && ord && stack ? IR_OK : IR_ERR;
+    for (int i = 0; i < s->n_loops && rc == IR_OK; i++) {
         const mp_loop *a = &s->loops[i];
         if (a->first < 0 || a->last < a->first || a->last >= s->n_pos)
-            return IR_ERR;
-        for (int j = 0; j < i; j++) {
-            const mp_loop *b = &s->loops[j];
-            bool disjoint = a->last < b->first || b->last < a->first;
-            bool nested = (a->first <= b->first && b->last <= a->last) ||
-                          (b->first <= a->first && a->last <= b->last);
-            if (!disjoint && !nested)
-                return IR_ERR;
+            rc = IR_ERR;
+        ord[i] = i;
+    }
+    for (int i = 1; i < s->n_acc && rc == IR_OK; i++)
+        if (s->acc[i].pos < s->acc[i - 1].pos)
+            rc = IR_ERR;
+    if (rc == IR_OK) {
+        g_sort_loops = s->loops;
+        qsort(ord, (size_t)s->n_loops, sizeof *ord, cmp_loop_idx);
+        /* sweep the positions: the stack holds the loops open at q, outermost at the bottom */
+        int depth = 0, k = 0;
+        for (int q = 0; q < s->n_pos && rc == IR_OK; q++) {
+            while (depth > 0 && s->loops[stack[depth - 1]].last < q)
+                depth--;
+            for (; k < s->n_loops && s->loops[ord[k]].first == q; k++) {
+                int l = ord[k];
+                while (depth > 0 && s->loops[stack[depth - 1]].last < q)
+                    depth--;
+                if (depth > 0 && s->loops[stack[depth - 1]].last < s->loops[l].last) {
+                    rc = IR_ERR; /* starts inside the open loop and ends after it */
+                    break;
+                }
+                f->parent[l] = depth > 0 ? stack[depth - 1] : -1;
+                stack[depth++] = l;
+            }
+            f->inner[q] = depth > 0 ? stack[depth - 1] : -1;
         }
     }
-    for (int i = 1; i < s->n_acc; i++)
-        if (s->acc[i].pos < s->acc[i - 1].pos)
-            return IR_ERR;
-    return IR_OK;
+    free(ord);
+    free(stack);
+    if (rc != IR_OK)
+        loop_forest_free(f);
+    return rc;
+}
+
+static int check_loops(const mp_schedule *s)
+{
+    loop_forest f;
+    int rc = loop_forest_build(s, &f);
+    if (rc == IR_OK)
+        loop_forest_free(&f);
+    return rc;
 }
 
 /* Accesses of each buffer in position order: acc indices list[start[b] .. start[b+1]). */
@@ -194,6 +212,19 @@ static int by_buffer(const mp_schedule *s, int **start_out, int **list_out)
     return IR_OK;
 }
 
+/* The first k in [lo, hi) with acc[list[k]].pos >= pos (hi if none): binary search. */
+static int first_access_from(const mp_schedule *s, const int *list, int lo, int hi, int pos)
+{
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (s->acc[list[mid]].pos < pos)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* A growing array of ranges, per buffer in ascending order. */
 typedef struct rangevec {
     mp_interval *r;
@@ -220,39 +251,83 @@ static int rv_push(rangevec *v, int b, int first, int last)
     return IR_OK;
 }
 
+/* Whether range rg of a buffer (accesses list[lo..hi)) must be widened over loop L: it meets the
+ * loop without covering it, and its first access inside the body is there (a range passing
+ * through without an access does not) and is not the whole write that starts the range (a
+ * value made in this iteration). */
+static bool must_widen(const mp_schedule *s, const int *list, int lo, int hi,
+                       const mp_interval *rg, const mp_loop *L)
+{
+    if (rg->last < L->first || rg->first > L->last)
+        return false;
+    if (rg->first <= L->first && rg->last >= L->last)
+        return false; /* already over the whole loop */
+    int from = rg->first > L->first ? rg->first : L->first;
+    int to = rg->last < L->last ? rg->last : L->last;
+    int k = first_access_from(s, list, lo, hi, from);
+    if (k >= hi)
+        return false;
+    const mp_access *a = &s->acc[list[k]];
+    if (a->pos > to)
+        return false;
+    return !(a->role == MP_W && a->pos == rg->first);
+}
+
+/* Widens rg over one loop that needs it (the loops holding its ends, innermost first); false
+ * when none does. A loop that meets a range without covering it holds one of its ends. */
+static bool widen_once(const mp_schedule *s, const loop_forest *f, const int *list, int lo,
+                       int hi, mp_interval *rg)
+{
+    for (int end = 0; end < 2; end++) {
+        int q = end ? rg->last : rg->first;
+        for (int l = f->inner[q]; l >= 0; l = f->parent[l]) {
+            const mp_loop *L = &s->loops[l];
+            if (must_widen(s, list, lo, hi, rg, L)) {
+                if (rg->first > L->first)
+                    rg->first = L->first;
+                if (rg->last < L->last)
+                    rg->last = L->last;
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+/* The smallest loop holding the whole range (-1: none). */
+static int loop_around(const loop_forest *f, const mp_schedule *s, const mp_interval *rg)
+{
+    for (int l = f->inner[rg->first]; l >= 0; l = f->parent[l])
+        if (loop_contains(&s->loops[l], rg->last))
+            return l;
+    return -1;
+}
+
+/* Per buffer: ranges split where a whole write kills the value, then widened over the loops the
+ * value crosses and merged where they overlap, until nothing changes. Widening only grows a
+ * range, and a range that needs widening over a loop still needs it once grown (it starts at
+ * the same access, or at a loop start or earlier range that holds no whole write in the body
+ * first), so every order of widening and merging reaches the same ranges: this one goes left to
+ * right, keeping the ranges done so far on a stack, and re-examines a range each time it grows
+ * (merging the ranges it now overlaps on either side). */
 int memplan_liveness(const mp_schedule *s, ir_arena *arena, mp_liveness *out)
 {
     memset(out, 0, sizeof *out);
-    if (check_loops(s) != IR_OK)
+    loop_forest f;
+    if (loop_forest_build(s, &f) != IR_OK)
         return IR_ERR;
     int *start = NULL, *list = NULL;
-    if (by_buffer(s, &start, &list) != IR_OK)
+    if (by_buffer(s, &start, &list) != IR_OK) {
+        loop_forest_free(&f);
         return IR_ERR;
-    int *order = malloc(sizeof *order * (size_t)(s->n_loops + 1));
-    rangevec v = {0};
-    int rc = order ? IR_OK : IR_ERR;
-
-    /* inner loops first (by length; a nested loop is never longer than its parent) */
-    for (int i = 0; i < s->n_loops && order; i++)
-        order[i] = i;
-    for (int i = 1; i < s->n_loops && order; i++) { /* insertion sort: few loops */
-        int x = order[i], j = i;
-        int lx = s->loops[x].last - s->loops[x].first;
-        while (j > 0 && s->loops[order[j - 1]].last - s->loops[order[j - 1]].first > lx) {
-            order[j] = order[j - 1];
-            j--;
-        }
-        order[j] = x;
     }
-
-    /* per buffer: ranges split where a whole write kills the value, then widened over loops
-     * the value crosses, then merged where they meet */
+    rangevec v = {0};
     mp_interval *tmp = malloc(sizeof *tmp * (size_t)(s->n_acc + 1));
-    if (!tmp)
-        rc = IR_ERR;
+    int rc = tmp ? IR_OK : IR_ERR;
     for (int b = 0; b < s->n_bufs && rc == IR_OK; b++) {
+        int lo = start[b], hi = start[b + 1];
         int n = 0;
-        for (int k = start[b]; k < start[b + 1]; k++) {
+        for (int k = lo; k < hi; k++) {
             const mp_access *a = &s->acc[list[k]];
             if (n == 0 || a->role == MP_W)
                 tmp[n++] = (mp_interval){a->pos, a->pos};
@@ -261,48 +336,30 @@ int memplan_liveness(const mp_schedule *s, ir_arena *arena, mp_liveness *out)
         }
         if (n && s->live_out && s->live_out[b])
             tmp[n - 1].last = s->n_pos - 1;
-        for (bool changed = n > 0 && s->n_loops > 0; changed;) {
-            changed = false;
-            for (int ko = 0; ko < s->n_loops; ko++) {
-                const mp_loop *L = &s->loops[order[ko]];
-                for (int r = 0; r < n; r++) {
-                    if (tmp[r].last < L->first || tmp[r].first > L->last)
-                        continue;
-                    if (tmp[r].first <= L->first && tmp[r].last >= L->last)
-                        continue; /* already over the whole loop */
-                    /* the range's first access inside the body */
-                    int lo = tmp[r].first > L->first ? tmp[r].first : L->first;
-                    int hi = tmp[r].last < L->last ? tmp[r].last : L->last;
-                    const mp_access *first = NULL;
-                    for (int k = start[b]; k < start[b + 1]; k++) {
-                        const mp_access *a = &s->acc[list[k]];
-                        if (a->pos >= lo && a->pos <= hi) {
-                            first = a;
-                            break;
-                        }
+        if (n > 0 && s->n_loops > 0) {
+            int w = 0; /* tmp[0..w) done (a stack), tmp[w] the range being examined */
+            for (int r = 0; r < n; r++) {
+                mp_interval cur = tmp[r];
+                for (;;) {
+                    /* merge the ranges it overlaps: done ones on the left, next ones on the right */
+                    while (w > 0 && tmp[w - 1].last >= cur.first) {
+                        w--;
+                        if (tmp[w].first < cur.first)
+                            cur.first = tmp[w].first;
+                        if (tmp[w].last > cur.last)
+                            cur.last = tmp[w].last;
                     }
-                    /* no access in the body: the range passes through (or it is the live-out
-                     * tail); a whole write first: the value is made in this iteration */
-                    if (!first || (first->role == MP_W && first->pos == tmp[r].first))
-                        continue;
-                    if (tmp[r].first > L->first)
-                        tmp[r].first = L->first;
-                    if (tmp[r].last < L->last)
-                        tmp[r].last = L->last;
-                    changed = true;
-                }
-                /* merge ranges that now meet (they stay sorted by first) */
-                int w = 0;
-                for (int r = 0; r < n; r++) {
-                    if (w > 0 && tmp[r].first <= tmp[w - 1].last) {
-                        if (tmp[r].last > tmp[w - 1].last)
-                            tmp[w - 1].last = tmp[r].last;
-                    } else {
-                        tmp[w++] = tmp[r];
+                    while (r + 1 < n && tmp[r + 1].first <= cur.last) {
+                        r++;
+                        if (tmp[r].last > cur.last)
+                            cur.last = tmp[r].last;
                     }
+                    if (!widen_once(s, &f, list, lo, hi, &cur))
+                        break;
                 }
-                n = w;
+                tmp[w++] = cur;
             }
+            n = w;
         }
         for (int r = 0; r < n && rc == IR_OK; r++)
             rc = rv_push(&v, b, tmp[r].first, tmp[r].last);
@@ -339,17 +396,11 @@ int memplan_liveness(const mp_schedule *s, ir_arena *arena, mp_liveness *out)
             int first_loop = -1;
             for (int r = out->start[b]; r < out->start[b + 1] && all; r++) {
                 const mp_interval *rg = &out->range[r];
-                int in = -1;
-                for (int ko = 0; ko < s->n_loops && in < 0; ko++) {
-                    const mp_loop *L = &s->loops[order[ko]];
-                    if (loop_contains(L, rg->first) && loop_contains(L, rg->last))
-                        in = order[ko];
-                }
+                int in = loop_around(&f, s, rg);
                 bool w = false;
-                for (int k = start[b]; k < start[b + 1] && !w; k++) {
-                    const mp_access *a = &s->acc[list[k]];
-                    w = a->pos == rg->first && a->role == MP_W;
-                }
+                for (int k = first_access_from(s, list, start[b], start[b + 1], rg->first);
+                     k < start[b + 1] && s->acc[list[k]].pos == rg->first && !w; k++)
+                    w = s->acc[list[k]].role == MP_W;
                 all = in >= 0 && w;
                 if (first_loop < 0)
                     first_loop = in;
@@ -361,9 +412,9 @@ int memplan_liveness(const mp_schedule *s, ir_arena *arena, mp_liveness *out)
     free(tmp);
     free(v.r);
     free(v.buf);
-    free(order);
     free(start);
     free(list);
+    loop_forest_free(&f);
     return rc;
 }
 
@@ -415,7 +466,33 @@ bool memplan_live_together(const mp_liveness *lv, int a, int b)
     return false;
 }
 
-/* ---------------------------------------------------------------- 5. offsets */
+/* ---------------------------------------------------------------- 5. offsets
+ *
+ * Which buffers conflict (are live together) comes from one sweep over all ranges in start
+ * order: a range meets exactly the ranges still open when it starts. When the conflicts are few
+ * (at most CONFLICT_BUDGET pairs: every program whose lifetimes are short or whose buffers are
+ * not too many), each heap simulation places a buffer among its placed conflicts only, sorted by
+ * offset: O(conflicts log) per order, and the offsets are exactly the ones of placing among all
+ * placed buffers. When they are many (a long program whose values live from the forward to the
+ * backward, where the conflicts grow as the square of its length), one simulation in start order
+ * runs instead: buffers taken by start, each freed after its last position (as its hull: a
+ * buffer with two ranges keeps its bytes in between), the free gaps kept in two ordered trees
+ * (by offset, to merge neighbours; by size, for the best fit): O(n log n).
+ */
+
+/* Conflicts allowed for the exact simulations: 2^23 pairs (about 100 MB of adjacency lists,
+ * a second or two of placement) plus 16 per buffer. Real models stay far below it (a 64-layer
+ * Llama-shaped program: 2186 buffers, at most 2.4M pairs even if all were live together); the
+ * start-order sweep is for programs beyond, such as a 100k-op chain. It is the worse plan for
+ * buffers with several ranges (a checkpointed or streamed activation keeps its bytes between
+ * its forward use and its recompute): on the fixtures, forced, 1.4-1.7x the exact plan under
+ * stream and 2.1-2.4x under checkpoint (tests/memplan measures it), so the budget is generous. */
+#define CONFLICT_BUDGET(n) (((size_t)1 << 23) + (size_t)(n) * 16)
+
+/* memplan_force_start_order (tests): take the start-order path whatever the conflicts */
+static bool g_force_start_order;
+
+void memplan_force_start_order(bool on) { g_force_start_order = on; }
 
 typedef struct place_ctx {
     const size_t *bytes;
@@ -448,24 +525,142 @@ static int cmp_order(const void *pa, const void *pb)
     return a < b ? -1 : a > b;
 }
 
+/* ---- the conflict sweep */
+
+/* A binary min-heap of indices into an interval array (a liveness's ranges, or its hulls),
+ * keyed by the interval's last position: what ends first leaves first, in both sweeps below. */
+typedef struct last_heap {
+    int *h, n;
+    const mp_interval *r; /* the intervals the indices name */
+} last_heap;
+
+static void lh_push(last_heap *q, int x)
+{
+    int i = q->n++;
+    while (i > 0 && q->r[q->h[(i - 1) / 2]].last > q->r[x].last) {
+        q->h[i] = q->h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    q->h[i] = x;
+}
+
+static int lh_pop(last_heap *q)
+{
+    int top = q->h[0], x = q->h[--q->n], i = 0;
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= q->n)
+            break;
+        if (c + 1 < q->n && q->r[q->h[c + 1]].last < q->r[q->h[c]].last)
+            c++;
+        if (q->r[q->h[c]].last >= q->r[x].last)
+            break;
+        q->h[i] = q->h[c];
+        i = c;
+    }
+    if (q->n > 0)
+        q->h[i] = x;
+    return top;
+}
+
+static int cmp_int_by_first(const void *pa, const void *pb)
+{
+    int a = *(const int *)pa, b = *(const int *)pb;
+    const mp_interval *r = g_pc.lv->range;
+    if (r[a].first != r[b].first)
+        return r[a].first < r[b].first ? -1 : 1;
+    return a < b ? -1 : a > b;
+}
+
+/* The conflicts of the planned buffers (use[b]): pairs of buffers with overlapping ranges, as
+ * adjacency lists adj[adj_start[b] .. adj_start[b + 1]) (a pair meeting in several ranges is
+ * listed as often). With adj NULL only counts them (the return value). SIZE_MAX: out of
+ * memory. */
+static size_t conflicts(const mp_liveness *lv, const bool *use, size_t limit, size_t *adj_start,
+                        int *adj)
+{
+    int nr = lv->n_ranges, nb = lv->n_bufs;
+    int *rbuf = malloc(sizeof *rbuf * (size_t)(nr + 1));
+    int *ord = malloc(sizeof *ord * (size_t)(nr + 1));
+    int *active = malloc(sizeof *active * (size_t)(nr + 1));
+    last_heap q = {malloc(sizeof(int) * (size_t)(nr + 1)), 0, lv->range};
+    int *at = malloc(sizeof *at * (size_t)(nr + 1)); /* each range's index in active[] */
+    size_t *fill = adj ? calloc((size_t)nb + 1, sizeof *fill) : NULL;
+    if (!rbuf || !ord || !active || !q.h || !at || (adj && !fill)) {
+        free(rbuf), free(ord), free(active), free(q.h), free(at), free(fill);
+        return SIZE_MAX;
+    }
+    int m = 0;
+    for (int b = 0; b < nb; b++)
+        for (int r = lv->start[b]; r < lv->start[b + 1]; r++) {
+            rbuf[r] = b;
+            if (use[b])
+                ord[m++] = r;
+        }
+    g_pc.lv = lv;
+    qsort(ord, (size_t)m, sizeof *ord, cmp_int_by_first);
+    size_t total = 0;
+    int na = 0;
+    for (int k = 0; k < m && total <= limit; k++) {
+        int r = ord[k];
+        while (q.n > 0 && lv->range[q.h[0]].last < lv->range[r].first) {
+            int x = lh_pop(&q); /* out of the active array: swap with its last */
+            int i = at[x], y = active[--na];
+            active[i] = y;
+            at[y] = i;
+        }
+        int b = rbuf[r];
+        total += (size_t)na;
+        if (adj)
+            for (int i = 0; i < na; i++) {
+                int c = rbuf[active[i]];
+                adj[adj_start[b] + fill[b]++] = c;
+                adj[adj_start[c] + fill[c]++] = b;
+            }
+        else if (adj_start)
+            for (int i = 0; i < na; i++) {
+                adj_start[b + 1]++;
+                adj_start[rbuf[active[i]] + 1]++;
+            }
+        at[r] = na;
+        active[na++] = r;
+        lh_push(&q, r);
+    }
+    free(rbuf), free(ord), free(active), free(q.h), free(at), free(fill);
+    return total;
+}
+
 /* One heap simulation: buffers in `order`, each at the best-fitting (or first) gap among the
- * placed buffers it is live together with. placed[] keeps the placed buffers sorted by offset,
- * so the gaps are found in one pass. Returns the peak. */
-static size_t place(int n, const int *order, const size_t *bytes, const mp_liveness *lv,
-                    bool best_fit, size_t *offset, int *placed)
+ * placed buffers it is live together with (its conflicts adj[], sorted by offset here), else
+ * above them all. Returns the peak. */
+typedef struct span {
+    size_t lo, hi;
+} span;
+
+static int cmp_span(const void *pa, const void *pb)
+{
+    const span *a = pa, *b = pb;
+    return a->lo < b->lo ? -1 : a->lo > b->lo;
+}
+
+static size_t place(int n, const int *order, const size_t *bytes, const size_t *adj_start,
+                    const int *adj, bool best_fit, size_t *offset, int *stamp, int trial,
+                    span *sp)
 {
     size_t peak = 0;
     for (int k = 0; k < n; k++) {
         int b = order[k];
-        const mp_interval *hb = &lv->hull[b];
+        int ns = 0;
+        for (size_t j = adj_start[b]; j < adj_start[b + 1]; j++) {
+            int c = adj[j];
+            if (stamp[c] == trial)
+                sp[ns++] = (span){offset[c], offset[c] + bytes[c]};
+        }
+        qsort(sp, (size_t)ns, sizeof *sp, cmp_span);
         size_t best = (size_t)-1, best_gap = (size_t)-1, end = 0;
-        for (int j = 0; j < k; j++) {
-            int c = placed[j];
-            const mp_interval *hc = &lv->hull[c];
-            if (hb->first > hc->last || hc->first > hb->last || !memplan_live_together(lv, b, c))
-                continue;
-            if (offset[c] > end) {
-                size_t gap = offset[c] - end;
+        for (int j = 0; j < ns; j++) {
+            if (sp[j].lo > end) {
+                size_t gap = sp[j].lo - end;
                 if (gap >= bytes[b] && (best_fit ? gap < best_gap : best == (size_t)-1)) {
                     best = end;
                     best_gap = gap;
@@ -473,24 +668,208 @@ static size_t place(int n, const int *order, const size_t *bytes, const mp_liven
                         break; /* nothing fits better */
                 }
             }
-            if (offset[c] + bytes[c] > end)
-                end = offset[c] + bytes[c];
+            if (sp[j].hi > end)
+                end = sp[j].hi;
         }
         size_t at = best != (size_t)-1 ? best : end;
         offset[b] = at;
+        stamp[b] = trial;
         if (at + bytes[b] > peak)
             peak = at + bytes[b];
-        int lo = 0, hi = k; /* insert b by offset */
-        while (lo < hi) {
-            int mid = lo + (hi - lo) / 2;
-            if (offset[placed[mid]] <= at)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        memmove(placed + lo + 1, placed + lo, sizeof *placed * (size_t)(k - lo));
-        placed[lo] = b;
     }
+    return peak;
+}
+
+/* ---- the start-order simulation for many conflicts: free gaps in two treaps */
+
+typedef struct treap {
+    int *l, *r;          /* children, -1 none */
+    unsigned *prio;
+    size_t *k1, *k2;     /* the key (k1, k2), ordered lexicographically */
+    int root;
+} treap;
+
+static bool tk_less(const treap *t, int x, size_t a1, size_t a2)
+{
+    return t->k1[x] < a1 || (t->k1[x] == a1 && t->k2[x] < a2);
+}
+
+/* Splits t at key (a1, a2): *lo < key <= *hi. */
+static void tr_split(treap *t, int x, size_t a1, size_t a2, int *lo, int *hi)
+{
+    if (x < 0) {
+        *lo = *hi = -1;
+        return;
+    }
+    if (tk_less(t, x, a1, a2)) {
+        tr_split(t, t->r[x], a1, a2, &t->r[x], hi);
+        *lo = x;
+    } else {
+        tr_split(t, t->l[x], a1, a2, lo, &t->l[x]);
+        *hi = x;
+    }
+}
+
+static int tr_merge(treap *t, int a, int b)
+{
+    if (a < 0)
+        return b;
+    if (b < 0)
+        return a;
+    if (t->prio[a] > t->prio[b]) {
+        t->r[a] = tr_merge(t, t->r[a], b);
+        return a;
+    }
+    t->l[b] = tr_merge(t, a, t->l[b]);
+    return b;
+}
+
+static void tr_insert(treap *t, int x)
+{
+    int lo, hi;
+    t->l[x] = t->r[x] = -1;
+    tr_split(t, t->root, t->k1[x], t->k2[x], &lo, &hi);
+    t->root = tr_merge(t, tr_merge(t, lo, x), hi);
+}
+
+static void tr_erase(treap *t, int x)
+{
+    int lo, mid, hi;
+    tr_split(t, t->root, t->k1[x], t->k2[x], &lo, &mid);
+    tr_split(t, mid, t->k1[x], t->k2[x] + 1, &mid, &hi); /* mid: exactly x (keys are unique) */
+    t->root = tr_merge(t, lo, hi);
+}
+
+/* The first node with key >= (a1, a2), or -1. */
+static int tr_lower_bound(const treap *t, size_t a1, size_t a2)
+{
+    int best = -1;
+    for (int x = t->root; x >= 0;)
+        if (tk_less(t, x, a1, a2))
+            x = t->r[x];
+        else {
+            best = x;
+            x = t->l[x];
+        }
+    return best;
+}
+
+/* The last node with key < (a1, a2), or -1. */
+static int tr_before(const treap *t, size_t a1, size_t a2)
+{
+    int best = -1;
+    for (int x = t->root; x >= 0;)
+        if (tk_less(t, x, a1, a2)) {
+            best = x;
+            x = t->r[x];
+        } else {
+            x = t->l[x];
+        }
+    return best;
+}
+
+
+/* Gap g (node g of both treaps: by offset (off, 0), by size (size, off)). */
+typedef struct gaps {
+    treap by_off, by_size;
+    size_t *off, *size;
+    int *free_ids, n_free;
+} gaps;
+
+static void gap_add(gaps *G, size_t off, size_t size)
+{
+    int x = G->free_ids[--G->n_free];
+    G->off[x] = off;
+    G->size[x] = size;
+    G->by_off.k1[x] = off;
+    G->by_off.k2[x] = 0;
+    G->by_size.k1[x] = size;
+    G->by_size.k2[x] = off;
+    tr_insert(&G->by_off, x);
+    tr_insert(&G->by_size, x);
+}
+
+static void gap_remove(gaps *G, int x)
+{
+    tr_erase(&G->by_off, x);
+    tr_erase(&G->by_size, x);
+    G->free_ids[G->n_free++] = x;
+}
+
+/* Best fit in start order over hulls: O(n log n). order: the buffers by hull start. */
+static size_t place_sweep(int n, const int *order, const size_t *bytes, const mp_liveness *lv,
+                          size_t *offset)
+{
+    int cap = n + 1;
+    gaps G = {0};
+    treap *ts[2] = {&G.by_off, &G.by_size};
+    bool ok = true;
+    for (int i = 0; i < 2; i++) {
+        ts[i]->l = malloc(sizeof(int) * (size_t)cap);
+        ts[i]->r = malloc(sizeof(int) * (size_t)cap);
+        ts[i]->prio = malloc(sizeof(unsigned) * (size_t)cap);
+        ts[i]->k1 = malloc(sizeof(size_t) * (size_t)cap);
+        ts[i]->k2 = malloc(sizeof(size_t) * (size_t)cap);
+        ts[i]->root = -1;
+        ok = ok && ts[i]->l && ts[i]->r && ts[i]->prio && ts[i]->k1 && ts[i]->k2;
+    }
+    G.off = malloc(sizeof(size_t) * (size_t)cap);
+    G.size = malloc(sizeof(size_t) * (size_t)cap);
+    G.free_ids = malloc(sizeof(int) * (size_t)cap);
+    last_heap q = {malloc(sizeof(int) * (size_t)cap), 0, lv->hull};
+    size_t peak = (size_t)-1;
+    if (ok && G.off && G.size && G.free_ids && q.h) {
+        unsigned seed = 2463534242u; /* xorshift: deterministic priorities */
+        for (int i = 0; i < cap; i++) {
+            seed ^= seed << 13, seed ^= seed >> 17, seed ^= seed << 5;
+            G.by_off.prio[i] = seed;
+            seed ^= seed << 13, seed ^= seed >> 17, seed ^= seed << 5;
+            G.by_size.prio[i] = seed;
+            G.free_ids[i] = cap - 1 - i;
+        }
+        G.n_free = cap;
+        size_t top = 0;
+        peak = 0;
+        for (int k = 0; k < n; k++) {
+            int b = order[k];
+            while (q.n > 0 && lv->hull[q.h[0]].last < lv->hull[b].first) {
+                int c = lh_pop(&q); /* free c's bytes, merged with the gaps beside them */
+                size_t lo = offset[c], hi = offset[c] + bytes[c];
+                int p = tr_before(&G.by_off, lo, 0);
+                if (p >= 0 && G.off[p] + G.size[p] == lo) {
+                    lo = G.off[p];
+                    gap_remove(&G, p);
+                }
+                int s = tr_lower_bound(&G.by_off, hi, 0);
+                if (s >= 0 && G.off[s] == hi) {
+                    hi = G.off[s] + G.size[s];
+                    gap_remove(&G, s);
+                }
+                if (hi == top)
+                    top = lo;
+                else
+                    gap_add(&G, lo, hi - lo);
+            }
+            int g = tr_lower_bound(&G.by_size, bytes[b], 0);
+            if (g >= 0) {
+                size_t at = G.off[g], rest = G.size[g] - bytes[b];
+                gap_remove(&G, g);
+                if (rest)
+                    gap_add(&G, at + bytes[b], rest);
+                offset[b] = at;
+            } else {
+                offset[b] = top;
+                top += bytes[b];
+            }
+            if (offset[b] + bytes[b] > peak)
+                peak = offset[b] + bytes[b];
+            lh_push(&q, b);
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        free(ts[i]->l), free(ts[i]->r), free(ts[i]->prio), free(ts[i]->k1), free(ts[i]->k2);
+    }
+    free(G.off), free(G.size), free(G.free_ids), free(q.h);
     return peak;
 }
 
@@ -498,30 +877,56 @@ size_t memplan_assign_offsets(int n, const size_t *bytes, const mp_liveness *lv,
 {
     int *order = malloc(sizeof *order * (size_t)(n + 1));
     size_t *trial = malloc(sizeof *trial * (size_t)(n + 1));
-    int *tmp = malloc(sizeof *tmp * (size_t)(n + 1));
+    int *stamp = malloc(sizeof *stamp * (size_t)(n + 1));
     double *len = calloc((size_t)n + 1, sizeof *len);
+    bool *use = calloc((size_t)n + 1, sizeof *use);
+    size_t *adj_start = calloc((size_t)n + 2, sizeof *adj_start);
+    int *adj = NULL;
+    span *sp = NULL;
     for (int b = 0; b < n; b++)
         offset[b] = 0;
-    if (!order || !trial || !tmp || !len) {
-        free(order);
-        free(trial);
-        free(tmp);
-        free(len);
-        return (size_t)-1;
-    }
+    size_t best = (size_t)-1;
+    if (!order || !trial || !stamp || !len || !use || !adj_start)
+        goto out;
     int m = 0;
     for (int b = 0; b < n; b++) {
         for (int r = lv->start[b]; r < lv->start[b + 1]; r++)
             len[b] += lv->range[r].last - lv->range[r].first + 1;
-        if (lv->start[b] < lv->start[b + 1] && bytes[b] > 0)
+        if (lv->start[b] < lv->start[b + 1] && bytes[b] > 0) {
             order[m++] = b;
+            use[b] = true;
+        }
+        stamp[b] = -1;
     }
-    size_t best = (size_t)-1;
+    if (m == 0) {
+        best = 0;
+        goto out;
+    }
+    size_t limit = CONFLICT_BUDGET(n);
+    size_t e = conflicts(lv, use, limit, NULL, NULL);
+    if (e == SIZE_MAX)
+        goto out;
+    if (e > limit || g_force_start_order) {
+        g_pc = (place_ctx){bytes, lv, len, 1};
+        qsort(order, (size_t)m, sizeof *order, cmp_order);
+        best = place_sweep(m, order, bytes, lv, offset);
+        goto out;
+    }
+    /* the adjacency lists: count, then fill */
+    if (conflicts(lv, use, limit, adj_start, NULL) == SIZE_MAX)
+        goto out;
+    for (int b = 0; b < n; b++)
+        adj_start[b + 1] += adj_start[b];
+    adj = malloc(sizeof *adj * (adj_start[n] + 1));
+    sp = malloc(sizeof *sp * (adj_start[n] + 1));
+    if (!adj || !sp || conflicts(lv, use, limit, adj_start, adj) == SIZE_MAX)
+        goto out;
     for (int key = 0; key < 4; key++) {
         g_pc = (place_ctx){bytes, lv, len, key};
         qsort(order, (size_t)m, sizeof *order, cmp_order);
         for (int fit = 0; fit < 2; fit++) {
-            size_t peak = place(m, order, bytes, lv, fit == 0, trial, tmp);
+            size_t peak =
+                place(m, order, bytes, adj_start, adj, fit == 0, trial, stamp, 2 * key + fit, sp);
             if (peak < best) {
                 best = peak;
                 for (int k = 0; k < m; k++)
@@ -529,11 +934,16 @@ size_t memplan_assign_offsets(int n, const size_t *bytes, const mp_liveness *lv,
             }
         }
     }
+out:
     free(order);
     free(trial);
-    free(tmp);
+    free(stamp);
     free(len);
-    return m ? best : 0;
+    free(use);
+    free(adj_start);
+    free(adj);
+    free(sp);
+    return best;
 }
 
 /* ---------------------------------------------------------------- 6. simulation */
@@ -794,17 +1204,27 @@ static bool is_span_zero(const sbp_train_program *p, const tp_inst *in)
     return in->k == TP_K_MEMSET_ZERO && in->buf[0] >= 0 && p->bufs[in->buf[0]]->span;
 }
 
-/* The outermost loop of s that contains position a and not position z (z = -1: none). */
-static int outermost_loop_between(const mp_schedule *s, int z, int a)
+/* The outermost loop that contains position a and not position z (z = -1: none), or -1. The
+ * loops holding a are a chain; those holding z too are its outer part. */
+static int outermost_loop_between(const mp_schedule *s, const loop_forest *f, int z, int a)
 {
     int best = -1;
-    for (int k = 0; k < s->n_loops; k++) {
-        const mp_loop *L = &s->loops[k];
-        if (loop_contains(L, a) && (z < 0 || !loop_contains(L, z)) &&
-            (best < 0 || L->last - L->first > s->loops[best].last - s->loops[best].first))
-            best = k;
-    }
+    for (int l = f->inner[a]; l >= 0 && (z < 0 || !loop_contains(&s->loops[l], z));
+         l = f->parent[l])
+        best = l;
     return best;
+}
+
+typedef struct zero_point {
+    int region, pos;
+} zero_point;
+
+static int cmp_zero_point(const void *pa, const void *pb)
+{
+    const zero_point *a = pa, *b = pb;
+    if (a->region != b->region)
+        return a->region < b->region ? -1 : 1;
+    return a->pos < b->pos ? -1 : a->pos > b->pos;
 }
 
 static int rewrite_zeroing(sbp_train_program *p, const memplan *m, ir_diag *d)
@@ -815,61 +1235,74 @@ static int rewrite_zeroing(sbp_train_program *p, const memplan *m, ir_diag *d)
     int *start = NULL, *list = NULL;
     if (by_buffer(s, &start, &list) != IR_OK)
         return ir_diag_error(d, "out of memory");
-    int *zpos = malloc(sizeof *zpos * (size_t)(m->n_pos + 1)); /* span zeroes: positions */
-    int *zreg = malloc(sizeof *zreg * (size_t)(m->n_pos + 1)); /* and regions */
-    zero_ins *ins = malloc(sizeof *ins * (size_t)(s->n_acc + 1));
-    int nz = 0, ni = 0;
-    if (!zpos || !zreg || !ins) {
+    loop_forest f;
+    if (loop_forest_build(s, &f) != IR_OK) {
         free(start);
         free(list);
-        free(zpos);
-        free(zreg);
+        return ir_diag_error(d, "memory plan: the program's loops overlap without nesting");
+    }
+    zero_point *zp = malloc(sizeof *zp * (size_t)(m->n_pos + 1)); /* span zeroes */
+    zero_ins *ins = malloc(sizeof *ins * (size_t)(s->n_acc + 1));
+    int nz = 0, ni = 0;
+    if (!zp || !ins) {
+        free(start);
+        free(list);
+        loop_forest_free(&f);
+        free(zp);
         free(ins);
         return ir_diag_error(d, "out of memory");
     }
     for (int q = 0; q < m->n_pos; q++) {
         const tp_inst *in = &p->blocks[m->pos_block[q]]->insts[m->pos_inst[q]];
-        if (is_span_zero(p, in)) {
-            zpos[nz] = q;
-            zreg[nz++] = p->bufs[in->buf[0]]->region;
-        }
+        if (is_span_zero(p, in))
+            zp[nz++] = (zero_point){p->bufs[in->buf[0]]->region, q};
     }
+    qsort(zp, (size_t)nz, sizeof *zp, cmp_zero_point); /* by region, then position */
 
     /* zero points of buffer b: program start (-1), then its region's span zeroes; after each,
-     * the first access before the next one decides */
+     * the first access before the next one decides. Walked by access: an access is the first
+     * after a zero point when a zero point lies between it and the access before it. */
     for (int b = 0; b < nb; b++) {
         const tp_buf *tb = p->bufs[b];
         if (!planned(tb) || !tb->is_grad || !m->bytes[b] || start[b] == start[b + 1])
             continue;
-        int z = -1, zi = -1;
-        for (;;) {
-            int next = -1; /* the next zero point of b's region after z */
-            for (int k = zi + 1; k < nz; k++)
-                if (zreg[k] == tb->region) {
-                    next = k;
-                    break;
-                }
-            int next_pos = next >= 0 ? zpos[next] : m->n_pos;
-            for (int i = start[b]; i < start[b + 1]; i++) {
-                const mp_access *a = &s->acc[list[i]];
-                if (a->pos <= z)
-                    continue;
-                if (a->pos < next_pos && a->role != MP_W) {
-                    int L = outermost_loop_between(s, z, a->pos);
-                    ins[ni++] = (zero_ins){L >= 0 ? s->loops[L].first : a->pos, b, L >= 0};
-                }
-                break;
+        int zlo = 0, zhi = nz; /* b's region: zp[zlo..zhi) */
+        while (zlo < zhi) {
+            int mid = zlo + (zhi - zlo) / 2;
+            if (zp[mid].region < tb->region)
+                zlo = mid + 1;
+            else
+                zhi = mid;
+        }
+        zhi = zlo;
+        while (zhi < nz && zp[zhi].region == tb->region)
+            zhi++;
+        int prev_k = -1;
+        for (int i = start[b]; i < start[b + 1]; i++) {
+            const mp_access *a = &s->acc[list[i]];
+            int lo = zlo, hi = zhi; /* k: the zero points before a */
+            while (lo < hi) {
+                int mid = lo + (hi - lo) / 2;
+                if (zp[mid].pos < a->pos)
+                    lo = mid + 1;
+                else
+                    hi = mid;
             }
-            if (next < 0)
-                break;
-            z = zpos[next];
-            zi = next;
+            int k = lo - zlo;
+            if (i > start[b] && k == prev_k)
+                continue;
+            prev_k = k;
+            if (a->role != MP_W) {
+                int z = k > 0 ? zp[zlo + k - 1].pos : -1;
+                int L = outermost_loop_between(s, &f, z, a->pos);
+                ins[ni++] = (zero_ins){L >= 0 ? s->loops[L].first : a->pos, b, L >= 0};
+            }
         }
     }
+    loop_forest_free(&f);
+    free(zp);
     free(start);
     free(list);
-    free(zpos);
-    free(zreg);
 
     /* rebuild the blocks: span zeroes out, per-buffer zeroes in (by position; equal positions
      * keep buffer order) */

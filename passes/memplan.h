@@ -4,8 +4,8 @@
  * a range of it several times. Linearised, every instruction gets a position (0, 1, ... in
  * execution order, a loop's body once); a loop is a range [first, last] of positions. Every
  * buffer operand of every instruction is an access with a role (read, written whole,
- * accumulated, partly written) taken from a table keyed by kernel (memplan.c; one row per
- * kernel of train_kernels.def, checked at build time).
+ * accumulated, partly written) taken from the ROLES column of train_kernels.def (checked at
+ * build time).
  *
  * Liveness. A buffer's lifetime is a set of ranges of positions: a range starts at an access
  * and runs to the last access before the next whole write (MP_W), which starts a new range —
@@ -22,8 +22,10 @@
  * The plan. Offsets in one arena, 64-byte aligned, by a heap simulation: buffers are placed one
  * at a time (several orders: by size, by start, by size x duration) each in the best-fitting gap
  * left by the already placed buffers whose lifetimes meet its own; the order giving the
- * smallest peak wins. The liveness lower bound is the most bytes live at any one position; the
- * plan's peak is at least that (on the fixtures: equal to it; on random schedules: within 25%).
+ * smallest peak wins (with very many live-together pairs: one best-fit pass in start order
+ * instead, see memplan.c). The liveness lower bound is the most bytes live at any one position;
+ * the plan's peak is at least that (on the fixtures: equal to it; on random schedules: within
+ * 25%).
  *
  * Gradient zeroing. Backward kernels accumulate, so a gradient buffer must be zero before its
  * first contribution. The builder says "every gradient buffer of this region is zero here" with
@@ -55,7 +57,7 @@ typedef enum mp_role {
     MP_P = 4, /* part of it written (=), the rest kept: a use of the previous contents */
 } mp_role;
 
-/* The role row of kernel k: one letter per buffer operand. 'r' 'w' 'a' 'p' as mp_role; the
+/* The role row of kernel k (train_kernels.def's ROLES): one letter per buffer operand. 'r' 'w' 'a' 'p' as mp_role; the
  * argument-dependent ones: 'g' a GEMM's c (written when beta, argument #6, is 0, else
  * accumulated); 'c' copy_cols' dst (accumulated when argument #6 is set, else written whole when
  * the block is the whole buffer, else partly written); 'z' the destination of a byte count
@@ -120,6 +122,13 @@ bool memplan_live_together(const mp_liveness *lv, int a, int b);
  * share a byte; returns the arena size (the plan's peak). Buffers that are never live or of
  * size 0 get offset 0. */
 size_t memplan_assign_offsets(int n, const size_t *bytes, const mp_liveness *lv, size_t *offset);
+/* For tests only: with on = true, memplan_assign_offsets always takes its start-order path
+ * (one best-fit pass in start order over each buffer's hull, O(n log n)), which otherwise runs
+ * only when the buffers have more than about 2^23 + 16n live-together pairs, i.e. on programs
+ * far larger than a unit test can check pair by pair. Lets tests check that path on small
+ * schedules and compare its peak with the eight-order plan. Off by default; a process-wide
+ * setting (planning is single-threaded), so a test turns it off again when done. */
+void memplan_force_start_order(bool on);
 /* Runs the schedule (each loop body twice) over the arena given by offset[]: fails (IR_ERR, a
  * diagnostic naming the buffers through names[], which may be NULL) when an access reads a
  * buffer that is not written yet or whose bytes another buffer wrote since. */

@@ -176,5 +176,23 @@ int sbp_freeze_params(ir_graph *g, const char *regex, int *n_frozen)
     regfree(&re);
     if (n_frozen)
         *n_frozen = n;
+    /* A step that trains nothing would still run, print losses and save the model as if it had
+     * trained: an error. Freezing only adds, so once nothing is left no later --freeze helps. */
+    ir_uses u = ir_uses_build(g);
+    if (!u.n_uses)
+        return ir_diag_error(g->diag, "out of memory building use lists");
+    int n_used = 0, n_left = 0;
+    for (int i = 0; i < g->n_values; i++) {
+        const ir_value *v = g->values[i];
+        if (v->kind != IR_VAL_PARAM || u.n_uses[v->id] == 0)
+            continue;
+        n_used++;
+        n_left += !v->frozen;
+    }
+    if (n_used > 0 && n_left == 0)
+        return ir_diag_error(g->diag,
+                             "--freeze '%s' leaves no parameter to train (all %d are frozen): "
+                             "the step would change nothing",
+                             regex, n_used);
     return IR_OK;
 }

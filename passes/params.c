@@ -141,6 +141,20 @@ int sbp_pass_params(ir_graph *g)
         if (v->kind != IR_VAL_PARAM)
             continue;
         int sk = signature_kind(g->torch_signature, v->name);
+        /* A zero-sized weight (an embedding with 0 rows) would compile into a step that fails
+         * at every call (no row to gather) or trains nothing: refuse it here, by name. Rank 2
+         * or more, or the exporter's own PARAMETER: an empty 1-d initializer is the exporters'
+         * "absent" (Resize's roi, an empty shape) and stays a constant. */
+        if (ir_value_numel(v) == 0 && v->rank >= 1 && u.n_uses[v->id] > 0 &&
+            (sk == SIG_PARAM || (v->rank >= 2 && meets_tokens(&u, dep, v, 0)))) {
+            char ty[160];
+            ir_diag_error(g->diag,
+                          "parameter '%s' %s has no elements: a zero-sized weight cannot be "
+                          "trained (read by node '%s' (%s))",
+                          v->name, ir_value_type_str(v, ty, sizeof ty),
+                          u.uses[v->id][0].node->name, u.uses[v->id][0].node->op_type);
+            continue;
+        }
         if (sk == SIG_PARAM)
             continue;
         if (sk == SIG_CONST) {

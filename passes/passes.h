@@ -1,8 +1,8 @@
 /* passes.h — the canonicalisation pipeline and every pass's entry point.
  *
  * Each pass takes the graph, rewrites it in place, records diagnostics in g->diag and returns
- * IR_OK or IR_ERR. The driver (passes/pipeline.c) runs them in the order below with the verifier
- * between them, and can stop after a named pass for --dump-ir=PASS.
+ * IR_OK or IR_ERR. The driver (passes/pipeline.c, the flow of flow.h) runs them in the order
+ * below with the verifier between them, and can stop after a named pass for --dump-ir=PASS.
  *
  * Pass order and contracts:
  *   import       (not a pass: ir_import_onnx)  raw ONNX ops, symbolic dims as written
@@ -33,10 +33,21 @@ typedef struct sbp_pass_options {
     bool no_retie;   /* --no-retie */
     bool verify;     /* run ir_verify after every pass (always on in tests and debug) */
     int64_t fold_max_elems; /* 0: the default, 16 Mi or 1024 per token (B*T) if larger */
+    int64_t compile_mem_limit; /* bytes the compilation may use (sbp_compile_mem_limit); 0:
+                                * this machine's physical memory */
 } sbp_pass_options;
 
 /* bind_dims.c */
 int sbp_pass_bind_dims(ir_graph *g, int64_t batch, int64_t seq_len);
+/* Refuses, before fold allocates anything, a binding whose compilation cannot fit in
+ * mem_limit bytes (0: this machine's physical memory): the constants fold would build at this
+ * batch and sequence length (every output of a node fed only by constants, up to fold_cap
+ * elements) plus the step's parameters, gradients and token inputs. The error gives the total
+ * and its parts, so a huge --seq-len is refused in microseconds, not after gigabytes. */
+int sbp_check_compile_size(ir_graph *g, int64_t fold_cap, int64_t mem_limit);
+/* The bytes a compilation may use: `given` (sbp_pass_options.compile_mem_limit, sbpc's
+ * SBPC_MAX_COMPILE_BYTES) when smaller than this machine's physical memory, else that memory. */
+int64_t sbp_compile_mem_limit(int64_t given);
 /* params.c */
 int sbp_pass_params(ir_graph *g);
 /* fold.c */
@@ -44,6 +55,9 @@ int sbp_pass_fold(ir_graph *g);
 /* The same with a cap on the elements of one folded result (0: the default, 16 Mi); bigger
  * results stay as nodes. The pipeline passes sbp_pass_options.fold_max_elems. */
 int sbp_pass_fold_max(ir_graph *g, int64_t max_elems);
+/* The same, and a folded result that would grow the compilation's arena past mem_limit bytes
+ * (0: no limit) is an error naming the node, before it is allocated. */
+int sbp_pass_fold_limited(ir_graph *g, int64_t max_elems, int64_t mem_limit);
 /* Evaluates one node whose inputs are all constants into constant outputs (used by fold).
  * Returns IR_OK and sets *folded when it could, IR_OK with *folded = false when the op is not
  * evaluable here (left as is), IR_ERR on an invalid node. */
@@ -55,15 +69,10 @@ int sbp_pass_retie(ir_graph *g);
 /* recognize_*.c: each recogniser is its own file; recognize.c runs them in order. */
 int sbp_pass_recognize(ir_graph *g);
 
-/* pipeline.c */
-typedef struct sbp_pass_desc {
-    const char *name; /* for --dump-ir=NAME */
-    const char *what; /* one line for --help */
-} sbp_pass_desc;
-extern const sbp_pass_desc sbp_pass_list[];
-extern const int sbp_n_passes;
-/* Runs the pipeline up to and including the pass named stop_after (NULL: all). IR_ERR when a
- * pass fails or the verifier finds a broken invariant; unknown stop_after is an error too. */
+/* pipeline.c: the canonicalisation stages of the compile flow (flow.h has the whole list).
+ * Runs them up to and including the pass named stop_after (NULL: all, through "cleanup").
+ * IR_ERR when a pass fails or the verifier finds a broken invariant; an unknown stop_after (or
+ * one past canonicalisation) is an error too. */
 int sbp_canonicalize(ir_graph *g, const sbp_pass_options *opt, const char *stop_after);
 
 #endif

@@ -1,9 +1,15 @@
-/* pipeline.c — the canonicalisation driver: a plain list of passes with the verifier between them.
+/* pipeline.c — the whole compile flow as one list: import, the canonicalisation passes, the
+ * objective, --freeze, and the training program's stages (autodiff, stream, plan), each with
+ * the function that runs it and the one that prints its result (flow.h). Code generation
+ * (codegen/) takes the planned program from here.
  *
- * `sbpc --dump-ir=NAME` stops after the pass called NAME ("import" stops before the first pass).
- * The verifier runs after every pass: a pass that leaves a broken graph is named at once.
+ * `sbpc --dump-ir=NAME` stops after the stage called NAME and prints its result ("import"
+ * stops before the first pass). The verifier runs after every graph stage: a pass that leaves a
+ * broken graph is named at once. sbpc, the tests and the benchmarks all run the flow through
+ * sbp_flow_run; this file is the top of passes/ (nothing here is called from below).
  */
-#include "passes.h"
+#include "flow.h"
+#include "checked.h"
 
 #include <string.h>
 
@@ -19,8 +25,10 @@ static int64_t fold_cap(const sbp_pass_options *o)
     if (o->fold_max_elems)
         return o->fold_max_elems;
     const int64_t cap = (int64_t)1 << 24;
-    const int64_t tokens = (o->batch > 0 ? o->batch : 1) * (o->seq_len > 0 ? o->seq_len : 0);
-    return tokens > cap / 1024 ? tokens * 1024 : cap;
+    /* saturating (ir/checked.h): the bindings are the command line's, not yet checked here */
+    const int64_t tokens =
+        ck_mul_sat_i64(o->batch > 0 ? o->batch : 1, o->seq_len > 0 ? o->seq_len : 0);
+    return tokens > cap / 1024 ? ck_mul_sat_i64(tokens, 1024) : cap;
 }
 
 static int run_params(ir_graph *g, const sbp_pass_options *o)
@@ -31,7 +39,10 @@ static int run_params(ir_graph *g, const sbp_pass_options *o)
 
 static int run_fold(ir_graph *g, const sbp_pass_options *o)
 {
-    return sbp_pass_fold_max(g, fold_cap(o));
+    /* first the size check: at a huge --seq-len the tables fold would build are what blows up */
+    if (sbp_check_compile_size(g, fold_cap(o), o->compile_mem_limit) != IR_OK)
+        return IR_ERR;
+    return sbp_pass_fold_limited(g, fold_cap(o), sbp_compile_mem_limit(o->compile_mem_limit));
 }
 static int run_dce(ir_graph *g, const sbp_pass_options *o) { (void)o; return sbp_pass_dce(g); }
 static int run_retie(ir_graph *g, const sbp_pass_options *o)
@@ -50,46 +61,144 @@ static int run_cleanup(ir_graph *g, const sbp_pass_options *o)
     return sbp_pass_dce(g);
 }
 
-typedef int (*pass_fn)(ir_graph *, const sbp_pass_options *);
+/* ------------------------------------------------------------------ the flow's own steps */
 
-const sbp_pass_desc sbp_pass_list[] = {
-    {"import", "the graph as read from the ONNX file"},
-    {"bind-dims", "bind the symbolic batch/sequence dims to --batch/--seq-len"},
-    {"params", "tell trainable weights from constant initializers (buffers, scalars)"},
-    {"fold", "fold shape arithmetic and constants"},
-    {"dce", "remove nodes that do not reach an output"},
-    {"retie", "restore weight tying broken by the exporter's constant folding"},
-    {"recognize", "recognise semantic ops (Linear, norms, attention, ...)"},
-    {"cleanup", "fold and dce again after recognition"},
-};
-const int sbp_n_passes = (int)(sizeof sbp_pass_list / sizeof sbp_pass_list[0]);
-
-static const pass_fn pass_fns[] = {
-    NULL, run_bind, run_params, run_fold, run_dce, run_retie, run_recognize, run_cleanup,
-};
-
-int sbp_canonicalize(ir_graph *g, const sbp_pass_options *opt, const char *stop_after)
+static int step_import(sbp_flow *f)
 {
-    int stop = sbp_n_passes - 1;
-    if (stop_after) {
-        stop = -1;
-        for (int i = 0; i < sbp_n_passes; i++)
-            if (strcmp(sbp_pass_list[i].name, stop_after) == 0)
-                stop = i;
-        if (stop < 0)
-            return ir_diag_error(g->diag, "unknown pass '%s' (see sbpc --help for the list)",
-                                 stop_after);
+    f->g = f->buf ? ir_import_onnx_buffer(f->buf, f->len, f->path ? f->path : "model.onnx",
+                                          NULL, f->diag, f->import)
+                  : ir_import_onnx(f->path, f->diag, f->import);
+    return f->g ? IR_OK : IR_ERR;
+}
+
+static int step_objective(sbp_flow *f)
+{
+    return sbp_pass_objective(f->g, f->opt->objective, &f->chosen);
+}
+
+static int step_freeze(sbp_flow *f)
+{
+    for (int k = 0; k < f->opt->n_freeze; k++) {
+        int n = 0;
+        if (sbp_freeze_params(f->g, f->opt->freeze[k], &n) != IR_OK)
+            return IR_ERR;
+        f->n_frozen += n;
     }
-    for (int i = 1; i <= stop; i++) {
-        if (pass_fns[i](g, opt) != IR_OK || g->diag->n_errors) {
-            ir_diag_error(g->diag, "pass '%s' failed", sbp_pass_list[i].name);
+    return IR_OK;
+}
+
+/* The three training stages are one build (sbp_train_build_until) stopped after the last of
+ * them the caller asked for: the earlier ones are not built on their own. */
+static int step_train(sbp_flow *f, sbp_train_stage stage)
+{
+    if (f->stop_stage > stage)
+        return IR_OK;
+    f->program = sbp_train_build_until(f->g, f->chosen, &f->opt->train, stage);
+    return f->program ? IR_OK : IR_ERR;
+}
+static int step_autodiff(sbp_flow *f) { return step_train(f, SBP_TRAIN_UNTIL_AUTODIFF); }
+static int step_stream(sbp_flow *f) { return step_train(f, SBP_TRAIN_UNTIL_SCHEDULE); }
+static int step_plan(sbp_flow *f) { return step_train(f, SBP_TRAIN_UNTIL_PLAN); }
+
+static void dump_graph(const sbp_flow *f, FILE *out) { ir_print(f->g, out); }
+static void dump_schedule(const sbp_flow *f, FILE *out)
+{
+    sbp_train_print_schedule(f->program, sbp_flow_stages[f->last].name, out);
+}
+static void dump_plan(const sbp_flow *f, FILE *out) { sbp_train_print_plan(f->program, out); }
+
+/* ------------------------------------------------------------------ the list */
+
+const sbp_flow_stage sbp_flow_stages[] = {
+    {"import", "the graph as read from the ONNX file", step_import, NULL, dump_graph},
+    {"bind-dims", "bind the symbolic batch/sequence dims to --batch/--seq-len", NULL, run_bind,
+     dump_graph},
+    {"params", "tell trainable weights from constant initializers (buffers, scalars)", NULL,
+     run_params, dump_graph},
+    {"fold", "fold shape arithmetic and constants", NULL, run_fold, dump_graph},
+    {"dce", "remove nodes that do not reach an output", NULL, run_dce, dump_graph},
+    {"retie", "restore weight tying broken by the exporter's constant folding", NULL, run_retie,
+     dump_graph},
+    {"recognize", "recognise semantic ops (Linear, norms, attention, ...)", NULL, run_recognize,
+     dump_graph},
+    {"cleanup", "fold and dce again after recognition", NULL, run_cleanup, dump_graph},
+    {"objective", "end the graph in its loss (--objective)", step_objective, NULL, dump_graph},
+    {"freeze", "mark the parameters --freeze names as not trained", step_freeze, NULL,
+     dump_graph},
+    {"autodiff", "the reverse-mode program on the whole sequence (as store)", step_autodiff,
+     NULL, dump_schedule},
+    {"stream", "the strategy's program: chunk loops, slices, accumulators, recomputation",
+     step_stream, NULL, dump_schedule},
+    {"plan", "the memory plan: each workspace buffer's offset, size and lifetime", step_plan,
+     NULL, dump_plan},
+};
+const int sbp_n_flow_stages = (int)(sizeof sbp_flow_stages / sizeof sbp_flow_stages[0]);
+
+int sbp_flow_find(const char *name)
+{
+    for (int i = 0; i < sbp_n_flow_stages; i++)
+        if (strcmp(sbp_flow_stages[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* Runs stages [first, last] on f; the verifier after each graph pass. */
+static int run_stages(sbp_flow *f, int first, int last)
+{
+    for (int i = first; i <= last; i++) {
+        const sbp_flow_stage *s = &sbp_flow_stages[i];
+        int errors = f->diag->n_errors;
+        int rc = s->pass ? s->pass(f->g, &f->opt->pass) : s->step(f);
+        if (rc != IR_OK || f->diag->n_errors) {
+            /* the stage's own error says why, in one line; a stage that failed without saying
+             * so is named */
+            if (f->diag->n_errors == errors)
+                ir_diag_error(f->diag, "pass '%s' failed", s->name);
             return IR_ERR;
         }
-        if (opt->verify && ir_verify(g) != IR_OK) {
-            ir_diag_error(g->diag, "the graph is invalid after pass '%s' (an sbpc bug)",
-                          sbp_pass_list[i].name);
+        if (s->pass && f->opt->pass.verify && ir_verify(f->g) != IR_OK) {
+            ir_diag_error(f->diag, "the graph is invalid after pass '%s' (an sbpc bug)",
+                          s->name);
             return IR_ERR;
         }
     }
     return IR_OK;
+}
+
+int sbp_flow_run(sbp_flow *f, const sbp_flow_options *o, ir_diag *d, const char *stop_after)
+{
+    int last = sbp_n_flow_stages - 1;
+    if (stop_after && (last = sbp_flow_find(stop_after)) < 0)
+        return ir_diag_error(d, "unknown pass '%s' (see sbpc --help for the list)", stop_after);
+    if (!f->g) { /* a fresh flow (a zeroed struct) */
+        f->done = -1;
+        f->chosen = o->objective;
+    }
+    if (last <= f->done)
+        return IR_OK;
+    f->opt = o;
+    f->diag = d;
+    f->stop_stage = last == sbp_flow_find("autodiff")  ? SBP_TRAIN_UNTIL_AUTODIFF
+                    : last == sbp_flow_find("stream") ? SBP_TRAIN_UNTIL_SCHEDULE
+                                                       : SBP_TRAIN_UNTIL_PLAN;
+    f->last = last;
+    int rc = run_stages(f, f->done + 1, last);
+    if (rc == IR_OK)
+        f->done = last;
+    return rc;
+}
+
+int sbp_canonicalize(ir_graph *g, const sbp_pass_options *opt, const char *stop_after)
+{
+    int last = sbp_flow_find("cleanup");
+    if (stop_after) {
+        int k = sbp_flow_find(stop_after);
+        if (k < 0 || k > last)
+            return ir_diag_error(g->diag, "unknown pass '%s' (see sbpc --help for the list)",
+                                 stop_after);
+        last = k;
+    }
+    sbp_flow_options o = {.pass = *opt};
+    sbp_flow f = {.g = g, .opt = &o, .diag = g->diag};
+    return run_stages(&f, 1, last);
 }

@@ -4,7 +4,7 @@
  * The program is built in fp32 as always; this pass only decides, per workspace buffer, how it
  * is stored. Every kernel has fixed operand roles in the runtime's bf16 API (runtime/sbprt.h):
  * activations and their gradients are bf16, parameters, parameter gradients, statistics and
- * loss sums fp32 (tp_kernel_bf16_types). A float workspace buffer becomes bf16 when each of its
+ * loss sums fp32 (the BF16 column of train_kernels.def, tp_kernel_bf16_types). A float workspace buffer becomes bf16 when each of its
  * uses is an activation operand; one used anywhere as fp32 (a norm's rstd, attention's lse, the
  * loss sum) stays fp32, and then an activation use of it is an error, since no kernel converts
  * on the fly. A parameter read as a GEMM operand is read through the bf16 copy of the parameter
@@ -17,50 +17,20 @@
 
 #include <string.h>
 
+/* The BF16 column of train_kernels.def: one letter per buffer operand, or "" (no bf16 form).
+ * A row of another length fails the build here. */
+#define K(e, nb, na, roles, bf16, call)                                                        \
+    _Static_assert(sizeof(bf16) == (nb) + 1 || sizeof(bf16) == 1,                             \
+                   "train_kernels.def: the BF16 types of kernel " #e " need one letter per "    \
+                   "buffer operand (or none)");
+#include "train_kernels.def"
+#undef K
+
 const char *tp_kernel_bf16_types(tp_kernel k)
 {
-    switch (k) {
-    case TP_K_MEMSET_ZERO: return "x";
-    case TP_K_COPY: return "xx";
-    case TP_K_GEMM: return "cbb";
-    case TP_K_BIAS_ADD: return "bf";
-    case TP_K_BIAS_BACKWARD: return "fb";
-    case TP_K_ADD: return "bbb";
-    case TP_K_ACCUMULATE:
-    case TP_K_SCALE: /* the constant is an argument, not an operand */
-    case TP_K_SCALE_ACCUMULATE:
-    case TP_K_DIV_SCALAR:
-    case TP_K_DIV_SCALAR_ACCUMULATE: return "bb";
-    case TP_K_EMBEDDING_FWD: return "bfi";
-    case TP_K_EMBEDDING_BWD: return "fbi";
-    case TP_K_LAYERNORM_FWD: return "bffbff";
-    case TP_K_LAYERNORM_BWD: return "bffbbfff";
-    case TP_K_RMSNORM_FWD: return "bfbf";
-    case TP_K_RMSNORM_BWD: return "bfbbff";
-    case TP_K_GELU_TANH_FWD:
-    case TP_K_GELU_ERF_FWD:
-    case TP_K_SILU_FWD:
-    case TP_K_RELU_FWD:
-    case TP_K_TANH_FWD: return "bb";
-    case TP_K_GELU_TANH_BWD:
-    case TP_K_GELU_ERF_BWD:
-    case TP_K_SILU_BWD:
-    case TP_K_RELU_BWD:
-    case TP_K_TANH_BWD:
-    case TP_K_SWIGLU_FWD: return "bbb";
-    case TP_K_SWIGLU_BWD: return "bbbbb";
-    case TP_K_ROPE_FWD:
-    case TP_K_ROPE_BWD: return "bbiff";
-    case TP_K_ATTENTION_FWD: return "bfbbb";
-    case TP_K_ATTENTION_BWD: return "bbbbbbbbf";
-    case TP_K_CROSS_ENTROPY: return "fbbi";
-    case TP_K_PERMUTE_FWD:
-    case TP_K_PERMUTE_BWD:
-    case TP_K_COPY_COLS: return "bb";
-    case TP_K_BROADCAST_FWD: return "bbb";
-    case TP_K_BROADCAST_BWD: return "bbbbb";
-    default: return NULL;
-    }
+    if ((int)k < 0 || k >= TP_K_COUNT || !tp_kernel_table[k].bf16[0])
+        return NULL;
+    return tp_kernel_table[k].bf16;
 }
 
 size_t tp_buf_elem_bytes(const tp_buf *b) { return b && b->bf16 ? 2 : 4; }

@@ -1559,9 +1559,51 @@ static bool match_attention(const ir_graph *g, const ir_uses *u, ir_node *mm2, a
     return false;
 }
 
-/* Builds Attention (and k's Transpose when needed) for a verified match. */
-static int build_attention(ir_graph *g, ir_node *mm2, attn_match *m)
+/* Whether every use of n's outputs is by a node of m (a graph output is a use outside). */
+static bool used_only_inside(const ir_uses *u, const ir_node *n, const attn_match *m)
 {
+    for (int o = 0; o < n->n_out; o++) {
+        const ir_value *v = n->out[o];
+        if (!v)
+            continue;
+        if (v->is_output)
+            return false;
+        for (int k = 0; k < u->n_uses[v->id]; k++) {
+            bool inside = false;
+            for (int i = 0; i < m->n_nodes && !inside; i++)
+                inside = u->uses[v->id][k].node == m->nodes[i];
+            if (!inside)
+                return false;
+        }
+    }
+    return true;
+}
+
+/* Drops from the replaced nodes those that must stay: the matchers check each piece's own use
+ * count, but a piece used once by a node that itself stays is still needed. Found by
+ * fuzz/fuzz_pipeline: a second layer's scores read the first layer's kT, so that Transpose
+ * (two uses) stayed while the repeat_kv Reshape/Expand/Unsqueeze under it (one use each) were
+ * replaced, and the kept Transpose read a value nothing defined any more. The same holds for a
+ * scale Mul under a kept Transpose and for v's repeat_kv under a Reshape read elsewhere. Repeated
+ * until nothing changes, since keeping one node keeps its producers' outputs in use. mm2 (the
+ * root, whose output the Attention takes over) is always replaced. */
+static void keep_shared_nodes(const ir_uses *u, const ir_node *mm2, attn_match *m)
+{
+    bool changed = true;
+    while (changed) {
+        changed = false;
+        for (int i = 0; i < m->n_nodes; i++)
+            if (m->nodes[i] != mm2 && !used_only_inside(u, m->nodes[i], m)) {
+                m->nodes[i--] = m->nodes[--m->n_nodes];
+                changed = true;
+            }
+    }
+}
+
+/* Builds Attention (and k's Transpose when needed) for a verified match. */
+static int build_attention(ir_graph *g, const ir_uses *u, ir_node *mm2, attn_match *m)
+{
+    keep_shared_nodes(u, mm2, m);
     ir_value *k = m->k;
     if (!k) {
         /* The output starts untyped: inference must first see the perm (it merges shapes). */
@@ -1614,7 +1656,7 @@ int sbp_recognize_attention(ir_graph *g)
         if (mm2->dead || mm2->op != IR_OP_MATMUL)
             continue;
         if (match_attention(g, &u, mm2, m, &memo))
-            rc = build_attention(g, mm2, m);
+            rc = build_attention(g, &u, mm2, m);
     }
 out:
     free(snap);

@@ -12,6 +12,7 @@
  */
 #include "passes.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static bool all_equal(const ir_value *v)
@@ -42,6 +43,16 @@ static bool candidate(const ir_value *v)
            !v->tied_to && v->nbytes > 0;
 }
 
+static const uint64_t *retie_keys; /* qsort has no context argument; single-threaded */
+
+static int cmp_key(const void *pa, const void *pb)
+{
+    int a = *(const int *)pa, b = *(const int *)pb;
+    if (retie_keys[a] != retie_keys[b])
+        return retie_keys[a] < retie_keys[b] ? -1 : 1;
+    return a < b ? -1 : a > b;
+}
+
 int sbp_pass_retie(ir_graph *g)
 {
     /* Use lists once: the pass is O(params^2) shape comparisons at worst, never O(nodes) per
@@ -63,14 +74,41 @@ int sbp_pass_retie(ir_graph *g)
             if (u.uses[i][k].node->op == IR_OP_GATHER && u.uses[i][k].slot == 0)
                 gathered[i] = true;
     }
+    /* Only candidates with the same key can be each other's transpose: the key hashes what a
+     * transpose keeps (dtype, the two dims unordered, the diagonal), so a model with many
+     * same-shaped weights is not O(params^2) element comparisons. Each group keeps the
+     * candidates' order, so the first match is the same as over all of them. */
+    uint64_t *key = ir_arena_calloc(g->arena, (size_t)nc + 1, sizeof *key);
+    int *ord = ir_arena_calloc(g->arena, (size_t)nc + 1, sizeof *ord);
+    int *grp = ir_arena_calloc(g->arena, (size_t)nc + 1, sizeof *grp);
+    if (!key || !ord || !grp)
+        return ir_diag_error(g->diag, "out of memory re-tying");
+    for (int i = 0; i < nc; i++) {
+        const ir_value *v = cand[i];
+        int64_t m = v->dims[0].value, n = v->dims[1].value;
+        size_t es = ir_dtype_size(v->dtype);
+        uint64_t h = 1469598103934665603u ^ (uint64_t)v->dtype;
+        h = (h ^ (uint64_t)(m < n ? m : n)) * 1099511628211u;
+        h = (h ^ (uint64_t)(m < n ? n : m)) * 1099511628211u;
+        const unsigned char *d = v->data;
+        for (int64_t k = 0; k < m && k < n; k++)
+            for (size_t e = 0; e < es; e++)
+                h = (h ^ d[(size_t)(k * n + k) * es + e]) * 1099511628211u;
+        key[i] = h;
+        ord[i] = i;
+    }
+    retie_keys = key;
+    qsort(ord, (size_t)nc, sizeof *ord, cmp_key);
+    for (int i = 0; i < nc; i++) /* grp[c]: where c's group starts in ord */
+        grp[ord[i]] = i > 0 && key[ord[i]] == key[ord[i - 1]] ? grp[ord[i - 1]] : i;
     for (int bi = 0; bi < nc; bi++) {
         ir_value *b = cand[bi];
         /* An embedding table (read by Gather) is always the owner, never the copy: with a
          * square pair either could be called the transpose of the other. */
         if (b->tied_to || gathered[b->id] || all_equal(b))
             continue;
-        for (int ai = 0; ai < nc; ai++) {
-            ir_value *a = cand[ai];
+        for (int oi = grp[bi]; oi < nc && key[ord[oi]] == key[bi]; oi++) {
+            ir_value *a = cand[ord[oi]];
             if (a == b || a->tied_to || a->dtype != b->dtype ||
                 a->dims[0].value != b->dims[1].value || a->dims[1].value != b->dims[0].value ||
                 !is_transpose(a, b))

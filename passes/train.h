@@ -63,7 +63,7 @@
  *
  * Precision (sbp_train_options.bf16, sbpc --precision bf16 for the CUDA target). The program
  * is the fp32 one; then every float workspace buffer used only as an activation operand of a
- * kernel (tp_kernel_bf16_types 'b' / 'c') is marked bf16 and planned at 2 bytes an element,
+ * kernel (the BF16 column of train_kernels.def, 'b' / 'c') is marked bf16 and planned at 2 bytes an element,
  * while parameters and their gradients (the caller's fp32 blocks), statistics (mean, rstd,
  * lse), loss sums and any buffer some kernel reads or writes as fp32 stay fp32. GEMMs read a
  * parameter through its bf16 copy in the workspace (bf16_shadow_offset), which the step fills
@@ -74,9 +74,7 @@
  * a best-fit heap simulation; workspace_bytes is the plan's peak. The builder marks where a
  * region's gradients must be zero with a MEMSET_ZERO of a span buffer; the planner replaces it
  * by per-buffer zeroing before each gradient's first contribution (spans are unused after
- * that). The region fields below (persist_*_bytes, overlay_bytes, grad_zero_*, a segment's
- * act_bytes / grad_bytes) belong to the former bump layout and are no longer set. Everything
- * lives in the graph's arena.
+ * that). Everything lives in the graph's arena.
  */
 #ifndef SBP_TRAIN_H
 #define SBP_TRAIN_H
@@ -167,7 +165,7 @@ const char *sbp_seq_class_name(sbp_seq_class c); /* "static" | "row-wise" | ... 
 /* ---------------------------------------------------------------- the training program */
 
 typedef enum {
-#define K(e, nbuf, narg, call) TP_K_##e,
+#define K(e, nbuf, narg, roles, bf16, call) TP_K_##e,
 #include "train_kernels.def"
 #undef K
     TP_K_COUNT
@@ -176,7 +174,9 @@ typedef enum {
 typedef struct tp_kernel_info {
     const char *name; /* "GEMM" */
     int n_buf, n_arg;
-    const char *call; /* template: @i buffer operand i, #i scalar argument i */
+    const char *roles; /* one letter per buffer operand: its role (memplan.h) */
+    const char *bf16;  /* one letter per buffer operand: its bf16 type, "" none (precision.c) */
+    const char *call;  /* template: @i buffer operand i, #i scalar argument i */
 } tp_kernel_info;
 extern const tp_kernel_info tp_kernel_table[TP_K_COUNT];
 
@@ -296,7 +296,6 @@ typedef enum {
 typedef struct tp_segment {
     const char *name;        /* "prologue", "layer_0", ..., "head" */
     int first_node, end_node;/* [first, end) in the graph's node order */
-    size_t act_bytes, grad_bytes; /* its overlay use (checkpoint, stream) */
     tp_seg_kind kind;
 } tp_segment;
 
@@ -328,9 +327,7 @@ typedef struct sbp_train_program {
     int loss_buf;            /* float [1]: Σ of token losses of the forward */
     int ids_buf, labels_buf; /* TP_BUF_IDS / TP_BUF_LABELS, -1 when the graph has none */
 
-    /* the workspace plan, bytes */
-    size_t persist_act_bytes, persist_grad_bytes, overlay_bytes, workspace_bytes;
-    size_t grad_zero_begin, grad_zero_end; /* persistent gradients: zeroed at backward start */
+    size_t workspace_bytes;  /* the planned workspace (passes/memplan.h), bytes */
 
     /* DPO / GRPO (passes/objective_pref.c; loss_is_mean is false: the loss buffer holds the
      * loss itself) */
@@ -363,11 +360,11 @@ typedef struct sbp_train_options {
     bool bf16;               /* mixed precision (CUDA target): see "Precision" above */
 } sbp_train_options;
 
-/* The operand types of kernel k in a bf16 program, one character per buffer operand: 'b' bf16
- * (an activation or activation gradient), 'f' fp32 (a parameter, a parameter gradient, a
- * statistic, a loss sum, a table), 'i' int32, 'c' a GEMM's C (bf16, or fp32 for a gradient in
- * the gradient block), 'x' typeless bytes (memset, copy: as the buffer is stored). NULL: the
- * kernel has no bf16 form (the preference objectives' kernels). */
+/* The operand types of kernel k in a bf16 program (the BF16 column of train_kernels.def), one
+ * character per buffer operand: 'b' bf16 (an activation or activation gradient), 'f' fp32 (a
+ * parameter, a parameter gradient, a statistic, a loss sum, a table), 'i' int32, 'c' a GEMM's C
+ * (bf16, or fp32 for a gradient in the gradient block), 'x' typeless bytes (memset, copy: as the
+ * buffer is stored). NULL: the kernel has no bf16 form (the preference objectives' kernels). */
 const char *tp_kernel_bf16_types(tp_kernel k);
 
 /* Bytes of one element of b as stored: 4, or 2 for a bf16 workspace buffer. */
@@ -403,8 +400,18 @@ sbp_train_program *sbp_train_build_until(ir_graph *g, sbp_objective objective,
  * caller's and not included. */
 size_t sbp_train_planned_peak(const sbp_train_program *p);
 
-/* Human-readable listing of the program (buffers with offsets, blocks, instructions). */
+/* Human-readable listing of the program (buffers with offsets, blocks, instructions):
+ * sbpc --dump-ir=program. */
 void sbp_train_print(const sbp_train_program *p, FILE *f);
+/* The schedule (sbpc --dump-ir=autodiff / stream): the parameters (trained or frozen), the
+ * segments, stream's chunk sizes and per-node classes, then every block with its chunk loops
+ * (row ranges), each instruction's operands (a slice of a full-length buffer shown as
+ * name[rows r0..]), gradients accumulated over the chunks and what is recomputed. */
+void sbp_train_print_schedule(const sbp_train_program *p, const char *stage, FILE *f);
+/* The memory plan (sbpc --dump-ir=plan): the workspace size, then each workspace buffer's
+ * offset, size and lifetime (the first and last instruction that uses it, in the schedule's
+ * order), by offset. */
+void sbp_train_print_plan(const sbp_train_program *p, FILE *f);
 
 /* ---------------------------------------------------------------- train_verify.c */
 
@@ -413,7 +420,14 @@ void sbp_train_print(const sbp_train_program *p, FILE *f);
  * the rows [0, batch*seq) exactly once (no row twice, none missing, no chunk past its
  * sequence); a sliced operand (tp_off) stays inside its buffer in every iteration; TP_ARG_T0
  * and offsets appear only inside loops. Returns IR_OK, or IR_ERR with one diagnostic per
- * problem (naming the block, the loop or instruction). sbp_train_build runs it. */
+ * problem (naming the block, the loop or instruction). sbp_train_build runs it.
+ * Limits, checked first and reported once (the first problem only): no buffer holds more than
+ * IR_MAX_TENSOR_BYTES (ir/checked.h), and every scalar argument fits the C type the runtime
+ * function takes it as (an int dimension, a size_t count), naming the kernel, the node and the
+ * value. */
 int sbp_train_verify(const sbp_train_program *p, ir_diag *d);
+/* After the plan: parameters + gradients + workspace fit IR_MAX_TENSOR_BYTES; else IR_ERR with
+ * the three sizes. sbp_train_build runs it. */
+int sbp_train_check_totals(const sbp_train_program *p, ir_diag *d);
 
 #endif

@@ -11,10 +11,12 @@
  *              train_lower.c   the buffers of the alias groups
  *              stream.c or     the blocks: stream's chunk loops, or store / checkpoint's
  *              train_lower.c   forward + one backward per segment
- *              train_verify.c  operands, loops and row coverage checked
+ *              train_verify.c  operands, loops and row coverage checked; sizes and int
+ *                              arguments within what the target and the runtime take
  *              precision.c     bf16 programs: which buffers are stored as bf16
  *   plan       memplan.c       lifetimes and offsets in one workspace (bf16: the weights' copy
  *                              after it)
+ *              train_verify.c  parameters + gradients + workspace within the address space
  *
  * The stage names are sbpc's --dump-ir names (sbp_train_build_until stops after one). The
  * memory budget (--memory-budget) is handled here too: the largest stream chunks whose plan
@@ -124,6 +126,8 @@ static sbp_train_program *build_once(ir_graph *g, sbp_objective objective,
         return NULL;
     if (p->bf16)
         sbp_train_place_bf16_shadow(p);
+    if (sbp_train_check_totals(p, g->diag) != IR_OK)
+        return NULL;
     return p;
 }
 

@@ -81,6 +81,8 @@ typedef struct tctx {
     const tchunk *chunk;          /* non-NULL while a chunk body is lowered (stream) */
     int64_t *saved_dims;          /* [n_values * IR_MAX_RANK]: dims while a chunk body is lowered */
     int n_loop_groups;
+    const char **names;           /* [names_cap] hash set of the buffers' names (tx_cname) */
+    int names_cap, names_n;
 } tctx;
 
 /* ---- the rule table (autodiff.c) */

@@ -40,15 +40,20 @@ static int build_params(tctx *t)
     if (!index || !p->params)
         return ir_diag_error(g->diag, "out of memory");
     int rc = IR_OK;
+    /* use counts of every value at once (ir_value_use_count per parameter is O(nodes) each) */
+    ir_uses u = ir_uses_build(g);
+    if (!u.n_uses)
+        return ir_diag_error(g->diag, "out of memory");
+#define USES(x) ((x)->is_output + u.n_uses[(x)->id])
     for (int pass = 0; pass < 2; pass++) {
         /* pass 0: parameters with storage; pass 1: re-tied copies (they need the owner's row) */
         for (int i = 0; i < g->n_values; i++) {
             ir_value *v = g->values[i];
             if (v->kind != IR_VAL_PARAM || (pass == 0) != !v->tied_to)
                 continue;
-            if (pass == 0 && ir_value_use_count(g, v) == 0)
+            if (pass == 0 && USES(v) == 0)
                 continue;
-            if (pass == 1 && (ir_value_use_count(g, v->tied_to) == 0 || v->tied_to->tied_to))
+            if (pass == 1 && (USES(v->tied_to) == 0 || v->tied_to->tied_to))
                 continue;
             if (v->dtype != IR_DT_FLOAT || !ir_value_shape_known(v)) {
                 rc = ir_diag_error(g->diag, "parameter '%s' is %s: only f32 parameters of known "
@@ -77,6 +82,7 @@ static int build_params(tctx *t)
         }
     }
     return rc;
+#undef USES
 }
 
 /* ------------------------------------------------------------------ 2. inputs */
@@ -155,6 +161,55 @@ static int bind_inputs(tctx *t)
     return IR_OK;
 }
 
+/* The "attention ... is not recognised" warning of recognize_attention.c that names node n as
+ * one of its MatMuls or is about n (its Softmax), or NULL: a MatMul of two activations with no gradient rule is, in these
+ * models, nearly always an attention whose mask did not match, and the error should say that
+ * rather than blame the MatMul. */
+static const ir_diag_entry *unrecognised_attention(const ir_diag *d, const ir_node *n)
+{
+    if (!d || !n->name)
+        return NULL;
+    char key[300];
+    snprintf(key, sizeof key, "MatMul '%s'", n->name);
+    for (int i = 0; i < d->n; i++)
+        if (d->entries[i].sev == IR_SEV_WARNING && d->entries[i].msg && d->entries[i].node &&
+            strstr(d->entries[i].msg, "is not recognised") &&
+            (strstr(d->entries[i].msg, key) || strcmp(d->entries[i].node, n->name) == 0))
+            return &d->entries[i];
+    return NULL;
+}
+
+/* The error for the nodes plan() found untrainable: only one. A mask that did not match leaves
+ * its attention's MatMuls without a gradient rule and its Softmax without a lowering, in every
+ * layer: reporting each would bury the cause under follow-on errors. So the error is the
+ * earliest node explained by an unrecognised attention (the cause, named with its mask), else
+ * the earliest untrainable node (kind 1: no gradient rule; 2: no lowering at all); a note counts
+ * the others, which are the same problem again or a consequence of it. */
+static int report_untrainable(tctx *t, ir_node **nodes, int failed, int k, int kind)
+{
+    const ir_node *n = nodes[k];
+    const ir_diag_entry *why = unrecognised_attention(t->g->diag, n);
+    int rc;
+    if (why) {
+        /* at the attention's Softmax, the node the cause is about, in the warning's words */
+        rc = ir_diag_add(t->g->diag, IR_SEV_ERROR, why->node, why->op,
+                         "this attention cannot be trained (its MatMuls and Softmax have no "
+                         "gradient rule): %s",
+                         why->msg);
+    } else if (kind == 1) {
+        rc = tx_error(t, n, "no gradient rule for op %s (node '%s')", ir_op_name(n->op), n->name);
+    } else {
+        rc = tx_error(t, n, "op %s (node '%s') cannot run in a training step (no lowering)",
+                      ir_op_name(n->op), n->name);
+    }
+    if (failed > 1)
+        ir_diag_add(t->g->diag, IR_SEV_NOTE, NULL, NULL,
+                    "%d more node%s cannot run in a training step, the same way or as a "
+                    "consequence; only the first is reported",
+                    failed - 1, failed > 2 ? "s" : "");
+    return rc;
+}
+
 /* Whether a gradient flows to input `slot`; an op without a rule is taken to be differentiable
  * in every input, so that a missing rule on the loss's path is reported as such. */
 static bool slot_diff(const grad_rule *r, int slot)
@@ -166,7 +221,9 @@ static int plan(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
 {
     ir_graph *g = t->g;
     int rc = IR_OK;
-    for (int k = 0; k < nn; k++) {
+    /* stops at the first node that cannot be planned: the nodes after it read its outputs, so
+     * their errors would be the same cause again */
+    for (int k = 0; k < nn && rc == IR_OK; k++) {
         ir_node *n = nodes[k];
         tn *r = &t->n[k];
         const grad_rule *rule = train_rule(n->op);
@@ -202,6 +259,7 @@ static int plan(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
         return rc;
 
     /* grad_live, in reverse; first/last node of each group */
+    int failed = 0, fail_k = -1, fail_kind = 0, attn_k = -1;
     t->v[loss->id].grad_live = true;
     for (int k = nn - 1; k >= 0; k--) {
         ir_node *n = nodes[k];
@@ -216,28 +274,26 @@ static int plan(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
         for (int s = 0; s < n->n_in; s++)
             if (n->in[s] && slot_diff(rule, s) && t->v[n->in[s]->id].needs_grad)
                 any = true;
-        if (!rule) {
-            if (live && any)
-                rc = tx_error(t, n, "no gradient rule for op %s (node '%s')", ir_op_name(n->op),
-                              n->name);
+        if (!rule || (live && any && !rule->bwd && !t->n[k].view)) {
+            /* remembered, reported below: one error for the root cause */
+            failed++;
+            if (!rule && !(live && any))
+                fail_k = k, fail_kind = 2; /* in reverse: the earliest node wins */
             else
-                rc = tx_error(t, n, "op %s (node '%s') cannot run in a training step (no "
-                                    "lowering)", ir_op_name(n->op), n->name);
+                fail_k = k, fail_kind = 1;
+            if (unrecognised_attention(t->g->diag, n))
+                attn_k = k;
             continue;
         }
         if (live && any) {
-            if (!rule->bwd && !t->n[k].view) {
-                rc = tx_error(t, n, "no gradient rule for op %s (node '%s')", ir_op_name(n->op),
-                              n->name);
-                continue;
-            }
             for (int s = 0; s < n->n_in; s++)
                 if (n->in[s] && slot_diff(rule, s) && t->v[n->in[s]->id].needs_grad)
                     t->v[n->in[s]->id].grad_live = true;
         }
     }
-    if (rc != IR_OK)
-        return rc;
+    if (failed)
+        return report_untrainable(t, nodes, failed, attn_k >= 0 ? attn_k : fail_k,
+                                  attn_k >= 0 ? 1 : fail_kind);
     for (int k = 0; k < nn; k++) {
         ir_node *n = nodes[k];
         for (int i = 0; i < n->n_out; i++)

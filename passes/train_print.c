@@ -5,8 +5,10 @@
  * gradients accumulate over chunks, what is recomputed), and the memory plan (each workspace
  * buffer's offset, size and lifetime).
  */
+#include "memplan.h"
 #include "train_internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* ------------------------------------------------------------------ printer */
@@ -40,6 +42,24 @@ static void print_stream(const sbp_train_program *p, FILE *f)
     }
 }
 
+/* The segments in node order (stream: with their kinds), then stream's analysis per node;
+ * newline: end the segments' line first (the full listing leaves it to the next section). */
+static void print_segments(const sbp_train_program *p, FILE *f, bool newline)
+{
+    fprintf(f, "segments:");
+    for (int s = 0; s < p->n_segments; s++)
+        fprintf(f, " %s[%d..%d)%s", p->segments[s].name, p->segments[s].first_node,
+                p->segments[s].end_node,
+                p->strategy != SBP_STRATEGY_STREAM         ? ""
+                : p->segments[s].kind == TP_SEG_LAYER ? "(layer)"
+                : p->segments[s].kind == TP_SEG_HEAD  ? "(head)"
+                                                      : "(whole)");
+    if (newline)
+        fputc('\n', f);
+    if (p->strategy == SBP_STRATEGY_STREAM)
+        print_stream(p, f);
+}
+
 void sbp_train_print(const sbp_train_program *p, FILE *f)
 {
     fprintf(f, "training program: strategy %s, objective %s, B=%lld T=%lld V=%lld\n",
@@ -56,16 +76,7 @@ void sbp_train_print(const sbp_train_program *p, FILE *f)
             fprintf(f, " tied to [%d] (transposed)", q->tied_to);
         fputc('\n', f);
     }
-    fprintf(f, "segments:");
-    for (int s = 0; s < p->n_segments; s++)
-        fprintf(f, " %s[%d..%d)%s", p->segments[s].name, p->segments[s].first_node,
-                p->segments[s].end_node,
-                p->strategy != SBP_STRATEGY_STREAM         ? ""
-                : p->segments[s].kind == TP_SEG_LAYER ? "(layer)"
-                : p->segments[s].kind == TP_SEG_HEAD  ? "(head)"
-                                                      : "(whole)");
-    if (p->strategy == SBP_STRATEGY_STREAM)
-        print_stream(p, f);
+    print_segments(p, f, false);
     fprintf(f, "\nworkspace: %zu bytes (liveness-planned, passes/memplan.c)\n", p->workspace_bytes);
     for (int i = 0; i < p->n_bufs; i++) {
         const tp_buf *b = p->bufs[i];
@@ -106,3 +117,185 @@ void sbp_train_print(const sbp_train_program *p, FILE *f)
     }
 }
 
+
+/* ------------------------------------------------------------------ --dump-ir=autodiff|stream */
+
+/* The program line, the parameters (trained or frozen), the segments and stream's analysis. */
+static void print_header(const sbp_train_program *p, FILE *f, const char *stage)
+{
+    int trained = 0;
+    for (int i = 0; i < p->n_params; i++)
+        trained += p->params[i].trainable;
+    fprintf(f, "training program after %s: strategy %s, objective %s, B=%lld T=%lld V=%lld\n",
+            stage, sbp_strategy_name(p->strategy), sbp_objective_name(p->objective),
+            (long long)p->batch, (long long)p->seq_len, (long long)p->vocab);
+    fprintf(f, "parameters: %d tensors (%d trained), %zu floats\n", p->n_params, trained,
+            p->param_elems);
+    for (int i = 0; i < p->n_params; i++) {
+        const tp_param *q = &p->params[i];
+        char ty[128];
+        fprintf(f, "  %-48s %-16s %s", q->value->name,
+                ir_value_type_str(q->value, ty, sizeof ty), q->trainable ? "trained" : "frozen");
+        if (q->tied_to >= 0)
+            fprintf(f, ", tied to %s (transposed)", p->params[q->tied_to].value->name);
+        fputc('\n', f);
+    }
+    print_segments(p, f, true);
+}
+
+/* One operand: its name, and inside a chunk loop the part of it the chunk reads or writes. */
+static void print_operand(const sbp_train_program *p, const tp_inst *in, int j, FILE *f)
+{
+    if (in->buf[j] < 0) {
+        fputs(" NULL", f);
+        return;
+    }
+    const tp_buf *b = p->bufs[in->buf[j]];
+    fprintf(f, " %s", b->name);
+    const tp_off *o = &in->off[j];
+    if (o->per_row && b->row_elems > 0 && o->per_row == b->row_elems)
+        fputs("[rows r0..]", f); /* the chunk's rows of a buffer that holds every token's */
+    else if (o->per_row)
+        fprintf(f, "[+%lld*r0]", (long long)o->per_row);
+    if (o->per_batch)
+        fprintf(f, "[+%lld*b]", (long long)o->per_batch);
+}
+
+/* Gradient buffers a chunk loop's body uses whole (not sliced to the chunk's rows, not
+ * chunk-local; at most offset to the batch element): every chunk adds into them (weight
+ * gradients, dK/dV over the prefix). */
+static void print_accumulators(const sbp_train_program *p, const tp_block *blk, const tp_loop *l,
+                               FILE *f)
+{
+    int col = fprintf(f, "    # accumulated over the chunks:"), n = 0;
+    for (int b = 0; b < p->n_bufs; b++) {
+        const tp_buf *buf = p->bufs[b];
+        if (!buf->is_grad || buf->chunk_local || buf->span)
+            continue;
+        bool whole = false;
+        for (int i = l->first; i < l->end && !whole; i++)
+            for (int j = 0; j < tp_kernel_table[blk->insts[i].k].n_buf; j++)
+                if (blk->insts[i].buf[j] == b && !blk->insts[i].off[j].per_row &&
+                    blk->insts[i].k != TP_K_MEMSET_ZERO)
+                    whole = true;
+        if (!whole)
+            continue;
+        if (col + (int)strlen(buf->name) > 98)
+            col = fprintf(f, "\n    #  ");
+        col += fprintf(f, " %s", buf->name);
+        n++;
+    }
+    if (!n)
+        fputs(" none", f);
+    fputc('\n', f);
+}
+
+void sbp_train_print_schedule(const sbp_train_program *p, const char *stage, FILE *f)
+{
+    print_header(p, f, stage);
+    for (int bi = 0; bi < p->n_blocks; bi++) {
+        const tp_block *blk = p->blocks[bi];
+        fprintf(f, "\nblock %s: %s\n", blk->name, blk->comment ? blk->comment : "");
+        int li = 0;
+        for (int i = 0; i < blk->n_insts; i++) {
+            const tp_inst *in = &blk->insts[i];
+            const tp_loop *l = li < blk->n_loops ? &blk->loops[li] : NULL;
+            bool inside = l && l->first <= i;
+            if (l && l->first == i) {
+                int64_t n_chunks = l->step > 0 ? (l->stop - l->begin + l->step - 1) / l->step : 0;
+                fprintf(f, "  loop %s: for b in [0, %lld), t0 = %lld, %lld, ... < %lld "
+                           "(%lld chunk%s): rows [t0, t0+%lld) of each b {\n",
+                        l->what ? l->what : "", (long long)l->batch, (long long)l->begin,
+                        (long long)(l->begin + l->step), (long long)l->stop,
+                        (long long)n_chunks, n_chunks == 1 ? "" : "s", (long long)l->len);
+            }
+            fprintf(f, "  %s%-16s", inside ? "  " : "", tp_kernel_table[in->k].name);
+            for (int j = 0; j < tp_kernel_table[in->k].n_buf; j++)
+                print_operand(p, in, j, f);
+            if (in->node)
+                fprintf(f, "   # %s %s", in->what ? in->what : "", in->node->name);
+            else if (in->what)
+                fprintf(f, "   # %s", in->what);
+            fputc('\n', f);
+            if (l && l->end == i + 1) {
+                print_accumulators(p, blk, l, f);
+                fputs("  }\n", f);
+                li++;
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ --dump-ir=plan */
+
+void sbp_train_print_plan(const sbp_train_program *p, FILE *f)
+{
+    /* the planner's own lifetimes (memplan.h: a buffer's ranges of schedule positions) */
+    const memplan *m = memplan_analyze(p);
+    if (!m) {
+        fputs("memory plan: cannot analyse the schedule (out of memory)\n", f);
+        return;
+    }
+    fprintf(f, "memory plan: strategy %s, B=%lld T=%lld%s\n", sbp_strategy_name(p->strategy),
+            (long long)p->batch, (long long)p->seq_len, p->bf16 ? ", bf16 activations" : "");
+    fprintf(f, "  parameters %zu B + gradients %zu B + workspace %zu B = planned peak %zu B\n",
+            p->param_elems * sizeof(float), p->param_elems * sizeof(float), p->workspace_bytes,
+            sbp_train_planned_peak(p));
+    fprintf(f, "  liveness lower bound %zu B (at %s); the plan's workspace is %.3fx of it\n",
+            m->lower_bound, m->lower_bound ? memplan_pos_name(m, m->lower_bound_pos) : "-",
+            m->lower_bound ? (double)p->workspace_bytes / (double)m->lower_bound : 1.0);
+    fprintf(f, "  schedule: %d positions (one per instruction, a loop's body once) in %d "
+               "blocks:",
+            m->n_pos, p->n_blocks);
+    for (int b = 0; b < p->n_blocks; b++)
+        fprintf(f, " %s %d..%d%s", p->blocks[b]->name, m->block_first[b],
+                m->block_first[b + 1] - 1, b + 1 < p->n_blocks ? "," : "\n");
+    fprintf(f, "  a lifetime is the positions where the buffer holds a value still needed "
+               "(memplan.h); a buffer live over a loop holds it across the chunks\n");
+    fprintf(f, "  %10s %10s  %-24s %s\n", "offset", "bytes", "live", "buffer");
+    /* workspace buffers by offset, then by the start of their lifetime */
+    int *order = calloc((size_t)p->n_bufs + 1, sizeof *order), n = 0;
+    if (!order) {
+        fputs("  (out of memory)\n", f);
+        return;
+    }
+    for (int b = 0; b < p->n_bufs; b++)
+        if (p->bufs[b]->kind == TP_BUF_WS && !p->bufs[b]->span)
+            order[n++] = b;
+    for (int i = 1; i < n; i++) { /* insertion sort: stable, deterministic */
+        int x = order[i], k = i - 1;
+        while (k >= 0 && (p->bufs[order[k]]->offset > p->bufs[x]->offset ||
+                          (p->bufs[order[k]]->offset == p->bufs[x]->offset &&
+                           m->lv.hull[order[k]].first > m->lv.hull[x].first))) {
+            order[k + 1] = order[k];
+            k--;
+        }
+        order[k + 1] = x;
+    }
+    for (int i = 0; i < n; i++) {
+        const tp_buf *b = p->bufs[order[i]];
+        char live[64];
+        int nr = m->lv.start[order[i] + 1] - m->lv.start[order[i]];
+        const mp_interval *r = &m->lv.range[m->lv.start[order[i]]];
+        if (nr == 0 || r[0].first < 0)
+            snprintf(live, sizeof live, "never");
+        else if (nr == 1)
+            snprintf(live, sizeof live, "%d..%d", r[0].first, r[0].last);
+        else if (nr == 2)
+            snprintf(live, sizeof live, "%d..%d, %d..%d", r[0].first, r[0].last, r[1].first,
+                     r[1].last);
+        else
+            snprintf(live, sizeof live, "%d..%d, +%d ranges to %d", r[0].first, r[0].last, nr - 1,
+                     r[nr - 1].last);
+        char shape[160];
+        int k = snprintf(shape, sizeof shape, "%s[", b->is_int ? "i32" : b->bf16 ? "bf16" : "f32");
+        for (int d = 0; d < b->rank && k < (int)sizeof shape - 24; d++)
+            k += snprintf(shape + k, sizeof shape - (size_t)k, "%s%lld", d ? "," : "",
+                          (long long)b->dims[d]);
+        snprintf(shape + k, sizeof shape - (size_t)k, "]");
+        fprintf(f, "  %10zu %10zu  %-24s %s %s %s%s\n", b->offset,
+                b->numel * tp_buf_elem_bytes(b), live, b->name, shape, b->what ? b->what : "",
+                b->chunk_local ? " (one chunk)" : "");
+    }
+    free(order);
+}

@@ -16,7 +16,7 @@
 #include <string.h>
 
 const tp_kernel_info tp_kernel_table[TP_K_COUNT] = {
-#define K(e, nb, na, call) [TP_K_##e] = {#e, nb, na, call},
+#define K(e, nb, na, roles, bf16, call) [TP_K_##e] = {#e, nb, na, roles, bf16, call},
 #include "train_kernels.def"
 #undef K
 };
@@ -43,7 +43,7 @@ int tx_grow(ir_arena *a, void **arr, int *cap, int need, size_t elem)
 
 int tx_error(tctx *t, const ir_node *n, const char *fmt, ...)
 {
-    char msg[512];
+    char msg[1024]; /* as long as ir_diag keeps: the unrecognised-attention error quotes a mask */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
@@ -56,6 +56,54 @@ size_t tx_numel(const ir_value *v)
 {
     int64_t n = ir_value_numel(v);
     return n < 0 ? 0 : (size_t)n;
+}
+
+/* The buffers' names as a hash set (open addressing, FNV-1a): a name is looked up in O(1), not
+ * against every buffer. name_add returns -1 when out of memory. */
+static unsigned name_hash(const char *s)
+{
+    unsigned h = 2166136261u;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 16777619u;
+    return h;
+}
+
+static bool name_taken(const tctx *t, const char *name)
+{
+    if (!t->names_cap)
+        return false;
+    for (unsigned i = name_hash(name) & (unsigned)(t->names_cap - 1);; i = (i + 1) & (unsigned)(t->names_cap - 1)) {
+        if (!t->names[i])
+            return false;
+        if (strcmp(t->names[i], name) == 0)
+            return true;
+    }
+}
+
+static int name_add(tctx *t, const char *name)
+{
+    if (2 * (t->names_n + 1) > t->names_cap) {
+        int nc = t->names_cap ? 2 * t->names_cap : 256;
+        const char **old = t->names;
+        int oc = t->names_cap;
+        t->names = ir_arena_calloc(t->g->arena, (size_t)nc, sizeof *t->names);
+        if (!t->names)
+            return -1;
+        t->names_cap = nc;
+        t->names_n = 0;
+        for (int i = 0; i < oc; i++)
+            if (old[i] && name_add(t, old[i]))
+                return -1;
+    }
+    unsigned i = name_hash(name) & (unsigned)(t->names_cap - 1);
+    while (t->names[i]) {
+        if (strcmp(t->names[i], name) == 0)
+            return 0;
+        i = (i + 1) & (unsigned)(t->names_cap - 1);
+    }
+    t->names[i] = name;
+    t->names_n++;
+    return 0;
 }
 
 /* A C identifier from prefix + base: alphanumerics kept, runs of anything else one '_',
@@ -76,14 +124,9 @@ const char *tx_cname(tctx *t, const char *prefix, const char *base)
         n--;
     s[n] = 0;
     const char *name = ir_arena_printf(t->g->arena, "%s%s", prefix, s);
-    for (int k = 2;; k++) {
-        bool clash = false;
-        for (int i = 0; i < t->p->n_bufs && !clash; i++)
-            clash = strcmp(t->p->bufs[i]->name, name) == 0;
-        if (!clash)
-            return name;
+    for (int k = 2; name && name_taken(t, name); k++)
         name = ir_arena_printf(t->g->arena, "%s%s_%d", prefix, s, k);
-    }
+    return name;
 }
 
 /* The readable stem of a value: for a semantic op's result, the ONNX module path of the first
@@ -107,7 +150,7 @@ int tx_new_buf(tctx *t, tp_buf_kind kind, const char *name, const ir_value *v, s
     if (tx_grow(t->g->arena, (void **)&p->bufs, &p->cap_bufs, p->n_bufs + 1, sizeof *p->bufs))
         return -1;
     tp_buf *b = ir_arena_alloc(t->g->arena, sizeof *b);
-    if (!b)
+    if (!b || (name && name_add(t, name)))
         return -1;
     b->id = p->n_bufs;
     b->name = name;

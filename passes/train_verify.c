@@ -7,8 +7,20 @@
  * every sliced operand inside its buffer at the last chunk; every chunk-local buffer large
  * enough for its loop's chunks; loop-only operand offsets and TP_ARG_T0 arguments only inside
  * loops. One diagnostic per problem; nothing is fixed.
+ *
+ * Limits (sbp_train_verify, then sbp_train_check_totals after the plan): what the program asks
+ * of a target must be something the target can do, or the emitted C silently truncates it. A
+ * buffer larger than any address space (IR_MAX_TENSOR_BYTES) is refused with its size, and so
+ * is a scalar argument the runtime takes as C `int` (runtime/sbprt.h) whose value does not fit:
+ * a copy_cols leading dimension of 2^46 elements would be printed into the call and wrap. These
+ * stop at the first problem, naming the kernel, the node and the value: the rest are nearly
+ * always the same oversized value seen again by the next instruction.
  */
 #include "train.h"
+
+#include "checked.h"
+
+#include <limits.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -154,9 +166,174 @@ static int check_groups(const sbp_train_program *p, ir_diag *d)
     return rc;
 }
 
+/* The C type of each scalar argument of each kernel, as runtime/sbprt.h declares the function
+ * the CALL column of train_kernels.def names (#0, #1, ...; the bf16 variants take the same):
+ *   i  int, or const int * (an `(const int[]){...}` of ints: every element is an int)
+ *   z  size_t (a flat element or byte count)
+ *   f  float
+ *   e  an enum constant (an expression)
+ * One string per kernel, of length NARG (sbp_train_verify checks it). */
+static const char *const arg_types[TP_K_COUNT] = {
+    [TP_K_MEMSET_ZERO] = "z",
+    [TP_K_COPY] = "z",
+    [TP_K_GEMM] = "iiiiiff",
+    [TP_K_BIAS_ADD] = "ii",
+    [TP_K_BIAS_BACKWARD] = "ii",
+    [TP_K_ADD] = "z",
+    [TP_K_ACCUMULATE] = "z",
+    [TP_K_SCALE] = "zf",
+    [TP_K_SCALE_ACCUMULATE] = "zf",
+    [TP_K_DIV_SCALAR] = "zf",
+    [TP_K_DIV_SCALAR_ACCUMULATE] = "zf",
+    [TP_K_EMBEDDING_FWD] = "iii",
+    [TP_K_EMBEDDING_BWD] = "iii",
+    [TP_K_LAYERNORM_FWD] = "iif",
+    [TP_K_LAYERNORM_BWD] = "ii",
+    [TP_K_RMSNORM_FWD] = "iif",
+    [TP_K_RMSNORM_BWD] = "ii",
+    [TP_K_GELU_TANH_FWD] = "z",
+    [TP_K_GELU_TANH_BWD] = "z",
+    [TP_K_GELU_ERF_FWD] = "z",
+    [TP_K_GELU_ERF_BWD] = "z",
+    [TP_K_SILU_FWD] = "z",
+    [TP_K_SILU_BWD] = "z",
+    [TP_K_RELU_FWD] = "z",
+    [TP_K_RELU_BWD] = "z",
+    [TP_K_TANH_FWD] = "z",
+    [TP_K_TANH_BWD] = "z",
+    [TP_K_SWIGLU_FWD] = "z",
+    [TP_K_SWIGLU_BWD] = "z",
+    [TP_K_ROPE_FWD] = "iiiii",
+    [TP_K_ROPE_BWD] = "iiiii",
+    [TP_K_ATTENTION_FWD] = "iiiiiiifif",
+    [TP_K_ATTENTION_BWD] = "iiiiiiifif",
+    [TP_K_CROSS_ENTROPY] = "iif",
+    [TP_K_PERMUTE_FWD] = "iii",
+    [TP_K_PERMUTE_BWD] = "iii",
+    [TP_K_COPY_COLS] = "iiiiiii",
+    [TP_K_BROADCAST_FWD] = "eiiii",
+    [TP_K_BROADCAST_BWD] = "eiiii",
+    [TP_K_LOGPROB_FWD] = "ii",
+    [TP_K_LOGPROB_GRAD] = "ii",
+    [TP_K_GRPO_LOSS] = "iiiff",
+    [TP_K_GRPO_WEIGHTS] = "",
+    [TP_K_DPO_COEF] = "",
+};
+
+/* The runtime function a kernel calls ("sbprt_copy_cols"), from its CALL template. */
+static const char *kernel_fn(const tp_kernel_info *ki, char *buf, size_t n)
+{
+    size_t len = strcspn(ki->call, "(");
+    snprintf(buf, n, "%.*s", (int)(len < n ? len : n - 1), ki->call);
+    return buf;
+}
+
+/* The largest value argument j of `in` takes (a chunk start adds the loop's last t0), and
+ * whether it is an integer at all. */
+static bool arg_extreme(const tp_inst *in, int j, const tp_loop *l, int64_t *lo, int64_t *hi)
+{
+    const tp_arg *a = &in->arg[j];
+    switch (a->kind) {
+    case TP_ARG_INT:
+        *lo = *hi = a->i;
+        return true;
+    case TP_ARG_T0:
+        *lo = a->i;
+        *hi = ck_add_sat_i64(a->i, l && l->stop > 0 ? l->stop - 1 : 0);
+        return true;
+    case TP_ARG_INTS:
+        *lo = INT64_MAX;
+        *hi = INT64_MIN;
+        for (int e = 0; e < a->n && a->ints; e++) {
+            *lo = a->ints[e] < *lo ? a->ints[e] : *lo;
+            *hi = a->ints[e] > *hi ? a->ints[e] : *hi;
+        }
+        return a->n > 0 && a->ints;
+    default:
+        return false;
+    }
+}
+
+/* The first scalar argument of instruction i that does not fit the C type the runtime takes;
+ * IR_OK when there is none. */
+static int check_args(const sbp_train_program *p, const tp_block *blk, int i, const tp_loop *l,
+                      ir_diag *d)
+{
+    (void)p;
+    const tp_inst *in = &blk->insts[i];
+    const tp_kernel_info *ki = &tp_kernel_table[in->k];
+    const char *ty = arg_types[in->k];
+    char fn[64];
+    if (!ty || (int)strlen(ty) != ki->n_arg)
+        return ir_diag_error(d, "verify: kernel %s: the verifier's argument types '%s' do not "
+                                "match its %d arguments (passes/train_verify.c: arg_types)",
+                             ki->name, ty ? ty : "", ki->n_arg);
+    for (int j = 0; j < ki->n_arg; j++) {
+        int64_t lo, hi;
+        if ((ty[j] != 'i' && ty[j] != 'z') || !arg_extreme(in, j, l, &lo, &hi))
+            continue;
+        bool fits = ty[j] == 'i' ? lo >= INT_MIN && hi <= INT_MAX : lo >= 0;
+        if (fits)
+            continue;
+        int64_t bad = ty[j] == 'i' && hi > INT_MAX ? hi : lo;
+        return ir_diag_add(d, IR_SEV_ERROR, in->node ? in->node->name : NULL,
+                           in->node ? in->node->op_type : NULL,
+                           "kernel %s (%s, block %s): scalar argument %d is %lld, %s: the sizes of "
+                           "this node are more than the runtime's kernels can index",
+                           kernel_fn(ki, fn, sizeof fn), in->what ? in->what : ki->name,
+                           blk->name, j, (long long)bad,
+                           ty[j] == 'i' ? "outside what its C int parameter holds "
+                                          "([-2147483648, 2147483647])"
+                                        : "negative for a size_t count");
+    }
+    return IR_OK;
+}
+
+/* The first buffer larger than any target can address (checked in fp32 units, an upper bound
+ * for a bf16 buffer). */
+static int check_buf_sizes(const sbp_train_program *p, ir_diag *d)
+{
+    for (int i = 0; i < p->n_bufs; i++) {
+        const tp_buf *b = p->bufs[i];
+        if (b->span)
+            continue; /* overlaps its region's gradients, owns no bytes */
+        int64_t bytes;
+        if (b->numel <= (size_t)INT64_MAX && ck_mul_i64((int64_t)b->numel, 4, &bytes) &&
+            bytes <= IR_MAX_TENSOR_BYTES)
+            continue;
+        const ir_node *n = b->value ? b->value->producer : NULL;
+        return ir_diag_add(d, IR_SEV_ERROR, n ? n->name : NULL, n ? n->op_type : NULL,
+                           "buffer %s (%s) has %zu elements, %s bytes: more than any target "
+                           "can address (%lld bytes, 2^47)",
+                           b->name, b->what ? b->what : "?", b->numel,
+                           b->numel <= (size_t)INT64_MAX / 4
+                               ? ir_arena_printf(p->g->arena, "%lld", (long long)b->numel * 4)
+                               : "over 2^63",
+                           (long long)IR_MAX_TENSOR_BYTES);
+    }
+    return IR_OK;
+}
+
+int sbp_train_check_totals(const sbp_train_program *p, ir_diag *d)
+{
+    int64_t params, peak;
+    bool ok = p->param_elems <= (size_t)INT64_MAX && p->workspace_bytes <= (size_t)INT64_MAX &&
+              ck_mul_i64((int64_t)p->param_elems, 8, &params) && /* parameters + gradients */
+              ck_add_i64(params, (int64_t)p->workspace_bytes, &peak) &&
+              peak <= IR_MAX_TENSOR_BYTES;
+    if (ok)
+        return IR_OK;
+    return ir_diag_error(d, "the step needs %zu bytes of parameters, %zu of gradients and %zu of "
+                            "workspace: more than any target can address (%lld bytes, 2^47)",
+                         p->param_elems * 4, p->param_elems * 4, p->workspace_bytes,
+                         (long long)IR_MAX_TENSOR_BYTES);
+}
+
 int sbp_train_verify(const sbp_train_program *p, ir_diag *d)
 {
     int rc = IR_OK;
+    if (check_buf_sizes(p, d) != IR_OK)
+        return IR_ERR;
     for (int bi = 0; bi < p->n_blocks; bi++) {
         const tp_block *blk = p->blocks[bi];
         int li = 0;
@@ -185,6 +362,8 @@ int sbp_train_verify(const sbp_train_program *p, ir_diag *d)
                                           "an offset",
                                        blk->name, i, ki->name, j);
             }
+            if (check_args(p, blk, i, in_loop ? &blk->loops[li] : NULL, d) != IR_OK)
+                return IR_ERR;
             for (int j = 0; j < ki->n_arg; j++)
                 if (in->arg[j].kind == TP_ARG_T0 && !in_loop)
                     rc = ir_diag_error(d, "verify: %s: instruction %d (%s): argument %d is a "

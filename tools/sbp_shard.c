@@ -6,6 +6,11 @@
  * count) followed by uint16 tokens — here each byte of the input as one token. It exists so that
  * a model with V=256 can be trained on text every machine has (/usr/share/common-licenses/GPL-3)
  * with `sbp-train --data`, and so the shard reader is exercised on real files.
+ *
+ * The input is opened without blocking and must be a regular file (a FIFO is refused, not
+ * waited on); the output must not be the input (same inode: `sbp-shard x -o x` would replace
+ * the text with its shard) nor a special file other than a character device, and is written
+ * atomically (ir/files.h).
  */
 #include "sbpio.h"
 
@@ -14,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static int fail(const char *msg, const char *detail)
 {
@@ -44,9 +50,26 @@ int main(int argc, char **argv)
     }
     if (!in)
         return fail("no input given (see --help)", NULL);
-    FILE *f = fopen(in, "rb");
+    char err[512];
+    struct stat st;
+    FILE *f = sbp_file_fopen_input(in, &st, err, sizeof err);
     if (!f)
-        return fail(in, strerror(errno));
+        return fail(err, NULL);
+    char dflt[4096];
+    if (!out) {
+        const char *base = strrchr(in, '/');
+        snprintf(dflt, sizeof dflt, "%s.bin", base ? base + 1 : in);
+        out = dflt;
+    }
+    /* Before anything is read: the output must not replace the input or a special file. */
+    sbp_file_set inputs = {0};
+    int bad = sbp_file_set_add(&inputs, in, "the input", &st) != SBP_FILE_OK ||
+              sbp_file_check_output(out, "-o", &inputs, NULL, err, sizeof err) != SBP_FILE_OK;
+    sbp_file_set_free(&inputs);
+    if (bad) {
+        fclose(f);
+        return fail(err, NULL);
+    }
     size_t cap = 1 << 16, n = 0;
     unsigned char *bytes = malloc(cap);
     for (size_t got; bytes && (got = fread(bytes + n, 1, cap - n, f)) > 0;) {
@@ -70,15 +93,8 @@ int main(int argc, char **argv)
         free(bytes);
         return fail(in, n < 2 ? "needs at least 2 bytes" : "larger than a shard can hold");
     }
-    char dflt[4096];
-    if (!out) {
-        const char *base = strrchr(in, '/');
-        snprintf(dflt, sizeof dflt, "%s.bin", base ? base + 1 : in);
-        out = dflt;
-    }
     int32_t header[256] = {20240520, 1, (int32_t)n};
     sbpio_atomic a;
-    char err[512];
     if (sbpio_atomic_begin(&a, out, err, sizeof err) != SBPIO_OK) {
         free(bytes);
         return fail(err, NULL);

@@ -7,19 +7,25 @@
  *
  * Approach: the step library (codegen/sbp_step.h) describes itself — dims, parameter table,
  * workspace size — so this program only has to check that the user's files agree with that
- * description, own the memory, and loop. In order:
- *   1. dlopen the step, check its ABI version and that its parameter table is self-consistent;
- *   2. import the ONNX model (ir_import_onnx, no passes) and check that every parameter of the
- *      step is a float32 initializer of the same shape (a re-tied parameter only has to exist:
- *      it has no storage, being the transpose of its owner);
- *   3. read the inputs (.npy ids + labels, or an llm.c token shard) and check shapes, dtypes and
- *      ranges against the step's B, T, V before anything runs;
- *   4. one arena (sbprt_arena_alloc) holds, at SBPRT_ALIGN-aligned offsets: parameters,
- *      gradients, AdamW's m and v, the step's workspace, the ids and labels of one batch;
- *   5. per step: run the step, stop on a failed status or a non-finite loss (naming the step),
- *      then update every trainable parameter with sbprt_adamw_update / sbprt_sgd_update;
- *   6. optionally dump the first step's gradients (safetensors) and save the trained weights
- *      into a copy of the model (ONNX); both are written atomically by sbpio.
+ * description, own the memory, and loop. main() runs four phases over one `run` struct (each
+ * returns 0, or -1 after its message; run_free releases whatever was made):
+ *   run_load      dlopen the step, check its ABI version and that its parameter table is
+ *                 self-consistent; read the inputs (.npy ids + labels, or an llm.c token shard)
+ *                 and check shapes, dtypes and ranges against the step's B, T, V before anything
+ *                 runs; import the ONNX model (ir_import_onnx, no passes) and check that every
+ *                 parameter of the step is a float32 initializer of the same shape (a re-tied
+ *                 parameter only has to exist: it has no storage, being the transpose of its
+ *                 owner);
+ *   run_allocate  one arena (sbprt_arena_alloc) holds, at SBPRT_ALIGN-aligned offsets:
+ *                 parameters, gradients, AdamW's m and v, the step's workspace, the ids and
+ *                 labels of one batch; the model's weights are copied in;
+ *   run_loop      per step (run_step): run the step, stop on a failed status or a non-finite
+ *                 loss (naming the step), then update every trainable parameter with
+ *                 sbprt_adamw_update / sbprt_sgd_update;
+ *   run_report    optionally dump the first step's gradients (safetensors; written after step 1)
+ *                 and save the trained weights into a copy of the model (ONNX), both written
+ *                 atomically by sbpio; print the peak memory.
+ * The command line is read by tools/cli.c (getopt_long and the value checkers sbpc shares).
  *
  * --grad-accum K: each optimizer step runs the step on K micro-batches of B rows (the input
  * files hold K*B rows; --data reads K batches), accumulating the gradients, with the whole
@@ -36,6 +42,14 @@
  * device"; for an allocation that does not fit, the bytes asked and free and the
  * --memory-budget that would fit.
  *
+ * Files: every input (the step, the model and its external data, the token files, the DPO / GRPO
+ * arrays) is opened without blocking and must be a regular file, so a FIFO is an error rather
+ * than a hang; the step's ELF tables are checked against its size before dlopen, so a truncated
+ * .so is an error rather than SIGBUS in the loader. The outputs (--dump-grads, --save) are
+ * checked against the identity of every input before anything runs (and again once the model's
+ * external data files are known): writing over a file the run reads, over a FIFO or directory,
+ * or twice to one file, is refused (ir/files.h).
+ *
  * Runtime functions are taken from the step library when it exports them (a step links
  * libsbprt in, so the context and the arena then belong to the backend the step was built for)
  * and otherwise from the CPU runtime linked into this program, each copy with its own context
@@ -43,12 +57,14 @@
  * message "sbp-train: error: ..." and exit status 1; nothing here trusts the step's table or
  * the user's files without checking.
  */
+#include "cli.h"
 #include "ir.h"
 #include "sbp_step.h"
 #include "sbpio.h"
 #include "train_inputs.h"
 
 #include <dlfcn.h>
+#include <elf.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -57,6 +73,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -151,6 +168,10 @@ static void usage(FILE *f)
             "  -h, --help              this text\n"
             "  --version               print the version\n"
             "\n"
+            "Options and STEP.so may come in any order; --flag=value and --flag value are the\n"
+            "same; a long option may be shortened to any unambiguous prefix (--grad for\n"
+            "--grad-accum); everything after -- is STEP.so.\n"
+            "\n"
             "Prints 'step N loss X tokens/s Y' per step and the peak memory at the end.\n");
 }
 
@@ -175,124 +196,84 @@ typedef struct options {
     const char *advantages;  /* --advantages (GRPO), or NULL */
 } options;
 
-/* A strict count: decimal digits only, in [lo, hi]. */
-static int parse_count(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out)
-{
-    if (!*s)
-        return error("%s needs a value", flag);
-    for (const char *p = s; *p; p++)
-        if (*p < '0' || *p > '9')
-            return error("%s: '%s' is not a %s integer", flag, s,
-                         lo > 0 ? "positive" : "non-negative");
-    errno = 0;
-    long long v = strtoll(s, NULL, 10);
-    if (errno || v < lo || v > hi)
-        return error("%s: '%s' is out of range (%lld to %lld)", flag, s, (long long)lo,
-                     (long long)hi);
-    *out = v;
-    return 0;
-}
+enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT_SAVE,
+       OPT_REF_LOGPS, OPT_OLD_LOGPS, OPT_ADVANTAGES, OPT_GRAD_ACCUM, OPT_STEPS, OPT_THREADS,
+       OPT_LR, OPT_WEIGHT_DECAY, OPT_OPTIMIZER, OPT_VERSION };
 
-/* A finite, non-negative real number, the whole string (strtod's syntax, no spaces). */
-static int parse_real(const char *flag, const char *s, double *out)
-{
-    if (!*s)
-        return error("%s needs a value", flag);
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end || s[0] == ' ' || s[0] == '\t' || s[0] == '\n')
-        return error("%s: '%s' is not a number", flag, s);
-    if (!isfinite(v) || errno == ERANGE)
-        return error("%s: '%s' is out of range", flag, s);
-    if (v < 0)
-        return error("%s: '%s' must not be negative", flag, s);
-    *out = v;
-    return 0;
-}
-
-/* "--flag=value" or "--flag value"; advances *i in the second form; "" when the value is
- * missing; NULL when argv[*i] is not this flag. */
-static const char *flag_value(int argc, char **argv, int *i, const char *flag)
-{
-    size_t n = strlen(flag);
-    if (strncmp(argv[*i], flag, n) == 0 && argv[*i][n] == '=')
-        return argv[*i] + n + 1;
-    if (strcmp(argv[*i], flag) == 0) {
-        if (*i + 1 >= argc)
-            return "";
-        return argv[++*i];
-    }
-    return NULL;
-}
-
-/* Returns 0 to go on, 1 for a clean exit (--help), -1 on an error. */
+/* Returns 0 to go on, 1 for a clean exit (--help), -1 on an error. The values are checked by
+ * tools/cli.c, with the same rules and words as sbpc's. */
 static int parse_args(int argc, char **argv, options *o)
 {
+    static const struct option table[] = {
+        {"model", required_argument, NULL, OPT_MODEL},
+        {"input-ids", required_argument, NULL, OPT_INPUT_IDS},
+        {"labels", required_argument, NULL, OPT_LABELS},
+        {"data", required_argument, NULL, OPT_DATA},
+        {"dump-grads", required_argument, NULL, OPT_DUMP_GRADS},
+        {"save", required_argument, NULL, OPT_SAVE},
+        {"ref-logps", required_argument, NULL, OPT_REF_LOGPS},
+        {"old-logps", required_argument, NULL, OPT_OLD_LOGPS},
+        {"advantages", required_argument, NULL, OPT_ADVANTAGES},
+        {"grad-accum", required_argument, NULL, OPT_GRAD_ACCUM},
+        {"steps", required_argument, NULL, OPT_STEPS},
+        {"threads", required_argument, NULL, OPT_THREADS},
+        {"lr", required_argument, NULL, OPT_LR},
+        {"weight-decay", required_argument, NULL, OPT_WEIGHT_DECAY},
+        {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, OPT_VERSION},
+        {0},
+    };
+    static const char *const optimizers[] = {"adamw", "sgd", NULL};
     *o = (options){.steps = 1, .lr = 1e-3, .adamw = true, .grad_accum = 1};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        const char **path = NULL;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+    cli c;
+    cli_init(&c, prog, table, argc, argv);
+    for (int opt; (opt = cli_next(&c)) != CLI_END;) {
+        const char *v = c.arg;
+        int k = 0, bad = 0;
+        switch (opt) {
+        case CLI_ERROR:
+            return -1;
+        case 'h':
             usage(stdout);
             return 1;
-        } else if (strcmp(a, "--version") == 0) {
+        case OPT_VERSION:
             printf("sbp-train %s (step ABI %d)\n", SBP_VERSION, SBP_STEP_ABI_VERSION);
             return 1;
-        } else if ((v = flag_value(argc, argv, &i, "--model"))) {
-            path = &o->model_path;
-        } else if ((v = flag_value(argc, argv, &i, "--input-ids"))) {
-            path = &o->ids_path;
-        } else if ((v = flag_value(argc, argv, &i, "--labels"))) {
-            path = &o->labels_path;
-        } else if ((v = flag_value(argc, argv, &i, "--data"))) {
-            path = &o->data_path;
-        } else if ((v = flag_value(argc, argv, &i, "--dump-grads"))) {
-            path = &o->dump_grads;
-        } else if ((v = flag_value(argc, argv, &i, "--save"))) {
-            path = &o->save;
-        } else if ((v = flag_value(argc, argv, &i, "--ref-logps"))) {
-            path = &o->ref_logps;
-        } else if ((v = flag_value(argc, argv, &i, "--old-logps"))) {
-            path = &o->old_logps;
-        } else if ((v = flag_value(argc, argv, &i, "--advantages"))) {
-            path = &o->advantages;
-        } else if ((v = flag_value(argc, argv, &i, "--grad-accum"))) {
-            if (parse_count("--grad-accum", v, 1, 1 << 20, &o->grad_accum))
-                return -1;
-        } else if ((v = flag_value(argc, argv, &i, "--steps"))) {
-            if (parse_count("--steps", v, 1, (int64_t)1 << 30, &o->steps))
-                return -1;
-        } else if ((v = flag_value(argc, argv, &i, "--threads"))) {
-            if (parse_count("--threads", v, 1, 4096, &o->threads))
-                return -1;
-        } else if ((v = flag_value(argc, argv, &i, "--lr"))) {
-            if (parse_real("--lr", v, &o->lr))
-                return -1;
-        } else if ((v = flag_value(argc, argv, &i, "--weight-decay"))) {
-            if (parse_real("--weight-decay", v, &o->weight_decay))
-                return -1;
-        } else if ((v = flag_value(argc, argv, &i, "--optimizer"))) {
-            if (!*v)
-                return error("--optimizer needs a value");
-            if (strcmp(v, "adamw") == 0)
-                o->adamw = true;
-            else if (strcmp(v, "sgd") == 0)
-                o->adamw = false;
+        case OPT_MODEL: bad = cli_path(&c, "--model", v, &o->model_path); break;
+        case OPT_INPUT_IDS: bad = cli_path(&c, "--input-ids", v, &o->ids_path); break;
+        case OPT_LABELS: bad = cli_path(&c, "--labels", v, &o->labels_path); break;
+        case OPT_DATA: bad = cli_path(&c, "--data", v, &o->data_path); break;
+        case OPT_DUMP_GRADS: bad = cli_path(&c, "--dump-grads", v, &o->dump_grads); break;
+        case OPT_SAVE: bad = cli_path(&c, "--save", v, &o->save); break;
+        case OPT_REF_LOGPS: bad = cli_path(&c, "--ref-logps", v, &o->ref_logps); break;
+        case OPT_OLD_LOGPS: bad = cli_path(&c, "--old-logps", v, &o->old_logps); break;
+        case OPT_ADVANTAGES: bad = cli_path(&c, "--advantages", v, &o->advantages); break;
+        case OPT_GRAD_ACCUM:
+            bad = cli_count(&c, "--grad-accum", v, 1, 1 << 20, &o->grad_accum);
+            break;
+        case OPT_STEPS:
+            bad = cli_count(&c, "--steps", v, 1, (int64_t)1 << 30, &o->steps);
+            break;
+        case OPT_THREADS:
+            bad = cli_count(&c, "--threads", v, 1, 4096, &o->threads);
+            break;
+        case OPT_LR: bad = cli_real(&c, "--lr", v, &o->lr); break;
+        case OPT_WEIGHT_DECAY: bad = cli_real(&c, "--weight-decay", v, &o->weight_decay); break;
+        case OPT_OPTIMIZER:
+            if (!(bad = cli_choice(&c, "--optimizer", v, optimizers, &k)))
+                o->adamw = k == 0;
+            break;
+        case CLI_POSITIONAL:
+            if (o->step_path)
+                bad = cli_error(&c, "more than one step library given ('%s' and '%s')",
+                                o->step_path, v);
             else
-                return error("--optimizer: unknown optimizer '%s' (adamw or sgd)", v);
-        } else if (a[0] == '-' && a[1]) {
-            return error("unknown option '%s' (see --help)", a);
-        } else if (o->step_path) {
-            return error("more than one step library given ('%s' and '%s')", o->step_path, a);
-        } else {
-            o->step_path = a;
+                o->step_path = v;
+            break;
         }
-        if (path) {
-            if (!*v)
-                return error("%s needs a value", a);
-            *path = v;
-        }
+        if (bad)
+            return -1;
     }
     if (!o->step_path) {
         error("no step library given");
@@ -627,6 +608,102 @@ static const ir_value *match_param(const ir_graph *g, const sbp_step_param *p, c
     return v;
 }
 
+/* ------------------------------------------------------------------ files of the run */
+
+/* Every file this run reads, by identity (paths that do not exist are left to their readers). */
+static int collect_inputs(const options *o, sbp_file_set *inputs)
+{
+    const struct {
+        const char *path, *role;
+    } in[] = {{o->step_path, "the step library"}, {o->model_path, "the model (--model)"},
+              {o->ids_path, "--input-ids"},      {o->labels_path, "--labels"},
+              {o->data_path, "--data"},          {o->ref_logps, "--ref-logps"},
+              {o->old_logps, "--old-logps"},     {o->advantages, "--advantages"}};
+    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
+        if (in[i].path && sbp_file_set_add(inputs, in[i].path, in[i].role, NULL) != SBP_FILE_OK)
+            return error("out of memory");
+    return 0;
+}
+
+/* --dump-grads and --save must not replace an input, a special file, or each other. */
+static int check_outputs(const options *o, const sbp_file_set *inputs)
+{
+    sbp_file_set outs = {0};
+    char err[1024];
+    int rc = 0;
+    if (o->dump_grads &&
+        sbp_file_check_output(o->dump_grads, "--dump-grads", inputs, &outs, err, sizeof err))
+        rc = error("%s", err);
+    else if (o->save && sbp_file_check_output(o->save, "--save", inputs, &outs, err, sizeof err))
+        rc = error("%s", err);
+    sbp_file_set_free(&outs);
+    return rc;
+}
+
+/* A shared object whose program headers or segments reach past its end (a truncated copy, a
+ * build that was interrupted) makes dlopen map pages beyond the file, and the loader's first
+ * touch of them is SIGBUS. So before dlopen: a regular file (opened without blocking), an ELF64
+ * header of this machine's byte order, and the program header table, the section header table
+ * and every PT_LOAD segment's file bytes inside the file. */
+static int check_step_file(const char *path)
+{
+    char why[600];
+    struct stat st;
+    int fd = sbp_file_open_input(path, &st, why, sizeof why);
+    if (fd < 0)
+        return error("cannot load the step library %s", why);
+    const uint64_t size = (uint64_t)st.st_size;
+    Elf64_Ehdr eh;
+    Elf64_Phdr *ph = NULL;
+    const char *bad = NULL;
+    char detail[200] = "";
+    if (pread(fd, &eh, sizeof eh, 0) != (ssize_t)sizeof eh) {
+        bad = "shorter than an ELF header";
+    } else if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) {
+        bad = "not an ELF file";
+    } else if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_ident[EI_DATA] !=
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+                                                        ELFDATA2LSB
+#else
+                                                        ELFDATA2MSB
+#endif
+    ) {
+        bad = "not a 64-bit ELF file of this machine's byte order";
+    } else if (eh.e_phnum == 0 || eh.e_phentsize != sizeof(Elf64_Phdr)) {
+        bad = "it has no program headers";
+    } else if (eh.e_phoff > size || (uint64_t)eh.e_phnum * eh.e_phentsize > size - eh.e_phoff) {
+        bad = "truncated: the program header table";
+        snprintf(detail, sizeof detail, " (bytes %llu + %u x %u)", (unsigned long long)eh.e_phoff,
+                 eh.e_phnum, eh.e_phentsize);
+    } else if (eh.e_shoff != 0 && (eh.e_shoff > size || (uint64_t)eh.e_shnum * eh.e_shentsize >
+                                                            size - eh.e_shoff)) {
+        bad = "truncated: the section header table";
+        snprintf(detail, sizeof detail, " (bytes %llu + %u x %u)", (unsigned long long)eh.e_shoff,
+                 eh.e_shnum, eh.e_shentsize);
+    } else if (!(ph = malloc((size_t)eh.e_phnum * sizeof *ph))) {
+        bad = "out of memory";
+    } else if (pread(fd, ph, (size_t)eh.e_phnum * sizeof *ph, (off_t)eh.e_phoff) !=
+               (ssize_t)((size_t)eh.e_phnum * sizeof *ph)) {
+        bad = "its program headers cannot be read";
+    } else {
+        for (int i = 0; i < eh.e_phnum && !bad; i++)
+            if (ph[i].p_type == PT_LOAD &&
+                (ph[i].p_filesz > size || ph[i].p_offset > size - ph[i].p_filesz)) {
+                bad = "truncated: a loadable segment";
+                snprintf(detail, sizeof detail, " (segment %d: bytes %llu + %llu)", i,
+                         (unsigned long long)ph[i].p_offset, (unsigned long long)ph[i].p_filesz);
+            }
+    }
+    free(ph);
+    close(fd);
+    if (bad && strncmp(bad, "truncated", 9) == 0)
+        return error("cannot load the step library %s: %s%s reaches past the end of the "
+                     "%llu-byte file", path, bad, detail, (unsigned long long)size);
+    if (bad)
+        return error("cannot load the step library %s: %s", path, bad);
+    return 0;
+}
+
 /* The imported model and, for each step parameter, its initializer. */
 typedef struct model {
     ir_diag diag;
@@ -643,15 +720,18 @@ static void model_free(model *m)
 }
 
 /* Imports the model and checks it against the step. Every mismatch is reported, not only the
- * first. */
-static int model_open(model *m, const options *o, const sbp_step_info *in)
+ * first. The files the import read (the model's external data) join `inputs`, and the outputs
+ * are checked against them before any training. */
+static int model_open(model *m, const options *o, const sbp_step_info *in, sbp_file_set *inputs)
 {
     memset(m, 0, sizeof *m);
     ir_diag_init(&m->diag, o->model_path);
-    m->g = ir_import_onnx(o->model_path, &m->diag, NULL);
+    m->g = ir_import_onnx(o->model_path, &m->diag, &(ir_import_options){.files = inputs});
     ir_diag_print(&m->diag, stderr, prog); /* errors, or warnings if any */
     if (!m->g || m->diag.n_errors)
         return error("cannot read the model %s", o->model_path);
+    if (check_outputs(o, inputs))
+        return -1;
     int rc = 0;
 
     /* A model with fixed input dims must have the step's (a dynamic one may have any). Token
@@ -878,7 +958,7 @@ static void draw_bar(int64_t s, int64_t total, double loss, double tps)
     bar_shown = true;
 }
 
-/* ------------------------------------------------------------------ main */
+/* ------------------------------------------------------------------ helpers of the run */
 
 static size_t align_up(size_t n) { return (n + SBPRT_ALIGN - 1) / SBPRT_ALIGN * SBPRT_ALIGN; }
 
@@ -918,357 +998,409 @@ static void fit_advice(const sbp_step_info *in, size_t asked, size_t free_bytes,
             shift == 20 ? "M" : shift == 10 ? "K" : "");
 }
 
-int main(int argc, char **argv)
+/* ------------------------------------------------------------------ the run */
+
+/* Everything one run holds, filled in order by its phases: run_load (the step, the token data,
+ * the runtime, the model), run_allocate (the arena and the initial weights), run_loop (the
+ * steps) and run_report (the outputs and the memory figures); run_free releases it, whichever
+ * phase failed. Each phase returns 0, or -1 after its message. */
+typedef struct run {
+    options o;                /* the command line */
+    sbp_file_set inputs;      /* every file the run reads, for the output checks */
+    /* run_load */
+    void *lib;                /* the step library (never closed: see run_free) */
+    step_run_fn step_run;     /* its sbp_step_run */
+    const sbp_step_info *in;  /* its self-description, validated */
+    runtime rt;               /* the runtime functions and their contexts */
+    int64_t B, T, V;          /* the step's batch, sequence length, vocabulary */
+    int64_t K;                /* --grad-accum: micro-batches per optimizer step */
+    size_t ntok;              /* B*T: the tokens of one micro-batch */
+    bool host_visible;        /* the backend's memory is the host's (cpu) */
+    int32_t *ids, *labels;    /* [K*B*T]: the K micro-batches of one step */
+    train_inputs ti;          /* micro-batches, DPO / GRPO inputs (train_inputs.h) */
+    sbpio_shard shard;        /* --data */
+    bool have_shard;          /* shard is open */
+    model mdl;                /* the model, until its weights are copied into the arena */
+    /* run_allocate */
+    char *arena;              /* one block: parameters, gradients, AdamW's m and v, the step's
+                               * workspace, one micro-batch's ids, labels, DPO / GRPO inputs */
+    size_t pbytes;            /* bytes of a parameter-sized block: param_elems floats */
+    char *workspace;          /* [workspace_bytes] in the arena */
+    float *d_params, *d_grads, *d_m, *d_v; /* [param_elems] each, in the arena */
+    int32_t *d_ids, *d_labels;             /* [B*T] each, in the arena */
+    float *d_ref, *d_old;     /* [B] (DPO reference) or [B*T], in the arena when used */
+    float *d_adv;             /* [B], in the arena when used */
+    float *host_params, *host_grads; /* [param_elems] host views of the blocks */
+    bool own_host;            /* host_params/host_grads were malloc'd (not the arena itself) */
+    /* device memory (a backend whose memory is not the host's): in use before the arena, the
+     * device's total, and the most in use seen after it, sampled after every step */
+    bool dev_mem;             /* the figures are available */
+    size_t dev_before, dev_total, dev_peak;
+} run;
+
+static void sample_device_memory(run *r)
 {
-    options o;
-    int prc = parse_args(argc, argv, &o);
-    if (prc)
-        return prc > 0 ? 0 : 1;
+    size_t used = 0;
+    if (r->dev_mem && r->rt.device_memory(r->rt.step_ctx, &used, NULL) == SBPRT_OK &&
+        used > r->dev_peak)
+        r->dev_peak = used;
+}
 
-    int rc = 1;
-    void *lib = NULL;
-    runtime rt = {0};
-    char *arena = NULL;
-    float *host_params = NULL, *host_grads = NULL; /* [param_elems] host views of the blocks */
-    bool own_host = false; /* host_params/host_grads were malloc'd (not the arena itself) */
-    int32_t *ids = NULL, *labels = NULL; /* [K*B*T]: the K micro-batches of one step */
-    train_inputs ti = {0};                /* micro-batches, DPO / GRPO inputs (train_inputs.h) */
-    sbpio_shard shard = {0};
-    bool have_shard = false;
-    model mdl = {0};
+static int copy_failed(run *r, int st)
+{
+    char why[400];
+    return error("copying between host and %s memory failed: %s%s", r->rt.backend_name(),
+                 r->rt.status_string(st), rt_why(&r->rt, *r->rt.copy_ctx, why, sizeof why));
+}
+
+/* The step (dlopen'd, its description checked), the token data and the DPO / GRPO inputs
+ * (checked against the step's B, T, V: cheap, so before the model), the runtime's contexts, and
+ * the model checked against the step. The outputs are refused first if they would replace an
+ * input or a special file, before any work. */
+static int run_load(run *r)
+{
+    const options *o = &r->o;
     char err[512];
+    if (collect_inputs(o, &r->inputs) || check_outputs(o, &r->inputs))
+        return -1;
 
-    /* 1. the step */
     char *so_path = NULL;
-    if (!strchr(o.step_path, '/')) { /* dlopen would search the library path instead */
-        so_path = malloc(strlen(o.step_path) + 3);
+    if (!strchr(o->step_path, '/')) { /* dlopen would search the library path instead */
+        so_path = malloc(strlen(o->step_path) + 3);
         if (so_path)
-            sprintf(so_path, "./%s", o.step_path);
+            sprintf(so_path, "./%s", o->step_path);
     }
-    lib = dlopen(so_path ? so_path : o.step_path, RTLD_NOW | RTLD_LOCAL);
+    if (check_step_file(so_path ? so_path : o->step_path)) {
+        free(so_path);
+        return -1;
+    }
+    r->lib = dlopen(so_path ? so_path : o->step_path, RTLD_NOW | RTLD_LOCAL);
     free(so_path);
-    if (!lib) {
+    if (!r->lib) {
         const char *why = dlerror();
-        error("cannot load the step library %s: %s", o.step_path, why ? why : "dlopen failed");
-        goto out;
+        return error("cannot load the step library %s: %s", o->step_path,
+                     why ? why : "dlopen failed");
     }
     step_info_fn get_info;
-    step_run_fn run;
-    *(void **)(&get_info) = dlsym(lib, "sbp_step_get_info");
-    *(void **)(&run) = dlsym(lib, "sbp_step_run");
-    if (!get_info || !run) {
-        error("%s is not a compiled training step: it does not export %s", o.step_path,
-              !get_info ? "sbp_step_get_info" : "sbp_step_run");
-        goto out;
-    }
-    const sbp_step_info *in = get_info();
-    if (!in) {
-        error("%s: sbp_step_get_info() returned NULL", o.step_path);
-        goto out;
-    }
-    if (in->abi_version != SBP_STEP_ABI_VERSION) {
-        error("%s was built for step ABI version %d, but this sbp-train reads version %d: "
-              "recompile it with the matching sbpc", o.step_path, in->abi_version,
-              SBP_STEP_ABI_VERSION);
-        goto out;
-    }
-    if (validate_info(in, o.step_path) || runtime_load(&rt, lib, o.step_path, in->target))
-        goto out;
-    const int64_t B = in->batch, T = in->seq_len, V = in->vocab;
-    const size_t ntok = (size_t)(B * T);
-    const bool host_visible = strcmp(rt.backend_name(), "cpu") == 0;
-    const int64_t K = o.grad_accum;
+    *(void **)(&get_info) = dlsym(r->lib, "sbp_step_get_info");
+    *(void **)(&r->step_run) = dlsym(r->lib, "sbp_step_run");
+    if (!get_info || !r->step_run)
+        return error("%s is not a compiled training step: it does not export %s", o->step_path,
+                     !get_info ? "sbp_step_get_info" : "sbp_step_run");
+    const sbp_step_info *in = r->in = get_info();
+    if (!in)
+        return error("%s: sbp_step_get_info() returned NULL", o->step_path);
+    if (in->abi_version != SBP_STEP_ABI_VERSION)
+        return error("%s was built for step ABI version %d, but this sbp-train reads version "
+                     "%d: recompile it with the matching sbpc", o->step_path, in->abi_version,
+                     SBP_STEP_ABI_VERSION);
+    if (validate_info(in, o->step_path) || runtime_load(&r->rt, r->lib, o->step_path, in->target))
+        return -1;
+    const int64_t B = r->B = in->batch, T = r->T = in->seq_len, V = r->V = in->vocab;
+    const size_t ntok = r->ntok = (size_t)(B * T);
+    r->host_visible = strcmp(r->rt.backend_name(), "cpu") == 0;
+    const int64_t K = r->K = o->grad_accum;
     const bool pairs = in->objective && strcmp(in->objective, "dpo") == 0;
 
-    /* 2. inputs (cheap to check, so first), 3. the model, 4. memory and initial weights */
-    ids = malloc((size_t)K * ntok * sizeof *ids);
-    labels = malloc((size_t)K * ntok * sizeof *labels);
-    if (!ids || !labels) {
-        error("out of memory");
-        goto out;
-    }
-    if (o.data_path && in->objective &&
-        (pairs || strcmp(in->objective, "grpo") == 0)) {
-        error("--data: %s is a %s step, which trains on --input-ids and --labels with its "
-              "own inputs (see --help)", o.step_path, in->objective);
-        goto out;
-    }
-    if (o.data_path) {
-        if (sbpio_shard_open(o.data_path, &shard, err, sizeof err) != SBPIO_OK) {
-            error("%s", err);
-            goto out;
-        }
-        have_shard = true;
-        if (shard.ntok < B * T + 1) {
-            error("%s holds %lld tokens, fewer than one batch of %s needs (batch %lld x "
-                  "sequence length %lld + 1 = %lld)", o.data_path, (long long)shard.ntok,
-                  o.step_path, (long long)B, (long long)T, (long long)(B * T + 1));
-            goto out;
-        }
-        if (sbpio_shard_check_vocab(&shard, V, err, sizeof err) != SBPIO_OK) {
-            error("%s (%s was compiled for a vocabulary of %lld tokens)", err, o.step_path,
-                  (long long)V);
-            goto out;
-        }
+    r->ids = malloc((size_t)K * ntok * sizeof *r->ids);
+    r->labels = malloc((size_t)K * ntok * sizeof *r->labels);
+    if (!r->ids || !r->labels)
+        return error("out of memory");
+    if (o->data_path && in->objective && (pairs || strcmp(in->objective, "grpo") == 0))
+        return error("--data: %s is a %s step, which trains on --input-ids and --labels with "
+                     "its own inputs (see --help)", o->step_path, in->objective);
+    if (o->data_path) {
+        if (sbpio_shard_open(o->data_path, &r->shard, err, sizeof err) != SBPIO_OK)
+            return error("%s", err);
+        r->have_shard = true;
+        if (r->shard.ntok < B * T + 1)
+            return error("%s holds %lld tokens, fewer than one batch of %s needs (batch %lld x "
+                         "sequence length %lld + 1 = %lld)", o->data_path,
+                         (long long)r->shard.ntok, o->step_path, (long long)B, (long long)T,
+                         (long long)(B * T + 1));
+        if (sbpio_shard_check_vocab(&r->shard, V, err, sizeof err) != SBPIO_OK)
+            return error("%s (%s was compiled for a vocabulary of %lld tokens)", err,
+                         o->step_path, (long long)V);
     } else {
-        if (load_tokens(o.ids_path, false, in, o.step_path, K, pairs, ids) ||
-            load_tokens(o.labels_path, true, in, o.step_path, K, pairs, labels))
-            goto out;
+        if (load_tokens(o->ids_path, false, in, o->step_path, K, pairs, r->ids) ||
+            load_tokens(o->labels_path, true, in, o->step_path, K, pairs, r->labels))
+            return -1;
         size_t scored = 0;
         for (size_t i = 0; i < (size_t)K * ntok; i++)
-            scored += labels[i] != SBPRT_IGNORE_INDEX;
-        if (scored == 0) {
-            error("%s: every label is -100: no position is scored, there is nothing to train",
-                  o.labels_path);
-            goto out;
-        }
+            scored += r->labels[i] != SBPRT_IGNORE_INDEX;
+        if (scored == 0)
+            return error("%s: every label is -100: no position is scored, there is nothing to "
+                         "train", o->labels_path);
     }
-    if (ti_open(&ti, in, K, o.ref_logps, o.old_logps, o.advantages, note_message, err,
+    if (ti_open(&r->ti, in, K, o->ref_logps, o->old_logps, o->advantages, note_message, err,
                 sizeof err) ||
-        (!o.data_path && ti_check(&ti, labels, o.labels_path, err, sizeof err))) {
-        error("%s", err);
-        goto out;
-    }
+        (!o->data_path && ti_check(&r->ti, r->labels, o->labels_path, err, sizeof err)))
+        return error("%s", err);
 
     /* the context first: no device is quicker to find than a large model is to read */
-    if (runtime_start(&rt, (int)o.threads) || model_open(&mdl, &o, in))
-        goto out;
-    int st;
+    if (runtime_start(&r->rt, (int)o->threads) || model_open(&r->mdl, o, in, &r->inputs))
+        return -1;
+    return 0;
+}
+
+/* One arena (the step's runtime's sbprt_arena_alloc) holds, at SBPRT_ALIGN-aligned offsets, the
+ * parameters, the gradients, AdamW's m and v, the step's workspace and one micro-batch's ids,
+ * labels and DPO / GRPO inputs; then the model's weights are copied in (and the model freed),
+ * m and v zeroed, and the step prepared (sbp_step_init). */
+static int run_allocate(run *r)
+{
+    const options *o = &r->o;
+    const sbp_step_info *in = r->in;
+    runtime *rt = &r->rt;
+    const size_t ntok = r->ntok;
     char why[400];
-    /* device memory (a backend whose memory is not the host's): in use before the arena, and
-     * the most in use seen after it, sampled after every step */
-    size_t dev_before = 0, dev_total = 0, dev_peak = 0;
-    const bool dev_mem = !host_visible && rt.device_memory &&
-                         rt.device_memory(rt.step_ctx, &dev_before, &dev_total) == SBPRT_OK;
-#define SAMPLE_DEVICE_MEMORY()                                                                    \
-    do {                                                                                          \
-        size_t used_ = 0;                                                                         \
-        if (dev_mem && rt.device_memory(rt.step_ctx, &used_, NULL) == SBPRT_OK &&                 \
-            used_ > dev_peak)                                                                     \
-            dev_peak = used_;                                                                     \
-    } while (0)
-    const size_t pbytes = in->param_elems * sizeof(float);
+    int st;
+    r->dev_mem = !r->host_visible && rt->device_memory &&
+                 rt->device_memory(rt->step_ctx, &r->dev_before, &r->dev_total) == SBPRT_OK;
+    const size_t pbytes = r->pbytes = in->param_elems * sizeof(float);
     const size_t off_params = 0;
     const size_t off_grads = off_params + align_up(pbytes);
     const size_t off_m = off_grads + align_up(pbytes);
-    const size_t off_v = off_m + (o.adamw ? align_up(pbytes) : 0);
-    const size_t off_ws = off_v + (o.adamw ? align_up(pbytes) : 0);
+    const size_t off_v = off_m + (o->adamw ? align_up(pbytes) : 0);
+    const size_t off_ws = off_v + (o->adamw ? align_up(pbytes) : 0);
     const size_t off_ids = off_ws + align_up(in->workspace_bytes);
     const size_t off_labels = off_ids + align_up(ntok * sizeof(int32_t));
     /* DPO / GRPO inputs of one micro-batch: reference logp ([B] or [B*T]), old logp, advantages */
     const size_t off_ref = off_labels + align_up(ntok * sizeof(int32_t));
-    const size_t off_old = off_ref + (ti.mb_ref ? align_up(ntok * sizeof(float)) : 0);
-    const size_t off_adv = off_old + (ti.mb_old ? align_up(ntok * sizeof(float)) : 0);
-    const size_t arena_bytes = off_adv + (ti.mb_adv ? align_up((size_t)B * sizeof(float)) : 0);
-    st = RT(rt, arena_alloc, arena_ctx, (void **)&arena, arena_bytes);
+    const size_t off_old = off_ref + (r->ti.mb_ref ? align_up(ntok * sizeof(float)) : 0);
+    const size_t off_adv = off_old + (r->ti.mb_old ? align_up(ntok * sizeof(float)) : 0);
+    const size_t arena_bytes =
+        off_adv + (r->ti.mb_adv ? align_up((size_t)r->B * sizeof(float)) : 0);
+    st = RT(*rt, arena_alloc, arena_ctx, (void **)&r->arena, arena_bytes);
     if (st) {
         char b1[32];
         error("cannot allocate %s for parameters, gradients, optimizer state and workspace: %s%s",
-              bytes_str(b1, sizeof b1, (double)arena_bytes), rt.status_string(st),
-              rt_why(&rt, *rt.arena_ctx, why, sizeof why));
-        if (dev_mem && st == SBPRT_ERR_NOMEM)
-            fit_advice(in, arena_bytes, dev_total - dev_before, o.adamw);
-        goto out;
+              bytes_str(b1, sizeof b1, (double)arena_bytes), rt->status_string(st),
+              rt_why(rt, *rt->arena_ctx, why, sizeof why));
+        if (r->dev_mem && st == SBPRT_ERR_NOMEM)
+            fit_advice(in, arena_bytes, r->dev_total - r->dev_before, o->adamw);
+        return -1;
     }
-    SAMPLE_DEVICE_MEMORY();
-    float *d_params = (float *)(arena + off_params), *d_grads = (float *)(arena + off_grads);
-    float *d_m = (float *)(arena + off_m), *d_v = (float *)(arena + off_v);
-    int32_t *d_ids = (int32_t *)(arena + off_ids), *d_labels = (int32_t *)(arena + off_labels);
-    float *d_ref = (float *)(arena + off_ref), *d_old = (float *)(arena + off_old);
-    float *d_adv = (float *)(arena + off_adv);
-    if (host_visible) {
-        host_params = d_params;
-        host_grads = d_grads;
+    sample_device_memory(r);
+    char *arena = r->arena;
+    r->d_params = (float *)(arena + off_params);
+    r->d_grads = (float *)(arena + off_grads);
+    r->d_m = (float *)(arena + off_m);
+    r->d_v = (float *)(arena + off_v);
+    r->workspace = arena + off_ws;
+    r->d_ids = (int32_t *)(arena + off_ids);
+    r->d_labels = (int32_t *)(arena + off_labels);
+    r->d_ref = (float *)(arena + off_ref);
+    r->d_old = (float *)(arena + off_old);
+    r->d_adv = (float *)(arena + off_adv);
+    if (r->host_visible) {
+        r->host_params = r->d_params;
+        r->host_grads = r->d_grads;
     } else {
-        own_host = true;
-        host_params = malloc(pbytes + 1);
-        host_grads = malloc(pbytes + 1);
-        if (!host_params || !host_grads) {
-            error("out of memory");
-            goto out;
-        }
+        r->own_host = true;
+        r->host_params = malloc(pbytes + 1);
+        r->host_grads = malloc(pbytes + 1);
+        if (!r->host_params || !r->host_grads)
+            return error("out of memory");
     }
-    memset(host_params, 0, pbytes);
-    model_copy_weights(&mdl, &o, in, host_params);
-    model_free(&mdl); /* the weights are in the block now; the file's copy is not needed */
-    if (!host_visible &&
-        (st = RT(rt, copy, copy_ctx, d_params, host_params, pbytes, SBPRT_COPY_HOST_TO_DEVICE)))
-        goto copy_failed;
-    if (o.adamw) { /* zero m and v: through a zeroed host buffer, backend-neutral */
+    memset(r->host_params, 0, pbytes);
+    model_copy_weights(&r->mdl, o, in, r->host_params);
+    model_free(&r->mdl); /* the weights are in the block now; the file's copy is not needed */
+    if (!r->host_visible && (st = RT(*rt, copy, copy_ctx, r->d_params, r->host_params, pbytes,
+                                     SBPRT_COPY_HOST_TO_DEVICE)))
+        return copy_failed(r, st);
+    if (o->adamw) { /* zero m and v: through a zeroed host buffer, backend-neutral */
         float *zeros = calloc(1, pbytes + 1);
-        if (!zeros) {
-            error("out of memory");
-            goto out;
-        }
-        st = RT(rt, copy, copy_ctx, d_m, zeros, pbytes, SBPRT_COPY_HOST_TO_DEVICE);
+        if (!zeros)
+            return error("out of memory");
+        st = RT(*rt, copy, copy_ctx, r->d_m, zeros, pbytes, SBPRT_COPY_HOST_TO_DEVICE);
         if (!st)
-            st = RT(rt, copy, copy_ctx, d_v, zeros, pbytes, SBPRT_COPY_HOST_TO_DEVICE);
+            st = RT(*rt, copy, copy_ctx, r->d_v, zeros, pbytes, SBPRT_COPY_HOST_TO_DEVICE);
         free(zeros);
         if (st)
-            goto copy_failed;
+            return copy_failed(r, st);
     }
 
     /* the step's own preparation (a cuda step uploads its constants), outside the timing */
-    if (rt.step_init && (st = rt.step_init(rt.step_ctx))) {
-        error("preparing the step (sbp_step_init) failed: %s%s", rt.status_string(st),
-              rt_why(&rt, rt.step_ctx, why, sizeof why));
-        goto out;
+    if (rt->step_init && (st = rt->step_init(rt->step_ctx)))
+        return error("preparing the step (sbp_step_init) failed: %s%s", rt->status_string(st),
+                     rt_why(rt, rt->step_ctx, why, sizeof why));
+    return 0;
+}
+
+/* Optimizer step s: the next batch when reading a shard, the step run on each of the K
+ * micro-batches with the gradients accumulated (the whole batch's denominator), a stop on a
+ * failed status or a non-finite loss (naming the step), the first step's gradients dumped when
+ * asked, every trainable parameter updated, and the step's line printed. */
+static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
+{
+    const options *o = &r->o;
+    const sbp_step_info *in = r->in;
+    runtime *rt = &r->rt;
+    train_inputs *ti = &r->ti;
+    const int64_t B = r->B, T = r->T, K = r->K;
+    const size_t ntok = r->ntok;
+    char err[512], why[400];
+    int st;
+    for (int64_t k = 0; r->have_shard && k < K; k++) {
+        int64_t epoch = r->shard.epoch;
+        if (sbpio_shard_next_batch(&r->shard, (int)B, (int)T, r->ids + (size_t)k * ntok,
+                                   r->labels + (size_t)k * ntok, err, sizeof err))
+            return error("step %lld: %s", (long long)s, err);
+        if (r->shard.epoch != epoch && r->shard.epoch > epoch0)
+            message("note", "step %lld: %s is exhausted; starting over from its first token "
+                    "(pass %lld)", (long long)s, o->data_path, (long long)r->shard.epoch + 1);
+    }
+    double t0 = now_seconds();
+    /* K micro-batches, the gradients accumulated, with the whole batch's denominator */
+    const double denominator = ti_denominator(ti, r->labels);
+    double loss = 0;
+    int64_t micro = 0; /* after a failure: the failed micro-batch's number, from 1 */
+    st = SBPRT_OK;
+    for (; micro < K && st == SBPRT_OK; micro++) {
+        ti_micro(ti, r->ids, r->labels, micro);
+        if ((st = RT(*rt, copy, copy_ctx, r->d_ids, ti->mb_ids, ntok * sizeof *r->ids,
+                     SBPRT_COPY_HOST_TO_DEVICE)) ||
+            (st = RT(*rt, copy, copy_ctx, r->d_labels, ti->mb_labels, ntok * sizeof *r->labels,
+                     SBPRT_COPY_HOST_TO_DEVICE)) ||
+            (ti->mb_ref && (st = RT(*rt, copy, copy_ctx, r->d_ref, ti->mb_ref,
+                                    (ti->dpo ? (size_t)B : ntok) * sizeof(float),
+                                    SBPRT_COPY_HOST_TO_DEVICE))) ||
+            (ti->mb_old && (st = RT(*rt, copy, copy_ctx, r->d_old, ti->mb_old,
+                                    ntok * sizeof(float), SBPRT_COPY_HOST_TO_DEVICE))) ||
+            (ti->mb_adv && (st = RT(*rt, copy, copy_ctx, r->d_adv, ti->mb_adv,
+                                    (size_t)B * sizeof(float), SBPRT_COPY_HOST_TO_DEVICE))))
+            return copy_failed(r, st);
+        double micro_loss = NAN;
+        sbp_step_args args = {
+            .params = r->d_params,
+            .grads = r->d_grads,
+            .accumulate = micro > 0,
+            .input_ids = r->d_ids,
+            .labels = r->d_labels,
+            .denominator = denominator,
+            .workspace = r->workspace,
+            .loss = &micro_loss,
+            .ref_logps = ti->mb_ref ? r->d_ref : NULL,
+            .old_logps = ti->mb_old ? r->d_old : NULL,
+            .advantages = ti->mb_adv ? r->d_adv : NULL,
+        };
+        st = r->step_run(rt->step_ctx, &args);
+        if (!st)
+            st = rt->sync(*rt->sync_ctx);
+        loss += micro_loss;
+    }
+    if (st) {
+        char mb[64] = "";
+        if (K > 1)
+            snprintf(mb, sizeof mb, " (micro-batch %lld of %lld)", (long long)micro,
+                     (long long)K);
+        error("step %lld%s: the step failed: %s%s%s", (long long)s, mb, rt->status_string(st),
+              st == SBPRT_ERR_RANGE ? " (a token id or label outside the vocabulary)" : "",
+              rt_why(rt, rt->step_ctx, why, sizeof why));
+        if (r->dev_mem && st == SBPRT_ERR_NOMEM) {
+            size_t used = 0;
+            if (rt->device_memory(rt->step_ctx, &used, NULL) == SBPRT_OK)
+                message("note", "the runtime's scratch or cuBLAS's workspace did not fit next to "
+                        "the arena (%zu of %zu bytes in use); recompile the step with a "
+                        "--memory-budget some hundreds of MiB below its planned %zu bytes",
+                        used, r->dev_total, in->planned_peak_bytes);
+        }
+        return -1;
+    }
+    if (!isfinite(loss))
+        return error("step %lld: the loss is %s; stopping before the update%s", (long long)s,
+                     isnan(loss) ? "NaN" : "infinite", o->save ? " (nothing saved)" : "");
+    double t_run = now_seconds() - t0;
+
+    if (s == 1 && o->dump_grads) {
+        if (!r->host_visible && (st = RT(*rt, copy, copy_ctx, r->host_grads, r->d_grads,
+                                         r->pbytes, SBPRT_COPY_DEVICE_TO_HOST)))
+            return copy_failed(r, st);
+        if (dump_grads(o, in, r->host_grads, loss))
+            return -1;
     }
 
+    t0 = now_seconds();
+    for (int i = 0; i < in->n_params; i++) {
+        const sbp_step_param *p = &in->params[i];
+        if (p->tied_to >= 0 || !p->trainable || p->numel == 0)
+            continue;
+        size_t k = p->offset;
+        if (o->adamw)
+            st = RT(*rt, adamw_update, adamw_ctx, r->d_params + k, r->d_m + k, r->d_v + k,
+                    r->d_grads + k, p->numel, o->lr, 0.9, 0.999, 1e-8, o->weight_decay,
+                    s > INT32_MAX ? INT32_MAX : (int)s);
+        else
+            st = RT(*rt, sgd_update, sgd_ctx, r->d_params + k, r->d_grads + k, p->numel, o->lr,
+                    o->weight_decay);
+        if (st)
+            return error("step %lld: the %s update of '%s' failed: %s", (long long)s,
+                         o->adamw ? "adamw" : "sgd", p->name, rt->status_string(st));
+    }
+    if ((st = rt->sync(*rt->sync_ctx)))
+        return error("step %lld: %s%s", (long long)s, rt->status_string(st),
+                     rt_why(rt, *rt->sync_ctx, why, sizeof why));
+    sample_device_memory(r);
+    double dt = t_run + (now_seconds() - t0);
+    double tps = dt > 0 ? (double)ntok * (double)K / dt : 0;
+    clear_bar();
+    printf("step %lld loss %.6f tokens/s %.1f\n", (long long)s, loss, tps);
+    fflush(stdout);
+    if (bar)
+        draw_bar(s, o->steps, loss, tps);
+    return 0;
+}
+
+/* The run's first line (what is trained, how), then --steps optimizer steps. */
+static int run_loop(run *r)
+{
+    const options *o = &r->o;
+    const sbp_step_info *in = r->in;
     int64_t n_weights = 0;
     for (int i = 0; i < in->n_params; i++)
         n_weights += in->params[i].tied_to < 0 ? (int64_t)in->params[i].numel : 0;
     printf("%s: %s (%s, %s, %s): batch %lld, seq-len %lld, vocab %lld; %d parameter tensors, "
-           "%lld weights; %s lr %g%s\n", prog, o.step_path, in->target ? in->target : "?",
+           "%lld weights; %s lr %g%s\n", prog, o->step_path, in->target ? in->target : "?",
            in->strategy ? in->strategy : "?", in->objective ? in->objective : "?",
-           (long long)B, (long long)T, (long long)V, in->n_params, (long long)n_weights,
-           o.adamw ? "adamw" : "sgd", o.lr, o.weight_decay > 0 ? " (with weight decay)" : "");
+           (long long)r->B, (long long)r->T, (long long)r->V, in->n_params,
+           (long long)n_weights, o->adamw ? "adamw" : "sgd", o->lr,
+           o->weight_decay > 0 ? " (with weight decay)" : "");
     fflush(stdout);
 
-    /* 5. the loop */
     const bool bar = isatty(STDERR_FILENO);
-    const int64_t epoch0 = shard.epoch;
-    for (int64_t s = 1; s <= o.steps; s++) {
-        for (int64_t k = 0; have_shard && k < K; k++) {
-            int64_t epoch = shard.epoch;
-            if (sbpio_shard_next_batch(&shard, (int)B, (int)T, ids + (size_t)k * ntok,
-                                       labels + (size_t)k * ntok, err, sizeof err)) {
-                error("step %lld: %s", (long long)s, err);
-                goto out;
-            }
-            if (shard.epoch != epoch && shard.epoch > epoch0)
-                message("note", "step %lld: %s is exhausted; starting over from its first "
-                        "token (pass %lld)", (long long)s, o.data_path,
-                        (long long)shard.epoch + 1);
-        }
-        double t0 = now_seconds();
-        /* K micro-batches, the gradients accumulated, with the whole batch's denominator */
-        const double denominator = ti_denominator(&ti, labels);
-        double loss = 0;
-        int64_t micro = 0; /* after a failure: the failed micro-batch's number, from 1 */
-        st = SBPRT_OK;
-        for (; micro < K && st == SBPRT_OK; micro++) {
-            ti_micro(&ti, ids, labels, micro);
-            if ((st = RT(rt, copy, copy_ctx, d_ids, ti.mb_ids, ntok * sizeof *ids,
-                         SBPRT_COPY_HOST_TO_DEVICE)) ||
-                (st = RT(rt, copy, copy_ctx, d_labels, ti.mb_labels, ntok * sizeof *labels,
-                         SBPRT_COPY_HOST_TO_DEVICE)) ||
-                (ti.mb_ref &&
-                 (st = RT(rt, copy, copy_ctx, d_ref, ti.mb_ref,
-                          (ti.dpo ? (size_t)B : ntok) * sizeof(float),
-                          SBPRT_COPY_HOST_TO_DEVICE))) ||
-                (ti.mb_old && (st = RT(rt, copy, copy_ctx, d_old, ti.mb_old, ntok * sizeof(float),
-                                       SBPRT_COPY_HOST_TO_DEVICE))) ||
-                (ti.mb_adv && (st = RT(rt, copy, copy_ctx, d_adv, ti.mb_adv,
-                                       (size_t)B * sizeof(float), SBPRT_COPY_HOST_TO_DEVICE))))
-                goto copy_failed;
-            double micro_loss = NAN;
-            sbp_step_args args = {
-                .params = d_params,
-                .grads = d_grads,
-                .accumulate = micro > 0,
-                .input_ids = d_ids,
-                .labels = d_labels,
-                .denominator = denominator,
-                .workspace = arena + off_ws,
-                .loss = &micro_loss,
-                .ref_logps = ti.mb_ref ? d_ref : NULL,
-                .old_logps = ti.mb_old ? d_old : NULL,
-                .advantages = ti.mb_adv ? d_adv : NULL,
-            };
-            st = run(rt.step_ctx, &args);
-            if (!st)
-                st = rt.sync(*rt.sync_ctx);
-            loss += micro_loss;
-        }
-        if (st) {
-            char mb[64] = "";
-            if (K > 1)
-                snprintf(mb, sizeof mb, " (micro-batch %lld of %lld)", (long long)micro,
-                         (long long)K);
-            error("step %lld%s: the step failed: %s%s%s", (long long)s, mb, rt.status_string(st),
-                  st == SBPRT_ERR_RANGE ? " (a token id or label outside the vocabulary)" : "",
-                  rt_why(&rt, rt.step_ctx, why, sizeof why));
-            if (dev_mem && st == SBPRT_ERR_NOMEM) {
-                size_t used = 0;
-                if (rt.device_memory(rt.step_ctx, &used, NULL) == SBPRT_OK)
-                    message("note", "the runtime's scratch or cuBLAS's workspace did not fit "
-                            "next to the arena (%zu of %zu bytes in use); recompile the step "
-                            "with a --memory-budget some hundreds of MiB below its planned %zu "
-                            "bytes", used, dev_total, in->planned_peak_bytes);
-            }
-            goto out;
-        }
-        if (!isfinite(loss)) {
-            error("step %lld: the loss is %s; stopping before the update%s", (long long)s,
-                  isnan(loss) ? "NaN" : "infinite",
-                  o.save ? " (nothing saved)" : "");
-            goto out;
-        }
-        double t_run = now_seconds() - t0;
-
-        if (s == 1 && o.dump_grads) {
-            if (!host_visible &&
-                (st = RT(rt, copy, copy_ctx, host_grads, d_grads, pbytes,
-                         SBPRT_COPY_DEVICE_TO_HOST)))
-                goto copy_failed;
-            if (dump_grads(&o, in, host_grads, loss))
-                goto out;
-        }
-
-        t0 = now_seconds();
-        for (int i = 0; i < in->n_params; i++) {
-            const sbp_step_param *p = &in->params[i];
-            if (p->tied_to >= 0 || !p->trainable || p->numel == 0)
-                continue;
-            size_t k = p->offset;
-            if (o.adamw)
-                st = RT(rt, adamw_update, adamw_ctx, d_params + k, d_m + k, d_v + k,
-                        d_grads + k, p->numel, o.lr, 0.9, 0.999, 1e-8, o.weight_decay,
-                        s > INT32_MAX ? INT32_MAX : (int)s);
-            else
-                st = RT(rt, sgd_update, sgd_ctx, d_params + k, d_grads + k, p->numel, o.lr,
-                        o.weight_decay);
-            if (st) {
-                error("step %lld: the %s update of '%s' failed: %s", (long long)s,
-                      o.adamw ? "adamw" : "sgd", p->name, rt.status_string(st));
-                goto out;
-            }
-        }
-        if ((st = rt.sync(*rt.sync_ctx))) {
-            error("step %lld: %s%s", (long long)s, rt.status_string(st),
-                  rt_why(&rt, *rt.sync_ctx, why, sizeof why));
-            goto out;
-        }
-        SAMPLE_DEVICE_MEMORY();
-        double dt = t_run + (now_seconds() - t0);
-        double tps = dt > 0 ? (double)ntok * (double)K / dt : 0;
-        clear_bar();
-        printf("step %lld loss %.6f tokens/s %.1f\n", (long long)s, loss, tps);
-        fflush(stdout);
-        if (bar)
-            draw_bar(s, o.steps, loss, tps);
-    }
+    const int64_t epoch0 = r->shard.epoch;
+    for (int64_t s = 1; s <= o->steps; s++)
+        if (run_step(r, s, epoch0, bar))
+            return -1;
     clear_bar();
+    return 0;
+}
 
-    /* 6. outputs */
-    if (o.save) {
-        if (!host_visible &&
-            (st = RT(rt, copy, copy_ctx, host_params, d_params, pbytes,
-                     SBPRT_COPY_DEVICE_TO_HOST)))
-            goto copy_failed;
-        if (save_model(&o, in, host_params))
-            goto out;
-        printf("saved the trained weights to %s\n", o.save);
+/* The outputs (--save: the trained weights into a copy of the model; --dump-grads was written
+ * after the first step) and the peak memory, planned against what the process or the device
+ * actually used. */
+static int run_report(run *r)
+{
+    const options *o = &r->o;
+    const sbp_step_info *in = r->in;
+    int st;
+    if (o->save) {
+        if (!r->host_visible && (st = RT(r->rt, copy, copy_ctx, r->host_params, r->d_params,
+                                         r->pbytes, SBPRT_COPY_DEVICE_TO_HOST)))
+            return copy_failed(r, st);
+        if (save_model(o, in, r->host_params))
+            return -1;
+        printf("saved the trained weights to %s\n", o->save);
     }
-    if (o.dump_grads)
-        printf("wrote the first step's gradients to %s\n", o.dump_grads);
+    if (o->dump_grads)
+        printf("wrote the first step's gradients to %s\n", o->dump_grads);
 
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    size_t opt_state = o.adamw ? 2 * pbytes : 0;
+    size_t opt_state = o->adamw ? 2 * r->pbytes : 0;
     char b1[32], b2[32], b3[32], b4[32];
-    if (host_visible) {
+    if (r->host_visible) {
         printf("peak memory: planned %s (step %s + optimizer state %s), actual %s (peak RSS)\n",
                bytes_str(b1, sizeof b1, (double)in->planned_peak_bytes + (double)opt_state),
                bytes_str(b2, sizeof b2, (double)in->planned_peak_bytes),
@@ -1279,40 +1411,48 @@ int main(int argc, char **argv)
                bytes_str(b1, sizeof b1, (double)in->planned_peak_bytes + (double)opt_state),
                bytes_str(b2, sizeof b2, (double)in->planned_peak_bytes),
                bytes_str(b3, sizeof b3, (double)opt_state));
-        if (dev_mem && dev_peak >= dev_before)
+        if (r->dev_mem && r->dev_peak >= r->dev_before)
             printf(", actual %s more in use than before the arena (%zu bytes: arena, constants, "
                    "runtime scratch, cuBLAS workspace; at most %s of %s in use, sampled after "
                    "each step)",
-                   bytes_str(b4, sizeof b4, (double)(dev_peak - dev_before)),
-                   dev_peak - dev_before, bytes_str(b1, sizeof b1, (double)dev_peak),
-                   bytes_str(b2, sizeof b2, (double)dev_total));
+                   bytes_str(b4, sizeof b4, (double)(r->dev_peak - r->dev_before)),
+                   r->dev_peak - r->dev_before, bytes_str(b1, sizeof b1, (double)r->dev_peak),
+                   bytes_str(b2, sizeof b2, (double)r->dev_total));
         printf("\npeak host memory: %s (peak RSS)\n",
                bytes_str(b4, sizeof b4, (double)ru.ru_maxrss * 1024.0));
     }
-    rc = 0;
-    goto out;
+    return 0;
+}
 
-copy_failed:
-    error("copying between host and %s memory failed: %s%s", rt.backend_name(),
-          rt.status_string(st), rt_why(&rt, *rt.copy_ctx, why, sizeof why));
-out:
+static void run_free(run *r)
+{
     clear_bar();
-    if (own_host) {
-        free(host_params);
-        free(host_grads);
+    if (r->own_host) {
+        free(r->host_params);
+        free(r->host_grads);
     }
-    if (arena)
-        rt.arena_free(*rt.arena_ctx, arena);
-    runtime_stop(&rt);
-    free(ids);
-    free(labels);
-    ti_free(&ti);
-    if (have_shard)
-        sbpio_shard_close(&shard);
-    model_free(&mdl);
+    if (r->arena)
+        r->rt.arena_free(*r->rt.arena_ctx, r->arena);
+    runtime_stop(&r->rt);
+    free(r->ids);
+    free(r->labels);
+    ti_free(&r->ti);
+    if (r->have_shard)
+        sbpio_shard_close(&r->shard);
+    model_free(&r->mdl);
+    sbp_file_set_free(&r->inputs);
     /* The step library stays loaded until the process ends: a cuda step's libraries (the CUDA
      * runtime, cuBLAS, libstdc++) keep global state that dlclose would leave unreachable, which
      * LeakSanitizer then reports as leaks. */
-    (void)lib;
+}
+
+int main(int argc, char **argv)
+{
+    run r = {0};
+    int prc = parse_args(argc, argv, &r.o);
+    if (prc)
+        return prc > 0 ? 0 : 1;
+    int rc = run_load(&r) || run_allocate(&r) || run_loop(&r) || run_report(&r) ? 1 : 0;
+    run_free(&r);
     return rc;
 }

@@ -14,16 +14,21 @@
  * autodiff, strategy) and writes it as C (codegen/), compiled into a shared object for .so.
  * --report and --memory-plot build the program for every strategy (from the one canonical graph)
  * and print / draw their memory plans side by side (codegen/report.c).
+ * Files: the model and its external data are opened without blocking (a FIFO is an error); the
+ * outputs are checked against them, and against special files, before any work; -o writes its
+ * files as a set, all or none (codegen/compile.c).
+ * The command line is read by tools/cli.c (getopt_long and the value checkers sbp-train shares);
+ * --target and --precision are one value, sbpc_target, checked once (target_check).
  * This is the only place where diagnostics become exit codes: library code records them, the
  * driver prints them compiler-style and exits 1.
  */
+#include "cli.h"
 #include "codegen.h"
 #include "ir.h"
+#include "flow.h"
 #include "passes.h"
 #include "train.h"
 
-#include <errno.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -91,83 +96,15 @@ static void usage(FILE *f)
             "  -h, --help         this text\n"
             "  --version          print the version\n"
             "\n"
-            "passes (for --dump-ir=PASS):\n");
-    for (int i = 0; i < sbp_n_passes; i++)
-        fprintf(f, "  %-12s %s\n", sbp_pass_list[i].name, sbp_pass_list[i].what);
-    fprintf(f, "  %-12s %s\n", "objective", "the graph with its loss (--objective) and --freeze");
+            "Options and the model may come in any order; --flag=value and --flag value are the\n"
+            "same; a long option may be shortened to any unambiguous prefix (--seq for\n"
+            "--seq-len); everything after -- is the model.\n"
+            "\n"
+            "passes (for --dump-ir=PASS: print the result of PASS and stop there):\n");
+    for (int i = 0; i < sbp_n_flow_stages; i++)
+        fprintf(f, "  %-12s %s\n", sbp_flow_stages[i].name, sbp_flow_stages[i].what);
     fprintf(f, "  %-12s %s\n", "program",
-            "the training program (--strategy, --chunk, ...): segments, chunk loops, the "
-            "planned workspace, the instructions");
-}
-
-/* A strict positive count: decimal digits only, no sign, no trailing junk, at most 2^30 (no
- * transformer batch or sequence is larger, and it keeps every later product in range). */
-static int parse_count(const char *flag, const char *s, int64_t *out)
-{
-    if (!s || !*s) {
-        fprintf(stderr, "%s: error: %s needs a value\n", prog, flag);
-        return -1;
-    }
-    for (const char *p = s; *p; p++)
-        if (*p < '0' || *p > '9') {
-            fprintf(stderr, "%s: error: %s: '%s' is not a positive integer\n", prog, flag, s);
-            return -1;
-        }
-    errno = 0;
-    long long v = strtoll(s, NULL, 10);
-    if (errno || v <= 0 || v > (1ll << 30)) {
-        fprintf(stderr, "%s: error: %s: '%s' is out of range (1 to %lld)\n", prog, flag, s,
-                1ll << 30);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-/* A finite real number >= 0, the whole string. */
-static int parse_real(const char *flag, const char *s, double *out)
-{
-    char *end = NULL;
-    errno = 0;
-    double v = s && *s && *s != ' ' ? strtod(s, &end) : 0;
-    if (!end || end == s || *end || errno || !isfinite(v) || v < 0) {
-        fprintf(stderr, "%s: error: %s: '%s' is not a finite number >= 0\n", prog, flag,
-                s ? s : "");
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-/* A byte count: decimal digits with an optional K, M or G suffix (powers of 1024). */
-static int parse_bytes(const char *flag, const char *s, size_t *out)
-{
-    char *end = NULL;
-    errno = 0;
-    unsigned long long v = s && *s >= '0' && *s <= '9' ? strtoull(s, &end, 10) : 0;
-    int shift = !end ? -1 : !*end ? 0 : !end[1] && (*end == 'K' || *end == 'k') ? 10
-                : !end[1] && *end == 'M' ? 20 : !end[1] && *end == 'G' ? 30 : -1;
-    if (errno || shift < 0 || v == 0 || v > (SIZE_MAX >> shift)) {
-        fprintf(stderr, "%s: error: %s: '%s' is not a byte count (e.g. 8G, 512M, 1048576)\n",
-                prog, flag, s ? s : "");
-        return -1;
-    }
-    *out = (size_t)v << shift;
-    return 0;
-}
-
-/* "--flag=value" or "--flag value"; advances *i in the second form. */
-static const char *flag_value(int argc, char **argv, int *i, const char *flag)
-{
-    size_t n = strlen(flag);
-    if (strncmp(argv[*i], flag, n) == 0 && argv[*i][n] == '=')
-        return argv[*i] + n + 1;
-    if (strcmp(argv[*i], flag) == 0) {
-        if (*i + 1 >= argc)
-            return "";
-        return argv[++*i];
-    }
-    return NULL;
+            "all of the training program at once: segments, loops, workspace, instructions");
 }
 
 /* One line per attention layer: its variant and the work of its score and value products in
@@ -242,14 +179,27 @@ static void summary(const ir_graph *g)
 }
 
 #define MAX_FREEZE 32
+/* The largest --batch, --seq-len and chunk: no transformer batch or sequence is larger, and it
+ * keeps every later product of dims in range. */
+#define SBPC_MAX_DIM ((int64_t)1 << 30)
 
-/* --freeze REGEX..., each in turn. */
-static int apply_freeze(ir_graph *g, const char *const *freeze, int n_freeze)
+/* Before any work: no output (-o's files, --memory-plot) may replace a file this run reads (the
+ * model and its external data, in `inputs` once imported), an existing FIFO, directory or other
+ * special file (a character device such as /dev/null is written in place), or another output. */
+static int check_outputs(const char *out, const char *plot, const sbp_file_set *inputs,
+                         ir_diag *diag)
 {
-    for (int k = 0; k < n_freeze; k++)
-        if (sbp_freeze_params(g, freeze[k], NULL) != IR_OK)
-            return IR_ERR;
-    return IR_OK;
+    sbp_file_set outs = {0};
+    char err[1024];
+    int rc = IR_OK;
+    if (out)
+        rc = sbp_codegen_check_outputs(out, inputs, &outs, diag);
+    if (rc == IR_OK && plot &&
+        sbp_file_check_output(plot, "--memory-plot", inputs, &outs, err, sizeof err) !=
+            SBP_FILE_OK)
+        rc = ir_diag_error(diag, "%s", err);
+    sbp_file_set_free(&outs);
+    return rc;
 }
 
 /* --report / --memory-plot: the program of every strategy, planned (passes/memplan.c), printed
@@ -290,17 +240,18 @@ static int memory_report(ir_graph *g, sbp_objective chosen, const sbp_train_opti
     if (report && sbp_report_write(stdout, e, NS, main_index, diag) != IR_OK)
         rc = 1;
     if (plot) {
-        FILE *f = fopen(plot, "w");
-        if (!f) {
-            ir_diag_error(diag, "cannot write the memory plot '%s'", plot);
+        /* atomic: a failed plot leaves the previous one; /dev/null is written in place */
+        sbp_atomic a;
+        char err[1024];
+        if (sbp_atomic_begin(&a, plot, err, sizeof err) != SBP_FILE_OK) {
+            ir_diag_error(diag, "cannot write the memory plot: %s", err);
             rc = 1;
-        } else {
-            if (sbp_report_plot_svg(f, e, NS, diag) != IR_OK)
-                rc = 1;
-            if (fclose(f) != 0) {
-                ir_diag_error(diag, "writing the memory plot '%s' failed", plot);
-                rc = 1;
-            }
+        } else if (sbp_report_plot_svg(a.f, e, NS, diag) != IR_OK) {
+            sbp_atomic_abort(&a);
+            rc = 1;
+        } else if (sbp_atomic_commit(&a, err, sizeof err) != SBP_FILE_OK) {
+            ir_diag_error(diag, "writing the memory plot failed: %s", err);
+            rc = 1;
         }
     }
     for (int k = 0; k < NS; k++)
@@ -308,141 +259,200 @@ static int memory_report(ir_graph *g, sbp_objective chosen, const sbp_train_opti
     return rc;
 }
 
+/* Where the step runs and how it stores activations: --target and --precision, carried as one
+ * value because they constrain each other (bf16 is a CUDA mode), the objective (DPO and GRPO
+ * have no bf16 form) and the build (a cuda .so needs the CUDA backend built with this sbpc).
+ * Parsed by target_parse, checked once by target_check. */
+typedef struct sbpc_target {
+    const char *backend; /* "cpu" (default) or "cuda": codegen.h's target names */
+    bool bf16;           /* --precision bf16 (passes/train.h, "Precision"); else fp32 */
+} sbpc_target;
+
+enum { OPT_BATCH = 256, OPT_SEQ_LEN, OPT_NO_RETIE, OPT_DUMP_IR, OPT_DUMP_PARAMS, OPT_STRATEGY,
+       OPT_TARGET, OPT_PRECISION, OPT_CHUNK, OPT_LOGITS_CHUNK, OPT_MEMORY_BUDGET, OPT_OBJECTIVE,
+       OPT_BETA, OPT_EPSILON, OPT_GRPO_NORM, OPT_FREEZE, OPT_REPORT, OPT_MEMORY_PLOT,
+       OPT_VERSION };
+
+/* --target T or --precision P into t; 0, or -1 after a message. */
+static int target_parse(cli *c, int opt, const char *v, sbpc_target *t)
+{
+    static const char *const backends[] = {"cpu", "cuda", NULL};
+    static const char *const precisions[] = {"fp32", "bf16", NULL};
+    int k;
+    if (opt == OPT_TARGET) {
+        if (cli_choice(c, "--target", v, backends, &k))
+            return -1;
+        t->backend = backends[k];
+    } else {
+        if (cli_choice(c, "--precision", v, precisions, &k))
+            return -1;
+        t->bf16 = k == 1;
+    }
+    return 0;
+}
+
+/* Every rule on the target and precision, once the whole command line is read: bf16 needs the
+ * cuda target and an objective with a bf16 form (not dpo or grpo), and a .so for a backend
+ * needs that backend built into this sbpc (sbp_codegen_target_available). 0, or -1 after a
+ * message. */
+static int target_check(cli *c, const sbpc_target *t, sbp_objective objective, const char *out)
+{
+    if (t->bf16 && strcmp(t->backend, "cuda") != 0)
+        return cli_error(c, "--precision bf16 needs --target cuda");
+    if (t->bf16 && (objective == SBP_OBJECTIVE_DPO || objective == SBP_OBJECTIVE_GRPO))
+        return cli_error(c, "--precision bf16: the %s objective is fp32 only",
+                         sbp_objective_name(objective));
+    size_t out_len = out ? strlen(out) : 0;
+    if (out_len > 3 && strcmp(out + out_len - 3, ".so") == 0 &&
+        !sbp_codegen_target_available(t->backend))
+        return cli_error(c, "--target %s: this sbpc was configured without a CUDA compiler "
+                         "(nvcc), so it cannot build a cuda .so; -o %.*s.c writes the C",
+                         t->backend, (int)(out_len - 3), out);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    static const struct option options[] = {
+        {"batch", required_argument, NULL, OPT_BATCH},
+        {"seq-len", required_argument, NULL, OPT_SEQ_LEN},
+        {"no-retie", no_argument, NULL, OPT_NO_RETIE},
+        {"dump-ir", optional_argument, NULL, OPT_DUMP_IR},
+        {"dump-params", no_argument, NULL, OPT_DUMP_PARAMS},
+        {"output", required_argument, NULL, 'o'},
+        {"strategy", required_argument, NULL, OPT_STRATEGY},
+        {"target", required_argument, NULL, OPT_TARGET},
+        {"precision", required_argument, NULL, OPT_PRECISION},
+        {"chunk", required_argument, NULL, OPT_CHUNK},
+        {"logits-chunk", required_argument, NULL, OPT_LOGITS_CHUNK},
+        {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
+        {"objective", required_argument, NULL, OPT_OBJECTIVE},
+        {"beta", required_argument, NULL, OPT_BETA},
+        {"epsilon", required_argument, NULL, OPT_EPSILON},
+        {"grpo-norm", required_argument, NULL, OPT_GRPO_NORM},
+        {"freeze", required_argument, NULL, OPT_FREEZE},
+        {"report", no_argument, NULL, OPT_REPORT},
+        {"memory-plot", required_argument, NULL, OPT_MEMORY_PLOT},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, OPT_VERSION},
+        {0},
+    };
+    static const char *const strategy_words[] = {"stream", "store", "checkpoint", NULL};
+    static const sbp_strategy strategy_values[] = {SBP_STRATEGY_STREAM, SBP_STRATEGY_STORE,
+                                                   SBP_STRATEGY_CHECKPOINT};
+    static const char *const objective_words[] = {"sft", "graph-loss", "dpo", "grpo", NULL};
+    static const sbp_objective objective_values[] = {SBP_OBJECTIVE_SFT, SBP_OBJECTIVE_GRAPH_LOSS,
+                                                     SBP_OBJECTIVE_DPO, SBP_OBJECTIVE_GRPO};
+    static const char *const grpo_norm_words[] = {"sequence", "token", NULL};
+    static const sbp_grpo_norm grpo_norm_values[] = {SBP_GRPO_NORM_SEQUENCE,
+                                                     SBP_GRPO_NORM_TOKEN};
     const char *model = NULL, *dump_pass = NULL, *out = NULL;
     const char *freeze[MAX_FREEZE];
     int n_freeze = 0;
     bool dump = false, report = false, want_params = false;
     const char *plot = NULL;
     sbp_pass_options opt = {.verify = true};
+    /* The memory this compilation may use (passes.h: sbp_compile_mem_limit): this machine's,
+     * or less with SBPC_MAX_COMPILE_BYTES (the tests use it to be machine-independent). */
+    const char *max_compile = getenv("SBPC_MAX_COMPILE_BYTES");
+    if (max_compile && *max_compile)
+        opt.compile_mem_limit = strtoll(max_compile, NULL, 10);
     sbp_train_options topt = {.strategy = SBP_STRATEGY_STREAM};
     sbp_objective objective = SBP_OBJECTIVE_SFT;
     const char *beta_given = NULL, *grpo_given = NULL; /* a DPO / GRPO flag seen */
     topt.epsilon = -1; /* unset */
-    const char *target = "cpu";
+    sbpc_target tgt = {.backend = "cpu"};
 
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+    cli c;
+    cli_init(&c, prog, options, argc, argv);
+    for (int o; (o = cli_next(&c)) != CLI_END;) {
+        const char *v = c.arg;
+        int k = 0, bad = 0;
+        switch (o) {
+        case CLI_ERROR:
+            return 1;
+        case 'h':
             usage(stdout);
             return 0;
-        } else if (strcmp(a, "--version") == 0) {
+        case OPT_VERSION:
             printf("sbpc %s\n", SBP_VERSION);
             return 0;
-        } else if ((v = flag_value(argc, argv, &i, "--batch"))) {
-            if (parse_count("--batch", v, &opt.batch))
-                return 1;
-        } else if ((v = flag_value(argc, argv, &i, "--seq-len"))) {
-            if (parse_count("--seq-len", v, &opt.seq_len))
-                return 1;
-        } else if ((v = flag_value(argc, argv, &i, "-o")) ||
-                   (v = flag_value(argc, argv, &i, "--output"))) {
-            if (!*v) {
-                fprintf(stderr, "%s: error: -o needs a file name\n", prog);
-                return 1;
-            }
-            out = v;
-        } else if ((v = flag_value(argc, argv, &i, "--strategy"))) {
-            if (strcmp(v, "store") == 0) {
-                topt.strategy = SBP_STRATEGY_STORE;
-            } else if (strcmp(v, "checkpoint") == 0) {
-                topt.strategy = SBP_STRATEGY_CHECKPOINT;
-            } else if (strcmp(v, "stream") == 0) {
-                topt.strategy = SBP_STRATEGY_STREAM;
-            } else {
-                fprintf(stderr, "%s: error: --strategy: '%s' is not stream, store or checkpoint\n",
-                        prog, v);
-                return 1;
-            }
-        } else if ((v = flag_value(argc, argv, &i, "--target"))) {
-            if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0) {
-                fprintf(stderr, "%s: error: --target: '%s' is not cpu or cuda\n", prog, v);
-                return 1;
-            }
-            target = v;
-        } else if ((v = flag_value(argc, argv, &i, "--precision"))) {
-            if (strcmp(v, "fp32") != 0 && strcmp(v, "bf16") != 0) {
-                fprintf(stderr, "%s: error: --precision: '%s' is not fp32 or bf16\n", prog, v);
-                return 1;
-            }
-            topt.bf16 = strcmp(v, "bf16") == 0;
-        } else if ((v = flag_value(argc, argv, &i, "--chunk"))) {
-            if (parse_count("--chunk", v, &topt.chunk))
-                return 1;
-        } else if ((v = flag_value(argc, argv, &i, "--logits-chunk"))) {
-            if (parse_count("--logits-chunk", v, &topt.logits_chunk))
-                return 1;
-        } else if ((v = flag_value(argc, argv, &i, "--memory-budget"))) {
-            if (parse_bytes("--memory-budget", v, &topt.memory_budget))
-                return 1;
-        } else if ((v = flag_value(argc, argv, &i, "--objective"))) {
-            if (strcmp(v, "sft") == 0) {
-                objective = SBP_OBJECTIVE_SFT;
-            } else if (strcmp(v, "graph-loss") == 0) {
-                objective = SBP_OBJECTIVE_GRAPH_LOSS;
-            } else if (strcmp(v, "dpo") == 0) {
-                objective = SBP_OBJECTIVE_DPO;
-            } else if (strcmp(v, "grpo") == 0) {
-                objective = SBP_OBJECTIVE_GRPO;
-            } else {
-                fprintf(stderr, "%s: error: --objective: '%s' is not sft, graph-loss, dpo or "
-                                "grpo\n", prog, v);
-                return 1;
-            }
-        } else if ((v = flag_value(argc, argv, &i, "--beta"))) {
-            if (parse_real("--beta", v, &topt.beta))
-                return 1;
+        case OPT_BATCH:
+            bad = cli_count(&c, "--batch", v, 1, SBPC_MAX_DIM, &opt.batch);
+            break;
+        case OPT_SEQ_LEN:
+            bad = cli_count(&c, "--seq-len", v, 1, SBPC_MAX_DIM, &opt.seq_len);
+            break;
+        case 'o':
+            bad = cli_path(&c, "-o", v, &out);
+            break;
+        case OPT_STRATEGY:
+            if (!(bad = cli_choice(&c, "--strategy", v, strategy_words, &k)))
+                topt.strategy = strategy_values[k];
+            break;
+        case OPT_TARGET:
+        case OPT_PRECISION:
+            bad = target_parse(&c, o, v, &tgt);
+            break;
+        case OPT_CHUNK:
+            bad = cli_count(&c, "--chunk", v, 1, SBPC_MAX_DIM, &topt.chunk);
+            break;
+        case OPT_LOGITS_CHUNK:
+            bad = cli_count(&c, "--logits-chunk", v, 1, SBPC_MAX_DIM, &topt.logits_chunk);
+            break;
+        case OPT_MEMORY_BUDGET:
+            if ((bad = cli_bytes(&c, "--memory-budget", v, &topt.memory_budget)))
+                break;
+            break;
+        case OPT_OBJECTIVE:
+            if (!(bad = cli_choice(&c, "--objective", v, objective_words, &k)))
+                objective = objective_values[k];
+            break;
+        case OPT_BETA:
+            bad = cli_real(&c, "--beta", v, &topt.beta);
             beta_given = "--beta";
-        } else if ((v = flag_value(argc, argv, &i, "--epsilon"))) {
-            if (parse_real("--epsilon", v, &topt.epsilon))
-                return 1;
+            break;
+        case OPT_EPSILON:
+            bad = cli_real(&c, "--epsilon", v, &topt.epsilon);
             grpo_given = "--epsilon";
-        } else if ((v = flag_value(argc, argv, &i, "--grpo-norm"))) {
-            if (strcmp(v, "sequence") == 0) {
-                topt.grpo_norm = SBP_GRPO_NORM_SEQUENCE;
-            } else if (strcmp(v, "token") == 0) {
-                topt.grpo_norm = SBP_GRPO_NORM_TOKEN;
-            } else {
-                fprintf(stderr, "%s: error: --grpo-norm: '%s' is not sequence or token\n", prog,
-                        v);
-                return 1;
-            }
+            break;
+        case OPT_GRPO_NORM:
+            if (!(bad = cli_choice(&c, "--grpo-norm", v, grpo_norm_words, &k)))
+                topt.grpo_norm = grpo_norm_values[k];
             grpo_given = "--grpo-norm";
-        } else if ((v = flag_value(argc, argv, &i, "--freeze"))) {
-            if (!*v || n_freeze == MAX_FREEZE) {
-                fprintf(stderr, "%s: error: --freeze needs a regular expression (at most %d)\n",
-                        prog, MAX_FREEZE);
-                return 1;
-            }
-            freeze[n_freeze++] = v;
-        } else if (strcmp(a, "--report") == 0) {
+            break;
+        case OPT_FREEZE:
+            if (!*v || n_freeze == MAX_FREEZE)
+                bad = cli_error(&c, "--freeze needs a regular expression (at most %d)",
+                                MAX_FREEZE);
+            else
+                freeze[n_freeze++] = v;
+            break;
+        case OPT_REPORT:
             report = true;
-        } else if (strcmp(a, "--dump-params") == 0) {
+            break;
+        case OPT_DUMP_PARAMS:
             want_params = true;
-        } else if ((v = flag_value(argc, argv, &i, "--memory-plot"))) {
-            if (!*v) {
-                fprintf(stderr, "%s: error: --memory-plot needs a file name\n", prog);
-                return 1;
-            }
-            plot = v;
-        } else if (strcmp(a, "--no-retie") == 0) {
+            break;
+        case OPT_MEMORY_PLOT:
+            bad = cli_path(&c, "--memory-plot", v, &plot);
+            break;
+        case OPT_NO_RETIE:
             opt.no_retie = true;
-        } else if (strcmp(a, "--dump-ir") == 0) {
+            break;
+        case OPT_DUMP_IR:
             dump = true;
-        } else if (strncmp(a, "--dump-ir=", 10) == 0) {
-            dump = true;
-            dump_pass = a + 10;
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "%s: error: unknown option '%s' (see --help)\n", prog, a);
-            return 1;
-        } else if (model) {
-            fprintf(stderr, "%s: error: more than one model given ('%s' and '%s')\n", prog, model,
-                    a);
-            return 1;
-        } else {
-            model = a;
+            dump_pass = v; /* NULL: --dump-ir alone, the last pass */
+            break;
+        case CLI_POSITIONAL:
+            if (model)
+                bad = cli_error(&c, "more than one model given ('%s' and '%s')", model, v);
+            else
+                model = v;
+            break;
         }
+        if (bad)
+            return 1;
     }
     /* DPO / GRPO hyper-parameters: the defaults, and no flag for another objective */
     bool pref = objective == SBP_OBJECTIVE_DPO || objective == SBP_OBJECTIVE_GRPO;
@@ -462,91 +472,80 @@ int main(int argc, char **argv)
         usage(stderr);
         return 1;
     }
-    if (topt.bf16 && strcmp(target, "cuda") != 0) {
-        fprintf(stderr, "%s: error: --precision bf16 needs --target cuda\n", prog);
+    if (target_check(&c, &tgt, objective, out))
+        return 1;
+    topt.bf16 = tgt.bf16;
+    const char *const target = tgt.backend; /* codegen's name for it, below */
+
+    /* What to run: the flow (passes/flow.h) up to the stage a dump names, then, for -o, --report
+     * or --memory-plot, on through the memory plan. A dump past the canonical graph (the
+     * objective and later, or the whole program) prints and exits; a canonical dump other than
+     * the last ("cleanup") stops before the training program those flags need. */
+    const bool compile = out || report || plot;
+    const char *first_stop = "cleanup";
+    if (want_params)
+        first_stop = "freeze";
+    else if (dump_pass)
+        first_stop = strcmp(dump_pass, "program") == 0 ? "plan" : dump_pass;
+    const int stop_index = sbp_flow_find(first_stop);
+    if (dump_pass && compile && stop_index != sbp_flow_find("cleanup")) {
+        fprintf(stderr, "%s: error: --dump-ir=%s prints and exits: not with %s%s%s (%s)\n",
+                prog, dump_pass, out ? "-o" : report ? "--report" : "--memory-plot",
+                out && (report || plot) ? ", " : "",
+                out && report ? "--report" : out && plot ? "--memory-plot" : "",
+                stop_index > sbp_flow_find("cleanup") || stop_index < 0
+                    ? "it stops at the training program's listing"
+                    : "it stops before canonicalisation ends, and they need the whole pipeline");
         return 1;
     }
-    if (topt.bf16 && (objective == SBP_OBJECTIVE_DPO || objective == SBP_OBJECTIVE_GRPO)) {
-        fprintf(stderr, "%s: error: --precision bf16: the %s objective is fp32 only\n", prog,
-                sbp_objective_name(objective));
-        return 1;
-    }
-    size_t out_len = out ? strlen(out) : 0;
-    if (out_len > 3 && strcmp(out + out_len - 3, ".so") == 0 &&
-        !sbp_codegen_target_available(target)) {
-        fprintf(stderr, "%s: error: --target %s: this sbpc was configured without a CUDA compiler "
-                "(nvcc), so it cannot build a cuda .so; -o %.*s.c writes the C\n", prog, target,
-                (int)(out_len - 3), out);
+    if (want_params && (dump || compile)) {
+        fprintf(stderr, "%s: error: --dump-params prints the parameters and exits: not with %s\n",
+                prog, dump ? "--dump-ir" : out ? "-o" : report ? "--report" : "--memory-plot");
         return 1;
     }
 
     ir_diag diag;
     ir_diag_init(&diag, model);
     int rc = 0;
-    const bool dump_training = dump_pass && (strcmp(dump_pass, "objective") == 0 ||
-                                             strcmp(dump_pass, "program") == 0);
-    if (dump_training && (out || report || plot || want_params)) {
-        fprintf(stderr, "%s: error: --dump-ir=%s prints and exits: not with -o, --report, "
-                "--memory-plot or --dump-params\n", prog, dump_pass);
-        ir_diag_free(&diag);
-        return 1;
-    }
-    ir_graph *g = ir_import_onnx(model, &diag, NULL);
-    if (!g || diag.n_errors) {
+    sbp_file_set inputs = {0}; /* what the import read: no output may replace it */
+    const ir_import_options iopt = {.files = &inputs};
+    const sbp_flow_options fo = {.pass = opt, .objective = objective, .freeze = freeze,
+                                 .n_freeze = n_freeze, .train = topt};
+    sbp_flow flow = {.path = model, .import = &iopt};
+    /* first the import alone: outputs that would replace an input are refused before any work */
+    if (sbp_flow_run(&flow, &fo, &diag, "import") != IR_OK ||
+        check_outputs(out, plot, &inputs, &diag) != IR_OK ||
+        sbp_flow_run(&flow, &fo, &diag, first_stop) != IR_OK)
         rc = 1;
-    } else if (sbp_canonicalize(g, &opt, dump_training ? NULL : dump_pass) != IR_OK) {
-        rc = 1;
-    }
     ir_diag_print(&diag, stderr, prog);
     int printed = diag.n;
-    sbp_objective chosen = objective;
+    ir_graph *g = flow.g;
     if (rc != 0) {
         /* the diagnostics say why */
     } else if (want_params) {
-        if (apply_freeze(g, freeze, n_freeze) == IR_OK)
-            dump_params(g);
-        else
+        dump_params(g);
+    } else if (dump_pass && strcmp(dump_pass, "program") == 0) {
+        sbp_train_print(flow.program, stdout);
+    } else if (dump_pass) {
+        sbp_flow_stages[stop_index].dump(&flow, stdout);
+    } else if (dump) {
+        ir_print(g, stdout);
+    } else if (!out) {
+        summary(g);
+    }
+    if (rc == 0 && compile && !want_params) {
+        if (sbp_flow_run(&flow, &fo, &diag, NULL) != IR_OK)
             rc = 1;
-    } else if (dump_training) {
-        /* past canonicalisation: the graph with its objective (and --freeze), or the training
-         * program the step is emitted from (segments, StreamBP chunk loops with their row
-         * ranges and what runs once per layer, each workspace buffer's offset, size and
-         * lifetime, the instructions) */
-        sbp_train_program *p = NULL;
-        if (sbp_pass_objective(g, objective, &chosen) != IR_OK ||
-            apply_freeze(g, freeze, n_freeze) != IR_OK)
+        else if (out && sbp_codegen_write_target(flow.program, out, model, NULL, target, &diag) !=
+                            IR_OK)
             rc = 1;
-        else if (strcmp(dump_pass, "objective") == 0)
-            ir_print(g, stdout);
-        else if ((p = sbp_train_build(g, chosen, &topt)))
-            sbp_train_print(p, stdout);
-        else
+        if (rc == 0 && (report || plot) &&
+            memory_report(g, flow.chosen, &topt, flow.program, report, plot, &diag) != 0)
             rc = 1;
-    } else {
-        if (dump)
-            ir_print(g, stdout);
-        else if (!out)
-            summary(g);
-        if (out || report || plot) {
-            if (dump_pass && strcmp(dump_pass, sbp_pass_list[sbp_n_passes - 1].name) != 0) {
-                ir_diag_error(&diag, "-o needs the whole pipeline (not --dump-ir=%s)", dump_pass);
-                rc = 1;
-            }
-            if (rc == 0 && (sbp_pass_objective(g, objective, &chosen) != IR_OK ||
-                            apply_freeze(g, freeze, n_freeze) != IR_OK))
-                rc = 1;
-            sbp_train_program *p = rc == 0 ? sbp_train_build(g, chosen, &topt) : NULL;
-            if (!p)
-                rc = 1;
-            else if (out && sbp_codegen_write_target(p, out, model, NULL, target, &diag) != IR_OK)
-                rc = 1;
-            if (p && (report || plot) &&
-                memory_report(g, chosen, &topt, p, report, plot, &diag) != 0)
-                rc = 1;
-        }
     }
     ir_diag_print_from(&diag, printed, stderr, prog); /* what code generation added */
     ir_graph_free(g);
     ir_diag_free(&diag);
+    sbp_file_set_free(&inputs);
     return rc;
 }

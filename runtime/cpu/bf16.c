@@ -135,11 +135,14 @@ static int bf_finish(bf_call *t, int rc)
     t.ns = 0;                                                                                  \
     t.nomem = 0
 
+/* The element count of dims, or 0 when it does not fit (checked: eight int extents can wrap
+ * size_t): nothing is converted then, and the fp32 kernel refuses the dims itself. */
 static size_t prod(int rank, const int *dims)
 {
     size_t n = 1;
     for (int i = 0; i < rank; i++)
-        n *= dims && dims[i] > 0 ? (size_t)dims[i] : 0;
+        if (!cpu_mul_size(n, dims && dims[i] > 0 ? (size_t)dims[i] : 0, &n))
+            return 0;
     return n;
 }
 

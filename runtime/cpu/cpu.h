@@ -30,6 +30,19 @@ int cpu_scratch(sbprt_ctx *ctx, size_t bytes, void **out);
  * more than the work.  Only speed depends on it, never results. */
 #define CPU_PARALLEL_MIN 16384
 
+/* Checked size arithmetic for sizes computed from a caller's dims (the runtime's twin of the
+ * compiler's ir/checked.h, which the runtime does not include: libsbprt stands alone). A
+ * product that would wrap size_t is an argument error (SBPRT_ERR_INVALID through CPU_CHECK),
+ * never a short count that then indexes out of bounds. */
+static inline int cpu_mul_size(size_t a, size_t b, size_t *r)
+{
+    return !__builtin_mul_overflow(a, b, r);
+}
+static inline int cpu_add_size(size_t a, size_t b, size_t *r)
+{
+    return !__builtin_add_overflow(a, b, r);
+}
+
 #define CPU_CHECK(cond)                                                                        \
     do {                                                                                       \
         if (!(cond))                                                                           \

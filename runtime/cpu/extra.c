@@ -13,7 +13,8 @@
 
 #define EX_MAX_RANK 8
 
-/* Row-major strides of dims[rank] (in elements); returns the element count. */
+/* Row-major strides of dims[rank] (in elements); returns the element count. Only for dims that
+ * ex_check_dims accepted (which proves the product, and so every stride, fits). */
 static size_t ex_strides(int rank, const int *dims, size_t *st)
 {
     size_t n = 1;
@@ -24,12 +25,17 @@ static size_t ex_strides(int rank, const int *dims, size_t *st)
     return n;
 }
 
+/* Dims a kernel may walk: a rank it handles, no negative extent, and an element count whose
+ * bytes fit size_t. Every prefix product must fit, zeros read as 1 (strides are prefix
+ * products, and a zero extent elsewhere must not hide a wrapped one): eight int extents can
+ * multiply to 2^248. */
 static int ex_check_dims(int rank, const int *dims)
 {
     if (rank < 0 || rank > EX_MAX_RANK || (rank > 0 && !dims))
         return 0;
+    size_t q = sizeof(float);
     for (int i = 0; i < rank; i++)
-        if (dims[i] < 0)
+        if (dims[i] < 0 || !cpu_mul_size(q, dims[i] ? (size_t)dims[i] : 1, &q))
             return 0;
     return 1;
 }
@@ -113,7 +119,8 @@ int sbprt_copy_cols(sbprt_ctx *ctx, float *dst, const float *src, int rows, int 
     CPU_CHECK(ctx && rows >= 0 && w >= 0 && dst_off >= 0 && src_off >= 0);
     if (rows == 0 || w == 0)
         return SBPRT_OK;
-    CPU_CHECK(dst && src && dst_off + w <= dst_ld && src_off + w <= src_ld);
+    /* in 64 bits: off + w of two ints may pass INT_MAX */
+    CPU_CHECK(dst && src && (int64_t)dst_off + w <= dst_ld && (int64_t)src_off + w <= src_ld);
 #pragma omp parallel for schedule(static) num_threads(ctx->nthreads) \
     if ((size_t)rows * w >= CPU_PARALLEL_MIN)
     for (int r = 0; r < rows; r++) {

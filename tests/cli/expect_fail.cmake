@@ -1,5 +1,7 @@
 # Runs PROG with ARGS (a ;-list) and passes only if it exits with status 1 and its stderr
-# matches REGEX: a crash (signal) or exit 0 fails the test.
+# matches REGEX: a crash (signal) or exit 0 fails the test. With -DONE_ERROR=1 the stderr must
+# also hold exactly one line with "error:" (issue 15: one cause, one error; notes and warnings
+# may add to it), so follow-on errors of the same cause fail the test.
 execute_process(COMMAND ${PROG} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message("${err}")
 if(NOT rc STREQUAL "1")
@@ -7,4 +9,18 @@ if(NOT rc STREQUAL "1")
 endif()
 if(NOT err MATCHES "${REGEX}")
   message(FATAL_ERROR "stderr does not match '${REGEX}'")
+endif()
+if(ONE_ERROR)
+  # one list element per line (';' in a message would split a line: count on a copy without them)
+  string(REPLACE ";" "," lines "${err}")
+  string(REPLACE "\n" ";" lines "${lines}")
+  set(n 0)
+  foreach(l IN LISTS lines)
+    if(l MATCHES "error:")
+      math(EXPR n "${n} + 1")
+    endif()
+  endforeach()
+  if(NOT n EQUAL 1)
+    message(FATAL_ERROR "expected exactly one error line on stderr, got ${n}")
+  endif()
 endif()

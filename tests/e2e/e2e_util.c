@@ -17,6 +17,7 @@
 
 #include "codegen.h"
 #include "e2e_util.h"
+#include "flow.h"
 
 sbprt_ctx *e2e_ctx;
 
@@ -50,27 +51,37 @@ ir_graph *e2e_front(const char *model, int64_t b, int64_t t, sbp_objective obj, 
                     sbp_objective *chosen)
 {
     ir_diag_init(d, model);
-    ir_graph *g = ir_import_onnx(e2e_fixture(model), d, NULL);
-    assert_non_null(g);
-    sbp_pass_options po = {.batch = b, .seq_len = t, .verify = true};
-    assert_int_equal(sbp_canonicalize(g, &po, NULL), IR_OK);
-    assert_int_equal(sbp_pass_objective(g, obj, chosen), IR_OK);
-    return g;
+    const sbp_flow_options fo = {.pass = {.batch = b, .seq_len = t, .verify = true},
+                                 .objective = obj};
+    sbp_flow f = {.path = e2e_fixture(model)};
+    int rc = sbp_flow_run(&f, &fo, d, "objective");
+    if (rc != IR_OK)
+        e2e_print_diag(d);
+    assert_int_equal(rc, IR_OK);
+    *chosen = f.chosen;
+    return f.g;
 }
 
 sbp_objective e2e_build(e2e_step *s, const char *model, int64_t b, int64_t t, sbp_objective obj,
                         const char *freeze, const sbp_train_options *o)
 {
     memset(s, 0, sizeof *s);
-    sbp_objective chosen;
-    s->g = e2e_front(model, b, t, obj, &s->diag, &chosen);
-    if (freeze)
-        assert_int_equal(sbp_freeze_params(s->g, freeze, NULL), IR_OK);
-    s->p = sbp_train_build(s->g, chosen, o);
-    if (!s->p)
+    ir_diag_init(&s->diag, model);
+    /* the whole flow, as sbpc runs it (passes/flow.h) */
+    const sbp_flow_options fo = {.pass = {.batch = b, .seq_len = t, .verify = true},
+                                 .objective = obj,
+                                 .freeze = freeze ? &freeze : NULL,
+                                 .n_freeze = freeze ? 1 : 0,
+                                 .train = o ? *o : (sbp_train_options){0}};
+    sbp_flow f = {.path = e2e_fixture(model)};
+    int rc = sbp_flow_run(&f, &fo, &s->diag, NULL);
+    s->g = f.g;
+    s->p = f.program;
+    if (rc != IR_OK)
         e2e_print_diag(&s->diag);
+    assert_int_equal(rc, IR_OK);
     assert_non_null(s->p);
-    return chosen;
+    return f.chosen;
 }
 
 void e2e_load_so(e2e_step *s, const sbp_train_program *p, const char *model, const char *tag,

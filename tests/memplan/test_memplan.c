@@ -19,6 +19,12 @@
  * chunk loop checks the zeroing rewrite (a hoisted accumulator zero, a per-iteration zero, the
  * loop's bounds moved). Last, the report's text carries the figures and the plot is
  * well-formed SVG.
+ *
+ * The start-order path of the offsets (memplan.h: memplan_force_start_order; otherwise taken
+ * only past about 2^23 + 16n live-together pairs) is checked the same way on 200 random
+ * schedules and on every fixture plan, its peak within a stated factor of the eight orders';
+ * `test_memplan scale` (ctest memplan.scale) plans a 200000-buffer chain by both paths and
+ * checks that a forward-backward chain past the pair budget takes the start-order path unforced.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -30,6 +36,7 @@
 #include <string.h>
 
 #include "codegen.h"
+#include "flow.h"
 #include "ir.h"
 #include "memplan.h"
 #include "passes.h"
@@ -126,6 +133,11 @@ static size_t plan_and_check(const mp_schedule *s, mp_liveness *lv, size_t *off,
     size_t lower = memplan_live_bytes(s, lv, NULL);
     size_t peak = memplan_assign_offsets(s->n_bufs, s->bytes, lv, off);
     assert_true(peak >= lower);
+    for (int b = 0; b < s->n_bufs; b++) {
+        assert_true(off[b] % MEMPLAN_ALIGN == 0);
+        if (s->bytes[b] && lv->hull[b].first >= 0)
+            assert_true(off[b] + s->bytes[b] <= peak);
+    }
     for (int a = 0; a < s->n_bufs; a++)
         for (int b = a + 1; b < s->n_bufs; b++)
             if (s->bytes[a] && s->bytes[b] && memplan_live_together(lv, a, b))
@@ -304,54 +316,65 @@ static unsigned rnd(unsigned n)
     return (rng_state >> 16) % n;
 }
 
+/* One random schedule with nested and disjoint loops into *s; false when it reads a value
+ * nothing wrote (the simulation could not judge a plan of it), to be drawn again. */
+static bool random_sched(sched *s)
+{
+    memset(s, 0, sizeof *s);
+    int nb = 4 + (int)rnd(12), np = 8 + (int)rnd(40);
+    for (int b = 0; b < nb; b++)
+        s->bytes[b] = 64 * (1 + rnd(8));
+    bool written[16] = {false};
+    for (int q = 0; q < np && s->n_acc < 250; q++) {
+        int k = 1 + (int)rnd(3);
+        int used[4] = {-1, -1, -1, -1};
+        for (int j = 0; j < k; j++) {
+            int b = (int)rnd((unsigned)nb);
+            bool dup = false;
+            for (int i = 0; i < j; i++)
+                dup = dup || used[i] == b;
+            if (dup)
+                continue;
+            used[j] = b;
+            mp_role r = !written[b] ? MP_W : (mp_role)(1 + rnd(4));
+            written[b] = true;
+            acc(s, q, b, r);
+        }
+    }
+    s->n_pos = np;
+    s->n_bufs = nb;
+    int a = (int)rnd((unsigned)np), b = a + (int)rnd((unsigned)(np - a));
+    s->loops[s->n_loops++] = (mp_loop){a, b};
+    if (b > a + 2)
+        s->loops[s->n_loops++] = (mp_loop){a + 1, b - 1};
+    if (b + 3 < np)
+        s->loops[s->n_loops++] = (mp_loop){b + 1, b + 1 + (int)rnd((unsigned)(np - b - 1))};
+    s->live_out[rnd((unsigned)nb)] = true;
+    /* the simulation checks reads against writes: drop schedules that read garbage */
+    mp_schedule v = view(s);
+    size_t off[16];
+    for (int i = 0; i < nb; i++)
+        off[i] = (size_t)i * 1024; /* no sharing at all */
+    ir_diag d;
+    ir_diag_init(&d, "rnd");
+    int ok = memplan_simulate(&v, off, NULL, &d);
+    ir_diag_free(&d);
+    return ok == IR_OK;
+}
+
 static void test_random_schedules(void **state)
 {
     (void)state;
     ir_arena *A = ir_arena_new();
     double worst = 1;
+    rng_state = 12345;
     for (int trial = 0; trial < 300; trial++) {
-        sched s = {0};
-        int nb = 4 + (int)rnd(12), np = 8 + (int)rnd(40);
-        for (int b = 0; b < nb; b++)
-            s.bytes[b] = 64 * (1 + rnd(8));
-        bool written[16] = {false};
-        for (int q = 0; q < np && s.n_acc < 250; q++) {
-            int k = 1 + (int)rnd(3);
-            int used[4] = {-1, -1, -1, -1};
-            for (int j = 0; j < k; j++) {
-                int b = (int)rnd((unsigned)nb);
-                bool dup = false;
-                for (int i = 0; i < j; i++)
-                    dup = dup || used[i] == b;
-                if (dup)
-                    continue;
-                used[j] = b;
-                mp_role r = !written[b] ? MP_W : (mp_role)(1 + rnd(4));
-                written[b] = true;
-                acc(&s, q, b, r);
-            }
-        }
-        s.n_pos = np;
-        s.n_bufs = nb;
-        int a = (int)rnd((unsigned)np), b = a + (int)rnd((unsigned)(np - a));
-        s.loops[s.n_loops++] = (mp_loop){a, b};
-        if (b > a + 2)
-            s.loops[s.n_loops++] = (mp_loop){a + 1, b - 1};
-        if (b + 3 < np)
-            s.loops[s.n_loops++] = (mp_loop){b + 1, b + 1 + (int)rnd((unsigned)(np - b - 1))};
-        s.live_out[rnd((unsigned)nb)] = true;
-        /* the simulation checks reads against writes: drop schedules that read garbage */
-        mp_schedule v = view(&s);
-        size_t off[16];
-        for (int i = 0; i < nb; i++)
-            off[i] = (size_t)i * 1024; /* no sharing at all */
-        ir_diag d;
-        ir_diag_init(&d, "rnd");
-        int ok = memplan_simulate(&v, off, NULL, &d);
-        ir_diag_free(&d);
-        if (ok != IR_OK)
+        sched s;
+        if (!random_sched(&s))
             continue;
+        mp_schedule v = view(&s);
         mp_liveness lv;
+        size_t off[16];
         size_t peak = plan_and_check(&v, &lv, off, A);
         size_t lower = memplan_live_bytes(&v, &lv, NULL);
         if (lower && (double)peak / (double)lower > worst)
@@ -359,6 +382,281 @@ static void test_random_schedules(void **state)
     }
     print_message("  random schedules: worst planned / lower bound %.3f\n", worst);
     ir_arena_free(A);
+}
+
+/* ------------------------------------------------------------------ the start-order path
+ *
+ * memplan_assign_offsets runs one best-fit pass in start order over each buffer's hull instead
+ * of its eight placement orders when the live-together pairs exceed about 2^23 + 16n; only
+ * programs far beyond a unit test's size get there, so memplan_force_start_order takes that path
+ * here on small schedules. Its plans must pass the same checks as the eight orders' (no two
+ * buffers live together share a byte, the simulated run, 64-byte offsets, peak >= the liveness
+ * lower bound), and cost at most a stated factor more.
+ */
+
+/* The start-order peak over the eight-order peak, at most. Measured worst over the 200 random
+ * schedules below: 1.538, mean 1.052 (a buffer with several ranges keeps its bytes over its
+ * whole hull in the start-order pass, and these schedules, up to 16 buffers rewritten at
+ * random, have many); the bound is a little above that. On the fixture programs see START_ORDER_FIXTURE_RATIO. */
+#define START_ORDER_RANDOM_RATIO 1.6
+
+static void test_start_order_random(void **state)
+{
+    (void)state;
+    ir_arena *A = ir_arena_new();
+    double worst = 0, worst_lb = 0, sum = 0;
+    int n = 0;
+    rng_state = 777;
+    while (n < 200) {
+        sched s;
+        if (!random_sched(&s))
+            continue;
+        mp_schedule v = view(&s);
+        mp_liveness lv;
+        size_t off[16];
+        memplan_force_start_order(false);
+        size_t peak8 = plan_and_check(&v, &lv, off, A);
+        memplan_force_start_order(true);
+        size_t peak1 = plan_and_check(&v, &lv, off, A);
+        memplan_force_start_order(false);
+        size_t lower = memplan_live_bytes(&v, &lv, NULL);
+        assert_true(peak8 > 0 && lower > 0);
+        double r = (double)peak1 / (double)peak8;
+        if (r > START_ORDER_RANDOM_RATIO)
+            print_message("  schedule %d: start order %zu, eight orders %zu\n", n, peak1,
+                          peak8);
+        assert_true(r <= START_ORDER_RANDOM_RATIO);
+        worst = r > worst ? r : worst;
+        double rl = (double)peak1 / (double)lower;
+        worst_lb = rl > worst_lb ? rl : worst_lb;
+        sum += r;
+        n++;
+    }
+    print_message("  %d random schedules: start-order peak / eight-order peak: worst %.3f, mean "
+                  "%.3f; start-order peak / lower bound: worst %.3f\n",
+                  n, worst, sum / n, worst_lb);
+    ir_arena_free(A);
+}
+
+/* A schedule too large for the fixed-size sched above (malloc'd; big_free). */
+typedef struct big {
+    mp_access *acc;
+    int n_acc, cap;
+    size_t *bytes;
+    bool *live_out;
+    int n_pos, n_bufs;
+} big;
+
+static void big_init(big *s, int n_bufs, int cap)
+{
+    s->acc = malloc(sizeof *s->acc * (size_t)cap);
+    s->bytes = calloc((size_t)n_bufs, sizeof *s->bytes);
+    s->live_out = calloc((size_t)n_bufs, sizeof *s->live_out);
+    assert_true(s->acc && s->bytes && s->live_out);
+    s->n_acc = 0;
+    s->cap = cap;
+    s->n_pos = 0;
+    s->n_bufs = n_bufs;
+}
+
+static void big_acc(big *s, int pos, int buf, mp_role r)
+{
+    assert_true(s->n_acc < s->cap && buf < s->n_bufs);
+    s->acc[s->n_acc++] = (mp_access){pos, buf, r};
+    if (pos + 1 > s->n_pos)
+        s->n_pos = pos + 1;
+}
+
+static mp_schedule big_view(const big *s)
+{
+    return (mp_schedule){.n_pos = s->n_pos,
+                         .n_bufs = s->n_bufs,
+                         .bytes = s->bytes,
+                         .acc = s->acc,
+                         .n_acc = s->n_acc,
+                         .live_out = s->live_out};
+}
+
+static void big_free(big *s)
+{
+    free(s->acc);
+    free(s->bytes);
+    free(s->live_out);
+}
+
+/* The pairwise check of plan_and_check in O(sum of lifetimes): at each position the buffers
+ * live there, sorted by offset, must lie apart. Two buffers are live together exactly when some
+ * position has both live, so this is the same check without the n^2 pairs (and without
+ * memplan_simulate, which is O(writes x buffers)); fine for schedules whose lifetimes are short. */
+static void check_apart_by_position(const mp_schedule *s, const mp_liveness *lv,
+                                    const size_t *off, size_t peak)
+{
+    int np = s->n_pos;
+    size_t *cnt = calloc((size_t)np + 1, sizeof *cnt);
+    assert_non_null(cnt);
+    for (int b = 0; b < s->n_bufs; b++) {
+        assert_true(off[b] % MEMPLAN_ALIGN == 0);
+        if (!s->bytes[b] || lv->hull[b].first < 0)
+            continue;
+        assert_true(off[b] + s->bytes[b] <= peak);
+        for (int r = lv->start[b]; r < lv->start[b + 1]; r++)
+            for (int q = lv->range[r].first; q <= lv->range[r].last; q++)
+                cnt[q + 1]++;
+    }
+    for (int q = 0; q < np; q++)
+        cnt[q + 1] += cnt[q];
+    int *at = malloc(sizeof *at * (cnt[np] + 1));
+    size_t *fill = calloc((size_t)np + 1, sizeof *fill);
+    assert_true(at && fill);
+    for (int b = 0; b < s->n_bufs; b++) {
+        if (!s->bytes[b] || lv->hull[b].first < 0)
+            continue;
+        for (int r = lv->start[b]; r < lv->start[b + 1]; r++)
+            for (int q = lv->range[r].first; q <= lv->range[r].last; q++)
+                at[cnt[q] + fill[q]++] = b;
+    }
+    for (int q = 0; q < np; q++) {
+        int *l = at + cnt[q];
+        int k = (int)(cnt[q + 1] - cnt[q]);
+        for (int i = 1; i < k; i++) { /* insertion sort by offset: a handful live at once */
+            int x = l[i], j = i;
+            for (; j > 0 && off[l[j - 1]] > off[x]; j--)
+                l[j] = l[j - 1];
+            l[j] = x;
+        }
+        for (int i = 1; i < k; i++)
+            if (off[l[i - 1]] + s->bytes[l[i - 1]] > off[l[i]]) {
+                print_message("  position %d: buffers %d and %d overlap\n", q, l[i - 1], l[i]);
+                fail();
+            }
+    }
+    free(cnt);
+    free(at);
+    free(fill);
+}
+
+/* Scale: a chain of buffers, each written at its own position and read one to five positions
+ * later (a long program's temporaries), planned by both paths. Not timed (timing belongs to
+ * bench/bench_scale.py); the test is that it completes under ctest's TIMEOUT (120 s) with a
+ * correct plan: the eight-order path with O(n) conflicts and the start-order path are both
+ * O(n log n). Measured: `test_memplan scale` takes 0.4 s with 200000 buffers in a release
+ * build; under AddressSanitizer and UBSan (SBP_SANITIZE, a Debug build) 50000 take 2.2 s, so
+ * the sanitizer run stays far from the TIMEOUT on a slow CI machine. */
+#ifdef SBP_TEST_SANITIZE
+enum { SCALE_N = 50000 };
+#else
+enum { SCALE_N = 200000 };
+#endif
+
+static void test_start_order_scale(void **state)
+{
+    (void)state;
+    int n = SCALE_N;
+    big s;
+    big_init(&s, n, 3 * n + 8);
+    for (int q = 0; q < n + 5; q++) {
+        /* reads first (the values this instruction consumes), then its write */
+        if (q >= 1 && q - 1 < n)
+            big_acc(&s, q, q - 1, MP_R);
+        int back = q - 2 - (int)((unsigned)q * 2654435761u % 4u); /* 2..5 positions back */
+        if (back >= 0 && back < n)
+            big_acc(&s, q, back, MP_R);
+        if (q < n) {
+            s.bytes[q] = MEMPLAN_ALIGN * (1 + (size_t)((unsigned)q * 40503u % 16u));
+            big_acc(&s, q, q, MP_W);
+        }
+    }
+    s.live_out[n - 1] = true;
+    mp_schedule v = big_view(&s);
+    ir_arena *A = ir_arena_new();
+    mp_liveness lv;
+    assert_int_equal(memplan_liveness(&v, A, &lv), IR_OK);
+    size_t lower = memplan_live_bytes(&v, &lv, NULL);
+    size_t *off = malloc(sizeof *off * (size_t)n);
+    assert_non_null(off);
+    size_t peak[2];
+    for (int force = 0; force < 2; force++) {
+        memplan_force_start_order(force);
+        peak[force] = memplan_assign_offsets(n, s.bytes, &lv, off);
+        memplan_force_start_order(false);
+        assert_true(peak[force] != (size_t)-1);
+        assert_true(peak[force] >= lower);
+        /* a sanity bound, not a quality target: measured 1.06 (eight orders) and 1.47 (start
+         * order: best fit in start order leaves gaps a later, larger buffer cannot use) */
+        assert_true(peak[force] <= 2 * lower);
+        check_apart_by_position(&v, &lv, off, peak[force]);
+    }
+    print_message("  chain of %d buffers: lower bound %zu, eight orders %zu, start order %zu\n",
+                  n, lower, peak[0], peak[1]);
+    free(off);
+    ir_arena_free(A);
+    big_free(&s);
+}
+
+/* The switch itself: a forward-backward chain (activation i written at position i of the
+ * forward, read at the mirrored position of the backward, as a long program keeps its
+ * activations) has about N^2 live-together pairs (2N buffers), past the budget of 2^23 + 16 per
+ * buffer at N = 3000, so memplan_assign_offsets takes the start-order path unforced: its offsets
+ * equal the forced ones. Small enough for the full checks (every pair, the simulated run). */
+static void test_start_order_switch(void **state)
+{
+    (void)state;
+    enum { N = 3000 };
+    big s;
+    big_init(&s, 2 * N, 6 * N + 8);
+    for (int i = 0; i < N; i++) { /* forward: activation i from activation i - 1 */
+        if (i > 0)
+            big_acc(&s, i, i - 1, MP_R);
+        s.bytes[i] = MEMPLAN_ALIGN * (1 + (size_t)(i % 5));
+        big_acc(&s, i, i, MP_W);
+    }
+    for (int k = 0; k < N; k++) { /* backward: gradient temporary k from activation N-1-k */
+        int q = N + k, t = N + k;
+        big_acc(&s, q, N - 1 - k, MP_R);
+        if (k > 0)
+            big_acc(&s, q, t - 1, MP_R);
+        s.bytes[t] = MEMPLAN_ALIGN * (1 + (size_t)(k % 3));
+        big_acc(&s, q, t, MP_W);
+    }
+    s.live_out[2 * N - 1] = true;
+    mp_schedule v = big_view(&s);
+    ir_arena *A = ir_arena_new();
+    mp_liveness lv;
+    assert_int_equal(memplan_liveness(&v, A, &lv), IR_OK);
+    size_t lower = memplan_live_bytes(&v, &lv, NULL);
+    size_t *off = malloc(sizeof *off * 2 * N), *forced = malloc(sizeof *forced * 2 * N);
+    assert_true(off && forced);
+    size_t peak = memplan_assign_offsets(2 * N, s.bytes, &lv, off);
+    memplan_force_start_order(true);
+    size_t peak_forced = memplan_assign_offsets(2 * N, s.bytes, &lv, forced);
+    memplan_force_start_order(false);
+    assert_int_equal(peak, peak_forced);
+    assert_memory_equal(off, forced, sizeof *off * 2 * N);
+    assert_true(peak >= lower);
+    long pairs = 0;
+    for (int a = 0; a < 2 * N; a++) {
+        assert_true(off[a] % MEMPLAN_ALIGN == 0);
+        for (int b = a + 1; b < 2 * N; b++)
+            if (memplan_live_together(&lv, a, b)) {
+                pairs++;
+                assert_false(overlap_bytes(off, s.bytes, a, b));
+            }
+    }
+    assert_true(pairs > (1L << 23) + 16L * 2 * N); /* past the budget: the start-order path */
+    ir_diag d;
+    ir_diag_init(&d, "switch");
+    int rc = memplan_simulate(&v, off, NULL, &d);
+    if (rc != IR_OK)
+        print_diag(&d);
+    assert_int_equal(rc, IR_OK);
+    ir_diag_free(&d);
+    print_message("  forward-backward chain of %d buffers: %ld pairs live together, lower bound "
+                  "%zu, planned %zu\n",
+                  2 * N, pairs, lower, peak);
+    free(off);
+    free(forced);
+    ir_arena_free(A);
+    big_free(&s);
 }
 
 /* ------------------------------------------------------------------ a hand-made program */
@@ -520,21 +818,22 @@ static sbp_train_program *build(const char *model, int64_t b, int64_t t,
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", SBP_FIXTURES_DIR, model);
     ir_diag_init(d, model);
-    *g = ir_import_onnx(path, d, NULL);
-    assert_non_null(*g);
-    sbp_pass_options po = {.batch = b, .seq_len = t, .verify = true};
-    assert_int_equal(sbp_canonicalize(*g, &po, NULL), IR_OK);
-    sbp_objective chosen;
-    assert_int_equal(sbp_pass_objective(*g, SBP_OBJECTIVE_SFT, &chosen), IR_OK);
-    sbp_train_program *p = sbp_train_build(*g, chosen, o);
-    if (!p)
+    const sbp_flow_options fo = {.pass = {.batch = b, .seq_len = t, .verify = true},
+                                 .objective = SBP_OBJECTIVE_SFT,
+                                 .train = *o};
+    sbp_flow f = {.path = path};
+    int rc = sbp_flow_run(&f, &fo, d, NULL);
+    *g = f.g;
+    if (rc != IR_OK)
         print_diag(d);
-    assert_non_null(p);
-    return p;
+    assert_int_equal(rc, IR_OK);
+    assert_non_null(f.program);
+    return f.program;
 }
 
-/* (a), (b), (c) on one program; returns planned / lower bound. */
-static double check_plan(const sbp_train_program *p, const char *label)
+/* (a), (b) with workspace <= bound x lower bound, (c) on one program; returns planned / lower
+ * bound. */
+static double check_plan(const sbp_train_program *p, const char *label, double bound)
 {
     ir_diag d;
     ir_diag_init(&d, label);
@@ -571,7 +870,7 @@ static double check_plan(const sbp_train_program *p, const char *label)
     assert_true(m->lower_bound > 0);
     assert_true(p->workspace_bytes >= m->lower_bound);
     double ratio = (double)p->workspace_bytes / (double)m->lower_bound;
-    assert_true(ratio <= 1.1);
+    assert_true(ratio <= bound);
     /* (c) explicit zeroing: no span left; each gradient's first access makes it whole */
     bool *seen = calloc((size_t)p->n_bufs + 1, sizeof *seen);
     assert_non_null(seen);
@@ -601,10 +900,48 @@ static double check_plan(const sbp_train_program *p, const char *label)
     return ratio;
 }
 
+/* The start-order peak over the eight-order peak on the fixture programs, at most. Measured
+ * worst: 2.366 (tiny_llama T=256 checkpoint; the fixtures' checkpoint plans 2.14 to 2.34, stream
+ * 1.36 to 1.73, store 1.00 to 1.02). The start-order pass frees a buffer only after the last
+ * position of its hull, so a checkpointed activation, live in the forward and again from its
+ * recompute in the backward, keeps its bytes in between, and checkpoint saves nothing there
+ * (its plan is then larger than store's); the eight orders place by ranges and reach the lower
+ * bound. This bound is a little above the measured worst: it pins the present behaviour
+ * down, it does not say the loss is acceptable. */
+#define START_ORDER_FIXTURE_RATIO 2.5
+
+/* Plans p again through the start-order path (memplan_force_start_order) on the schedule and
+ * lifetimes sbp_memplan left (its zeroing rewrite done), writes the offsets into p as
+ * sbp_memplan does, and runs check_plan on them; returns the new workspace over the old. */
+static double replan_start_order(sbp_train_program *p, const char *label)
+{
+    size_t before = p->workspace_bytes;
+    memplan *m = memplan_analyze(p);
+    assert_non_null(m);
+    size_t *off = calloc((size_t)p->n_bufs + 1, sizeof *off);
+    assert_non_null(off);
+    memplan_force_start_order(true);
+    size_t peak = memplan_assign_offsets(p->n_bufs, m->bytes, &m->lv, off);
+    memplan_force_start_order(false);
+    assert_true(peak != (size_t)-1);
+    for (int i = 0; i < p->n_bufs; i++)
+        if (p->bufs[i]->kind == TP_BUF_WS)
+            p->bufs[i]->offset = off[i];
+    free(off);
+    p->workspace_bytes = peak < MEMPLAN_ALIGN ? MEMPLAN_ALIGN : peak;
+    char l2[160];
+    snprintf(l2, sizeof l2, "%s (start order)", label);
+    /* against the lower bound: the eight orders' 1.1, times the start order's allowance */
+    check_plan(p, l2, 1.1 * START_ORDER_FIXTURE_RATIO);
+    double r = (double)p->workspace_bytes / (double)before;
+    assert_true(r <= START_ORDER_FIXTURE_RATIO);
+    return r;
+}
+
 static void test_fixture_plans(void **state)
 {
     (void)state;
-    double worst = 0;
+    double worst = 0, worst_start = 0;
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
         size_t ws[sizeof strategies / sizeof strategies[0]];
         for (size_t si = 0; si < sizeof strategies / sizeof strategies[0]; si++) {
@@ -616,9 +953,11 @@ static void test_fixture_plans(void **state)
             snprintf(label, sizeof label, "%.*s %s",
                      (int)(strchr(models[mi].model, '.') - models[mi].model), models[mi].model,
                      strategies[si].label);
-            double r = check_plan(p, label);
+            double r = check_plan(p, label, 1.1);
             worst = r > worst ? r : worst;
             ws[si] = p->workspace_bytes;
+            double r1 = replan_start_order(p, label);
+            worst_start = r1 > worst_start ? r1 : worst_start;
             ir_graph_free(g);
             ir_diag_free(&d);
         }
@@ -627,6 +966,8 @@ static void test_fixture_plans(void **state)
         assert_true(ws[2] < ws[0]);
     }
     print_message("  worst planned / lower bound over the fixtures: %.3f\n", worst);
+    print_message("  worst start-order / eight-order workspace over the fixtures: %.3f\n",
+                  worst_start);
 }
 
 /* A longer sequence (the bundled example model, V = 256, up to 256 positions), where the chunk
@@ -644,8 +985,9 @@ static void test_long_sequence(void **state)
         ir_graph *g;
         ir_diag d;
         sbp_train_program *p = build("../../examples/tiny_llama.onnx", 2, 256, &opts[k], &g, &d);
-        check_plan(p, "tiny_llama T=256");
+        check_plan(p, "tiny_llama T=256", 1.1);
         ws[k] = p->workspace_bytes;
+        replan_start_order(p, "tiny_llama T=256");
         ir_graph_free(g);
         ir_diag_free(&d);
     }
@@ -812,7 +1154,9 @@ static void test_report_and_plot(void **state)
     }
 }
 
-int main(void)
+/* `test_memplan` runs the unit tests; `test_memplan scale` the large schedules alone, a ctest
+ * of their own (memplan.scale) with a TIMEOUT that says how long "completes at all" may take. */
+int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roles_table),
@@ -820,10 +1164,17 @@ int main(void)
         cmocka_unit_test(test_loop_carried_and_after),
         cmocka_unit_test(test_malformed_loops),
         cmocka_unit_test(test_random_schedules),
+        cmocka_unit_test(test_start_order_random),
         cmocka_unit_test(test_program_with_loop),
         cmocka_unit_test(test_fixture_plans),
         cmocka_unit_test(test_long_sequence),
         cmocka_unit_test(test_report_and_plot),
     };
+    const struct CMUnitTest scale[] = {
+        cmocka_unit_test(test_start_order_switch),
+        cmocka_unit_test(test_start_order_scale),
+    };
+    if (argc > 1 && strcmp(argv[1], "scale") == 0)
+        return cmocka_run_group_tests_name("memplan scale", scale, NULL, NULL);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,9 +1,13 @@
 /*
  * test_extra.c — the layout and broadcasting helpers (runtime/cpu/extra.c): axis
  * permutation, column-block copies, and broadcasting add/sub/mul/div, forward and backward,
- * against double references written with explicit multi-indices, and finite differences.
+ * against double references written with explicit multi-indices, and finite differences;
+ * and dims whose element count wraps 64 bits, which must be refused (SBPRT_ERR_INVALID) rather
+ * than walked with a wrapped count (issue 15).
  */
 #include "rt_test.h"
+
+#include <limits.h>
 
 /* Row-major multi-index of flat index o in dims[rank]. */
 static void unravel(size_t o, int rank, const int *dims, int *idx)
@@ -241,12 +245,44 @@ static void test_broadcast(void **state)
     sbprt_ctx_destroy(ctx);
 }
 
+/* Five extents of 2^16: 2^80 elements, a count that wraps size_t to exactly 0, so an
+ * unchecked product would return SBPRT_OK having done nothing ("success" on a wrong size). A
+ * zero extent does not excuse the others. The buffers are never touched: the dims are refused
+ * before any element is. */
+static void test_overflowing_dims(void **state)
+{
+    (void)state;
+    sbprt_ctx *ctx = rt_ctx(2);
+    float x[4] = {0}, y[4] = {0}, out[4] = {0};
+    sbprt_bf16 hx[4] = {{0}}, hout[4] = {{0}};
+    const int wrap[5] = {65536, 65536, 65536, 65536, 65536};
+    const int wrap0[6] = {0, 65536, 65536, 65536, 65536, 65536};
+    const int ones[5] = {1, 1, 1, 1, 1};
+    const int perm[5] = {4, 3, 2, 1, 0}, perm6[6] = {5, 4, 3, 2, 1, 0};
+    assert_int_equal(sbprt_permute_forward(ctx, out, x, 5, wrap, perm), SBPRT_ERR_INVALID);
+    assert_int_equal(sbprt_permute_backward(ctx, out, x, 5, wrap, perm), SBPRT_ERR_INVALID);
+    assert_int_equal(sbprt_permute_forward(ctx, out, x, 6, wrap0, perm6), SBPRT_ERR_INVALID);
+    assert_int_equal(sbprt_permute_forward_bf16(ctx, hout, hx, 5, wrap, perm), SBPRT_ERR_INVALID);
+    assert_int_equal(sbprt_broadcast_forward(ctx, out, x, y, SBPRT_BIN_ADD, 5, wrap, ones, ones),
+                     SBPRT_ERR_INVALID);
+    assert_int_equal(sbprt_broadcast_backward(ctx, out, NULL, x, x, y, SBPRT_BIN_MUL, 5, wrap,
+                                              ones, ones),
+                     SBPRT_ERR_INVALID);
+    /* copy_cols: an offset plus a width past INT_MAX must not wrap into "inside the row" */
+    assert_int_equal(sbprt_copy_cols(ctx, out, x, 1, 2, INT_MAX, INT_MAX - 1, 2, 0, 0),
+                     SBPRT_ERR_INVALID);
+    assert_int_equal(sbprt_copy_cols(ctx, out, x, 1, 2, 2, 0, INT_MAX, INT_MAX - 1, 0),
+                     SBPRT_ERR_INVALID);
+    sbprt_ctx_destroy(ctx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_permute),
         cmocka_unit_test(test_copy_cols),
         cmocka_unit_test(test_broadcast),
+        cmocka_unit_test(test_overflowing_dims),
     };
     return cmocka_run_group_tests_name("runtime_extra", tests, NULL, NULL);
 }

@@ -367,9 +367,9 @@ int sbpio_npy_read_mem(const void *buf, size_t len, const char *name, sbpio_arra
 int sbpio_npy_read(const char *path, sbpio_array *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
+    FILE *f = sbp_file_fopen_input(path, NULL, err, errlen); /* never blocks on a FIFO */
     if (!f)
-        return sbpio_errf(err, errlen, "%s: %s", path, strerror(errno));
+        return SBPIO_ERR;
     int64_t size = sbpio_file_size(f);
     if (size < 0) {
         int e = errno;

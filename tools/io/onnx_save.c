@@ -24,6 +24,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <protobuf-c/protobuf-c.h>
 
@@ -185,13 +186,14 @@ static int resolve_external(init_rec *r, const char *in_model, const char *in_di
                 in_model, t->name, loc);
     }
     if (rc == SBPIO_OK) {
-        FILE *f = fopen(real, "rb");
+        char why[512];
+        FILE *f = sbp_file_fopen_input(real, NULL, why, sizeof why);
         int64_t size = f ? sbpio_file_size(f) : -1;
         if (f)
             fclose(f);
         if (size < 0)
             rc = sbpio_errf(err, errlen, "%s: initializer '%s': external data '%s': %s", in_model,
-                            t->name, joined, strerror(errno));
+                            t->name, joined, f ? strerror(errno) : why);
         else if (offset > (uint64_t)size || (uint64_t)size - offset < r->nbytes)
             rc = sbpio_errf(err, errlen,
                             "%s: initializer '%s': external range [%" PRIu64
@@ -285,10 +287,10 @@ static void set_external(init_rec *r, const char *location, uint64_t offset)
 static int copy_external(const init_rec *r, FILE *out, void *buf, const char *in_model, char *err,
                          size_t errlen)
 {
-    FILE *f = fopen(r->ext_path, "rb");
+    char why[512];
+    FILE *f = sbp_file_fopen_input(r->ext_path, NULL, why, sizeof why);
     if (!f)
-        return sbpio_errf(err, errlen, "%s: initializer '%s': %s: %s", in_model, r->t->name,
-                          r->ext_path, strerror(errno));
+        return sbpio_errf(err, errlen, "%s: initializer '%s': %s", in_model, r->t->name, why);
     int rc = SBPIO_OK;
     if (fseeko(f, (off_t)r->ext_offset, SEEK_SET) != 0) {
         rc = sbpio_errf(err, errlen, "%s: seek: %s", r->ext_path, strerror(errno));
@@ -339,13 +341,56 @@ static int cmp_name_idx(const void *a, const void *b)
     return c ? c : (x->idx > y->idx) - (x->idx < y->idx);
 }
 
+/* Refuses out_model, and "<out_model>.data", when it is an external data file of the input
+ * (of any initializer, replaced or kept: the model on disk still points at it). */
+static int check_not_external(const init_rec *rec, size_t ni, const char *in_model,
+                              const char *in_dir, const char *out_model, char *err,
+                              size_t errlen)
+{
+    size_t dl = strlen(out_model) + 6;
+    char *data_path = malloc(dl);
+    if (!data_path)
+        return sbpio_errf(err, errlen, "%s: out of memory", out_model);
+    snprintf(data_path, dl, "%s.data", out_model);
+    const char *outs[2] = {out_model, data_path};
+    int rc = SBPIO_OK;
+    for (int k = 0; k < 2 && rc == SBPIO_OK; k++) {
+        struct stat os, es;
+        if (stat(outs[k], &os) != 0)
+            continue;
+        for (size_t i = 0; i < ni && rc == SBPIO_OK; i++) {
+            const Onnx__TensorProto *t = rec[i].t;
+            if (!t->has_data_location ||
+                t->data_location != ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL)
+                continue;
+            for (size_t e = 0; e < t->n_external_data && rc == SBPIO_OK; e++) {
+                const Onnx__StringStringEntryProto *kv = t->external_data[e];
+                if (!kv || !kv->key || !kv->value || strcmp(kv->key, "location") != 0)
+                    continue;
+                size_t pl = strlen(in_dir) + strlen(kv->value) + 2;
+                char *p = malloc(pl);
+                if (!p) {
+                    rc = sbpio_errf(err, errlen, "%s: out of memory", out_model);
+                    break;
+                }
+                snprintf(p, pl, "%s/%s", in_dir, kv->value);
+                if (stat(p, &es) == 0 && es.st_dev == os.st_dev && es.st_ino == os.st_ino)
+                    rc = sbpio_errf(err, errlen, "%s would overwrite %s, the external data of "
+                                    "%s's initializer '%s'", outs[k], p, in_model,
+                                    t->name ? t->name : "");
+                free(p);
+            }
+        }
+    }
+    free(data_path);
+    return rc;
+}
+
 static Onnx__ModelProto *load_model(const char *path, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        sbpio_errf(err, errlen, "%s: %s", path, strerror(errno));
+    FILE *f = sbp_file_fopen_input(path, NULL, err, errlen); /* never blocks on a FIFO */
+    if (!f)
         return NULL;
-    }
     int64_t size = sbpio_file_size(f);
     unsigned char *buf = NULL;
     Onnx__ModelProto *m = NULL;
@@ -505,6 +550,12 @@ int sbpio_onnx_save_ex(const char *in_model, const char *out_model, int n, const
             r->nbytes = t->raw_data.len;
         }
     }
+
+    /* Writing over one of the input's external data files would replace weights the model
+     * still points at (the next import reads a protobuf as floats): refused. The model itself
+     * may be replaced: everything is read before the rename. */
+    if (check_not_external(rec, ni, in_model, in_dir, out_model, err, errlen) != SBPIO_OK)
+        goto done;
 
     /* Size the all-inline model: SRC_RAW stays as is, the others become raw_data. */
     for (size_t i = 0; i < ni; i++)

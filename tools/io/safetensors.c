@@ -418,9 +418,9 @@ static int st_open_common(const char *name, FILE *fp, const unsigned char *mem, 
 int sbpio_st_open(const char *path, sbpio_st_file **out, char *err, size_t errlen)
 {
     *out = NULL;
-    FILE *fp = fopen(path, "rb");
+    FILE *fp = sbp_file_fopen_input(path, NULL, err, errlen); /* never blocks on a FIFO */
     if (!fp)
-        return sbpio_errf(err, errlen, "%s: %s", path, strerror(errno));
+        return SBPIO_ERR;
     int64_t size = sbpio_file_size(fp);
     int rc;
     if (size < 0)

@@ -10,9 +10,12 @@
  * (big-endian .npy files are byte-swapped on load); writers take host-order data.
  *
  * Writers never leave a half-written file behind: they write a temporary file in the target's
- * directory ("<dir>/.<name>.tmp.<pid>.<n>", created with the process umask), flush and fsync
- * it, and rename it over the target; on any error the temporary is removed and the target is
- * untouched. sbpio_atomic_* exposes that machinery to other tools.
+ * directory ("<dir>/.<name>.tmp.<pid>.<n>", created with the process umask, or with the mode of
+ * the file it replaces), flush and fsync it, and rename it over the target; on any error, and
+ * on SIGINT/SIGTERM/SIGHUP, the temporary is removed and the target is untouched (ir/files.h).
+ * A character device target (/dev/null) is written in place; other special files are refused.
+ * Readers open their files non-blocking and refuse anything but a regular file, so a FIFO
+ * never hangs them. sbpio_atomic_* exposes the writer to other tools.
  *
  * Ownership: structs filled by a reader own their memory until the matching *_free / *_close;
  * pointers handed to writers are only read during the call.
@@ -24,6 +27,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include "files.h"
 
 #define SBPIO_OK 0
 #define SBPIO_ERR (-1)
@@ -255,13 +260,13 @@ int sbpio_onnx_save_ex(const char *in_model, const char *out_model, int n, const
 
 /* ---------------------------------------------------------------- atomic files (util.c) */
 
-typedef struct sbpio_atomic {
-    FILE *f;    /* write here */
-    char *path; /* the target */
-    char *tmp;  /* the temporary, same directory */
-} sbpio_atomic;
+/* The atomic writer of ir/files.h (sbp_atomic): f to write, path (the target), tmp (the
+ * temporary, NULL when the target is a character device written in place). */
+typedef sbp_atomic sbpio_atomic;
 
-/* Creates the temporary file next to path and opens it for writing. */
+/* Creates the temporary file next to path (with the permissions of the file it replaces) and
+ * opens it for writing; a character device (/dev/null) is opened in place; any other existing
+ * non-regular file is refused. */
 int sbpio_atomic_begin(sbpio_atomic *a, const char *path, char *err, size_t errlen);
 /* Flushes, fsyncs, closes and renames the temporary over the target; on any failure the
  * temporary is removed. *a is released either way. */

@@ -18,9 +18,9 @@
 int sbpio_shard_open(const char *path, sbpio_shard *s, char *err, size_t errlen)
 {
     memset(s, 0, sizeof *s);
-    FILE *f = fopen(path, "rb");
+    FILE *f = sbp_file_fopen_input(path, NULL, err, errlen); /* never blocks on a FIFO */
     if (!f)
-        return sbpio_errf(err, errlen, "%s: %s", path, strerror(errno));
+        return SBPIO_ERR;
     int rc = SBPIO_ERR;
     unsigned char *raw = NULL;
     unsigned char hdr[SBPIO_SHARD_HEADER_INTS * 4];

@@ -1,7 +1,7 @@
 /* util.c — the small things every sbpio format needs: error messages into the caller's buffer,
  * the dtype table, checked shape arithmetic, byte swapping, half-precision conversion, exact
- * reads, little-endian writes, and the atomic-file writer (temporary file in the target's
- * directory, fsync, rename; removed again on any error).
+ * reads, little-endian writes, and the atomic-file writer (ir/files.c: temporary file in the
+ * target's directory, fsync, rename; removed again on any error or signal).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -199,94 +199,15 @@ const char *sbpio_basename(const char *path)
 
 /* ---------------------------------------------------------------- atomic files */
 
-static unsigned atomic_counter;
-
+/* The writer lives in ir/files.c, shared with the compiler's outputs. */
 int sbpio_atomic_begin(sbpio_atomic *a, const char *path, char *err, size_t errlen)
 {
-    memset(a, 0, sizeof *a);
-    const char *base = sbpio_basename(path);
-    if (!*base)
-        return sbpio_errf(err, errlen, "%s: not a file name", path);
-    char *dir = sbpio_dirname(path);
-    size_t cap = strlen(path) + 64;
-    char *tmp = malloc(cap);
-    a->path = strdup(path);
-    if (!dir || !tmp || !a->path) {
-        free(dir);
-        free(tmp);
-        free(a->path);
-        a->path = NULL;
-        return sbpio_errf(err, errlen, "%s: out of memory", path);
-    }
-    int fd = -1, e = 0;
-    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        unsigned n = __atomic_fetch_add(&atomic_counter, 1, __ATOMIC_RELAXED);
-        snprintf(tmp, cap, "%s/.%s.tmp.%ld.%u%05ld", dir, base, (long)getpid(), n,
-                 (long)(ts.tv_nsec % 100000));
-        /* 0666 & ~umask, like any newly created file. */
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        e = errno;
-        if (fd < 0 && e != EEXIST)
-            break;
-    }
-    free(dir);
-    if (fd < 0) {
-        sbpio_errf(err, errlen, "%s: cannot create a temporary file next to it: %s", path,
-                   strerror(e));
-        free(tmp);
-        free(a->path);
-        a->path = NULL;
-        return SBPIO_ERR;
-    }
-    a->f = fdopen(fd, "wb");
-    if (!a->f) {
-        e = errno;
-        close(fd);
-        unlink(tmp);
-        free(tmp);
-        free(a->path);
-        a->path = NULL;
-        return sbpio_errf(err, errlen, "%s: fdopen: %s", path, strerror(e));
-    }
-    a->tmp = tmp;
-    return SBPIO_OK;
+    return sbp_atomic_begin(a, path, err, errlen) == SBP_FILE_OK ? SBPIO_OK : SBPIO_ERR;
 }
 
 int sbpio_atomic_commit(sbpio_atomic *a, char *err, size_t errlen)
 {
-    if (!a->f)
-        return sbpio_errf(err, errlen, "%s: atomic write not in progress",
-                          a->path ? a->path : "(null)");
-    int rc = SBPIO_OK;
-    if (fflush(a->f) != 0 || ferror(a->f))
-        rc = sbpio_errf(err, errlen, "%s: write error: %s", a->path, strerror(errno));
-    else if (fsync(fileno(a->f)) != 0 && errno != EINVAL && errno != EROFS)
-        rc = sbpio_errf(err, errlen, "%s: fsync: %s", a->path, strerror(errno));
-    if (fclose(a->f) != 0 && rc == SBPIO_OK)
-        rc = sbpio_errf(err, errlen, "%s: close: %s", a->path, strerror(errno));
-    a->f = NULL;
-    if (rc == SBPIO_OK && rename(a->tmp, a->path) != 0)
-        rc = sbpio_errf(err, errlen, "%s: rename from temporary %s: %s", a->path, a->tmp,
-                        strerror(errno));
-    if (rc != SBPIO_OK)
-        unlink(a->tmp);
-    free(a->tmp);
-    free(a->path);
-    a->tmp = a->path = NULL;
-    return rc;
+    return sbp_atomic_commit(a, err, errlen) == SBP_FILE_OK ? SBPIO_OK : SBPIO_ERR;
 }
 
-void sbpio_atomic_abort(sbpio_atomic *a)
-{
-    if (!a)
-        return;
-    if (a->f)
-        fclose(a->f);
-    if (a->tmp)
-        unlink(a->tmp);
-    free(a->tmp);
-    free(a->path);
-    memset(a, 0, sizeof *a);
-}
+void sbpio_atomic_abort(sbpio_atomic *a) { sbp_atomic_abort(a); }

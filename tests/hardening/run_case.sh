@@ -1,0 +1,335 @@
+#!/usr/bin/env bash
+# run_case.sh — one file-safety case of issue 15 ("Hardening"), run by ctest as hardening.CASE.
+#
+#   run_case.sh CASE        (environment: SBPC, SBP_TRAIN, SBP_SHARD, STEP, FIXTURE, MAKE_EXT,
+#                            FX (tests/fixtures), WORK (a scratch folder for this build))
+#
+# Every case works in its own fresh folder WORK/CASE with copies of its inputs, records the
+# content, size, type and permissions of every file there before the run, runs one tool under
+# `timeout` (a FIFO that hangs the tool is a failed test, not a hung ctest), and then asserts:
+#   expect_fail: exit status 1, exactly one "error:" line on stderr, matching a pattern;
+#   the folder afterwards: every file as it was (checksums, types, modes), no file added, and
+#   no temporary ("*.tmp.*") left behind.
+# The success cases (a sink written in place, a replaced file's mode kept, stale temporaries
+# removed) check the same things for what must not change, plus what must.
+set -uo pipefail
+
+case_name=${1:?usage: run_case.sh CASE}
+dir="$WORK/$case_name"
+rm -rf "$dir"
+mkdir -p "$dir"
+cd "$dir" || exit 1
+
+fail() {
+  echo "FAIL [$case_name]: $*" >&2
+  exit 1
+}
+
+# The state of the folder: one line per entry, "name type mode size sha256" (FIFOs and links are
+# not read: reading a FIFO would block).
+snapshot() {
+  local f
+  for f in $(ls -A | sort); do
+    if [ -L "$f" ]; then
+      printf '%s link %s\n' "$f" "$(readlink "$f")"
+    elif [ -p "$f" ]; then
+      printf '%s fifo %s\n' "$f" "$(stat -c %a "$f")"
+    elif [ -d "$f" ]; then
+      printf '%s dir %s\n' "$f" "$(stat -c %a "$f")"
+    else
+      printf '%s file %s %s %s\n' "$f" "$(stat -c '%a %s' "$f")" "$(sha256sum <"$f" | cut -c1-64)"
+    fi
+  done
+}
+
+# expect_fail REGEX CMD...: exit status 1 (not a signal, not a hang), one error line matching
+# REGEX (ERRLINES=2: sbp-train's model import, which prints the importer's line and its own
+# "cannot read the model" after it), and the folder exactly as before.
+expect_fail() {
+  local regex=$1
+  shift
+  local before after rc
+  before=$(snapshot)
+  timeout 60 "$@" >"$dir.out" 2>"$dir.err"
+  rc=$?
+  cat "$dir.err" >&2
+  [ "$rc" = 124 ] && fail "timed out (hung): $*"
+  [ "$rc" = 1 ] || fail "expected exit status 1, got $rc: $*"
+  local n
+  n=$(grep -c 'error:' "$dir.err")
+  [ "$n" = "${ERRLINES:-1}" ] || fail "expected ${ERRLINES:-1} 'error:' line(s) on stderr, got $n"
+  grep -Eq -- "$regex" "$dir.err" || fail "stderr does not match '$regex'"
+  after=$(snapshot)
+  if [ "$before" != "$after" ]; then
+    diff <(echo "$before") <(echo "$after") >&2
+    fail "the folder changed"
+  fi
+}
+
+# expect_ok CMD...: exit status 0.
+expect_ok() {
+  timeout 120 "$@" >"$dir.out" 2>"$dir.err"
+  local rc=$?
+  cat "$dir.err" >&2
+  [ "$rc" = 0 ] || fail "expected exit status 0, got $rc: $*"
+}
+
+no_temps() {
+  local left
+  left=$(find "$dir" -name '*.tmp.*')
+  [ -z "$left" ] || fail "temporaries left behind: $left"
+}
+
+# A process id that is certainly not running any more (a finished child of this shell).
+dead_pid() {
+  local p
+  sh -c 'exit 0' &
+  p=$!
+  wait "$p"
+  echo "$p"
+}
+
+model() { "$FIXTURE" all data >/dev/null && mv data/bigram.onnx m.onnx && mv data/i32_ids.npy ids.npy &&
+  mv data/i32_labels.npy labels.npy && mv data/stream.bin stream.bin && rm -rf data; }
+NPY=(--input-ids ids.npy --labels labels.npy)
+LLAMA="$FX/llama_op17_static.onnx"
+
+case "$case_name" in
+# ---------------------------------------------------------------- sbp-train: outputs vs inputs
+train_dump_grads_over_model)
+  model && cp "$STEP" step.so
+  expect_fail "--dump-grads: m.onnx would overwrite the model" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --dump-grads m.onnx
+  ;;
+train_save_over_model_0600)
+  model && cp "$STEP" step.so && chmod 600 m.onnx
+  expect_fail "--save: m.onnx would overwrite the model" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --save m.onnx
+  ;;
+train_save_over_external_data)
+  model && cp "$STEP" step.so && "$MAKE_EXT" m.onnx ext.onnx && rm m.onnx
+  [ -f ext.onnx.data ] || fail "make_external wrote no ext.onnx.data"
+  expect_fail "--save: ext.onnx.data would overwrite the model's external data" \
+    "$SBP_TRAIN" ./step.so --model ext.onnx "${NPY[@]}" --save ext.onnx.data
+  ;;
+train_save_over_input_ids)
+  model && cp "$STEP" step.so
+  expect_fail "--save: ids.npy would overwrite --input-ids" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --save ids.npy
+  ;;
+train_dump_grads_over_shard)
+  model && cp "$STEP" step.so
+  expect_fail "--dump-grads: stream.bin would overwrite --data" \
+    "$SBP_TRAIN" ./step.so --model m.onnx --data stream.bin --dump-grads stream.bin
+  ;;
+train_dump_grads_over_step)
+  model && cp "$STEP" step.so
+  expect_fail "--dump-grads: step.so would overwrite the step library" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --dump-grads step.so
+  ;;
+train_hard_link_to_model)
+  model && cp "$STEP" step.so && ln m.onnx alias.onnx
+  expect_fail "--save: alias.onnx would overwrite the model" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --save alias.onnx
+  ;;
+train_outputs_collide)
+  model && cp "$STEP" step.so
+  expect_fail "--save: ./out.bin is also the output of --dump-grads" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --dump-grads out.bin --save ./out.bin
+  ;;
+train_dump_grads_fifo)
+  model && cp "$STEP" step.so && mkfifo g.safetensors
+  expect_fail "--dump-grads: g.safetensors is a FIFO" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --dump-grads g.safetensors
+  ;;
+train_save_directory)
+  model && cp "$STEP" step.so && mkdir out.onnx
+  expect_fail "--save: out.onnx is a directory" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --save out.onnx
+  ;;
+# ---------------------------------------------------------------- sbp-train: FIFOs as inputs
+train_fifo_model)
+  model && cp "$STEP" step.so && rm m.onnx && mkfifo m.onnx
+  ERRLINES=2 expect_fail "m.onnx' is a FIFO, not a regular file" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}"
+  ;;
+train_fifo_external_data)
+  model && cp "$STEP" step.so && "$MAKE_EXT" m.onnx ext.onnx && rm m.onnx ext.onnx.data &&
+    mkfifo ext.onnx.data
+  ERRLINES=2 expect_fail "external data file 'ext.onnx.data' is a FIFO, not a regular file" \
+    "$SBP_TRAIN" ./step.so --model ext.onnx "${NPY[@]}"
+  ;;
+train_fifo_input_ids)
+  model && cp "$STEP" step.so && rm ids.npy && mkfifo ids.npy
+  expect_fail "ids.npy: is a FIFO, not a regular file" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}"
+  ;;
+train_fifo_data)
+  model && cp "$STEP" step.so && mkfifo s.bin
+  expect_fail "s.bin: is a FIFO, not a regular file" \
+    "$SBP_TRAIN" ./step.so --model m.onnx --data s.bin
+  ;;
+train_fifo_step)
+  model && mkfifo step.so
+  expect_fail "cannot load the step library ./step.so: is a FIFO, not a regular file" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}"
+  ;;
+# ---------------------------------------------------------------- sbp-train: a damaged step
+train_truncated_step)
+  model && head -c $(($(stat -c %s "$STEP") / 2)) "$STEP" >step.so
+  expect_fail "cannot load the step library ./step.so: truncated: .* reaches past the end of the [0-9]+-byte file" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}"
+  ;;
+train_step_not_elf)
+  model && printf 'not a shared object at all, just text that is long enough.......\n' >step.so
+  expect_fail "cannot load the step library ./step.so: not an ELF file" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}"
+  ;;
+# ---------------------------------------------------------------- sbp-train: writing
+train_save_keeps_mode)
+  model && cp "$STEP" step.so && printf 'old' >out.onnx && chmod 600 out.onnx
+  expect_ok "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --save out.onnx
+  [ "$(stat -c %a out.onnx)" = 600 ] || fail "out.onnx is $(stat -c %a out.onnx) now, not 600"
+  [ "$(cat out.onnx)" != old ] || fail "out.onnx was not replaced"
+  no_temps
+  ;;
+train_dump_grads_to_dev_null)
+  # through a link, so that a regression replaces the link, never the system's /dev/null
+  model && cp "$STEP" step.so && ln -s /dev/null sink
+  expect_ok "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --dump-grads sink
+  [ -L sink ] && [ -c sink ] || fail "the sink was replaced: $(ls -l sink)"
+  no_temps
+  ;;
+train_killed_save_cleans_up)
+  # SIGXFSZ (its default action kills) in the middle of writing the saved model: the signal
+  # handler removes the temporary; out.onnx stays as it was
+  model && cp "$STEP" step.so && printf 'previous' >out.onnx
+  before=$(snapshot)
+  (ulimit -f 1 && exec "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --save out.onnx) \
+    >/dev/null 2>"$dir.err"
+  rc=$?
+  [ "$rc" -gt 128 ] || fail "expected death by SIGXFSZ, got exit status $rc"
+  [ "$before" = "$(snapshot)" ] || fail "the folder changed"
+  no_temps
+  ;;
+train_stale_temp_removed)
+  model && cp "$STEP" step.so
+  stale=".out.onnx.tmp.$(dead_pid).17" live=".out.onnx.tmp.$$.18"
+  printf 'left by a killed run' >"$stale"
+  printf 'a run still writing' >"$live"
+  expect_ok "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --save out.onnx
+  [ ! -e "$stale" ] || fail "the stale temporary $stale was not removed"
+  [ -e "$live" ] || fail "the temporary of a live process was removed"
+  rm -f "$live"
+  no_temps
+  ;;
+# ---------------------------------------------------------------- sbp-shard
+shard_output_is_input)
+  printf 'some text to shard' >x
+  expect_fail "-o: x would overwrite the input" "$SBP_SHARD" x -o x
+  ;;
+shard_output_links_to_input)
+  printf 'some text to shard' >x && ln -s x y.bin
+  expect_fail "-o: y.bin would overwrite the input" "$SBP_SHARD" x -o y.bin
+  ;;
+shard_fifo_input)
+  mkfifo x
+  expect_fail "x: is a FIFO, not a regular file" "$SBP_SHARD" x -o x.bin
+  ;;
+shard_fifo_output)
+  printf 'some text to shard' >x && mkfifo x.bin
+  expect_fail "-o: x.bin is a FIFO, not a regular file" "$SBP_SHARD" x -o x.bin
+  ;;
+shard_sigterm_cleans_up)
+  # a large input keeps the write going long enough to be interrupted once the temporary exists
+  truncate -s 48M big && printf 'previous' >big.bin
+  before=$(snapshot)
+  "$SBP_SHARD" big -o big.bin >/dev/null 2>&1 &
+  pid=$!
+  for _ in $(seq 1 2000); do
+    compgen -G '.big.bin.tmp.*' >/dev/null && break
+    sleep 0.01
+  done
+  compgen -G '.big.bin.tmp.*' >/dev/null || fail "the temporary never appeared"
+  kill -TERM "$pid"
+  wait "$pid"
+  rc=$?
+  [ "$rc" = $((128 + 15)) ] || fail "expected death by SIGTERM (143), got $rc"
+  [ "$before" = "$(snapshot)" ] || fail "the folder changed"
+  no_temps
+  ;;
+shard_to_dev_null)
+  printf 'some text to shard' >x && ln -s /dev/null sink
+  expect_ok "$SBP_SHARD" x -o sink
+  [ -L sink ] && [ -c sink ] || fail "the sink was replaced: $(ls -l sink)"
+  no_temps
+  ;;
+# ---------------------------------------------------------------- sbpc
+sbpc_fifo_model)
+  mkfifo m.onnx
+  expect_fail "model file 'm.onnx' is a FIFO, not a regular file" "$SBPC" m.onnx
+  ;;
+sbpc_fifo_external_data)
+  "$MAKE_EXT" "$LLAMA" m.onnx && rm m.onnx.data && mkfifo m.onnx.data
+  expect_fail "external data file 'm.onnx.data' is a FIFO, not a regular file" "$SBPC" m.onnx
+  ;;
+sbpc_fifo_output)
+  mkfifo x.c
+  expect_fail "-o: x.c is a FIFO, not a regular file" "$SBPC" "$LLAMA" -o x.c
+  ;;
+sbpc_fifo_memory_plot)
+  mkfifo plot.svg
+  expect_fail "--memory-plot: plot.svg is a FIFO, not a regular file" \
+    "$SBPC" "$LLAMA" --memory-plot plot.svg
+  ;;
+sbpc_output_is_model)
+  cp "$LLAMA" m.onnx && ln -s m.onnx x.c
+  expect_fail "-o: x.c would overwrite the model" "$SBPC" m.onnx -o x.c
+  ;;
+sbpc_output_is_external_data)
+  "$MAKE_EXT" "$LLAMA" m.onnx && ln m.onnx.data x.consts.bin
+  expect_fail "-o: x.consts.bin would overwrite the model's external data" \
+    "$SBPC" m.onnx -o x.c
+  ;;
+sbpc_header_unwritable)
+  # the previous step.c must survive a step.h that cannot be written (here: a directory)
+  printf 'previous c' >x.c && mkdir x.h
+  expect_fail "-o: x.h is a directory, not a regular file" "$SBPC" "$LLAMA" -o x.c
+  ;;
+sbpc_full_disk)
+  # a file size limit stands for a full disk; SIGXFSZ ignored, so writes fail with EFBIG
+  printf 'previous c' >x.c && printf 'previous h' >x.h && printf 'previous blob' >x.consts.bin
+  trap '' XFSZ
+  ulimit -f 8
+  expect_fail "cannot write .*x\.(c|h)|writing the generated code failed" "$SBPC" "$LLAMA" -o x.c
+  no_temps
+  ;;
+sbpc_compiler_fails)
+  # all or none: the C compiler failing leaves the previous .c, .h, .consts.bin and .so
+  printf 'previous c' >x.c && printf 'previous h' >x.h && printf 'previous so' >x.so
+  printf 'previous blob' >x.consts.bin
+  export CC=false
+  expect_fail "the C compiler failed" "$SBPC" "$LLAMA" -o x.so
+  no_temps
+  ;;
+sbpc_keeps_mode)
+  printf 'previous c' >x.c && chmod 600 x.c
+  expect_ok "$SBPC" "$LLAMA" -o x.c
+  [ "$(stat -c %a x.c)" = 600 ] || fail "x.c is $(stat -c %a x.c) now, not 600"
+  grep -q sbp_step_run x.c || fail "x.c was not written"
+  [ -s x.h ] || fail "x.h was not written"
+  no_temps
+  ;;
+sbpc_stale_temp_removed)
+  stale=".x.c.tmp.$(dead_pid).5"
+  mkdir "$stale" && printf 'half' >"$stale/x.c"
+  expect_ok "$SBPC" "$LLAMA" -o x.c
+  [ ! -e "$stale" ] || fail "the stale temporary folder $stale was not removed"
+  no_temps
+  ;;
+*)
+  fail "unknown case"
+  ;;
+esac
+rm -rf "$dir" "$dir.out" "$dir.err"
+echo "PASS [$case_name]"
