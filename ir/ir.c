@@ -149,6 +149,26 @@ ir_value *ir_value_find(const ir_graph *g, const char *name)
 
 /* ------------------------------------------------------------------ graph */
 
+void ir_signature_each(const char *sig,
+                       void (*f)(const char *kind, const char *name, size_t name_len, void *ctx),
+                       void *ctx)
+{
+    for (const char *p = sig ? strstr(sig, "target='") : NULL; p; p = strstr(p + 1, "target='")) {
+        /* the kind is the word after the line's colon, before " target=" */
+        const char *ls = p;
+        while (ls > sig && ls[-1] != '\n')
+            ls--;
+        const char *colon = memchr(ls, ':', (size_t)(p - ls));
+        const char *t = p + 8, *e = strchr(t, '\'');
+        if (!colon || !e)
+            continue;
+        const char *k = colon + 1;
+        while (*k == ' ')
+            k++;
+        f(k, t, (size_t)(e - t), ctx);
+    }
+}
+
 ir_graph *ir_graph_new(ir_diag *diag, const char *path)
 {
     ir_arena *a = ir_arena_new();

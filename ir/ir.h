@@ -256,6 +256,14 @@ typedef struct ir_graph {
     struct ir_name_index *names; /* value name -> value; private to ir/ir.c */
 } ir_graph;
 
+/* The entries of a torch.export graph signature (ir_graph.torch_signature): one per line
+ * "<KIND>: target='<NAME>'" (KIND: PARAMETER, BUFFER, CONSTANT_TENSOR, USER_INPUT, ...).
+ * Calls f(kind, name, name_len, ctx) for each, in order; kind points at the word (not
+ * terminated: compare with strncmp). sig NULL: no calls. */
+void ir_signature_each(const char *sig,
+                       void (*f)(const char *kind, const char *name, size_t name_len, void *ctx),
+                       void *ctx);
+
 ir_graph *ir_graph_new(ir_diag *diag, const char *path);
 void ir_graph_free(ir_graph *g);
 

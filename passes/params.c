@@ -34,32 +34,29 @@
 
 enum { SIG_NONE, SIG_PARAM, SIG_CONST };
 
-/* The kind the signature gives `name`: looks for "<kind> target='<name>'" on one line. */
+struct sig_lookup {
+    const char *name;
+    size_t len;
+    int kind;
+};
+
+static void sig_lookup_cb(const char *kind, const char *name, size_t len, void *ctx)
+{
+    struct sig_lookup *q = ctx;
+    if (q->kind != SIG_NONE || len != q->len || strncmp(name, q->name, len) != 0)
+        return;
+    if (strncmp(kind, "PARAMETER", 9) == 0)
+        q->kind = SIG_PARAM;
+    else if (strncmp(kind, "BUFFER", 6) == 0 || strncmp(kind, "CONSTANT_TENSOR", 15) == 0)
+        q->kind = SIG_CONST;
+}
+
+/* The kind the signature gives `name` (its first entry of a kind that says one). */
 static int signature_kind(const char *sig, const char *name)
 {
-    if (!sig)
-        return SIG_NONE;
-    size_t nl = strlen(name);
-    for (const char *p = strstr(sig, "target='"); p; p = strstr(p + 1, "target='")) {
-        const char *t = p + 8;
-        if (strncmp(t, name, nl) != 0 || t[nl] != '\'')
-            continue;
-        /* the kind is the word before " target=" on the same line */
-        const char *ls = p;
-        while (ls > sig && ls[-1] != '\n')
-            ls--;
-        const char *colon = memchr(ls, ':', (size_t)(p - ls));
-        if (!colon)
-            continue;
-        const char *k = colon + 1;
-        while (*k == ' ')
-            k++;
-        if (strncmp(k, "PARAMETER", 9) == 0)
-            return SIG_PARAM;
-        if (strncmp(k, "BUFFER", 6) == 0 || strncmp(k, "CONSTANT_TENSOR", 15) == 0)
-            return SIG_CONST;
-    }
-    return SIG_NONE;
+    struct sig_lookup q = {name, strlen(name), SIG_NONE};
+    ir_signature_each(sig, sig_lookup_cb, &q);
+    return q.kind;
 }
 
 static bool is_layout_op(ir_op op)

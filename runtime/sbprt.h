@@ -147,6 +147,11 @@ int sbprt_div_scalar_accumulate(sbprt_ctx *ctx, float *dx, const float *dy, size
 /* out[0] += Σ x² (summed in double in fixed-size blocks combined in order; for gradient
  * norm clipping).   out: [1]    x: [n] */
 int sbprt_sum_squares(sbprt_ctx *ctx, float *out, const float *x, size_t n);
+/* *out += Σ x², summed in double as sbprt_sum_squares sums (the same blocks, the same order)
+ * and never rounded to fp32; out is HOST memory (the call waits for the device).  For the
+ * global gradient norm of sbp-train's --clip-grad-norm, added up over the parameters in
+ * double.   out: [1] (host)    x: [n] */
+int sbprt_grad_sq_norm(sbprt_ctx *ctx, double *out, const float *x, size_t n);
 
 /* ---- embedding ---------------------------------------------------------------------- */
 

@@ -4,6 +4,9 @@
  *             [--steps N] [--lr F] [--optimizer sgd|adamw] [--weight-decay F] [--threads N]
  *             [--dump-grads FILE.safetensors] [--save OUT.onnx] [--grad-accum K]
  *             [--ref-logps R.npy] [--old-logps O.npy] [--advantages A.npy]
+ *             [--lr-schedule constant|linear|cosine] [--warmup-steps N] [--min-lr F]
+ *             [--clip-grad-norm F] [--log FILE.jsonl] [--save-safetensors FILE]
+ *             [--checkpoint-dir DIR] [--checkpoint-every N] [--keep-checkpoints K] [--resume DIR]
  *
  * Approach: the step library (codegen/sbp_step.h) describes itself — dims, parameter table,
  * workspace size — so this program only has to check that the user's files agree with that
@@ -50,6 +53,11 @@
  * external data files are known): writing over a file the run reads, over a FIFO or directory,
  * or twice to one file, is refused (ir/files.h).
  *
+ * Checkpoints (issue 12, train_ckpt.h): run_load prepares the directory (proved writable before
+ * any work), run_allocate restores a --resume checkpoint over the model's weights and zeroed
+ * moments, run_loop starts after its step and writes one after each due step; a SIGINT/SIGTERM
+ * ends the loop after the current step's checkpoint and run_report then writes nothing.
+ *
  * Runtime functions are taken from the step library when it exports them (a step links
  * libsbprt in, so the context and the arena then belong to the backend the step was built for)
  * and otherwise from the CPU runtime linked into this program, each copy with its own context
@@ -62,6 +70,10 @@
 #include "sbp_step.h"
 #include "sbpio.h"
 #include "train_inputs.h"
+#include "train_log.h"   /* issue 12: schedule, clipping, log */
+#include "train_sched.h"
+#include "train_export.h" /* issue 12: safetensors export */
+#include "train_ckpt.h" /* issue 12: checkpoints */
 
 #include <dlfcn.h>
 #include <elf.h>
@@ -155,9 +167,18 @@ static void usage(FILE *f)
             "  --dump-grads FILE       write the first step's gradients as safetensors (float32,\n"
             "                          keyed by initializer name; the loss in __metadata__)\n"
             "  --save OUT.onnx         write the trained weights into a copy of the model\n"
+            /* issue 12: safetensors export */
+            "  --save-safetensors F    write the trained weights as safetensors under their\n"
+            "                          PyTorch names and layouts, for model.load_state_dict\n"
+            "                          (exporter-renamed weights are recovered from node\n"
+            "                          scopes and listed; an ambiguous one is an error)\n"
             "  --grad-accum K          K micro-batches of B rows per optimizer step (default 1):\n"
             "                          the input files hold K*B rows (--data: K batches); the\n"
             "                          update equals one step on the whole batch\n"
+            /* issue 12: schedule, clipping, log */
+            "%s"
+            /* issue 12: checkpoints */
+            "%s"
             "DPO and GRPO steps (sbpc --objective dpo|grpo), N = K*B rows:\n"
             "  --ref-logps R.npy       dpo: the reference model's logp of each row [N] (rows\n"
             "                          i < N/2 are chosen, row N/2+i is i's rejected partner);\n"
@@ -172,7 +193,9 @@ static void usage(FILE *f)
             "same; a long option may be shortened to any unambiguous prefix (--grad for\n"
             "--grad-accum); everything after -- is STEP.so.\n"
             "\n"
-            "Prints 'step N loss X tokens/s Y' per step and the peak memory at the end.\n");
+            "Prints 'step N loss X tokens/s Y lr Z grad_norm G' per step (G: before clipping)\n"
+            "and the peak memory at the end.\n",
+            train_sched_usage(), train_ckpt_usage() /* issue 12: checkpoints */);
 }
 
 /* ------------------------------------------------------------------ command line */
@@ -185,6 +208,8 @@ typedef struct options {
     const char *data_path;   /* --data */
     const char *dump_grads;  /* --dump-grads, or NULL */
     const char *save;        /* --save, or NULL */
+    /* issue 12: safetensors export */
+    const char *save_safetensors; /* --save-safetensors, or NULL */
     int64_t steps;           /* --steps, >= 1 */
     double lr;               /* --lr, >= 0 */
     double weight_decay;     /* --weight-decay, >= 0 */
@@ -194,11 +219,23 @@ typedef struct options {
     const char *ref_logps;   /* --ref-logps (DPO, GRPO), or NULL */
     const char *old_logps;   /* --old-logps (GRPO), or NULL */
     const char *advantages;  /* --advantages (GRPO), or NULL */
+    train_sched_opts sched;  /* issue 12: --lr-schedule, --warmup-steps, --min-lr,
+                              * --clip-grad-norm, --log (train_sched.h) */
+    /* issue 12: checkpoints */
+    train_ckpt_opts ckpt;    /* --checkpoint-dir, --checkpoint-every, --keep-checkpoints,
+                              * --resume (train_ckpt.h) */
 } options;
 
 enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT_SAVE,
        OPT_REF_LOGPS, OPT_OLD_LOGPS, OPT_ADVANTAGES, OPT_GRAD_ACCUM, OPT_STEPS, OPT_THREADS,
-       OPT_LR, OPT_WEIGHT_DECAY, OPT_OPTIMIZER, OPT_VERSION };
+       OPT_LR, OPT_WEIGHT_DECAY, OPT_OPTIMIZER, OPT_VERSION,
+       /* issue 12: safetensors export */
+       OPT_SAVE_SAFETENSORS };
+
+/* issue 12: schedule, clipping, log (consecutive, in train_sched_parse's order) */
+enum { OPT_LR_SCHEDULE = 1200, OPT_WARMUP_STEPS, OPT_MIN_LR, OPT_CLIP_GRAD_NORM, OPT_LOG };
+/* issue 12: checkpoints (consecutive, in train_ckpt_parse's order) */
+enum { OPT_CHECKPOINT_DIR = 1300, OPT_CHECKPOINT_EVERY, OPT_KEEP_CHECKPOINTS, OPT_RESUME };
 
 /* Returns 0 to go on, 1 for a clean exit (--help), -1 on an error. The values are checked by
  * tools/cli.c, with the same rules and words as sbpc's. */
@@ -220,8 +257,21 @@ static int parse_args(int argc, char **argv, options *o)
         {"lr", required_argument, NULL, OPT_LR},
         {"weight-decay", required_argument, NULL, OPT_WEIGHT_DECAY},
         {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
+        /* issue 12: schedule, clipping, log */
+        {"lr-schedule", required_argument, NULL, OPT_LR_SCHEDULE},
+        {"warmup-steps", required_argument, NULL, OPT_WARMUP_STEPS},
+        {"min-lr", required_argument, NULL, OPT_MIN_LR},
+        {"clip-grad-norm", required_argument, NULL, OPT_CLIP_GRAD_NORM},
+        {"log", required_argument, NULL, OPT_LOG},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
+        /* issue 12: safetensors export */
+        {"save-safetensors", required_argument, NULL, OPT_SAVE_SAFETENSORS},
+        /* issue 12: checkpoints */
+        {"checkpoint-dir", required_argument, NULL, OPT_CHECKPOINT_DIR},
+        {"checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY},
+        {"keep-checkpoints", required_argument, NULL, OPT_KEEP_CHECKPOINTS},
+        {"resume", required_argument, NULL, OPT_RESUME},
         {0},
     };
     static const char *const optimizers[] = {"adamw", "sgd", NULL};
@@ -246,6 +296,10 @@ static int parse_args(int argc, char **argv, options *o)
         case OPT_DATA: bad = cli_path(&c, "--data", v, &o->data_path); break;
         case OPT_DUMP_GRADS: bad = cli_path(&c, "--dump-grads", v, &o->dump_grads); break;
         case OPT_SAVE: bad = cli_path(&c, "--save", v, &o->save); break;
+        /* issue 12: safetensors export */
+        case OPT_SAVE_SAFETENSORS:
+            bad = cli_path(&c, "--save-safetensors", v, &o->save_safetensors);
+            break;
         case OPT_REF_LOGPS: bad = cli_path(&c, "--ref-logps", v, &o->ref_logps); break;
         case OPT_OLD_LOGPS: bad = cli_path(&c, "--old-logps", v, &o->old_logps); break;
         case OPT_ADVANTAGES: bad = cli_path(&c, "--advantages", v, &o->advantages); break;
@@ -264,6 +318,16 @@ static int parse_args(int argc, char **argv, options *o)
             if (!(bad = cli_choice(&c, "--optimizer", v, optimizers, &k)))
                 o->adamw = k == 0;
             break;
+        /* issue 12: schedule, clipping, log */
+        case OPT_LR_SCHEDULE: case OPT_WARMUP_STEPS: case OPT_MIN_LR: case OPT_CLIP_GRAD_NORM:
+        case OPT_LOG:
+            bad = train_sched_parse(&o->sched, &c, opt, OPT_LR_SCHEDULE, v);
+            break;
+        /* issue 12: checkpoints */
+        case OPT_CHECKPOINT_DIR: case OPT_CHECKPOINT_EVERY: case OPT_KEEP_CHECKPOINTS:
+        case OPT_RESUME:
+            bad = train_ckpt_parse(&o->ckpt, &c, opt, OPT_CHECKPOINT_DIR, v);
+            break;
         case CLI_POSITIONAL:
             if (o->step_path)
                 bad = cli_error(&c, "more than one step library given ('%s' and '%s')",
@@ -275,6 +339,9 @@ static int parse_args(int argc, char **argv, options *o)
         if (bad)
             return -1;
     }
+    char sched_err[256]; /* issue 12: the schedule's options against each other and --lr */
+    if (train_sched_check(&o->sched, o->lr, sched_err, sizeof sched_err))
+        return error("%s", sched_err);
     if (!o->step_path) {
         error("no step library given");
         usage(stderr);
@@ -381,6 +448,9 @@ typedef struct runtime {
     int (*sgd_update)(sbprt_ctx *, float *, const float *, size_t, double, double);
     int (*adamw_update)(sbprt_ctx *, float *, float *, float *, const float *, size_t, double,
                         double, double, double, double, int);
+    /* issue 12: the gradient norm and clipping (train_sched.h) */
+    int (*grad_sq_norm)(sbprt_ctx *, double *, const float *, size_t);
+    int (*scale)(sbprt_ctx *, float *, const float *, size_t, float);
     /* the step's copy when it made the context (else ours): diagnostics and memory figures */
     const char *(*last_error)(const sbprt_ctx *);
     int (*device_memory)(sbprt_ctx *, size_t *, size_t *);
@@ -389,6 +459,7 @@ typedef struct runtime {
     void (*step_release)(sbprt_ctx *);
     /* which context each group of functions takes: &step_ctx or &own_ctx */
     sbprt_ctx **sync_ctx, **arena_ctx, **copy_ctx, **sgd_ctx, **adamw_ctx;
+    sbprt_ctx **norm_ctx, **scale_ctx; /* issue 12 */
     sbprt_ctx *step_ctx;     /* made by ctx_create; the one sbp_step_run gets */
     sbprt_ctx *own_ctx;      /* made by this program's runtime, or NULL when not needed */
     bool ctx_from_step;      /* ctx_create/ctx_destroy are the step's */
@@ -430,6 +501,8 @@ static int runtime_load(runtime *rt, void *lib, const char *step_path, const cha
     RT_PICK(copy, sbprt_memcpy, copy_ctx);
     RT_PICK(sgd_update, sbprt_sgd_update, sgd_ctx);
     RT_PICK(adamw_update, sbprt_adamw_update, adamw_ctx);
+    RT_PICK(grad_sq_norm, sbprt_grad_sq_norm, norm_ctx); /* issue 12 */
+    RT_PICK(scale, sbprt_scale, scale_ctx);
     RT_PICK(arena_alloc, sbprt_arena_alloc, arena_ctx);
 #undef RT_PICK
     /* alloc and free must be one copy's pair */
@@ -490,7 +563,8 @@ static int runtime_start(runtime *rt, int nthreads)
     }
     bool need_own = rt->sync_ctx == &rt->own_ctx || rt->copy_ctx == &rt->own_ctx ||
                     rt->sgd_ctx == &rt->own_ctx || rt->adamw_ctx == &rt->own_ctx ||
-                    rt->arena_ctx == &rt->own_ctx;
+                    rt->arena_ctx == &rt->own_ctx || rt->norm_ctx == &rt->own_ctx ||
+                    rt->scale_ctx == &rt->own_ctx;
     if (need_own && (st = sbprt_ctx_create(&rt->own_ctx, nthreads)))
         return error("cannot create a runtime context: %s", sbprt_status_string(st));
     return 0;
@@ -635,6 +709,14 @@ static int check_outputs(const options *o, const sbp_file_set *inputs)
         sbp_file_check_output(o->dump_grads, "--dump-grads", inputs, &outs, err, sizeof err))
         rc = error("%s", err);
     else if (o->save && sbp_file_check_output(o->save, "--save", inputs, &outs, err, sizeof err))
+        rc = error("%s", err);
+    /* issue 12: safetensors export */
+    else if (o->save_safetensors &&
+             sbp_file_check_output(o->save_safetensors, "--save-safetensors", inputs, &outs, err,
+                                   sizeof err))
+        rc = error("%s", err);
+    else if (o->sched.log_path && /* issue 12 */
+             sbp_file_check_output(o->sched.log_path, "--log", inputs, &outs, err, sizeof err))
         rc = error("%s", err);
     sbp_file_set_free(&outs);
     return rc;
@@ -1021,6 +1103,7 @@ typedef struct run {
     sbpio_shard shard;        /* --data */
     bool have_shard;          /* shard is open */
     model mdl;                /* the model, until its weights are copied into the arena */
+    train_export *export;     /* issue 12: --save-safetensors's keys, planned at load */
     /* run_allocate */
     char *arena;              /* one block: parameters, gradients, AdamW's m and v, the step's
                                * workspace, one micro-batch's ids, labels, DPO / GRPO inputs */
@@ -1036,6 +1119,9 @@ typedef struct run {
      * device's total, and the most in use seen after it, sampled after every step */
     bool dev_mem;             /* the figures are available */
     size_t dev_before, dev_total, dev_peak;
+    train_log log;            /* issue 12: --log, open from run_loop's start (train_log.h) */
+    train_ckpt ckpt;          /* issue 12: checkpoints: prepared in run_load, restored in
+                               * run_allocate, written after steps (train_ckpt.h) */
 } run;
 
 static void sample_device_memory(run *r)
@@ -1063,6 +1149,9 @@ static int run_load(run *r)
     char err[512];
     if (collect_inputs(o, &r->inputs) || check_outputs(o, &r->inputs))
         return -1;
+    /* issue 12: checkpoints: an unwritable directory is found now, not after hours */
+    if (train_ckpt_prepare(&r->ckpt, &o->ckpt, err, sizeof err))
+        return error("%s", err);
 
     char *so_path = NULL;
     if (!strchr(o->step_path, '/')) { /* dlopen would search the library path instead */
@@ -1140,6 +1229,10 @@ static int run_load(run *r)
     /* the context first: no device is quicker to find than a large model is to read */
     if (runtime_start(&r->rt, (int)o->threads) || model_open(&r->mdl, o, in, &r->inputs))
         return -1;
+    /* issue 12: safetensors export: the PyTorch names, before any training (train_export.c) */
+    if (o->save_safetensors &&
+        !(r->export = train_export_plan(r->mdl.g, in, note_message, err, sizeof err)))
+        return error("--save-safetensors: %s", err);
     return 0;
 }
 
@@ -1220,6 +1313,18 @@ static int run_allocate(run *r)
         if (st)
             return copy_failed(r, st);
     }
+    /* issue 12: checkpoints: --resume overwrites the weights, m, v and the data position */
+    char ckpt_err[1024];
+    if (train_ckpt_start(&r->ckpt, &(train_ckpt_run){
+            .in = in, .step_path = o->step_path, .adamw = o->adamw, .grad_accum = o->grad_accum,
+            .total_steps = o->steps, .lr = o->lr, .weight_decay = o->weight_decay,
+            .sched = &o->sched, .dump_grads = o->dump_grads != NULL,
+            .shard = r->have_shard ? &r->shard : NULL, .ids = r->ids, .labels = r->labels,
+            .ntok_all = (size_t)r->K * ntok, .pbytes = pbytes, .d_params = r->d_params,
+            .d_m = r->d_m, .d_v = r->d_v, .host_params = r->host_params,
+            .host_visible = r->host_visible, .copy = rt->copy, .copy_ctx = *rt->copy_ctx,
+            .note = note_message}, ckpt_err, sizeof ckpt_err))
+        return error("%s", ckpt_err);
 
     /* the step's own preparation (a cuda step uploads its constants), outside the timing */
     if (rt->step_init && (st = rt->step_init(rt->step_ctx)))
@@ -1321,6 +1426,15 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
             return -1;
     }
 
+    /* issue 12: this step's lr; the gradient norm, clipped when asked (in backend memory) */
+    const double lr = train_sched_lr(&o->sched, o->lr, s, o->steps);
+    double gnorm = 0, clip_coef = 1;
+    const train_grad_rt grt = {rt->grad_sq_norm, *rt->norm_ctx, rt->scale, *rt->scale_ctx};
+    if ((st = train_clip_grads(&grt, in, r->d_grads, o->sched.clip, &gnorm, &clip_coef)))
+        return error("step %lld: the gradient norm%s failed: %s%s", (long long)s,
+                     o->sched.clip > 0 ? " or its clipping" : "", rt->status_string(st),
+                     rt_why(rt, *rt->norm_ctx, why, sizeof why));
+
     t0 = now_seconds();
     for (int i = 0; i < in->n_params; i++) {
         const sbp_step_param *p = &in->params[i];
@@ -1329,10 +1443,10 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
         size_t k = p->offset;
         if (o->adamw)
             st = RT(*rt, adamw_update, adamw_ctx, r->d_params + k, r->d_m + k, r->d_v + k,
-                    r->d_grads + k, p->numel, o->lr, 0.9, 0.999, 1e-8, o->weight_decay,
+                    r->d_grads + k, p->numel, lr, 0.9, 0.999, 1e-8, o->weight_decay,
                     s > INT32_MAX ? INT32_MAX : (int)s);
         else
-            st = RT(*rt, sgd_update, sgd_ctx, r->d_params + k, r->d_grads + k, p->numel, o->lr,
+            st = RT(*rt, sgd_update, sgd_ctx, r->d_params + k, r->d_grads + k, p->numel, lr,
                     o->weight_decay);
         if (st)
             return error("step %lld: the %s update of '%s' failed: %s", (long long)s,
@@ -1345,8 +1459,12 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
     double dt = t_run + (now_seconds() - t0);
     double tps = dt > 0 ? (double)ntok * (double)K / dt : 0;
     clear_bar();
-    printf("step %lld loss %.6f tokens/s %.1f\n", (long long)s, loss, tps);
+    /* "step N loss X" first: scripts parse that prefix; issue 12's fields follow */
+    printf("step %lld loss %.6f tokens/s %.1f lr %.9g grad_norm %.9g\n", (long long)s, loss, tps,
+           lr, gnorm);
     fflush(stdout);
+    if (train_log_step(&r->log, s, loss, lr, gnorm, tps, NAN, err, sizeof err))
+        return error("step %lld: %s", (long long)s, err);
     if (bar)
         draw_bar(s, o->steps, loss, tps);
     return 0;
@@ -1370,10 +1488,21 @@ static int run_loop(run *r)
 
     const bool bar = isatty(STDERR_FILENO);
     const int64_t epoch0 = r->shard.epoch;
-    for (int64_t s = 1; s <= o->steps; s++)
-        if (run_step(r, s, epoch0, bar))
+    char err[512]; /* issue 12: the log, opened before step 1 */
+    const int64_t first = train_ckpt_first_step(&r->ckpt); /* > 1 when resumed */
+    if (train_log_open(&r->log, o->sched.log_path, first > 1 ? first - 1 : -1, err, sizeof err))
+        return error("%s", err);
+    /* issue 12: checkpoints: a resumed run starts after its checkpoint's step, and a
+     * SIGINT / SIGTERM ends the loop once the current step's checkpoint is written */
+    char ckpt_err[1024];
+    for (int64_t s = first; s <= o->steps && !r->ckpt.stopped; s++)
+        if (run_step(r, s, epoch0, bar) ||
+            (train_ckpt_after_step(&r->ckpt, s, ckpt_err, sizeof ckpt_err) &&
+             error("%s", ckpt_err)))
             return -1;
     clear_bar();
+    if (train_log_close(&r->log, err, sizeof err))
+        return error("%s", err);
     return 0;
 }
 
@@ -1385,6 +1514,8 @@ static int run_report(run *r)
     const options *o = &r->o;
     const sbp_step_info *in = r->in;
     int st;
+    if (r->ckpt.stopped) /* issue 12: checkpoints: stopped by a signal, the checkpoint is the */
+        return 0;        /* output; --save and friends are for a finished run */
     if (o->save) {
         if (!r->host_visible && (st = RT(r->rt, copy, copy_ctx, r->host_params, r->d_params,
                                          r->pbytes, SBPRT_COPY_DEVICE_TO_HOST)))
@@ -1392,6 +1523,17 @@ static int run_report(run *r)
         if (save_model(o, in, r->host_params))
             return -1;
         printf("saved the trained weights to %s\n", o->save);
+    }
+    if (o->save_safetensors) { /* issue 12: safetensors export */
+        char err[1024];
+        if (!r->host_visible && (st = RT(r->rt, copy, copy_ctx, r->host_params, r->d_params,
+                                         r->pbytes, SBPRT_COPY_DEVICE_TO_HOST)))
+            return copy_failed(r, st);
+        if (train_export_write(r->export, in, r->host_params, o->save_safetensors, err,
+                               sizeof err))
+            return error("--save-safetensors: %s", err);
+        printf("saved the trained weights as %d PyTorch tensors to %s\n",
+               train_export_count(r->export), o->save_safetensors);
     }
     if (o->dump_grads)
         printf("wrote the first step's gradients to %s\n", o->dump_grads);
@@ -1427,6 +1569,9 @@ static int run_report(run *r)
 static void run_free(run *r)
 {
     clear_bar();
+    train_ckpt_free(&r->ckpt); /* issue 12: checkpoints */
+    char log_err[512]; /* issue 12: a run that failed keeps the steps it logged */
+    (void)train_log_close(&r->log, log_err, sizeof log_err);
     if (r->own_host) {
         free(r->host_params);
         free(r->host_grads);
@@ -1440,6 +1585,7 @@ static void run_free(run *r)
     if (r->have_shard)
         sbpio_shard_close(&r->shard);
     model_free(&r->mdl);
+    train_export_free(r->export); /* issue 12 */
     sbp_file_set_free(&r->inputs);
     /* The step library stays loaded until the process ends: a cuda step's libraries (the CUDA
      * runtime, cuBLAS, libstdc++) keep global state that dlclose would leave unreachable, which

@@ -69,9 +69,9 @@ int sbprt_div_scalar_accumulate(sbprt_ctx *ctx, float *dx, const float *dy, size
     return SBPRT_OK;
 }
 
-int sbprt_sum_squares(sbprt_ctx *ctx, float *out, const float *x, size_t n)
+/* Σ x² in double: fixed blocks summed in parallel, the block sums added in order. */
+static int sum_squares_f64(sbprt_ctx *ctx, const float *x, size_t n, double *total)
 {
-    CPU_CHECK(ctx && out && (n == 0 || x));
     size_t nblocks = (n + EW_SUMSQ_BLOCK - 1) / EW_SUMSQ_BLOCK;
     double *partial;
     int st = cpu_scratch(ctx, (nblocks ? nblocks : 1) * sizeof(double), (void **)&partial);
@@ -86,10 +86,32 @@ int sbprt_sum_squares(sbprt_ctx *ctx, float *out, const float *x, size_t n)
             s += (double)x[i] * x[i];
         partial[blk] = s;
     }
-    double total = 0;
+    double t = 0;
     for (size_t blk = 0; blk < nblocks; blk++)
-        total += partial[blk];
+        t += partial[blk];
+    *total = t;
+    return SBPRT_OK;
+}
+
+int sbprt_sum_squares(sbprt_ctx *ctx, float *out, const float *x, size_t n)
+{
+    CPU_CHECK(ctx && out && (n == 0 || x));
+    double total;
+    int st = sum_squares_f64(ctx, x, n, &total);
+    if (st)
+        return st;
     out[0] += (float)total;
+    return SBPRT_OK;
+}
+
+int sbprt_grad_sq_norm(sbprt_ctx *ctx, double *out, const float *x, size_t n)
+{
+    CPU_CHECK(ctx && out && (n == 0 || x));
+    double total;
+    int st = sum_squares_f64(ctx, x, n, &total);
+    if (st)
+        return st;
+    *out += total;
     return SBPRT_OK;
 }
 

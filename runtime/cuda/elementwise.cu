@@ -380,3 +380,35 @@ extern "C" int sbprt_sum_squares(sbprt_ctx *ctx, float *out, const float *x, siz
     CU_LAUNCH(ctx, sumsq_part_kernel, (unsigned)nblocks, EW_THREADS, 0, partial, x, n);
     return cu_sum_doubles_into(ctx, out, partial, nblocks);
 }
+
+/* One block: out[0] = Σ parts in double (sum_doubles_kernel's order, not rounded to fp32). */
+__global__ void sum_doubles_f64_kernel(double *out, const double *parts, size_t n)
+{
+    CU_SHARED(double, red, 32);
+    double s = 0;
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x)
+        s += parts[i];
+    s = cu_block_sum(s, red);
+    if (threadIdx.x == 0)
+        out[0] = s;
+}
+
+/* sbprt_sum_squares's blocks and order, the total kept in double and copied to the host. */
+extern "C" int sbprt_grad_sq_norm(sbprt_ctx *ctx, double *out, const float *x, size_t n)
+{
+    CU_CHECK(ctx && out && (n == 0 || x));
+    if (n == 0)
+        return SBPRT_OK; /* *out += 0 */
+    const size_t nblocks = (n + EW_SUMSQ_BLOCK - 1) / EW_SUMSQ_BLOCK;
+    CU_CHECK(nblocks <= 0x7fffffffu);
+    double *partial, total = 0;
+    CU_STATUS(cu_scratch(ctx, (nblocks + 1) * sizeof(double), (void **)&partial));
+    CU_LAUNCH(ctx, sumsq_part_kernel, (unsigned)nblocks, EW_THREADS, 0, partial, x, n);
+    CU_LAUNCH(ctx, sum_doubles_f64_kernel, 1, EW_FINAL_THREADS, 0, partial + nblocks, partial,
+              nblocks);
+    CU_TRY(ctx, cudaMemcpyAsync(&total, partial + nblocks, sizeof total, cudaMemcpyDeviceToHost,
+                                ctx->stream));
+    CU_TRY(ctx, cudaStreamSynchronize(ctx->stream));
+    *out += total;
+    return SBPRT_OK;
+}

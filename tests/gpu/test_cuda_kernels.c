@@ -612,6 +612,20 @@ static void t_elementwise(void)
         REF(cpuref_sbprt_sum_squares(C, out->ref, a, sq_n[i]));
         KC_RUN(K, sbprt_sum_squares(G, out->d, da, sq_n[i]));
     }
+    /* sbprt_grad_sq_norm writes a host double (issue 12): compared directly, 1e-12 relative
+     * (the same blocks as the CPU twin, summed in a tree instead of in order) */
+    for (int i = 0; i < 4; i++) {
+        kc_begin(&K, "grad_sq_norm", TOL_FP32, "n=%zu", sq_n[i]);
+        da = KC_IN_F(&K, a, sq_n[i]);
+        double got = 0.5, ref = 0.5;
+        int st = cpuref_sbprt_grad_sq_norm(C, &ref, a, sq_n[i]);
+        if (!st)
+            st = sbprt_grad_sq_norm(G, &got, da, sq_n[i]);
+        if (st || !(fabs(got - ref) <= 1e-12 * fabs(ref)))
+            fail("grad_sq_norm n=%zu: status %s, %.17g against the CPU twin's %.17g", sq_n[i],
+                 sbprt_status_string(st), got, ref);
+        kc_finish(&K, 0); /* no device outputs: frees the input, counts the case */
+    }
 
     t_activation("gelu_tanh_forward", "gelu_tanh_backward", sbprt_gelu_tanh_forward,
                  cpuref_sbprt_gelu_tanh_forward, sbprt_gelu_tanh_backward,

@@ -1,0 +1,672 @@
+/* train_ckpt.c — checkpoints and resume for sbp-train (issue 12; the format and the rules are
+ * in train_ckpt.h).
+ *
+ * Approach: the whole state a step depends on is the parameter block, AdamW's two moment blocks,
+ * the step number and where the data stream stands; everything else (B, T, the parameter table,
+ * the model, the data) is an identity to compare, kept as metadata strings. A checkpoint is
+ * written and read by sbpio's safetensors code, so its atomicity (temporary, fsync, rename, the
+ * signal registry) is the one every other output of the project already has; this file adds the
+ * directory fsync, the pruning, the newest-complete search and the graceful-stop signal.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "train_ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CKPT_FORMAT "sbp-train-checkpoint"
+#define CKPT_VERSION "1"
+
+static int ckpt_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int ckpt_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------------ options */
+
+int train_ckpt_parse(train_ckpt_opts *o, cli *c, int val, int base, const char *v)
+{
+    switch (val - base) {
+    case 0: return cli_path(c, "--checkpoint-dir", v, &o->dir);
+    case 1: return cli_count(c, "--checkpoint-every", v, 1, (int64_t)1 << 30, &o->every);
+    case 2: return cli_count(c, "--keep-checkpoints", v, 1, 1 << 20, &o->keep);
+    case 3: return cli_path(c, "--resume", v, &o->resume);
+    }
+    return cli_error(c, "internal: unknown checkpoint option %d", val);
+}
+
+const char *train_ckpt_usage(void)
+{
+    return "checkpoints:\n"
+           "  --checkpoint-dir DIR    write checkpoints (weights, AdamW state, step, data\n"
+           "                          position) into DIR as step-NNNNNNNN.safetensors, each\n"
+           "                          written beside the previous and renamed when complete;\n"
+           "                          also at the last step, and on SIGINT/SIGTERM (the run\n"
+           "                          then stops after the current step and exits 0)\n"
+           "  --checkpoint-every N    a checkpoint every N steps (default: only the above)\n"
+           "  --keep-checkpoints K    keep the newest K (default 2)\n"
+           "  --resume DIR            continue from DIR's newest complete checkpoint (and keep\n"
+           "                          writing there unless --checkpoint-dir says otherwise);\n"
+           "                          --steps stays the run's total\n";
+}
+
+/* ------------------------------------------------------------------ signals */
+
+static volatile sig_atomic_t stop_signal; /* the first SIGINT / SIGTERM, 0 if none */
+static const int stop_signals[] = {SIGINT, SIGTERM};
+static struct sigaction prev_action[2]; /* files.c's handler (or SIG_DFL), for a second signal */
+
+static void on_stop_signal(int sig)
+{
+    if (!stop_signal) {
+        stop_signal = sig;
+        return;
+    }
+    /* A second signal: the user means it. Hand it to the handler that was there before (files.c
+     * removes the temporaries, then dies of the signal); pending until this handler returns. */
+    for (int k = 0; k < 2; k++)
+        if (stop_signals[k] == sig)
+            sigaction(sig, &prev_action[k], NULL);
+    raise(sig);
+}
+
+static void install_stop_handlers(void)
+{
+    /* files.c installs its cleanup handlers on the first registration: make it happen now, so
+     * that they are the ones a second signal falls back to. */
+    sbp_tmp_unregister(sbp_tmp_register("", false));
+    for (int k = 0; k < 2; k++) {
+        struct sigaction old;
+        if (sigaction(stop_signals[k], NULL, &old) != 0 || old.sa_handler == SIG_IGN)
+            continue; /* nohup's or a background job's ignored SIGINT stays ignored */
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_stop_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(stop_signals[k], &sa, &prev_action[k]);
+    }
+}
+
+/* ------------------------------------------------------------------ the directory */
+
+/* FNV-1a, 64 bits: an identity, not a defence against anyone crafting collisions. */
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+#define FNV_SEED 0xcbf29ce484222325ULL
+
+/* "step-NNNNNNNN.safetensors" -> N; -1 for anything else (temporaries start with a dot). */
+static int64_t ckpt_step_of(const char *name)
+{
+    if (strncmp(name, "step-", 5) != 0)
+        return -1;
+    char *end;
+    errno = 0;
+    long long n = strtoll(name + 5, &end, 10);
+    if (errno || end == name + 5 || n < 0 || strcmp(end, ".safetensors") != 0)
+        return -1;
+    return (int64_t)n;
+}
+
+static char *ckpt_path(const char *dir, int64_t step)
+{
+    size_t n = strlen(dir) + 48;
+    char *p = malloc(n);
+    if (p)
+        snprintf(p, n, "%s/step-%08" PRId64 ".safetensors", dir, step);
+    return p;
+}
+
+/* The steps of DIR's checkpoint files, newest first (malloc'd; *n of them). */
+static int64_t *ckpt_list(const char *dir, int *n)
+{
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d)
+        return NULL;
+    int cap = 16;
+    int64_t *v = malloc((size_t)cap * sizeof *v);
+    for (struct dirent *e; v && (e = readdir(d));) {
+        int64_t s = ckpt_step_of(e->d_name);
+        if (s < 0)
+            continue;
+        if (*n == cap) {
+            int64_t *w = realloc(v, (size_t)(cap *= 2) * sizeof *v);
+            if (!w) {
+                free(v);
+                v = NULL;
+                break;
+            }
+            v = w;
+        }
+        v[(*n)++] = s;
+    }
+    closedir(d);
+    for (int i = 1; v && i < *n; i++) /* insertion sort, descending: a handful of files */
+        for (int j = i; j > 0 && v[j] > v[j - 1]; j--) {
+            int64_t t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return v;
+}
+
+/* Removes the temporaries of killed writers: ".step-N.safetensors.tmp.PID.K" whose PID is gone
+ * (files.c's rule, so a live run writing into the same directory keeps its temporary). */
+static void clean_dead_temps(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    char target[4096];
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *t = strstr(e->d_name, ".tmp.");
+        if (e->d_name[0] != '.' || !t)
+            continue;
+        size_t len = (size_t)(t - e->d_name - 1);
+        char name[256];
+        if (len == 0 || len >= sizeof name)
+            continue;
+        memcpy(name, e->d_name + 1, len);
+        name[len] = 0;
+        if (ckpt_step_of(name) < 0)
+            continue;
+        snprintf(target, sizeof target, "%s/%s", dir, name);
+        sbp_tmp_clean_stale(target);
+    }
+    closedir(d);
+}
+
+/* The rename of a checkpoint is only durable once the directory entry is on disk. */
+static int fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    int rc = fsync(fd) != 0 && errno != EINVAL && errno != EROFS ? -1 : 0;
+    close(fd);
+    return rc;
+}
+
+/* Creates dir (one level) and proves that a file can be created in it, so a run that could not
+ * save its checkpoints is refused before step 1 rather than after hours. */
+static int probe_dir(const char *dir, char *err, size_t errlen)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        if (errno != ENOENT || mkdir(dir, 0777) != 0)
+            return ckpt_err(err, errlen, "--checkpoint-dir: cannot create %s: %s", dir,
+                            strerror(errno));
+    } else if (!S_ISDIR(st.st_mode)) {
+        return ckpt_err(err, errlen, "--checkpoint-dir: %s is %s, not a directory", dir,
+                        sbp_file_kind(st.st_mode));
+    }
+    char probe[4096];
+    snprintf(probe, sizeof probe, "%s/.sbp-train-probe.%ld", dir, (long)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return ckpt_err(err, errlen, "--checkpoint-dir: cannot write into %s: %s", dir,
+                        strerror(errno));
+    close(fd);
+    unlink(probe);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ identity */
+
+/* The parameter table as one string: "name[d0,d1]@offset" with "=tied" or "-frozen" marks. */
+static char *param_table(const sbp_step_info *in)
+{
+    size_t cap = 256, len = 0;
+    char *s = malloc(cap);
+    for (int i = 0; s && i < in->n_params; i++) {
+        const sbp_step_param *p = &in->params[i];
+        char dims[200] = "";
+        size_t k = 0;
+        for (int d = 0; d < p->rank && k < sizeof dims; d++)
+            k += (size_t)snprintf(dims + k, sizeof dims - k, "%s%" PRId64, d ? "," : "",
+                                  p->dims[d]);
+        size_t need = strlen(p->name) + strlen(dims) + 64;
+        if (len + need >= cap) {
+            char *t = realloc(s, cap = 2 * (len + need));
+            if (!t) {
+                free(s);
+                return NULL;
+            }
+            s = t;
+        }
+        if (p->tied_to >= 0)
+            len += (size_t)snprintf(s + len, cap - len, "%s%s[%s]=tied:%d", i ? ";" : "",
+                                    p->name, dims, p->tied_to);
+        else
+            len += (size_t)snprintf(s + len, cap - len, "%s%s[%s]@%zu%s", i ? ";" : "", p->name,
+                                    dims, p->offset, p->trainable ? "" : "-frozen");
+    }
+    if (s && in->n_params == 0)
+        s[0] = 0;
+    return s;
+}
+
+/* The first ';'-separated entries where a and b differ, for the message. */
+static void first_difference(const char *a, const char *b, char *out, size_t n)
+{
+    int i = 0;
+    for (;;) {
+        size_t la = strcspn(a, ";"), lb = strcspn(b, ";");
+        if (la != lb || memcmp(a, b, la) != 0) {
+            snprintf(out, n, "parameter %d is '%.*s' in the checkpoint but '%.*s' in the step", i,
+                     (int)(la > 120 ? 120 : la), la ? a : "(none)", (int)(lb > 120 ? 120 : lb),
+                     lb ? b : "(none)");
+            return;
+        }
+        if (!a[la] || !b[lb])
+            break;
+        a += la + 1;
+        b += lb + 1;
+        i++;
+    }
+    snprintf(out, n, "the parameter tables differ");
+}
+
+enum { META_MAX = 32 };
+
+/* The metadata of a checkpoint at step s (values live in `buf`). */
+typedef struct ckpt_meta {
+    sbpio_kv kv[META_MAX];
+    int n;
+    char buf[META_MAX][96];
+    char *table; /* malloc'd: the parameter table */
+} ckpt_meta;
+
+static void meta_add(ckpt_meta *m, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void meta_add(ckpt_meta *m, const char *key, const char *fmt, ...)
+{
+    if (m->n >= META_MAX)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->buf[m->n], sizeof m->buf[m->n], fmt, ap);
+    va_end(ap);
+    m->kv[m->n] = (sbpio_kv){key, m->buf[m->n]};
+    m->n++;
+}
+
+static const char *sched_name(const train_sched_opts *t)
+{
+    if (!t)
+        return "constant";
+    return t->kind == TRAIN_SCHED_LINEAR ? "linear"
+           : t->kind == TRAIN_SCHED_COSINE ? "cosine" : "constant";
+}
+
+/* The identity keys (compared on resume) come first; the state and the schedule after them. */
+static const char *const identity_keys[] = {"batch", "seq_len", "vocab", "objective",
+                                            "optimizer", "grad_accum", "param_elems",
+                                            "model_hash", "data", "data_hash"};
+enum { N_IDENTITY = sizeof identity_keys / sizeof identity_keys[0] };
+
+static int build_meta(const train_ckpt *c, int64_t s, ckpt_meta *m)
+{
+    const train_ckpt_run *r = &c->r;
+    const sbp_step_info *in = r->in;
+    memset(m, 0, sizeof *m);
+    meta_add(m, "format", CKPT_FORMAT);
+    meta_add(m, "version", CKPT_VERSION);
+    meta_add(m, "batch", "%" PRId64, in->batch);
+    meta_add(m, "seq_len", "%" PRId64, in->seq_len);
+    meta_add(m, "vocab", "%" PRId64, in->vocab);
+    meta_add(m, "objective", "%s", in->objective ? in->objective : "sft");
+    meta_add(m, "optimizer", "%s", r->adamw ? "adamw" : "sgd");
+    meta_add(m, "grad_accum", "%" PRId64, r->grad_accum);
+    meta_add(m, "param_elems", "%zu", in->param_elems);
+    meta_add(m, "model_hash", "%016" PRIx64, c->model_hash);
+    meta_add(m, "data", "%s", r->shard ? "shard" : "arrays");
+    meta_add(m, "data_hash", "%016" PRIx64, c->data_hash);
+    /* the state */
+    meta_add(m, "step", "%" PRId64, s);
+    meta_add(m, "adamw_step", "%" PRId64, r->adamw ? s : 0);
+    meta_add(m, "data_pos", "%" PRId64, r->shard ? r->shard->pos : s);
+    meta_add(m, "data_epoch", "%" PRId64, r->shard ? r->shard->epoch : 0);
+    /* the schedule (recorded; a resumed run may change it, with a note) */
+    meta_add(m, "total_steps", "%" PRId64, r->total_steps);
+    meta_add(m, "lr", "%.17g", r->lr);
+    meta_add(m, "weight_decay", "%.17g", r->weight_decay);
+    meta_add(m, "lr_schedule", "%s", sched_name(r->sched));
+    meta_add(m, "warmup_steps", "%" PRId64, r->sched ? r->sched->warmup : 0);
+    meta_add(m, "min_lr", "%.17g", r->sched ? r->sched->min_lr : 0.0);
+    meta_add(m, "clip_grad_norm", "%.17g", r->sched ? r->sched->clip : 0.0);
+    meta_add(m, "producer", "sbp-train %s", SBP_VERSION);
+    if (!(m->table = param_table(in)))
+        return -1;
+    m->kv[m->n++] = (sbpio_kv){"param_table", m->table};
+    return 0;
+}
+
+/* ------------------------------------------------------------------ prepare, start */
+
+int train_ckpt_prepare(train_ckpt *c, const train_ckpt_opts *o, char *err, size_t errlen)
+{
+    memset(c, 0, sizeof *c);
+    c->o = o;
+    c->dir = o->dir ? o->dir : o->resume;
+    if (!c->dir) {
+        if (o->every)
+            return ckpt_err(err, errlen, "--checkpoint-every needs --checkpoint-dir DIR");
+        return 0;
+    }
+    if (o->resume) {
+        struct stat st;
+        if (stat(o->resume, &st) != 0)
+            return ckpt_err(err, errlen, "--resume: %s: %s", o->resume, strerror(errno));
+        if (!S_ISDIR(st.st_mode))
+            return ckpt_err(err, errlen, "--resume: %s is %s, not a directory", o->resume,
+                            sbp_file_kind(st.st_mode));
+    }
+    if (probe_dir(c->dir, err, errlen))
+        return -1;
+    clean_dead_temps(c->dir);
+    if (o->resume && strcmp(o->resume, c->dir) != 0)
+        clean_dead_temps(o->resume);
+    install_stop_handlers();
+    if (!o->resume)
+        return 0;
+
+    int n = 0;
+    int64_t *steps = ckpt_list(o->resume, &n);
+    char why[512] = "";
+    int skipped = 0;
+    for (int i = 0; i < n && !c->from; i++) {
+        char *path = ckpt_path(o->resume, steps[i]);
+        sbpio_st_file *f = NULL;
+        if (!path)
+            break;
+        if (sbpio_st_open(path, &f, why, sizeof why) == SBPIO_OK) {
+            const char *fmt = sbpio_st_meta(f, "format"), *ver = sbpio_st_meta(f, "version");
+            const char *st = sbpio_st_meta(f, "step");
+            if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0 || !ver || strcmp(ver, CKPT_VERSION) != 0 ||
+                !st || strtoll(st, NULL, 10) != steps[i] || !sbpio_st_find(f, "params")) {
+                snprintf(why, sizeof why, "%s: not an sbp-train checkpoint (version %s) of step "
+                         "%" PRId64, path, CKPT_VERSION, steps[i]);
+                sbpio_st_close(f);
+                f = NULL;
+            }
+        }
+        if (f) {
+            c->from = f;
+            c->from_path = path;
+            c->start = steps[i];
+        } else {
+            free(path);
+            skipped++;
+            /* a note, not an error: the previous checkpoint is what atomic writes keep for this */
+            fprintf(stderr, "sbp-train: note: skipping a damaged checkpoint: %s\n", why);
+        }
+    }
+    free(steps);
+    if (!c->from)
+        return ckpt_err(err, errlen, "--resume: %s holds no complete checkpoint "
+                        "(step-NNNNNNNN.safetensors)%s", o->resume,
+                        skipped ? "; the ones there are damaged (see the notes)" : "");
+    return 0;
+}
+
+int64_t train_ckpt_first_step(const train_ckpt *c) { return c->start + 1; }
+
+/* One identity key of the checkpoint against this run's value. */
+static int compare_key(const train_ckpt *c, const ckpt_meta *now, const char *key, char *err,
+                       size_t errlen)
+{
+    const char *mine = NULL;
+    for (int i = 0; i < now->n; i++)
+        if (strcmp(now->kv[i].key, key) == 0)
+            mine = now->kv[i].value;
+    const char *theirs = sbpio_st_meta(c->from, key);
+    if (mine && theirs && strcmp(mine, theirs) == 0)
+        return 0;
+    const char *what = strcmp(key, "model_hash") == 0 ? "another model's initial weights (--model)"
+                       : strcmp(key, "data_hash") == 0 || strcmp(key, "data") == 0
+                           ? "other training data"
+                       : strcmp(key, "optimizer") == 0 ? "another optimizer"
+                       : strcmp(key, "objective") == 0 ? "another objective"
+                       : strcmp(key, "grad_accum") == 0 ? "another --grad-accum"
+                                                        : "a step of another shape";
+    return ckpt_err(err, errlen, "--resume: %s was written for %s: %s is %s there but %s here "
+                    "(%s); resume with the run's own model, step, data and options",
+                    c->from_path, what, key, theirs ? theirs : "(missing)", mine ? mine : "?",
+                    c->r.step_path);
+}
+
+/* Copies checkpoint tensor `name` into backend memory dst through the host buffer tmp. */
+static int load_block(train_ckpt *c, const char *name, float *dst, float *tmp, char *err,
+                      size_t errlen)
+{
+    const train_ckpt_run *r = &c->r;
+    int64_t n = (int64_t)(r->pbytes / sizeof(float));
+    if (sbpio_st_copy_f32(c->from, name, tmp, n, err, errlen) != SBPIO_OK)
+        return -1;
+    if (tmp != dst) {
+        int st = r->copy(r->copy_ctx, dst, tmp, r->pbytes, SBPRT_COPY_HOST_TO_DEVICE);
+        if (st)
+            return ckpt_err(err, errlen, "--resume: copying '%s' to the device failed: %s", name,
+                            sbprt_status_string(st));
+    }
+    return 0;
+}
+
+int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t errlen)
+{
+    if (!c->dir)
+        return 0;
+    c->r = *r;
+    c->model_hash = fnv1a(FNV_SEED, r->host_params, r->pbytes);
+    if (r->shard)
+        c->data_hash = fnv1a(FNV_SEED, r->shard->raw, (size_t)r->shard->ntok * r->shard->token_size);
+    else
+        c->data_hash = fnv1a(fnv1a(FNV_SEED, r->ids, r->ntok_all * sizeof *r->ids), r->labels,
+                             r->ntok_all * sizeof *r->labels);
+    if (!r->host_visible && r->adamw) {
+        c->host_m = malloc(r->pbytes + 1);
+        c->host_v = malloc(r->pbytes + 1);
+        if (!c->host_m || !c->host_v)
+            return ckpt_err(err, errlen, "out of memory");
+    }
+    if (!c->from)
+        return 0;
+
+    ckpt_meta now;
+    if (build_meta(c, c->start, &now))
+        return ckpt_err(err, errlen, "out of memory");
+    int rc = 0;
+    const char *table = sbpio_st_meta(c->from, "param_table");
+    if (!table || strcmp(table, now.table) != 0) {
+        char diff[400];
+        first_difference(table ? table : "", now.table, diff, sizeof diff);
+        rc = ckpt_err(err, errlen, "--resume: %s was written for another model or step: %s (%s)",
+                      c->from_path, diff, r->step_path);
+    }
+    for (int i = 0; i < N_IDENTITY && !rc; i++)
+        rc = compare_key(c, &now, identity_keys[i], err, errlen);
+    if (!rc && c->start >= r->total_steps)
+        rc = ckpt_err(err, errlen, "--resume: %s is at step %" PRId64 " and --steps is %" PRId64
+                      ": nothing left to run (--steps is the run's total: give a larger one)",
+                      c->from_path, c->start, r->total_steps);
+    if (!rc && r->dump_grads)
+        rc = ckpt_err(err, errlen, "--dump-grads writes step 1's gradients, but this run resumes "
+                      "after step %" PRId64, c->start);
+    /* a changed schedule or learning rate is allowed (runs are tuned), but said */
+    static const char *const sched_keys[] = {"lr", "weight_decay", "lr_schedule", "warmup_steps",
+                                             "min_lr", "clip_grad_norm", "total_steps"};
+    for (size_t i = 0; i < sizeof sched_keys / sizeof sched_keys[0] && !rc; i++) {
+        const char *theirs = sbpio_st_meta(c->from, sched_keys[i]);
+        for (int k = 0; k < now.n; k++)
+            if (strcmp(now.kv[k].key, sched_keys[i]) == 0 && theirs &&
+                strcmp(theirs, now.kv[k].value) != 0 && r->note &&
+                /* --steps only shapes a decaying schedule; raising it is how a run goes on */
+                (strcmp(sched_keys[i], "total_steps") != 0 ||
+                 strcmp(sched_name(r->sched), "constant") != 0)) {
+                char msg[300];
+                snprintf(msg, sizeof msg, "the checkpoint's run had %s %s, this one has %s: the "
+                         "steps from here on follow this run's value", sched_keys[i], theirs,
+                         now.kv[k].value);
+                r->note(msg);
+            }
+    }
+    free(now.table);
+    if (rc)
+        return -1;
+
+    /* the state: parameters, moments, data cursor */
+    float *tmp = r->host_params;
+    if (load_block(c, "params", r->d_params, tmp, err, errlen))
+        return -1;
+    if (r->adamw && (load_block(c, "adamw.m", r->d_m, r->host_visible ? r->d_m : c->host_m, err,
+                                errlen) ||
+                     load_block(c, "adamw.v", r->d_v, r->host_visible ? r->d_v : c->host_v, err,
+                                errlen)))
+        return -1;
+    if (r->shard) {
+        const char *pos = sbpio_st_meta(c->from, "data_pos");
+        const char *epoch = sbpio_st_meta(c->from, "data_epoch");
+        if (!pos || !epoch ||
+            sbpio_shard_seek(r->shard, strtoll(pos, NULL, 10), err, errlen) != SBPIO_OK)
+            return ckpt_err(err, errlen, "--resume: %s has no usable data position",
+                            c->from_path);
+        r->shard->epoch = strtoll(epoch, NULL, 10);
+    }
+    if (r->note) {
+        char msg[4200];
+        snprintf(msg, sizeof msg, "resuming from %s (step %" PRId64 ")", c->from_path, c->start);
+        r->note(msg);
+    }
+    sbpio_st_close(c->from);
+    c->from = NULL;
+    c->last_written = c->start;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ writing */
+
+/* Removes all but the newest `keep` checkpoints at or before step s (newer ones, left by a run
+ * that went further, are replaced when this run reaches them). */
+static void prune(const train_ckpt *c, int64_t s)
+{
+    int n = 0, kept = 0;
+    int64_t *steps = ckpt_list(c->dir, &n);
+    for (int i = 0; steps && i < n; i++) {
+        /* the default K = 2: one to resume from, one more in case it is damaged */
+        if (steps[i] > s || kept++ < (c->o->keep ? c->o->keep : 2))
+            continue;
+        char *path = ckpt_path(c->dir, steps[i]);
+        if (path)
+            unlink(path);
+        free(path);
+    }
+    free(steps);
+}
+
+static int write_ckpt(train_ckpt *c, int64_t s, char *err, size_t errlen)
+{
+    const train_ckpt_run *r = &c->r;
+    const float *params = r->host_params, *m = r->d_m, *v = r->d_v;
+    int st = 0;
+    if (!r->host_visible) {
+        st = r->copy(r->copy_ctx, r->host_params, r->d_params, r->pbytes,
+                     SBPRT_COPY_DEVICE_TO_HOST);
+        if (!st && r->adamw)
+            st = r->copy(r->copy_ctx, c->host_m, r->d_m, r->pbytes, SBPRT_COPY_DEVICE_TO_HOST);
+        if (!st && r->adamw)
+            st = r->copy(r->copy_ctx, c->host_v, r->d_v, r->pbytes, SBPRT_COPY_DEVICE_TO_HOST);
+        if (st)
+            return ckpt_err(err, errlen, "checkpoint: copying from the device failed: %s",
+                            sbprt_status_string(st));
+        m = c->host_m;
+        v = c->host_v;
+    }
+    ckpt_meta meta;
+    if (build_meta(c, s, &meta))
+        return ckpt_err(err, errlen, "out of memory");
+    int64_t shape[1] = {(int64_t)(r->pbytes / sizeof(float))};
+    sbpio_st_tensor ts[3] = {
+        {.name = "params", .dtype = SBPIO_DT_F32, .rank = 1, .shape = shape, .data = params},
+        {.name = "adamw.m", .dtype = SBPIO_DT_F32, .rank = 1, .shape = shape, .data = m},
+        {.name = "adamw.v", .dtype = SBPIO_DT_F32, .rank = 1, .shape = shape, .data = v},
+    };
+    char *path = ckpt_path(c->dir, s);
+    char why[600];
+    int rc = 0;
+    if (!path)
+        rc = ckpt_err(err, errlen, "out of memory");
+    else if (sbpio_st_write(path, r->adamw ? 3 : 1, ts, meta.n, meta.kv, false, why,
+                            sizeof why) != SBPIO_OK) {
+        if (c->last_written > 0)
+            rc = ckpt_err(err, errlen, "checkpoint of step %" PRId64 " not written (%s); the "
+                          "previous one, of step %" PRId64 ", is intact", s, why,
+                          c->last_written);
+        else
+            rc = ckpt_err(err, errlen, "checkpoint of step %" PRId64 " not written (%s)", s, why);
+    } else if (fsync_dir(c->dir) != 0) {
+        rc = ckpt_err(err, errlen, "checkpoint %s: fsync of the directory: %s", path,
+                      strerror(errno));
+    }
+    free(meta.table);
+    free(path);
+    if (rc)
+        return -1;
+    c->last_written = s;
+    prune(c, s);
+    return 0;
+}
+
+int train_ckpt_after_step(train_ckpt *c, int64_t s, char *err, size_t errlen)
+{
+    if (!c->dir)
+        return 0;
+    const int sig = stop_signal;
+    const bool due = (c->o->every > 0 && s % c->o->every == 0) || s == c->r.total_steps || sig;
+    if (!due)
+        return 0;
+    if (write_ckpt(c, s, err, errlen))
+        return -1;
+    if (sig && s < c->r.total_steps) {
+        c->stopped = true;
+        if (c->r.note) {
+            char msg[4300];
+            snprintf(msg, sizeof msg, "stopped by %s after step %" PRId64 "; checkpoint in %s: "
+                     "continue with --resume %s", sig == SIGINT ? "SIGINT" : "SIGTERM", s, c->dir,
+                     c->dir);
+            c->r.note(msg);
+        }
+    }
+    return 0;
+}
+
+void train_ckpt_free(train_ckpt *c)
+{
+    sbpio_st_close(c->from);
+    free(c->from_path);
+    free(c->host_m);
+    free(c->host_v);
+    memset(c, 0, sizeof *c);
+}

@@ -1,0 +1,113 @@
+/* train_ckpt.h — sbp-train's checkpoints and resume (issue 12).
+ *
+ * A checkpoint is one safetensors file DIR/step-NNNNNNNN.safetensors (N = the optimizer steps
+ * done), written by sbpio's atomic writer: a temporary beside it, fsync, rename, then an fsync of
+ * the directory. The previous checkpoint is never touched before the new one is complete, so a
+ * crash, kill -9 or full disk in the middle of a write leaves it as the newest complete one; the
+ * oldest are removed only after a write succeeded, keeping --keep-checkpoints K.
+ *   tensors:  "params" F32 [param_elems]: the parameter block as the step lays it out;
+ *             "adamw.m", "adamw.v" F32 [param_elems]: AdamW's moments (absent for SGD).
+ *   metadata: the step count (AdamW's bias correction uses it too), the data cursor (--data:
+ *             the shard position and pass; --input-ids: the step is the cursor), the schedule
+ *             flags of the run (--lr, --lr-schedule, ...: recorded, a change is only a note), and
+ *             the identity of the run: the step's parameter table (names, shapes, offsets, ties,
+ *             trainable), B, T, V, objective, optimizer, --grad-accum, a hash of the model's
+ *             initial weights and of the training data. On resume the identity must match
+ *             field by field, else the run is refused with one line naming the field: resuming
+ *             into another model, step or optimizer would silently be a different run.
+ * Nothing written depends on the time, the process or the path, so two runs that reach the same
+ * step write byte-identical checkpoints (the tests compare them with cmp).
+ *
+ * Resume (--resume DIR) takes the newest step-*.safetensors that opens and validates; a broken
+ * newer one is skipped with a note. Temporaries left by a killed writer (".step-...tmp.PID.N")
+ * are removed when their process is gone.
+ *
+ * Signals: with checkpoints on, SIGINT and SIGTERM (unless ignored) set a flag; the run writes a
+ * checkpoint at the end of the current step and exits 0. ir/files.c's temporary registry is
+ * installed first and its handler kept as the "previous" one: a second signal restores it and
+ * re-raises, so a signal that kills the run in the middle of a write still removes the temporary.
+ *
+ * Functions return 0, or -1 with one line in err; notes go through the caller's `note`.
+ */
+#ifndef SBP_TRAIN_CKPT_H
+#define SBP_TRAIN_CKPT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cli.h"
+#include "sbp_step.h"
+#include "sbpio.h"
+#include "sbprt.h"
+#include "train_sched.h"
+
+/* The command line (sbp-train's options struct holds one of these). */
+typedef struct train_ckpt_opts {
+    const char *dir;    /* --checkpoint-dir DIR, or NULL (then --resume's DIR, if any) */
+    int64_t every;      /* --checkpoint-every N; 0: only at the end of the run and on a signal */
+    int64_t keep;       /* --keep-checkpoints K >= 1 (default 2) */
+    const char *resume; /* --resume DIR, or NULL */
+} train_ckpt_opts;
+
+/* The options, in this order, have consecutive getopt vals base .. base + 3 in the tool's table:
+ * --checkpoint-dir, --checkpoint-every, --keep-checkpoints, --resume. */
+int train_ckpt_parse(train_ckpt_opts *o, cli *c, int val, int base, const char *v);
+/* The usage text of the options (ends in a newline). */
+const char *train_ckpt_usage(void);
+
+/* What a checkpoint is taken of: the run's step, options and memory (filled by sbp-train after
+ * its arena is allocated and the model's weights are in host_params). */
+typedef struct train_ckpt_run {
+    const sbp_step_info *in;
+    const char *step_path;     /* for messages */
+    bool adamw;                /* else sgd: no optimizer state */
+    int64_t grad_accum;        /* --grad-accum */
+    int64_t total_steps;       /* --steps */
+    double lr, weight_decay;   /* --lr, --weight-decay */
+    const train_sched_opts *sched; /* --lr-schedule and friends, or NULL */
+    bool dump_grads;           /* --dump-grads given: only meaningful from step 1 */
+    sbpio_shard *shard;        /* --data, or NULL (--input-ids: the step is the cursor) */
+    const int32_t *ids, *labels; /* [ntok_all] --input-ids / --labels, hashed as the data's id */
+    size_t ntok_all;
+    size_t pbytes;             /* param_elems floats */
+    float *d_params, *d_m, *d_v; /* backend memory [param_elems]; m, v only with adamw */
+    float *host_params;        /* host [param_elems]: the model's initial weights at start;
+                                * the same as d_params when host_visible */
+    bool host_visible;         /* the backend's memory is the host's */
+    int (*copy)(sbprt_ctx *, void *, const void *, size_t, int); /* sbprt_memcpy */
+    sbprt_ctx *copy_ctx;
+    void (*note)(const char *); /* prints "sbp-train: note: <msg>" */
+} train_ckpt_run;
+
+/* The state of one run (sbp-train's `run` holds one). Zero-initialised = checkpoints off. */
+typedef struct train_ckpt {
+    const train_ckpt_opts *o;
+    const char *dir;         /* where checkpoints go (o->dir or o->resume), or NULL: off */
+    train_ckpt_run r;        /* set by train_ckpt_start */
+    sbpio_st_file *from;     /* the checkpoint resumed from, until restored */
+    char *from_path;         /* its path (malloc'd) */
+    int64_t start;           /* optimizer steps already done (0: from the model) */
+    uint64_t model_hash;     /* FNV-1a of the model's initial parameter block */
+    uint64_t data_hash;      /* FNV-1a of --input-ids and --labels, or of the shard's tokens */
+    float *host_m, *host_v;  /* host copies for a device backend (malloc'd), else NULL */
+    int64_t last_written;    /* step of the newest checkpoint this run wrote, 0 if none */
+    bool stopped;            /* a signal stopped the run (after its checkpoint) */
+} train_ckpt;
+
+/* Before any work (run_load): checks the options, creates DIR (one level) and proves it
+ * writable by creating and removing a file, removes dead writers' temporaries, installs the
+ * signal handlers, and with --resume opens the newest complete checkpoint. */
+int train_ckpt_prepare(train_ckpt *c, const train_ckpt_opts *o, char *err, size_t errlen);
+/* After the arena holds the model's weights and zeroed moments (run_allocate): records the run,
+ * hashes the initial weights and, when resuming, checks the identity and overwrites the
+ * parameters, moments and data cursor with the checkpoint's. */
+int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t errlen);
+/* The first optimizer step to run: 1, or the checkpoint's step + 1. */
+int64_t train_ckpt_first_step(const train_ckpt *c);
+/* After optimizer step s: writes a checkpoint when s is a multiple of --checkpoint-every, the
+ * last step, or a SIGINT/SIGTERM arrived (then c->stopped is set and the loop must end). */
+int train_ckpt_after_step(train_ckpt *c, int64_t s, char *err, size_t errlen);
+void train_ckpt_free(train_ckpt *c);
+
+#endif
