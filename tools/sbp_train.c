@@ -74,6 +74,7 @@
 #include "train_sched.h"
 #include "train_export.h" /* issue 12: safetensors export */
 #include "train_ckpt.h" /* issue 12: checkpoints */
+#include "train_progress.h" /* issue 12: the progress line's text */
 
 #include <dlfcn.h>
 #include <elf.h>
@@ -1026,16 +1027,17 @@ out:
 
 /* ------------------------------------------------------------------ progress */
 
+/* issue 12: the ETA is the mean step time of this process (train_progress.h says why):
+ * run_loop sets when its first step started and which step that was. */
+static double bar_t0;
+static int64_t bar_first = 1;
+
 static void draw_bar(int64_t s, int64_t total, double loss, double tps)
 {
-    enum { WIDTH = 30 };
-    char bar[WIDTH + 1];
-    int filled = (int)(s * WIDTH / total);
-    for (int i = 0; i < WIDTH; i++)
-        bar[i] = i < filled ? '=' : (i == filled ? '>' : ' ');
-    bar[WIDTH] = 0;
-    fprintf(stderr, "\r\033[K[%s] %lld/%lld  loss %.4f  %.0f tokens/s", bar, (long long)s,
-            (long long)total, loss, tps);
+    char line[256];
+    const double eta = train_progress_eta(s, total, s - bar_first + 1, now_seconds() - bar_t0);
+    train_progress_format(line, sizeof line, s, total, loss, tps, eta);
+    fprintf(stderr, "\r\033[K%s", line);
     fflush(stderr);
     bar_shown = true;
 }
@@ -1495,6 +1497,8 @@ static int run_loop(run *r)
     /* issue 12: checkpoints: a resumed run starts after its checkpoint's step, and a
      * SIGINT / SIGTERM ends the loop once the current step's checkpoint is written */
     char ckpt_err[1024];
+    bar_first = first;
+    bar_t0 = now_seconds();
     for (int64_t s = first; s <= o->steps && !r->ckpt.stopped; s++)
         if (run_step(r, s, epoch0, bar) ||
             (train_ckpt_after_step(&r->ckpt, s, ckpt_err, sizeof ckpt_err) &&
