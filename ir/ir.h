@@ -231,6 +231,12 @@ struct ir_node {
     /* The ONNX nodes this node stands for (names, for codegen's comments), or NULL. */
     const char **origin;     /* [n_origin] */
     int n_origin;
+    /* The innermost PyTorch module the node was exported from ("model.layers.0.self_attn.q_proj",
+     * in the arena), from the dynamo exporter's pkg.torch.onnx.name_scopes node metadata, whose
+     * node names carry no module path; NULL when the model does not say (other exporters, a
+     * node of the root module, nodes made by passes). tools/train_export.c names renamed
+     * weights from it. */
+    const char *scope;
 };
 
 typedef struct ir_graph {

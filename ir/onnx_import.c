@@ -935,6 +935,88 @@ static bool declare_node(importer *I, const Onnx__NodeProto *np, int idx)
     return ok;
 }
 
+/* metadata_props (ONNX IR 10: GraphProto field 16, NodeProto field 9) postdate Debian's
+ * onnx.proto, so protobuf-c keeps them among a message's unknown fields: each is one
+ * StringStringEntryProto, with its varint length in front of its bytes. Returns the value of
+ * the first entry with key `key`, copied into the graph's arena, or NULL (none, or malformed:
+ * metadata is advisory, so a bad entry is ignored, not an error). */
+#define GRAPH_METADATA_PROPS_FIELD 16
+#define NODE_METADATA_PROPS_FIELD 9
+
+static const char *unknown_metadata(importer *I, const ProtobufCMessage *base, unsigned field,
+                                    const char *key)
+{
+    for (unsigned i = 0; i < base->n_unknown_fields; i++) {
+        const ProtobufCMessageUnknownField *f = &base->unknown_fields[i];
+        if (f->tag != field || f->wire_type != PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED)
+            continue;
+        size_t at = 0;
+        while (at < f->len && at < 10 && (f->data[at] & 0x80))
+            at++;
+        if (++at > f->len)
+            continue;
+        Onnx__StringStringEntryProto *e =
+            onnx__string_string_entry_proto__unpack(NULL, f->len - at, f->data + at);
+        if (!e)
+            continue;
+        const char *v = NULL;
+        if (e->key && e->value && strcmp(e->key, key) == 0)
+            v = ir_arena_strdup(I->g->arena, e->value);
+        onnx__string_string_entry_proto__free_unpacked(e, NULL);
+        if (v)
+            return v;
+    }
+    return NULL;
+}
+
+/* The dynamo exporter's node names carry no module path ("node_linear_3"); it records the path
+ * in the node's metadata_props under this key, as a Python list literal of the enclosing
+ * modules' qualified names, outermost first, then the node's own fx name:
+ *   "['', 'model', 'model.layers.0', 'model.layers.0.self_attn.q_proj', 'linear']"
+ * Returns the innermost module ("model.layers.0.self_attn.q_proj"), in the arena, or NULL when
+ * there is none (a node of the root module) or the text is not such a list. A last entry that
+ * extends the one before it ("a.b" after "a") is itself a module: exporters that leave out the
+ * fx name are read right too. */
+#define TORCH_NAME_SCOPES_KEY "pkg.torch.onnx.name_scopes"
+
+static const char *torch_node_scope(importer *I, const char *list)
+{
+    const char *ent[2] = {NULL, NULL}; /* the last two entries: [0] before [1] */
+    size_t len[2] = {0, 0};
+    const char *p = list;
+    while (*p == ' ')
+        p++;
+    if (*p++ != '[')
+        return NULL;
+    for (;;) {
+        while (*p == ' ' || *p == ',')
+            p++;
+        if (*p == ']')
+            break;
+        char q = *p;
+        if (q != '\'' && q != '"')
+            return NULL;
+        const char *s = ++p;
+        while (*p && *p != q && *p != '\\')
+            p++;
+        if (*p != q)
+            return NULL; /* an escape or an unterminated string: not a module path */
+        ent[0] = ent[1], len[0] = len[1];
+        ent[1] = s, len[1] = (size_t)(p - s);
+        p++;
+    }
+    if (!ent[1])
+        return NULL;
+    const char *m = ent[0];
+    size_t n = len[0];
+    if (ent[0] && len[0] && len[1] > len[0] + 1 && memcmp(ent[1], ent[0], len[0]) == 0 &&
+        ent[1][len[0]] == '.')
+        m = ent[1], n = len[1];
+    if (!m || n == 0)
+        return NULL;
+    return ir_arena_printf(I->g->arena, "%.*s", (int)n, m);
+}
+
 /* Step 3 for one node: resolves inputs, converts attributes, builds the ir_node. */
 static void build_node(importer *I, const Onnx__NodeProto *np, int idx)
 {
@@ -994,6 +1076,10 @@ static void build_node(importer *I, const Onnx__NodeProto *np, int idx)
     }
     n->attrs = attrs;
     n->n_attr = n_attr;
+    const char *scopes = unknown_metadata(I, &np->base, NODE_METADATA_PROPS_FIELD,
+                                          TORCH_NAME_SCOPES_KEY);
+    if (scopes)
+        n->scope = torch_node_scope(I, scopes);
 }
 
 /* ------------------------------------------------------------------ graph */
@@ -1227,33 +1313,15 @@ static void report_unsupported(importer *I)
 
 /* The dynamo exporter (torch.onnx, torch >= 2.5) writes torch.export's graph signature, which
  * says for each initializer whether it was a PARAMETER or a BUFFER of the module, into the
- * graph's metadata_props (GraphProto field 16, ONNX IR 10). Debian's onnx.proto predates that
- * field, so protobuf-c keeps it among the unknown fields: each is one StringStringEntryProto,
- * decoded here (protobuf-c keeps such a field's varint length in front of its bytes). The text
- * is kept verbatim for passes/params.c. */
-#define GRAPH_METADATA_PROPS_FIELD 16
+ * graph's metadata_props. The text is kept verbatim for passes/params.c. */
 #define TORCH_SIGNATURE_KEY "pkg.torch.export.ExportedProgram.graph_signature"
 
 static void import_graph_metadata(importer *I, const Onnx__GraphProto *gp)
 {
-    for (unsigned i = 0; i < gp->base.n_unknown_fields; i++) {
-        const ProtobufCMessageUnknownField *f = &gp->base.unknown_fields[i];
-        if (f->tag != GRAPH_METADATA_PROPS_FIELD || f->wire_type != PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED)
-            continue;
-        /* protobuf-c keeps a length-prefixed unknown field with its varint length in front */
-        size_t at = 0;
-        while (at < f->len && at < 10 && (f->data[at] & 0x80))
-            at++;
-        if (++at > f->len)
-            continue;
-        Onnx__StringStringEntryProto *e =
-            onnx__string_string_entry_proto__unpack(NULL, f->len - at, f->data + at);
-        if (!e)
-            continue; /* metadata is advisory: a malformed entry is ignored, not an error */
-        if (e->key && e->value && strcmp(e->key, TORCH_SIGNATURE_KEY) == 0)
-            I->g->torch_signature = ir_arena_strdup(I->g->arena, e->value);
-        onnx__string_string_entry_proto__free_unpacked(e, NULL);
-    }
+    const char *sig = unknown_metadata(I, &gp->base, GRAPH_METADATA_PROPS_FIELD,
+                                       TORCH_SIGNATURE_KEY);
+    if (sig)
+        I->g->torch_signature = sig;
 }
 
 static int import_graph(importer *I, const Onnx__ModelProto *m)

@@ -12,6 +12,9 @@
  * For the others, in this order:
  *   1. The consuming node's scope. TorchScript names nodes by module path:
  *      `/model/layers.0/self_attn/q_proj/MatMul` reads `model.layers.0.self_attn.q_proj.weight`.
+ *      The dynamo exporter's node names carry none ("node_linear"); it writes the path into
+ *      the node's metadata (pkg.torch.onnx.name_scopes, kept by the importer as ir_node.scope),
+ *      which is used first when present.
  *      MatMul reads it as its second input, x @ W, so the stored [in, out] is nn.Linear's
  *      [out, in] transposed and is transposed back; Gemm tells by transB (and its third input
  *      is `.bias`). Other consumers say nothing about the name. A wrapper module puts a prefix
@@ -240,10 +243,12 @@ static int recover_from_scopes(const ir_graph *g, const ir_uses *u, const sbp_st
         if (!consumer_role(n, u->uses[v->id][k].slot, v, &leaf, &tr))
             continue;
         pn->tr_hint = tr;
-        char *s = node_scope(n);
+        /* The dynamo exporter's module path (node metadata, see ir_node.scope) is relative to
+         * the exported module already, as its parameter names are: no prefix to strip. */
+        char *s = n->scope ? dup_n(n->scope, strlen(n->scope)) : node_scope(n);
         if (!s)
             continue;
-        const char *mod = strncmp(s, prefix, pl) == 0 ? s + pl : s;
+        const char *mod = !n->scope && strncmp(s, prefix, pl) == 0 ? s + pl : s;
         size_t len = strlen(mod) + strlen(leaf) + 2;
         char *name = malloc(len);
         if (!name) {
@@ -360,7 +365,8 @@ static int plan_names(const ir_graph *g, const sbp_step_info *in, pname *pn,
                     "initializer '%s' %s was renamed by the exporter and no node scope names it; "
                     "the graph signature leaves %d parameters without an initializer (such as "
                     "'%.*s' and '%.*s') for %d renamed initializer(s): ambiguous, refusing to "
-                    "guess (an export with node scopes, such as TorchScript's, names them)",
+                    "guess (an export with node scopes names them: TorchScript's, or a dynamo export "
+                    "that keeps its nodes' pkg.torch.onnx.name_scopes metadata)",
                     in->params[first].name,
                     shape_text(s1, sizeof s1, in->params[first].rank, in->params[first].dims,
                                false),

@@ -22,8 +22,11 @@ sys.path.insert(0, os.path.join(HERE, "..", "fixtures", "hf"))
 
 # one TorchScript export with onnx::MatMul_N names (llama), one TorchScript export with a tied
 # head folded into a transposed copy (gpt2), one dynamo export (gpt2: the tied head under one
-# initializer plus a transposed `val_N` copy)
-EXPORTS = ["llama_ts_eager", "gpt2_ts_eager", "gpt2_dynamo_eager"]
+# initializer plus a transposed `val_N` copy), and llama's dynamo export with its node scopes kept
+# (llama_dynamo_scoped, written by tests/fixtures/hf/gen_scoped.py from llama's eager model: the
+# `val_N` weights named from pkg.torch.onnx.name_scopes)
+EXPORTS = ["llama_ts_eager", "gpt2_ts_eager", "gpt2_dynamo_eager", "llama_dynamo_scoped"]
+ATTN = {"scoped": "eager"}  # a key's last part that is not an attention implementation
 
 
 def sample(t):
@@ -39,6 +42,7 @@ def main():
     out = {}
     for key in EXPORTS:
         fam, _exporter, attn = key.rsplit("_", 2)
+        attn = ATTN.get(attn, attn)
         model = gen_hf.make_model(fam, attn)
         sd = model.state_dict()
         out[key] = {"family": fam, "attn": attn,

@@ -39,6 +39,7 @@ def main():
     sys.path.insert(0, HF)
     import gen_hf
     fam, _exporter, attn = key.rsplit("_", 2)
+    attn = {"scoped": "eager"}.get(attn, attn)  # llama_dynamo_scoped: llama's eager model
     sd = load_file(path)
     model = gen_hf.make_model(fam, attn)
     ref = gen_hf.make_model(fam, attn)

@@ -585,6 +585,51 @@ static void test_torch_signature(void **state)
     ir_diag_free(&d);
 }
 
+/* The dynamo exporter's per-node module path (NodeProto.metadata_props, field 9, an unknown
+ * field to protobuf-c): ir_node.scope is the innermost module, not the list, not the node's own
+ * fx name that ends it, and NULL for a node of the root module and for an export without it. */
+static void test_torch_node_scope(void **state)
+{
+    (void)state;
+    char p[4096];
+    snprintf(p, sizeof p, "%s/hf/llama_dynamo_scoped.onnx", SBP_FIXTURES_DIR);
+    if (access(p, R_OK) != 0)
+        fail_msg("in-tree fixture %s is missing or unreadable: %s", p, strerror(errno));
+    ir_diag d;
+    ir_diag_init(&d, NULL);
+    ir_graph *g = expect_ok(p, &d);
+    int seen = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const ir_node *n = g->nodes[i];
+        if (strcmp(n->name, "node_linear") == 0) {
+            assert_non_null(n->scope);
+            assert_string_equal(n->scope, "model.layers.0.self_attn.q_proj");
+            seen++;
+        } else if (strcmp(n->name, "node_linear_14") == 0) {
+            assert_non_null(n->scope);
+            assert_string_equal(n->scope, "lm_head");
+            seen++;
+        } else if (strcmp(n->name, "node_matmul") == 0) {
+            assert_non_null(n->scope);
+            assert_string_equal(n->scope, "model.layers.0.self_attn");
+            seen++;
+        }
+    }
+    assert_int_equal(seen, 3);
+    ir_graph_free(g);
+    ir_diag_free(&d);
+
+    snprintf(p, sizeof p, "%s/hf/llama_dynamo_eager.onnx", SBP_FIXTURES_DIR);
+    if (access(p, R_OK) != 0)
+        fail_msg("in-tree fixture %s is missing or unreadable: %s", p, strerror(errno));
+    ir_diag_init(&d, NULL);
+    g = expect_ok(p, &d);
+    for (int i = 0; i < g->n_nodes; i++)
+        assert_null(g->nodes[i]->scope); /* metadata stripped by gen_hf.py's tidy() */
+    ir_graph_free(g);
+    ir_diag_free(&d);
+}
+
 int main(void)
 {
     enum { NM = sizeof malformed / sizeof *malformed };
@@ -606,6 +651,7 @@ int main(void)
     T(test_truncation_and_bitflip_sweep);
     T(test_fixtures);
     T(test_torch_signature);
+    T(test_torch_node_scope);
 #undef T
     return _cmocka_run_group_tests("import", tests, (size_t)n, NULL, NULL);
 }
