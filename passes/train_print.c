@@ -161,38 +161,63 @@ static void print_operand(const sbp_train_program *p, const tp_inst *in, int j, 
         fprintf(f, "[+%lld*b]", (long long)o->per_batch);
 }
 
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
 /* Gradient buffers a chunk loop's body uses whole (not sliced to the chunk's rows, not
  * chunk-local; at most offset to the batch element): every chunk adds into them (weight
- * gradients, dK/dV over the prefix). */
+ * gradients, dK/dV over the prefix). Listed in buffer order; one pass over the body, so the
+ * listing of a long program stays linear (seen: [n_bufs] scratch, all false on entry and
+ * exit). */
 static void print_accumulators(const sbp_train_program *p, const tp_block *blk, const tp_loop *l,
-                               FILE *f)
+                               bool *seen, FILE *f)
 {
-    int col = fprintf(f, "    # accumulated over the chunks:"), n = 0;
-    for (int b = 0; b < p->n_bufs; b++) {
-        const tp_buf *buf = p->bufs[b];
-        if (!buf->is_grad || buf->chunk_local || buf->span)
+    int *ids = malloc(sizeof *ids * (size_t)(TP_MAX_BUFS * (l->end - l->first) + 1)), n = 0;
+    if (!ids) {
+        fputs("    # (out of memory)\n", f);
+        return;
+    }
+    for (int i = l->first; i < l->end; i++) {
+        const tp_inst *in = &blk->insts[i];
+        if (in->k == TP_K_MEMSET_ZERO)
             continue;
-        bool whole = false;
-        for (int i = l->first; i < l->end && !whole; i++)
-            for (int j = 0; j < tp_kernel_table[blk->insts[i].k].n_buf; j++)
-                if (blk->insts[i].buf[j] == b && !blk->insts[i].off[j].per_row &&
-                    blk->insts[i].k != TP_K_MEMSET_ZERO)
-                    whole = true;
-        if (!whole)
-            continue;
-        if (col + (int)strlen(buf->name) > 98)
+        for (int j = 0; j < tp_kernel_table[in->k].n_buf; j++) {
+            int b = in->buf[j];
+            if (b < 0 || in->off[j].per_row || seen[b])
+                continue;
+            const tp_buf *buf = p->bufs[b];
+            if (buf->is_grad && !buf->chunk_local && !buf->span) {
+                seen[b] = true;
+                ids[n++] = b;
+            }
+        }
+    }
+    qsort(ids, (size_t)n, sizeof *ids, cmp_int);
+    int col = fprintf(f, "    # accumulated over the chunks:");
+    for (int k = 0; k < n; k++) {
+        const char *name = p->bufs[ids[k]]->name;
+        if (col + (int)strlen(name) > 98)
             col = fprintf(f, "\n    #  ");
-        col += fprintf(f, " %s", buf->name);
-        n++;
+        col += fprintf(f, " %s", name);
+        seen[ids[k]] = false;
     }
     if (!n)
         fputs(" none", f);
     fputc('\n', f);
+    free(ids);
 }
 
 void sbp_train_print_schedule(const sbp_train_program *p, const char *stage, FILE *f)
 {
     print_header(p, f, stage);
+    bool *seen = calloc((size_t)p->n_bufs + 1, sizeof *seen);
+    if (!seen) {
+        fputs("(out of memory)\n", f);
+        return;
+    }
     for (int bi = 0; bi < p->n_blocks; bi++) {
         const tp_block *blk = p->blocks[bi];
         fprintf(f, "\nblock %s: %s\n", blk->name, blk->comment ? blk->comment : "");
@@ -218,15 +243,31 @@ void sbp_train_print_schedule(const sbp_train_program *p, const char *stage, FIL
                 fprintf(f, "   # %s", in->what);
             fputc('\n', f);
             if (l && l->end == i + 1) {
-                print_accumulators(p, blk, l, f);
+                print_accumulators(p, blk, l, seen, f);
                 fputs("  }\n", f);
                 li++;
             }
         }
     }
+    free(seen);
 }
 
 /* ------------------------------------------------------------------ --dump-ir=plan */
+
+typedef struct plan_key {
+    size_t offset;
+    int first, buf;
+} plan_key;
+
+static int cmp_plan_key(const void *a, const void *b)
+{
+    const plan_key *x = a, *y = b;
+    if (x->offset != y->offset)
+        return x->offset < y->offset ? -1 : 1;
+    if (x->first != y->first)
+        return x->first < y->first ? -1 : 1;
+    return (x->buf > y->buf) - (x->buf < y->buf);
+}
 
 void sbp_train_print_plan(const sbp_train_program *p, FILE *f)
 {
@@ -253,30 +294,22 @@ void sbp_train_print_plan(const sbp_train_program *p, FILE *f)
     fprintf(f, "  a lifetime is the positions where the buffer holds a value still needed "
                "(memplan.h); a buffer live over a loop holds it across the chunks\n");
     fprintf(f, "  %10s %10s  %-24s %s\n", "offset", "bytes", "live", "buffer");
-    /* workspace buffers by offset, then by the start of their lifetime */
-    int *order = calloc((size_t)p->n_bufs + 1, sizeof *order), n = 0;
-    if (!order) {
+    /* workspace buffers by offset, then by the start of their lifetime, then by id */
+    plan_key *keys = calloc((size_t)p->n_bufs + 1, sizeof *keys);
+    int n = 0;
+    if (!keys) {
         fputs("  (out of memory)\n", f);
         return;
     }
     for (int b = 0; b < p->n_bufs; b++)
         if (p->bufs[b]->kind == TP_BUF_WS && !p->bufs[b]->span)
-            order[n++] = b;
-    for (int i = 1; i < n; i++) { /* insertion sort: stable, deterministic */
-        int x = order[i], k = i - 1;
-        while (k >= 0 && (p->bufs[order[k]]->offset > p->bufs[x]->offset ||
-                          (p->bufs[order[k]]->offset == p->bufs[x]->offset &&
-                           m->lv.hull[order[k]].first > m->lv.hull[x].first))) {
-            order[k + 1] = order[k];
-            k--;
-        }
-        order[k + 1] = x;
-    }
+            keys[n++] = (plan_key){p->bufs[b]->offset, m->lv.hull[b].first, b};
+    qsort(keys, (size_t)n, sizeof *keys, cmp_plan_key);
     for (int i = 0; i < n; i++) {
-        const tp_buf *b = p->bufs[order[i]];
+        const tp_buf *b = p->bufs[keys[i].buf];
         char live[64];
-        int nr = m->lv.start[order[i] + 1] - m->lv.start[order[i]];
-        const mp_interval *r = &m->lv.range[m->lv.start[order[i]]];
+        int nr = m->lv.start[keys[i].buf + 1] - m->lv.start[keys[i].buf];
+        const mp_interval *r = &m->lv.range[m->lv.start[keys[i].buf]];
         if (nr == 0 || r[0].first < 0)
             snprintf(live, sizeof live, "never");
         else if (nr == 1)
@@ -297,5 +330,5 @@ void sbp_train_print_plan(const sbp_train_program *p, FILE *f)
                 b->numel * tp_buf_elem_bytes(b), live, b->name, shape, b->what ? b->what : "",
                 b->chunk_local ? " (one chunk)" : "");
     }
-    free(order);
+    free(keys);
 }
