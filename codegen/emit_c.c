@@ -98,11 +98,19 @@ static void put_type(FILE *f, const tp_buf *b)
     }
 }
 
-static const char *ws_macro(const tp_buf *b)
+/* A workspace buffer's offset macro: WS_name, EVAL_WS_name in the evaluation program (its
+ * own plan, in the same file). */
+static const char *ws_macro(const sbp_train_program *p, const tp_buf *b)
 {
-    static char buf[160];
-    snprintf(buf, sizeof buf, "WS_%s", b->name);
+    static char buf[170];
+    snprintf(buf, sizeof buf, "%sWS_%s", p->forward_only ? "EVAL_" : "", b->name);
     return buf;
+}
+
+/* The bf16 copy of the parameters' offset macro, per program. */
+static const char *shadow_macro(const sbp_train_program *p)
+{
+    return p->forward_only ? "EVAL_SBP_BF16_SHADOW" : "SBP_BF16_SHADOW";
 }
 
 /* ------------------------------------------------------------------ fingerprint */
@@ -317,6 +325,14 @@ static void emit_info(const sbp_train_program *p, const sbp_codegen_options *o, 
             (long long)p->seq_len, (long long)p->vocab, p->n_params, p->param_elems,
             p->workspace_bytes, peak);
     sbp_emit_objective_info(p, f); /* DPO / GRPO: beta, epsilon, grpo_norm */
+    if (p->packed)
+        fputs("    .packed = 1, /* args->doc_ids required */\n", f);
+    if (p->eval)
+        fprintf(f,
+                "    .eval_workspace_bytes = %zu, /* sbp_step_eval's plan */\n"
+                "    .eval_planned_peak_bytes = %zu, /* parameters + evaluation workspace */\n",
+                p->eval->workspace_bytes, p->param_elems * sizeof(float) +
+                p->eval->workspace_bytes);
     fputs("};\n", f);
     fputs("\nconst sbp_step_info *sbp_step_get_info(void) { return &step_info; }\n", f);
 }
@@ -338,12 +354,20 @@ static int cmp_offset(const void *pa, const void *pb)
 /* The workspace offsets from the memory plan, by address, each with its lifetime. */
 static void emit_offsets(const sbp_train_program *p, FILE *f)
 {
-    fputs("\n/* ---------------------------------------------------------------- workspace */\n"
-          "\n/* Byte offsets in the workspace, from the memory plan (passes/memplan.c), by\n"
-          " * address. A buffer owns its bytes only while it is live (block:instruction ranges,\n"
-          " * instructions counted from 0 in each block function); buffers that are never live\n"
-          " * together share addresses. */\n",
-          f);
+    if (p->forward_only)
+        fputs("\n/* ---------------------------------------------------------------- "
+              "evaluation workspace */\n"
+              "\n/* The evaluation program's own memory plan (sbp_step_eval): the forward only, "
+              "so a\n * layer's input dies once the next layer has read it. By address, as "
+              "above. */\n",
+              f);
+    else
+        fputs("\n/* ---------------------------------------------------------------- workspace */\n"
+              "\n/* Byte offsets in the workspace, from the memory plan (passes/memplan.c), by\n"
+              " * address. A buffer owns its bytes only while it is live (block:instruction "
+              "ranges,\n * instructions counted from 0 in each block function); buffers that are "
+              "never live\n * together share addresses. */\n",
+              f);
     const memplan *m = memplan_analyze(p);
     int *idx = malloc(sizeof *idx * (size_t)(p->n_bufs + 1));
     int n = 0;
@@ -356,7 +380,7 @@ static void emit_offsets(const sbp_train_program *p, FILE *f)
     }
     for (int k = 0; k < n; k++) {
         const tp_buf *b = p->bufs[idx[k]];
-        fprintf(f, "#define %-60s %zu /* ", ws_macro(b), b->offset);
+        fprintf(f, "#define %-60s %zu /* ", ws_macro(p, b), b->offset);
         put_type(f, b);
         if (m && m->lv.start[idx[k]] == m->lv.start[idx[k] + 1])
             fputs(", never live", f);
@@ -372,13 +396,13 @@ static void emit_offsets(const sbp_train_program *p, FILE *f)
     for (int i = 0; i < p->n_bufs; i++) {
         const tp_buf *b = p->bufs[i];
         if (b->kind == TP_BUF_WS && b->span) /* the builder's zeroing spans: unused once planned */
-            fprintf(f, "#define %-60s 0 /* unused */\n", ws_macro(b));
+            fprintf(f, "#define %-60s 0 /* unused */\n", ws_macro(p, b));
     }
     if (p->bf16)
         fprintf(f,
                 "#define %-60s %zu /* bf16[%zu] the parameters' bf16 copy, for the GEMMs; "
                 "live the whole step */\n",
-                "SBP_BF16_SHADOW", p->bf16_shadow_offset, p->param_elems);
+                shadow_macro(p), p->bf16_shadow_offset, p->param_elems);
     fprintf(f, "/* end of the workspace: %zu bytes", p->workspace_bytes);
     if (m)
         fprintf(f, "; the most bytes live at once: %zu, at %s", m->lower_bound,
@@ -454,6 +478,9 @@ static bool put_bf16_arg(const sbp_train_program *p, FILE *f, const tp_inst *in,
 static const char *bf16_suffix(const sbp_train_program *p, const tp_inst *in)
 {
     if (!p->bf16 || in->k == TP_K_MEMSET_ZERO || in->k == TP_K_COPY)
+        return "";
+    const char *ty = tp_kernel_table[in->k].bf16;
+    if (!strpbrk(ty, "bc")) /* no bf16 operand (the document kernels): one form */
         return "";
     if (in->k == TP_K_GEMM && in->buf[0] >= 0 && !p->bufs[in->buf[0]]->bf16)
         return "_bf16_f32"; /* a weight gradient: fp32 C */
@@ -577,6 +604,7 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
         case TP_BUF_WS: uses[2] = true; break;
         case TP_BUF_IDS: uses[3] = true; break;
         case TP_BUF_LABELS: uses[4] = true; break;
+        case TP_BUF_DOCS: uses[6] = true; break; /* args->doc_ids */
         default: break;
         }
     }
@@ -603,6 +631,10 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
             put_comment_text(f, b->value->name);
             fputs(" */\n", f);
             break;
+        case TP_BUF_DOCS:
+            fprintf(f, "    const int32_t *const %s = args->doc_ids; /* i32[%zu] document ids */\n",
+                    b->name, b->numel);
+            break;
         case TP_BUF_GRAD:
             fprintf(f, "    float *const %s = G + %zu; /* ", b->name, b->offset);
             put_type(f, b);
@@ -612,7 +644,7 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
             break;
         case TP_BUF_WS: {
             const char *ty = b->is_int ? "int32_t" : b->bf16 ? "sbprt_bf16" : "float";
-            fprintf(f, "    %s *const %s = (%s *)(ws + %s); /* ", ty, b->name, ty, ws_macro(b));
+            fprintf(f, "    %s *const %s = (%s *)(ws + %s); /* ", ty, b->name, ty, ws_macro(p, b));
             if (b->span)
                 fputs("every gradient buffer of the region", f);
             else
@@ -632,8 +664,8 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
         if (shadow && shadow[i])
             fprintf(f,
                     "    const sbprt_bf16 *const bf16_%s = (const sbprt_bf16 *)(ws + "
-                    "SBP_BF16_SHADOW) + %zu; /* its bf16 copy */\n",
-                    b->name, b->offset);
+                    "%s) + %zu; /* its bf16 copy */\n",
+                    b->name, shadow_macro(p), b->offset);
     }
     free(shadow);
     const ir_node *prev = NULL;
@@ -667,24 +699,40 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
 
 static void header_guard(const char *header_name, char *out, size_t n);
 
+/* sbp_step_run, or for the evaluation program (p->forward_only) sbp_step_eval: the same
+ * checks, scored-position count and mean's divisor, then the program's blocks and the loss. */
 static void emit_run(const sbp_train_program *p, const sbp_codegen_options *o, FILE *f)
 {
     char prefix[128];
     header_guard(o->header_name, prefix, sizeof prefix);
     prefix[strlen(prefix) - 2] = 0; /* the guard without its _H */
     size_t bt = (size_t)(p->batch * p->seq_len);
-    fputs("\n/* ---------------------------------------------------------------- the step */\n"
-          "\n/* One forward + backward (codegen/sbp_step.h). The scored positions are counted "
-          "here,\n * on the host (a CPU step's labels are host memory; a CUDA step counts a "
-          "host copy). */\n"
-          "int sbp_step_run(sbprt_ctx *ctx, const sbp_step_args *args)\n{\n"
-          "    if (!ctx || !args || !args->params || !args->grads || !args->input_ids ||\n"
-          "        !args->labels || !args->workspace || !args->loss ||\n"
+    const bool ev = p->forward_only;
+    fputs("\n/* ---------------------------------------------------------------- ", f);
+    fputs(ev ? "evaluation */\n" : "the step */\n", f);
+    if (ev)
+        fputs("\n/* The forward only, with the loss (codegen/sbp_step.h, sbp_step_eval): the "
+              "blocks eval_*\n * on the evaluation plan above; no gradient is computed or "
+              "written. */\n"
+              "int sbp_step_eval(sbprt_ctx *ctx, const sbp_step_args *args)\n{\n"
+              "    if (!ctx || !args || !args->params || !args->input_ids ||\n",
+              f);
+    else
+        fputs("\n/* One forward + backward (codegen/sbp_step.h). The scored positions are counted "
+              "here,\n * on the host (a CPU step's labels are host memory; a CUDA step counts a "
+              "host copy). */\n"
+              "int sbp_step_run(sbprt_ctx *ctx, const sbp_step_args *args)\n{\n"
+              "    if (!ctx || !args || !args->params || !args->grads || !args->input_ids ||\n",
+              f);
+    if (p->packed)
+        fputs("        !args->doc_ids || /* a packed step: the document ids */\n", f);
+    fputs("        !args->labels || !args->workspace || !args->loss ||\n"
           "        (uintptr_t)args->workspace % SBPRT_ALIGN != 0 || args->denominator < 0)\n"
           "        return SBPRT_ERR_INVALID;\n"
-          "    const float *P = args->params;\n"
-          "    float *G = args->grads;\n"
-          "    unsigned char *ws = (unsigned char *)args->workspace;\n"
+          "    const float *P = args->params;\n",
+          f);
+    fputs(ev ? "    float *G = NULL; /* no gradients */\n" : "    float *G = args->grads;\n", f);
+    fputs("    unsigned char *ws = (unsigned char *)args->workspace;\n"
           "    const int32_t *ids = args->input_ids, *labels = args->labels;\n\n",
           f);
     sbp_emit_objective_checks(p, f); /* DPO / GRPO: their inputs */
@@ -711,15 +759,16 @@ static void emit_run(const sbp_train_program *p, const sbp_codegen_options *o, F
                 p->objective == SBP_OBJECTIVE_DPO || p->objective == SBP_OBJECTIVE_GRPO
                     ? "the loss buffer holds the loss, normalised by its host steps"
                     : "the graph's loss is a sum");
-    fprintf(f, "    if (!args->accumulate)\n"
-               "        TRY(sbprt_memset_zero(ctx, G, sizeof(float) * %s_PARAM_ELEMS));\n",
-            prefix);
+    if (!ev)
+        fprintf(f, "    if (!args->accumulate)\n"
+                   "        TRY(sbprt_memset_zero(ctx, G, sizeof(float) * %s_PARAM_ELEMS));\n",
+                prefix);
     if (p->bf16)
         fprintf(f,
                 "    /* the GEMMs read the parameters as bf16: this step's copy of them */\n"
-                "    TRY(sbprt_convert_f32_to_bf16(ctx, (sbprt_bf16 *)(ws + SBP_BF16_SHADOW), P,\n"
+                "    TRY(sbprt_convert_f32_to_bf16(ctx, (sbprt_bf16 *)(ws + %s), P,\n"
                 "                                  %s_PARAM_ELEMS));\n",
-                prefix);
+                shadow_macro(p), prefix);
     for (int i = 0; i < p->n_blocks; i++)
         fprintf(f, "    TRY(%s(ctx, P, G, ws, ids, labels, scale, args));\n", p->blocks[i]->name);
     sbp_emit_target_run_end(p, o, f);
@@ -729,7 +778,7 @@ static void emit_run(const sbp_train_program *p, const sbp_codegen_options *o, F
                 "    TRY(sbprt_memcpy(ctx, &loss_sum, ws + %s, sizeof loss_sum,\n"
                 "                     SBPRT_COPY_DEVICE_TO_HOST));\n"
                 "    *args->loss = denom > 0 ? (double)loss_sum / denom : 0.0;\n",
-                ws_macro(p->bufs[p->loss_buf]));
+                ws_macro(p, p->bufs[p->loss_buf]));
     fputs("    return SBPRT_OK;\n}\n", f);
 }
 
@@ -773,9 +822,13 @@ static void emit_h(const sbp_train_program *p, const sbp_codegen_options *o, FIL
             "#define %s_N_PARAMS %d\n"
             "#define %s_PARAM_ELEMS ((size_t)%zu) /* floats: parameter block = gradient "
             "block */\n"
-            "#define %s_WORKSPACE_BYTES ((size_t)%zu)\n\n",
+            "#define %s_WORKSPACE_BYTES ((size_t)%zu)\n",
             px, (long long)p->batch, px, (long long)p->seq_len, px, (long long)p->vocab, px,
             p->n_params, px, p->param_elems, px, p->workspace_bytes);
+    if (p->eval)
+        fprintf(h, "#define %s_EVAL_WORKSPACE_BYTES ((size_t)%zu) /* sbp_step_eval */\n", px,
+                p->eval->workspace_bytes);
+    fputc('\n', h);
     fputs("/* Parameters: index, ONNX initializer name, shape, element offset in the blocks.\n",
           h);
     for (int i = 0; i < p->n_params; i++) {
@@ -831,6 +884,12 @@ int sbp_codegen_emit(const sbp_train_program *p, const sbp_codegen_options *o, F
     for (int i = 0; i < p->n_blocks; i++)
         emit_block(p, p->blocks[i], c);
     emit_run(p, &oo, c);
+    if (p->eval) { /* sbp_step_eval: its plan, its blocks (constants shared: train_build.c) */
+        emit_offsets(p->eval, c);
+        for (int i = 0; i < p->eval->n_blocks; i++)
+            emit_block(p->eval, p->eval->blocks[i], c);
+        emit_run(p->eval, &oo, c);
+    }
     emit_h(p, &oo, h);
     if (ferror(c) || ferror(h))
         return ir_diag_error(d, "writing the generated code failed");

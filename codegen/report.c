@@ -104,8 +104,9 @@ static int categorize(figures *f)
                     (in->k == TP_K_LOGPROB_FWD && j == 2) || /* DPO / GRPO */
                     (in->k == TP_K_LOGPROB_GRAD && (j == 0 || j == 2)))
                     logits[b] = true;
-                if ((in->k == TP_K_ATTENTION_FWD && (j == 3 || j == 4)) ||
-                    (in->k == TP_K_ATTENTION_BWD && (j == 1 || j == 2 || j == 5 || j == 6)))
+                bool fwd = in->k == TP_K_ATTENTION_FWD || in->k == TP_K_ATTENTION_PACKED_FWD;
+                bool bwd = in->k == TP_K_ATTENTION_BWD || in->k == TP_K_ATTENTION_PACKED_BWD;
+                if ((fwd && (j == 3 || j == 4)) || (bwd && (j == 1 || j == 2 || j == 5 || j == 6)))
                     kv[b] = true;
             }
         }
@@ -357,6 +358,29 @@ int sbp_report_write(FILE *out, const sbp_report_entry *e, int n, int main_index
         fprintf(out, " %*s", COLW, f[i].p ? human(h, sizeof h, f[i].total) : "-");
     }
     fputc('\n', out);
+    /* the evaluation program (sbp_step_eval): forward only, its own plan */
+    bool any_eval = false;
+    for (int i = 0; i < n; i++)
+        any_eval |= f[i].p && f[i].p->eval;
+    if (any_eval) {
+        fprintf(out, "  %-32s", "evaluation: workspace, planned");
+        for (int i = 0; i < n; i++) {
+            if (f[i].p && f[i].p->eval)
+                fprintf(out, " %*zu", COLW, f[i].p->eval->workspace_bytes);
+            else
+                fprintf(out, " %*s", COLW, "-");
+        }
+        fprintf(out, "\n  %-32s", "evaluation: peak (params+ws)");
+        for (int i = 0; i < n; i++) {
+            char h[32];
+            if (f[i].p && f[i].p->eval)
+                fprintf(out, " %*s", COLW,
+                        human(h, sizeof h, f[i].params + f[i].p->eval->workspace_bytes));
+            else
+                fprintf(out, " %*s", COLW, "-");
+        }
+        fputc('\n', out);
+    }
     fprintf(out, "  %-32s", "chunk rows (layers / LM head)");
     for (int i = 0; i < n; i++) {
         char c[48] = "-";
@@ -391,6 +415,15 @@ int sbp_report_write(FILE *out, const sbp_report_entry *e, int n, int main_index
                      "at once, first at %s\n",
                 m->name, m->ws, human(h1, sizeof h1, m->ws), m->lower,
                 human(h2, sizeof h2, m->lower), memplan_pos_name(m->m, m->m->lower_bound_pos));
+        if (m->p->eval)
+            fprintf(out,
+                    "%s evaluation (sbp_step_eval: the forward and the loss, no gradients): "
+                    "workspace %zu bytes (%s), %.1f%% of the training step's\n",
+                    m->name, m->p->eval->workspace_bytes,
+                    human(h1, sizeof h1, m->p->eval->workspace_bytes),
+                    m->ws ? 100.0 * (double)m->p->eval->workspace_bytes / (double)m->ws : 0.0);
+        else if (m->p->no_eval_why)
+            fprintf(out, "%s: no evaluation entry point: %s\n", m->name, m->p->no_eval_why);
         largest_buffers(out, m, 12);
     }
     free_figures(f, n);

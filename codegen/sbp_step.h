@@ -55,7 +55,7 @@
 
 #include "sbprt.h"
 
-#define SBP_STEP_ABI_VERSION 1
+#define SBP_STEP_ABI_VERSION 2
 #define SBP_STEP_MAX_RANK 8
 
 typedef struct sbp_step_param {
@@ -87,6 +87,12 @@ typedef struct sbp_step_info {
     double beta;                       /* DPO β; GRPO's KL coefficient (0: no KL term) */
     double epsilon;                    /* GRPO: the ratio is clipped to [1 - ε, 1 + ε] */
     const char *grpo_norm;             /* GRPO: "sequence" | "token" (else NULL) */
+    /* ABI 2: evaluation and packed documents. */
+    size_t eval_workspace_bytes;       /* sbp_step_eval's planned workspace; 0: the step has
+                                        * no sbp_step_eval (DPO / GRPO, or sbpc --no-eval) */
+    size_t eval_planned_peak_bytes;    /* params + eval workspace (no gradients) */
+    int packed;                        /* 1: compiled with sbpc --packed: args->doc_ids is
+                                        * required (one document id per token) */
 } sbp_step_info;
 
 typedef struct sbp_step_args {
@@ -110,6 +116,11 @@ typedef struct sbp_step_args {
     const float *old_logps;            /* GRPO: [B*T] the sampling policy's logp of each label;
                                         * NULL: on-policy (old = the current logp, detached) */
     const float *advantages;           /* GRPO: [B] one per row */
+    /* ABI 2 */
+    const int32_t *doc_ids;            /* packed steps: [B*T] each token's document id, non-
+                                        * decreasing along a row (cuda: device memory); a token
+                                        * attends only to earlier tokens of its own document and
+                                        * positions restart at each document. Else not read. */
 } sbp_step_args;
 
 const sbp_step_info *sbp_step_get_info(void);
@@ -126,5 +137,13 @@ int sbp_step_run(sbprt_ctx *ctx, const sbp_step_args *args);
  * another thread runs the step. */
 int sbp_step_init(sbprt_ctx *ctx);
 void sbp_step_release(sbprt_ctx *ctx);
+
+/* ABI 2: evaluation. The forward only, with the loss of the step's objective (SFT / graph
+ * loss), on its own memory plan: no gradients, no backward buffers, the StreamBP chunk loops of
+ * the training forward (the same chunk sizes, so the loss is the training step's loss on the
+ * same batch). args->grads and accumulate are not read; args->workspace must hold
+ * info->eval_workspace_bytes (a training workspace does when it is at least as large).
+ * Present only when info->eval_workspace_bytes > 0. */
+int sbp_step_eval(sbprt_ctx *ctx, const sbp_step_args *args);
 
 #endif

@@ -551,17 +551,28 @@ static void kv_at_batch(tctx *t, const ir_node *n, tp_inst *in, const int *ops, 
         in->off[ops[i]].per_batch = t->T * dim(k, 1) * dim(k, 3);
 }
 
+/* Packed: the document starts [B, T] (indexed by absolute position, like k) at sequence b in
+ * a chunk body. */
+static void doc_start_at_batch(tctx *t, tp_inst *in, int op)
+{
+    if (t->chunk && in)
+        in->off[op].per_batch = t->T;
+}
+
 static int attention_fwd(tctx *t, const ir_node *n)
 {
     const ir_value *q = n->in[0];
     int lse = tx_aux(t, n, 0, (size_t)(dim(q, 0) * dim(q, 1) * dim(q, 2)), false, false, "lse");
     tp_arg a[10];
     attention_args(t, n, a);
-    tp_inst *in = tx_emit(t, TP_K_ATTENTION_FWD,
+    const bool packed = t->p->packed; /* block-diagonal: the document starts, last */
+    tp_inst *in = tx_emit(t, packed ? TP_K_ATTENTION_PACKED_FWD : TP_K_ATTENTION_FWD,
                           BUFS(tx_out(t, n, 0), lse, tx_in(t, n, 0), tx_in(t, n, 1),
-                               tx_in(t, n, 2)),
+                               tx_in(t, n, 2), packed ? t->p->doc_start_buf : -1),
                           a);
     kv_at_batch(t, n, in, (const int[]){3, 4}, 2);
+    if (packed)
+        doc_start_at_batch(t, in, 5);
     return IR_OK;
 }
 
@@ -594,10 +605,14 @@ static int attention_bwd(tctx *t, const ir_node *n)
         gv = unused_kv_grad(t, n, 2, 2, "unused_dv");
     tp_arg a[10];
     attention_args(t, n, a);
-    tp_inst *in = tx_emit(t, TP_K_ATTENTION_BWD,
+    const bool packed = t->p->packed;
+    tp_inst *in = tx_emit(t, packed ? TP_K_ATTENTION_PACKED_BWD : TP_K_ATTENTION_BWD,
                           BUFS(gq, gk, gv, gy, tx_in(t, n, 0), tx_in(t, n, 1), tx_in(t, n, 2),
-                               tx_out(t, n, 0), tx_node(t, n)->aux[0]),
+                               tx_out(t, n, 0), tx_node(t, n)->aux[0],
+                               packed ? t->p->doc_start_buf : -1),
                           a);
+    if (packed)
+        doc_start_at_batch(t, in, 9);
     if (gk >= 0)
         kv_at_batch(t, n, in, (const int[]){1, 2, 5, 6}, 4);
     else
@@ -1030,9 +1045,12 @@ static int loss_bwd(tctx *t, const ir_node *n)
     /* fused (a stream head chunk): this call is the loss's forward too; it adds the chunk's
      * token losses to the loss sum */
     bool fused = t->chunk && t->chunk->fused_loss;
-    if (fused && gl < 0) {
+    if (fused && gl < 0) { /* the loss alone (everything frozen, or evaluation) */
+        const char *what = t->cur_what;
+        t->cur_what = "forward";
         tx_emit(t, TP_K_CROSS_ENTROPY, BUFS(tx_out(t, n, 0), -1, tx_in(t, n, 0), tx_in(t, n, 1)),
                 ARGS(A_I(N), A_I(V), A_E("scale")));
+        t->cur_what = what;
         return IR_OK;
     }
     if (gl < 0)

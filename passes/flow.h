@@ -1,6 +1,7 @@
 /* flow.h — the whole compile flow, import to memory plan, as one list and one call.
  *
  *   import → bind-dims → params → fold → dce → retie → recognize → cleanup     (passes.h)
+ *          → lora → packed                                                     (lora.h, train.h)
  *          → objective → freeze                                                (train.h)
  *          → autodiff → stream → plan                                          (train.h)
  *
@@ -13,6 +14,7 @@
 #ifndef SBP_FLOW_H
 #define SBP_FLOW_H
 
+#include "lora.h"
 #include "passes.h"
 #include "train.h"
 
@@ -23,6 +25,7 @@ typedef struct sbp_flow_options {
     sbp_objective objective;   /* --objective, as asked (a graph that ends in a loss keeps it) */
     const char *const *freeze; /* [n_freeze] --freeze REGEX..., applied in turn */
     int n_freeze;
+    sbp_lora_options lora;     /* --lora RANK ... (rank 0: none) */
     sbp_train_options train;   /* --strategy, --chunk, --logits-chunk, --memory-budget, the
                                 * objective's hyper-parameters, --precision */
 } sbp_flow_options;
@@ -39,6 +42,7 @@ typedef struct sbp_flow {
                                 * when the flow fails */
     sbp_objective chosen;      /* after "objective": SFT, or GRAPH_LOSS for a graph's own loss */
     int n_frozen;              /* after "freeze": parameters --freeze matched */
+    int n_adapted;             /* after "lora": weights given a LoRA adapter */
     sbp_train_program *program;/* after "autodiff", "stream" or "plan" (in g's arena) */
     int last;                  /* index of the last stage asked for */
     int done;                  /* index of the last stage run (-1 before the first); zero-

@@ -3,6 +3,7 @@
  * the function that runs it and the one that prints its result (flow.h). Code generation
  * (codegen/) takes the planned program from here.
  *
+ * --lora's adapters (passes/lora.c) are added between canonicalisation and the objective.
  * `sbpc --dump-ir=NAME` stops after the stage called NAME and prints its result ("import"
  * stops before the first pass). The verifier runs after every graph stage: a pass that leaves a
  * broken graph is named at once. sbpc, the tests and the benchmarks all run the flow through
@@ -76,10 +77,44 @@ static int step_objective(sbp_flow *f)
     return sbp_pass_objective(f->g, f->opt->objective, &f->chosen);
 }
 
+/* --lora (passes/lora.c). After canonicalisation, because it adapts Linear ops, which exist
+ * only once recognition has folded each projection's MatMul/Gemm, transposed weight and bias
+ * into one node (and the LM head's tie is restored, so the head is not taken for a projection).
+ * Before the objective and --freeze: the adapters must be parameters when --freeze looks at
+ * the names (a --freeze that names an adapter contradicts --lora: an error), and the rewrite
+ * then sees the model's own graph, not the loss appended to it. A flow step (it needs the flow's
+ * options), so it runs the verifier itself, as run_stages does after a graph pass. */
+static int step_lora(sbp_flow *f)
+{
+    if (f->opt->lora.rank <= 0)
+        return IR_OK;
+    if (sbp_pass_lora(f->g, &f->opt->lora, &f->n_adapted) != IR_OK)
+        return IR_ERR;
+    if (f->opt->pass.verify && ir_verify(f->g) != IR_OK)
+        return ir_diag_error(f->diag, "the graph is invalid after pass 'lora' (an sbpc bug)");
+    return IR_OK;
+}
+
+/* --packed (passes/packed.c): a learned position table read by the document positions. After
+ * canonicalisation (the Embedding and its folded constant positions exist only then), before
+ * the objective (the token-id input is still the graph's only integer input). */
+static int step_packed(sbp_flow *f)
+{
+    if (!f->opt->train.packed)
+        return IR_OK;
+    if (sbp_pass_packed(f->g, NULL) != IR_OK)
+        return IR_ERR;
+    if (f->opt->pass.verify && ir_verify(f->g) != IR_OK)
+        return ir_diag_error(f->diag, "the graph is invalid after pass 'packed' (an sbpc bug)");
+    return IR_OK;
+}
+
 static int step_freeze(sbp_flow *f)
 {
     for (int k = 0; k < f->opt->n_freeze; k++) {
         int n = 0;
+        if (f->opt->lora.rank > 0 && sbp_lora_check_freeze(f->g, f->opt->freeze[k]) != IR_OK)
+            return IR_ERR;
         if (sbp_freeze_params(f->g, f->opt->freeze[k], &n) != IR_OK)
             return IR_ERR;
         f->n_frozen += n;
@@ -122,6 +157,9 @@ const sbp_flow_stage sbp_flow_stages[] = {
     {"recognize", "recognise semantic ops (Linear, norms, attention, ...)", NULL, run_recognize,
      dump_graph},
     {"cleanup", "fold and dce again after recognition", NULL, run_cleanup, dump_graph},
+    {"lora", "add LoRA adapters to the --lora-targets projections (--lora)", step_lora, NULL,
+     dump_graph},
+    {"packed", "learned positions per document (--packed)", step_packed, NULL, dump_graph},
     {"objective", "end the graph in its loss (--objective)", step_objective, NULL, dump_graph},
     {"freeze", "mark the parameters --freeze names as not trained", step_freeze, NULL,
      dump_graph},

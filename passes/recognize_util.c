@@ -69,6 +69,9 @@ ir_node *rz_replace(ir_graph *g, ir_op op, ir_value *const *in, int n_in, ir_val
     if (root) {
         root->dead = true;
         ir_node_move_after(g, n, root);
+        /* the module it was exported from (dynamo metadata) stays known: --lora names the
+         * Linear it adapts by it (ir/torch.h) */
+        n->scope = root->scope;
     }
     return n;
 }

@@ -399,7 +399,8 @@ int seq_analyze(tctx *t, ir_node **nodes, int nn)
     for (int i = 0; i < g->n_inputs; i++) {
         const ir_value *v = g->inputs[i];
         if (v->id != (p->ids_buf >= 0 ? p->bufs[p->ids_buf]->value->id : -1) &&
-            v->id != (p->labels_buf >= 0 ? p->bufs[p->labels_buf]->value->id : -1))
+            v->id != (p->labels_buf >= 0 ? p->bufs[p->labels_buf]->value->id : -1) &&
+            !(p->doc_pos_buf >= 0 && p->bufs[p->doc_pos_buf]->value == v)) /* packed */
             continue;
         p->seq_values[v->id] = rows_axes(t, v);
     }

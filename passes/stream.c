@@ -382,7 +382,9 @@ static int chunk_loop(tctx *t, const chunk_job *j)
             .step = len,
             .len = len,
             .group = group,
-            .what = ir_arena_printf(t->g->arena, "%s %s%s", j->seg->name, mode_name[j->mode],
+            .what = ir_arena_printf(t->g->arena, "%s %s%s", j->seg->name,
+                                    j->mode == CH_HEAD && p->forward_only ? "loss, forward only"
+                                                                          : mode_name[j->mode],
                                     pass ? " (tail chunk)" : ""),
         };
         /* the chunk-local gradients the body accumulates into start at zero in each
@@ -456,6 +458,7 @@ int stream_emit(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
         rc = ir_diag_error(g->diag, "out of memory");
         goto out;
     }
+    tx_emit_doc_setup(t); /* packed: document starts and positions first */
     for (int s = 0; s < head && rc == IR_OK; s++) {
         const tp_segment *seg = &p->segments[s];
         if (seg->kind == TP_SEG_WHOLE) {
@@ -473,17 +476,24 @@ int stream_emit(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
     /* the head: the loss and its backward, chunk by chunk */
     const tp_segment *hs = &p->segments[head];
     t->cur = tx_new_block(t, "head",
-                          "The LM head and the loss, chunk by chunk over the token rows, forward "
-                          "and backward fused: the fused cross-entropy adds the chunk's token "
-                          "losses to the loss sum and writes dlogits (scaled by 1 / the scored "
-                          "positions of the whole batch) over the logits chunk, which the head's "
-                          "gradient rules then consume. The full logits never exist.");
+                          p->forward_only
+                              ? "The LM head and the loss, chunk by chunk over the token rows: "
+                                "the cross-entropy adds the chunk's token losses to the loss "
+                                "sum (no dlogits: evaluation). The full logits never exist."
+                              : "The LM head and the loss, chunk by chunk over the token rows, "
+                                "forward and backward fused: the fused cross-entropy adds the "
+                                "chunk's token losses to the loss sum and writes dlogits (scaled "
+                                "by 1 / the scored positions of the whole batch) over the logits "
+                                "chunk, which the head's gradient rules then consume. The full "
+                                "logits never exist.");
     if (!t->cur) {
         rc = ir_diag_error(g->diag, "out of memory");
         goto out;
     }
-    tx_zero_region(t, TP_REGION_PERSIST);
-    tx_zero_region(t, head);
+    if (!p->forward_only) {
+        tx_zero_region(t, TP_REGION_PERSIST);
+        tx_zero_region(t, head);
+    }
     t->cur_node = nodes[loss_k];
     t->cur_what = "forward";
     tx_emit(t, TP_K_MEMSET_ZERO, (const int[]){tx_root(t, loss)->buf},
@@ -505,8 +515,8 @@ int stream_emit(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
     if (rc == IR_OK)
         rc = tx_emit_rules(t, nodes, nn, pre, hs->first_node, hs->end_node, loss, false);
 
-    /* the backward of each layer, last first, then the prologue */
-    for (int s = head - 1; s >= 0 && rc == IR_OK; s--) {
+    /* the backward of each layer, last first, then the prologue (none for evaluation) */
+    for (int s = head - 1; s >= 0 && rc == IR_OK && !p->forward_only; s--) {
         const tp_segment *seg = &p->segments[s];
         bool layer = seg->kind == TP_SEG_LAYER;
         const char *comment =

@@ -69,6 +69,23 @@
  * parameter through its bf16 copy in the workspace (bf16_shadow_offset), which the step fills
  * from the fp32 parameters at its start. A DPO / GRPO objective has no bf16 form: an error.
  *
+ * Evaluation (sbp_train_options.eval; the step's sbp_step_eval). The same graph built once
+ * more with no gradient anywhere (forward_only: every parameter treated as frozen): the
+ * strategy's forward with the same chunk sizes (stream: the layers' chunk loops, then the LM
+ * head's chunk loop running the cross-entropy without dlogits), no backward block, and its own
+ * memory plan, in which a layer's input dies once the next layer has read it. Its loss is
+ * therefore the training step's loss on the same batch, bit for bit. Its blocks are named
+ * eval_*. Built for the SFT and graph-loss objectives (DPO / GRPO need their own inputs: none).
+ *
+ * Packed documents (sbp_train_options.packed, sbpc --packed). The step takes one document id
+ * per token (args->doc_ids, a TP_BUF_DOCS buffer); the forward block starts by deriving from
+ * them, in the workspace, each token's document start (doc_start_buf) and position in its
+ * document (doc_pos_buf). Attention runs as its packed kernels (block-diagonal causal: a query
+ * reads only earlier keys of its own document, key tiles of other documents skipped), reading
+ * doc_start; RoPE's positions are doc_pos (tx_positions); a learned position embedding reads
+ * doc_pos through the graph input sbp_doc_positions that passes/packed.c puts in place of its
+ * constant positions. Everything else is unchanged: packing is a property of the inputs.
+ *
  * Memory plan (passes/memplan.h, the last step of sbp_train_build): every workspace buffer
  * gets a lifetime over the linearised schedule (loops included) and an offset in one arena by
  * a best-fit heap simulation; workspace_bytes is the plan's peak. The builder marks where a
@@ -80,6 +97,10 @@
 #define SBP_TRAIN_H
 
 #include "ir.h"
+
+/* Packed steps: the graph input through which a learned position embedding reads each token's
+ * position in its document (made by sbp_pass_packed, bound to the doc_pos buffer). */
+#define SBP_DOC_POSITIONS_INPUT "sbp_doc_positions"
 
 typedef enum {
     SBP_STRATEGY_STORE,
@@ -123,6 +144,16 @@ int sbp_pass_objective(ir_graph *g, sbp_objective requested, sbp_objective *chos
  * grep -E) frozen. A re-tied copy matching freezes its owner too (they are one tensor).
  * Returns IR_ERR with a diagnostic for a bad regex; *n_frozen (may be NULL) gets the count. */
 int sbp_freeze_params(ir_graph *g, const char *regex, int *n_frozen);
+
+/* ---------------------------------------------------------------- packed.c */
+
+/* requires: a canonical graph with bound dims. For packed steps (sbpc --packed): every
+ * Embedding that gathers a learned position table by constant positions 0..T-1 (GPT-2's wpe:
+ * [1,T] or [T] indices) reads instead the new int32 graph input SBP_DOC_POSITIONS_INPUT [B,T],
+ * each token's position within its document, and its output becomes [B,T,D]. RoPE needs no
+ * rewrite (its positions are an operand of the kernel: tx_positions). *n_rewritten (may be
+ * NULL) gets the count. */
+int sbp_pass_packed(ir_graph *g, int *n_rewritten);
 
 /* ---------------------------------------------------------------- sequence.c */
 
@@ -187,6 +218,7 @@ typedef enum {
     TP_BUF_CONST,  /* a static const array in the emitted code (`data`) */
     TP_BUF_IDS,    /* the step's input_ids [B*T] */
     TP_BUF_LABELS, /* the step's labels [B*T] */
+    TP_BUF_DOCS,   /* packed steps: the step's document ids [B*T] (args->doc_ids) */
 } tp_buf_kind;
 
 /* Where a workspace buffer lives. */
@@ -239,7 +271,7 @@ typedef struct tp_arg {
     const char *expr;
 } tp_arg;
 
-#define TP_MAX_BUFS 9
+#define TP_MAX_BUFS 10
 #define TP_MAX_ARGS 10
 
 /* Where an operand starts inside its buffer, in a chunk loop: element per_row * r0 +
@@ -325,6 +357,11 @@ typedef struct sbp_train_program {
                                 * once on the whole sequence (the K/V path, static values) */
 
     int loss_buf;            /* float [1]: Σ of token losses of the forward */
+    /* Packed documents (sbp_train_options.packed; see "Packed documents" above) */
+    bool packed;
+    int docs_buf;            /* TP_BUF_DOCS int32 [B*T], or -1 */
+    int doc_start_buf;       /* WS int32 [B*T]: where each token's document starts in its row */
+    int doc_pos_buf;         /* WS int32 [B*T]: each token's position in its document */
     int ids_buf, labels_buf; /* TP_BUF_IDS / TP_BUF_LABELS, -1 when the graph has none */
 
     size_t workspace_bytes;  /* the planned workspace (passes/memplan.h), bytes */
@@ -342,6 +379,11 @@ typedef struct sbp_train_program {
     size_t bf16_shadow_offset; /* bytes: the bf16 copy of the parameter block in the workspace
                               * ([param_elems] bf16, element offsets as the parameter block's),
                               * after every planned buffer */
+
+    /* Evaluation (see "Evaluation" above) */
+    bool forward_only;       /* this is an evaluation program: no gradient anywhere */
+    struct sbp_train_program *eval; /* the training program's evaluation program, or NULL */
+    const char *no_eval_why; /* eval == NULL: why (NULL: not asked for) */
 } sbp_train_program;
 
 typedef struct sbp_train_options {
@@ -358,6 +400,9 @@ typedef struct sbp_train_options {
     double epsilon;          /* GRPO: the ratio is clipped to [1 - ε, 1 + ε] */
     sbp_grpo_norm grpo_norm; /* GRPO */
     bool bf16;               /* mixed precision (CUDA target): see "Precision" above */
+    bool forward_only;       /* build the evaluation program itself (no gradients) */
+    bool packed;             /* packed documents: see "Packed documents" above */
+    bool eval;               /* sbp_train_build: also build the evaluation program (p->eval) */
 } sbp_train_options;
 
 /* The operand types of kernel k in a bf16 program (the BF16 column of train_kernels.def), one

@@ -26,6 +26,7 @@
 #include "memplan.h"
 #include "train_internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static sbp_train_program *oom(ir_graph *g)
@@ -91,6 +92,8 @@ static sbp_train_program *build_once(ir_graph *g, sbp_objective objective,
                   : opt                            ? opt->strategy
                                                    : SBP_STRATEGY_STORE;
     p->objective = objective;
+    p->forward_only = opt && opt->forward_only;
+    p->packed = opt && opt->packed;
     const char *red = ir_attr_string(loss->producer, "reduction", "mean");
     p->loss_is_mean = strcmp(red, "sum") != 0;
     p->vocab = loss->producer->in[0]->rank > 0
@@ -219,13 +222,106 @@ const char *sbp_train_stage_name(sbp_train_stage s)
                                                                                       : "plan";
 }
 
+/* used[i]: program q uses buffer i somewhere ([n_bufs], malloc'd; NULL when out of memory). */
+static bool *used_bufs(const sbp_train_program *q)
+{
+    bool *used = calloc((size_t)q->n_bufs + 1, sizeof *used);
+    for (int b = 0; used && b < q->n_blocks; b++)
+        for (int k = 0; k < q->blocks[b]->n_insts; k++)
+            for (int j = 0; j < TP_MAX_BUFS; j++)
+                if (q->blocks[b]->insts[k].buf[j] >= 0)
+                    used[q->blocks[b]->insts[k].buf[j]] = true;
+    return used;
+}
+
+static int cmp_buf_name(const void *x, const void *y)
+{
+    return strcmp((*(const tp_buf *const *)x)->name, (*(const tp_buf *const *)y)->name);
+}
+
+/* The evaluation program is emitted into the training step's file and shares what the file
+ * holds once: the parameter block's layout and the constants (codegen prints the training
+ * program's, by name). NULL when it can, else why not. */
+static const char *eval_shares(const sbp_train_program *p, const sbp_train_program *e)
+{
+    ir_arena *a = p->g->arena;
+    if (e->n_params != p->n_params || e->param_elems != p->param_elems)
+        return "its parameter table differs";
+    for (int i = 0; i < p->n_params; i++)
+        if (e->params[i].value != p->params[i].value || e->params[i].offset != p->params[i].offset)
+            return ir_arena_printf(a, "parameter '%s' is laid out differently",
+                                   p->params[i].value->name);
+    bool *ue = used_bufs(e), *up = used_bufs(p);
+    const tp_buf **tc = malloc(sizeof *tc * ((size_t)p->n_bufs + 1)); /* p's constants by name */
+    const char *why = !ue || !up || !tc ? "out of memory" : NULL;
+    size_t nc = 0;
+    for (int k = 0; !why && k < p->n_bufs; k++)
+        if (p->bufs[k]->kind == TP_BUF_CONST && up[k])
+            tc[nc++] = p->bufs[k];
+    if (!why)
+        qsort(tc, nc, sizeof *tc, cmp_buf_name);
+    for (int i = 0; !why && i < e->n_bufs; i++) {
+        const tp_buf *b = e->bufs[i];
+        if (b->kind != TP_BUF_CONST || !ue[i])
+            continue;
+        const tp_buf *key = b, **hit = bsearch(&key, tc, nc, sizeof *tc, cmp_buf_name);
+        const tp_buf *t = hit ? *hit : NULL;
+        if (!t || t->numel != b->numel || t->is_int != b->is_int ||
+            (b->numel && memcmp(t->data, b->data, b->numel * 4) != 0))
+            why = ir_arena_printf(a, "its constant '%s' is not the training step's", b->name);
+    }
+    free(tc);
+    free(ue);
+    free(up);
+    return why;
+}
+
+/* The evaluation program of training program p (train.h, "Evaluation"): the same graph and
+ * options at p's chunk sizes, forward only, its blocks renamed eval_*. NULL with
+ * p->no_eval_why set when the objective has none; NULL with a diagnostic when the build
+ * fails (it should not once the training program built: same graph, fewer rules). */
+static int build_eval(ir_graph *g, sbp_train_program *p, const sbp_train_options *opt)
+{
+    if (p->objective != SBP_OBJECTIVE_SFT && p->objective != SBP_OBJECTIVE_GRAPH_LOSS) {
+        p->no_eval_why = ir_arena_printf(g->arena,
+                                         "the %s objective has no evaluation entry point (it "
+                                         "needs its own inputs)",
+                                         sbp_objective_name(p->objective));
+        return IR_OK;
+    }
+    sbp_train_options o = *opt;
+    o.memory_budget = 0;
+    o.eval = false;
+    o.forward_only = true;
+    o.chunk = p->chunk;
+    o.logits_chunk = p->logits_chunk;
+    sbp_train_program *e = build_once(g, p->objective, &o, SBP_TRAIN_UNTIL_PLAN);
+    if (!e)
+        return ir_diag_error(g->diag, "building the evaluation program failed");
+    const char *why = eval_shares(p, e);
+    if (why) { /* not expected: the emitted step would then have no sbp_step_eval */
+        p->no_eval_why = why;
+        ir_diag_add(g->diag, IR_SEV_WARNING, NULL, NULL, "no evaluation entry point: %s", why);
+        return IR_OK;
+    }
+    for (int b = 0; b < e->n_blocks; b++)
+        e->blocks[b]->name = ir_arena_printf(g->arena, "eval_%s", e->blocks[b]->name);
+    p->eval = e;
+    return IR_OK;
+}
+
 sbp_train_program *sbp_train_build_until(ir_graph *g, sbp_objective objective,
                                          const sbp_train_options *opt, sbp_train_stage stop)
 {
+    sbp_train_program *p;
     if (!opt || !opt->memory_budget)
-        return build_once(g, objective, opt, stop);
-    sbp_train_program *p = fit_budget(g, objective, opt);
-    if (!p || stop == SBP_TRAIN_UNTIL_PLAN)
+        p = build_once(g, objective, opt, stop);
+    else
+        p = fit_budget(g, objective, opt);
+    if (p && stop == SBP_TRAIN_UNTIL_PLAN && opt && opt->eval && !opt->forward_only &&
+        build_eval(g, p, opt) != IR_OK)
+        return NULL;
+    if (!p || stop == SBP_TRAIN_UNTIL_PLAN || !opt || !opt->memory_budget)
         return p;
     /* a dump before the plan shows the program at the chunks the budget chose */
     sbp_train_options o = *opt;

@@ -73,7 +73,7 @@ static int build_params(tctx *t)
                                     false, false, TP_REGION_PERSIST, "parameter");
                 q->buf >= 0 ? (void)(p->bufs[q->buf]->offset = q->offset) : (void)0;
                 t->v[v->id].buf = q->buf;
-                t->v[v->id].needs_grad = !v->frozen;
+                t->v[v->id].needs_grad = !v->frozen && !t->p->forward_only;
             } else {
                 q->tied_to = index[v->tied_to->id];
                 q->offset = p->params[q->tied_to].offset;
@@ -107,6 +107,34 @@ static bool feeds_labels(const ir_graph *g, const ir_uses *u, const ir_value *v,
     return false;
 }
 
+/* Packed steps (train.h, "Packed documents"): the step's document ids (TP_BUF_DOCS) and the
+ * two int32 [B*T] workspace buffers the forward block fills first: each token's document start
+ * (read whole by attention, at sequence b in a chunk) and its position in its document (one
+ * per token: chunk loops slice it, RoPE reads it, and so does a learned position embedding
+ * through the graph input doc_pos, when passes/packed.c made one). */
+static int bind_documents(tctx *t, const ir_value *doc_pos)
+{
+    sbp_train_program *p = t->p;
+    size_t n = (size_t)(p->batch * p->seq_len);
+    p->docs_buf = tx_new_buf(t, TP_BUF_DOCS, "docs", NULL, n, true, false, TP_REGION_PERSIST,
+                             "document ids (args->doc_ids)");
+    p->doc_start_buf = tx_new_buf(t, TP_BUF_WS, "doc_start", NULL, n, true, false,
+                                  TP_REGION_PERSIST, "where each token's document starts");
+    p->doc_pos_buf = tx_new_buf(t, TP_BUF_WS, "doc_pos", doc_pos, n, true, false,
+                                TP_REGION_PERSIST, "each token's position in its document");
+    if (p->docs_buf < 0 || p->doc_start_buf < 0 || p->doc_pos_buf < 0)
+        return ir_diag_error(t->g->diag, "out of memory");
+    p->bufs[p->docs_buf]->rows = p->bufs[p->doc_pos_buf]->rows = (int64_t)n;
+    p->bufs[p->docs_buf]->row_elems = p->bufs[p->doc_pos_buf]->row_elems = 1;
+    if (doc_pos) {
+        if ((int64_t)tx_numel(doc_pos) != (int64_t)n)
+            return ir_diag_error(t->g->diag, "'%s' must have batch x sequence elements",
+                                 doc_pos->name);
+        t->v[doc_pos->id].buf = p->doc_pos_buf;
+    }
+    return IR_OK;
+}
+
 static int bind_inputs(tctx *t)
 {
     ir_graph *g = t->g;
@@ -114,13 +142,20 @@ static int bind_inputs(tctx *t)
     ir_uses u = ir_uses_build(g);
     if (!u.uses)
         return ir_diag_error(g->diag, "out of memory");
-    ir_value *ids = NULL, *labels = NULL;
+    ir_value *ids = NULL, *labels = NULL, *doc_pos = NULL;
     int rc = IR_OK;
+    p->docs_buf = p->doc_start_buf = p->doc_pos_buf = -1;
     for (int i = 0; i < g->n_inputs; i++) {
         ir_value *v = g->inputs[i];
         if (u.n_uses[v->id] == 0)
             continue;
-        if (!ir_dtype_is_int(v->dtype)) {
+        if (v->name && strcmp(v->name, SBP_DOC_POSITIONS_INPUT) == 0) {
+            /* passes/packed.c's: each token's position in its document */
+            if (!p->packed)
+                rc = ir_diag_error(g->diag, "graph input '%s' is for packed steps",
+                                   SBP_DOC_POSITIONS_INPUT);
+            doc_pos = v;
+        } else if (!ir_dtype_is_int(v->dtype)) {
             rc = ir_diag_error(g->diag, "graph input '%s' is %s: a training step takes token ids "
                                         "and labels only", v->name, ir_dtype_name(v->dtype));
         } else if (feeds_labels(g, &u, v, 0)) {
@@ -158,6 +193,8 @@ static int bind_inputs(tctx *t)
         p->bufs[p->labels_buf]->rows = p->batch * p->seq_len;
         p->bufs[p->labels_buf]->row_elems = 1;
     }
+    if (p->packed) /* the document ids, and what the forward derives from them */
+        return bind_documents(t, doc_pos);
     return IR_OK;
 }
 
@@ -686,9 +723,12 @@ int lower_emit_blocks(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
                           "The forward pass: every node in order, ending with the loss sum.");
     if (!t->cur)
         return ir_diag_error(t->g->diag, "out of memory");
+    tx_emit_doc_setup(t); /* packed: document starts and positions first */
     for (int k = 0; k < nn; k++)
         if (tx_lower_forward(t, nodes[k], "forward") != IR_OK)
             return IR_ERR;
+    if (p->forward_only) /* evaluation: the forward and its loss are all */
+        return IR_OK;
 
     int persist_span = tx_span_buf(t, TP_REGION_PERSIST);
     for (int s = p->n_segments - 1; s >= 0; s--) {

@@ -344,8 +344,28 @@ int tx_aux(tctx *t, const ir_node *n, int idx, size_t numel, bool is_int, bool i
     return r->aux[idx];
 }
 
+void tx_emit_doc_setup(tctx *t)
+{
+    sbp_train_program *p = t->p;
+    if (!p->packed)
+        return;
+    t->cur_node = NULL;
+    t->cur_what = "each token's document start and position, from the document ids";
+    const tp_arg a[2] = {A_I(t->B), A_I(t->T)};
+    tx_emit(t, TP_K_DOC_STARTS, (const int[]){p->doc_start_buf, p->docs_buf}, a);
+    tx_emit(t, TP_K_DOC_POSITIONS, (const int[]){p->doc_pos_buf, p->docs_buf}, a);
+}
+
 int tx_positions(tctx *t, int64_t rows, int64_t T)
 {
+    if (t->p->packed) { /* packed: the position of each token in its document */
+        if (rows == t->B * t->T && T == t->T)
+            return t->p->doc_pos_buf;
+        ir_diag_error(t->g->diag, "--packed: positions over %lld rows of a %lld-long table are "
+                                  "not one per token (batch %lld x sequence %lld)",
+                      (long long)rows, (long long)T, (long long)t->B, (long long)t->T);
+        return -1;
+    }
     for (int i = 0; i < t->n_rope_pos; i++)
         if (t->rope_pos_cache[i][0] == rows && t->rope_pos_cache[i][1] == T)
             return t->rope_pos_cache[i][2];

@@ -303,6 +303,48 @@ int sbprt_attention_backward_ex(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
                                 int t, int tk, int hq, int hkv, int d, int q_start, float scale,
                                 int window, float softcap);
 
+/* Packed documents: several documents share a row, none attends across a boundary, and
+ * (with sbprt_doc_positions for RoPE) positions restart per document.  These are the _ex
+ * functions with a block-diagonal causal mask; doc_start = NULL means one document per row,
+ * and the _ex functions are exactly these with NULL (bitwise the same results).
+ *   doc_start[b, p], for each absolute position p of row b, is the position where p's
+ *     document starts: 0 <= doc_start[p] <= p and non-decreasing along the row (constant
+ *     within a document, jumping to p where one starts).  sbprt_doc_starts derives it from
+ *     document ids.
+ *   The query at absolute position P = q_start + i attends exactly the keys j with
+ *     doc_start[b, P] <= j <= P (and P - window < j with a window > 0).
+ * Only doc_start[b, q_start .. q_start + t - 1] is read; a value there that is negative,
+ * past its position, or smaller than the one before it (within the chunk) gives
+ * SBPRT_ERR_RANGE with nothing written (CUDA: see the CUDA notes).  Key tiles wholly before a
+ * query tile's first key (its first row's document start or window) are skipped, in the
+ * forward and in both halves of the backward, so a row of n equal documents costs about 1/n
+ * of the causal work (plus the tiles that straddle a boundary).
+ * The chunk reads only keys from max(doc_start[b, q_start], q_start - window + 1) to
+ * q_start + t - 1 (the rows before may hold anything: a StreamBP chunk passes K/V from its
+ * first document's start on), and the backward adds into exactly those rows of dk and dv.
+ *   doc_start: [b, tk] (int32); the other tensors as in sbprt_attention_forward_ex /
+ *   sbprt_attention_backward_ex. */
+int sbprt_attention_forward_packed(sbprt_ctx *ctx, float *out, float *lse, const float *q,
+                                   const float *k, const float *v, const int32_t *doc_start,
+                                   int b, int t, int tk, int hq, int hkv, int d, int q_start,
+                                   float scale, int window, float softcap);
+int sbprt_attention_backward_packed(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
+                                    const float *dout, const float *q, const float *k,
+                                    const float *v, const float *out, const float *lse,
+                                    const int32_t *doc_start, int b, int t, int tk, int hq,
+                                    int hkv, int d, int q_start, float scale, int window,
+                                    float softcap);
+
+/* What a compiled step derives from the user's document ids (runtime/cpu/docs.c).
+ * doc_ids[b, p] names the document of position p; each row is non-decreasing (a document is
+ * one run of equal ids); a decrease gives SBPRT_ERR_RANGE (CUDA: see the CUDA notes).
+ *   doc_start[b, p] = the first position of p's run: the mask argument above.
+ *   pos[b, p] = p - doc_start[b, p]: the position within the document (for RoPE or a
+ *     position embedding).
+ *   doc_start, pos, doc_ids: [b, t] (int32) */
+int sbprt_doc_starts(sbprt_ctx *ctx, int32_t *doc_start, const int32_t *doc_ids, int b, int t);
+int sbprt_doc_positions(sbprt_ctx *ctx, int32_t *pos, const int32_t *doc_ids, int b, int t);
+
 /* ---- losses ------------------------------------------------------------------------- */
 
 #define SBPRT_IGNORE_INDEX (-100) /* a label that is not scored (as torch's ignore_index) */
@@ -425,7 +467,10 @@ int sbprt_device_memory(sbprt_ctx *ctx, size_t *used, size_t *total);
  *     label's loss counts as 0) and raises a flag in the context; the next sbprt_sync
  *     returns SBPRT_ERR_RANGE and clears it.  So check sbprt_sync's status after a step.
  *     Other argument errors (SBPRT_ERR_INVALID) are found on the host, up front, as on the
- *     CPU backend.
+ *     CPU backend.  Document starts and ids are index tensors too: a bad doc_start of a
+ *     packed attention call, or a decreasing id of sbprt_doc_starts / sbprt_doc_positions,
+ *     raises the flag; the outputs of that call are then unspecified (but nothing outside
+ *     its arguments is read or written).
  *   - Errors of the CUDA runtime or cuBLAS give SBPRT_ERR_BACKEND (SBPRT_ERR_NOMEM for a
  *     failed allocation) and a diagnostic in sbprt_ctx_last_error.  A fault inside a kernel
  *     shows up at a later call, at the latest at sbprt_sync.  On a machine without a usable
@@ -596,6 +641,19 @@ int sbprt_attention_backward_ex_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbprt_bf16 
                                      const float *lse, int b, int t, int tk, int hq, int hkv,
                                      int d, int q_start, float scale, int window,
                                      float softcap);
+/* doc_start: [b, tk] int32, as sbprt_attention_forward_packed */
+int sbprt_attention_forward_packed_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *lse,
+                                        const sbprt_bf16 *q, const sbprt_bf16 *k,
+                                        const sbprt_bf16 *v, const int32_t *doc_start, int b,
+                                        int t, int tk, int hq, int hkv, int d, int q_start,
+                                        float scale, int window, float softcap);
+int sbprt_attention_backward_packed_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbprt_bf16 *dk,
+                                         sbprt_bf16 *dv, const sbprt_bf16 *dout,
+                                         const sbprt_bf16 *q, const sbprt_bf16 *k,
+                                         const sbprt_bf16 *v, const sbprt_bf16 *out,
+                                         const float *lse, const int32_t *doc_start, int b,
+                                         int t, int tk, int hq, int hkv, int d, int q_start,
+                                         float scale, int window, float softcap);
 /* logits, dlogits: bf16; loss_sum: fp32 (the row's logsumexp and loss in fp32) */
 int sbprt_cross_entropy_forward_backward_bf16(sbprt_ctx *ctx, float *loss_sum,
                                               sbprt_bf16 *dlogits, const sbprt_bf16 *logits,

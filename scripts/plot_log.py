@@ -92,7 +92,8 @@ def plot(logs, title):
     x_ticks = nice_ticks(min(all_steps), max(all_steps))
     x0, x1 = x_ticks[0], x_ticks[-1]
     pw = W - LEFT - RIGHT
-    legend_h = 18 * len(logs)
+    has_eval = any(series(rows, "eval_loss") for _, rows in logs)
+    legend_h = 18 * (len(logs) + (2 if has_eval else 0))
     height = TOP + len(PANELS) * (PANEL_H + GAP) + legend_h + 10
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" '
            f'viewBox="0 0 {W} {height}" font-family="sans-serif" font-size="11">',
@@ -149,6 +150,15 @@ def plot(logs, title):
         out.append(f'<line x1="{LEFT}" y1="{y}" x2="{LEFT + 24}" y2="{y}" stroke="{colour}" '
                    'stroke-width="2"/>')
         out.append(f'<text x="{LEFT + 30}" y="{y + 4}">{escape(label)}</text>')
+    if has_eval:  # the loss panel's two line styles
+        for j, (dash, text) in enumerate(((None, "loss: training (the batch just trained on)"),
+                                          ("5 3", "loss: evaluation on held-out data "
+                                           "(--eval-data)"))):
+            y = ly + 18 * (len(logs) + j)
+            d = f' stroke-dasharray="{dash}"' if dash else ""
+            out.append(f'<line class="key" x1="{LEFT}" y1="{y}" x2="{LEFT + 24}" y2="{y}" '
+                       f'stroke="#444" stroke-width="1.5"{d}/>')
+            out.append(f'<text x="{LEFT + 30}" y="{y + 4}">{escape(text)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 

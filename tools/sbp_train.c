@@ -7,6 +7,7 @@
  *             [--lr-schedule constant|linear|cosine] [--warmup-steps N] [--min-lr F]
  *             [--clip-grad-norm F] [--log FILE.jsonl] [--save-safetensors FILE]
  *             [--checkpoint-dir DIR] [--checkpoint-every N] [--keep-checkpoints K] [--resume DIR]
+ *             [--pack --eos ID | --doc-ids D.npy]
  *
  * Approach: the step library (codegen/sbp_step.h) describes itself — dims, parameter table,
  * workspace size — so this program only has to check that the user's files agree with that
@@ -58,6 +59,11 @@
  * moments, run_loop starts after its step and writes one after each due step; a SIGINT/SIGTERM
  * ends the loop after the current step's checkpoint and run_report then writes nothing.
  *
+ * Packed documents (issue 13, train_pack.h): a step compiled with sbpc --packed takes each
+ * token's document id (sbp_step_args.doc_ids); --data --pack --eos packs the shard into rows of
+ * whole documents each step, with the shard position as the cursor checkpoints already keep,
+ * and --doc-ids gives them for --input-ids; run_load checks the step and the flags agree.
+ *
  * Runtime functions are taken from the step library when it exports them (a step links
  * libsbprt in, so the context and the arena then belong to the backend the step was built for)
  * and otherwise from the CPU runtime linked into this program, each copy with its own context
@@ -75,6 +81,9 @@
 #include "train_export.h" /* issue 12: safetensors export */
 #include "train_ckpt.h" /* issue 12: checkpoints */
 #include "train_progress.h" /* issue 12: the progress line's text */
+#include "train_pack.h" /* issue 13: packed documents */
+#include "train_adapter.h" /* issue 16: LoRA adapters */
+#include "train_eval.h" /* issue 12: held-out evaluation */
 
 #include <dlfcn.h>
 #include <elf.h>
@@ -158,6 +167,7 @@ static void usage(FILE *f)
             "                          -100 = not scored\n"
             "  --data SHARD.bin        an llm.c token shard: each step takes the next B*T+1\n"
             "                          tokens, row b = tokens [b*T, b*T+T], labels = next tokens\n"
+            "                          (with --pack: rows of whole documents, see below)\n"
             "options:\n"
             "  --steps N               optimizer steps (default 1)\n"
             "  --lr F                  learning rate (default 1e-3)\n"
@@ -180,6 +190,12 @@ static void usage(FILE *f)
             "%s"
             /* issue 12: checkpoints */
             "%s"
+            /* issue 13: packed documents */
+            "%s"
+            /* issue 12: evaluation */
+            "%s"
+            /* issue 16: LoRA adapters */
+            "%s"
             "DPO and GRPO steps (sbpc --objective dpo|grpo), N = K*B rows:\n"
             "  --ref-logps R.npy       dpo: the reference model's logp of each row [N] (rows\n"
             "                          i < N/2 are chosen, row N/2+i is i's rejected partner);\n"
@@ -196,7 +212,9 @@ static void usage(FILE *f)
             "\n"
             "Prints 'step N loss X tokens/s Y lr Z grad_norm G' per step (G: before clipping)\n"
             "and the peak memory at the end.\n",
-            train_sched_usage(), train_ckpt_usage() /* issue 12: checkpoints */);
+            train_sched_usage(), train_ckpt_usage() /* issue 12: checkpoints */,
+            train_pack_usage() /* issue 13 */, train_eval_usage() /* issue 12 */,
+            train_adapter_usage() /* issue 16 */);
 }
 
 /* ------------------------------------------------------------------ command line */
@@ -225,6 +243,9 @@ typedef struct options {
     /* issue 12: checkpoints */
     train_ckpt_opts ckpt;    /* --checkpoint-dir, --checkpoint-every, --keep-checkpoints,
                               * --resume (train_ckpt.h) */
+    train_pack_opts pack;    /* issue 13: --pack, --eos, --doc-ids (train_pack.h) */
+    train_adapter_opts adapter; /* issue 16: --save-adapter, --lora-alpha, --lora-seed */
+    train_eval_opts eval;    /* issue 12: --eval-data, --eval-every, --eval-batches */
 } options;
 
 enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT_SAVE,
@@ -237,6 +258,12 @@ enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT
 enum { OPT_LR_SCHEDULE = 1200, OPT_WARMUP_STEPS, OPT_MIN_LR, OPT_CLIP_GRAD_NORM, OPT_LOG };
 /* issue 12: checkpoints (consecutive, in train_ckpt_parse's order) */
 enum { OPT_CHECKPOINT_DIR = 1300, OPT_CHECKPOINT_EVERY, OPT_KEEP_CHECKPOINTS, OPT_RESUME };
+/* issue 13: packed documents (consecutive, in train_pack_parse's order) */
+enum { OPT_PACK = 1313, OPT_EOS, OPT_DOC_IDS };
+/* issue 16: LoRA adapters (consecutive, in train_adapter_parse's order) */
+enum { OPT_SAVE_ADAPTER = 1600, OPT_LORA_ALPHA, OPT_LORA_SEED };
+/* issue 12: evaluation (consecutive, in train_eval_parse's order) */
+enum { OPT_EVAL_DATA = 1400, OPT_EVAL_EVERY, OPT_EVAL_BATCHES };
 
 /* Returns 0 to go on, 1 for a clean exit (--help), -1 on an error. The values are checked by
  * tools/cli.c, with the same rules and words as sbpc's. */
@@ -273,10 +300,24 @@ static int parse_args(int argc, char **argv, options *o)
         {"checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY},
         {"keep-checkpoints", required_argument, NULL, OPT_KEEP_CHECKPOINTS},
         {"resume", required_argument, NULL, OPT_RESUME},
+        /* issue 13: packed documents */
+        {"pack", no_argument, NULL, OPT_PACK},
+        {"eos", required_argument, NULL, OPT_EOS},
+        {"doc-ids", required_argument, NULL, OPT_DOC_IDS},
+        /* issue 16: LoRA adapters */
+        {"save-adapter", required_argument, NULL, OPT_SAVE_ADAPTER},
+        {"lora-alpha", required_argument, NULL, OPT_LORA_ALPHA},
+        {"lora-seed", required_argument, NULL, OPT_LORA_SEED},
+        /* issue 12: evaluation */
+        {"eval-data", required_argument, NULL, OPT_EVAL_DATA},
+        {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
+        {"eval-batches", required_argument, NULL, OPT_EVAL_BATCHES},
         {0},
     };
     static const char *const optimizers[] = {"adamw", "sgd", NULL};
     *o = (options){.steps = 1, .lr = 1e-3, .adamw = true, .grad_accum = 1};
+    train_pack_opts_init(&o->pack); /* issue 13 */
+    train_adapter_opts_init(&o->adapter); /* issue 16 */
     cli c;
     cli_init(&c, prog, table, argc, argv);
     for (int opt; (opt = cli_next(&c)) != CLI_END;) {
@@ -329,6 +370,17 @@ static int parse_args(int argc, char **argv, options *o)
         case OPT_RESUME:
             bad = train_ckpt_parse(&o->ckpt, &c, opt, OPT_CHECKPOINT_DIR, v);
             break;
+        /* issue 13: packed documents */
+        case OPT_PACK: case OPT_EOS: case OPT_DOC_IDS:
+            bad = train_pack_parse(&o->pack, &c, opt, OPT_PACK, v);
+            break;
+        case OPT_SAVE_ADAPTER: case OPT_LORA_ALPHA: case OPT_LORA_SEED: /* issue 16 */
+            bad = train_adapter_parse(&o->adapter, &c, opt, OPT_SAVE_ADAPTER, v);
+            break;
+        /* issue 12: evaluation */
+        case OPT_EVAL_DATA: case OPT_EVAL_EVERY: case OPT_EVAL_BATCHES:
+            bad = train_eval_parse(&o->eval, &c, opt, OPT_EVAL_DATA, v);
+            break;
         case CLI_POSITIONAL:
             if (o->step_path)
                 bad = cli_error(&c, "more than one step library given ('%s' and '%s')",
@@ -341,7 +393,8 @@ static int parse_args(int argc, char **argv, options *o)
             return -1;
     }
     char sched_err[256]; /* issue 12: the schedule's options against each other and --lr */
-    if (train_sched_check(&o->sched, o->lr, sched_err, sizeof sched_err))
+    if (train_sched_check(&o->sched, o->lr, sched_err, sizeof sched_err) ||
+        train_eval_check_opts(&o->eval, sched_err, sizeof sched_err)) /* and evaluation's */
         return error("%s", sched_err);
     if (!o->step_path) {
         error("no step library given");
@@ -358,6 +411,10 @@ static int parse_args(int argc, char **argv, options *o)
     if (!o->data_path && (!o->ids_path || !o->labels_path))
         return error("%s needs %s too", o->ids_path ? "--input-ids" : "--labels",
                      o->ids_path ? "--labels" : "--input-ids");
+    char pack_err[256]; /* issue 13: --pack / --eos / --doc-ids against the data flags */
+    if (train_pack_check_opts(&o->pack, o->data_path != NULL, o->ids_path != NULL, pack_err,
+                              sizeof pack_err))
+        return error("%s", pack_err);
     return 0;
 }
 
@@ -693,7 +750,9 @@ static int collect_inputs(const options *o, sbp_file_set *inputs)
     } in[] = {{o->step_path, "the step library"}, {o->model_path, "the model (--model)"},
               {o->ids_path, "--input-ids"},      {o->labels_path, "--labels"},
               {o->data_path, "--data"},          {o->ref_logps, "--ref-logps"},
-              {o->old_logps, "--old-logps"},     {o->advantages, "--advantages"}};
+              {o->old_logps, "--old-logps"},     {o->advantages, "--advantages"},
+              {o->pack.doc_ids, "--doc-ids"} /* issue 13 */,
+              {o->eval.data, "--eval-data"} /* issue 12 */};
     for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
         if (in[i].path && sbp_file_set_add(inputs, in[i].path, in[i].role, NULL) != SBP_FILE_OK)
             return error("out of memory");
@@ -815,6 +874,9 @@ static int model_open(model *m, const options *o, const sbp_step_info *in, sbp_f
         return error("cannot read the model %s", o->model_path);
     if (check_outputs(o, inputs))
         return -1;
+    char lora_err[512]; /* issue 16: a LoRA step's adapters join the model's weights */
+    if (train_adapter_init(m->g, in, &o->adapter, lora_err, sizeof lora_err) < 0)
+        return error("%s", lora_err);
     int rc = 0;
 
     /* A model with fixed input dims must have the step's (a dynamic one may have any). Token
@@ -1124,6 +1186,16 @@ typedef struct run {
     train_log log;            /* issue 12: --log, open from run_loop's start (train_log.h) */
     train_ckpt ckpt;          /* issue 12: checkpoints: prepared in run_load, restored in
                                * run_allocate, written after steps (train_ckpt.h) */
+    /* issue 13: packed documents (train_pack.h); NULL unless the step is packed */
+    int32_t *doc_ids;         /* [K*B*T] the step's batch: packed from --data, or --doc-ids */
+    int32_t *mb_doc_ids;      /* [B*T] one micro-batch, in the step's row order */
+    int32_t *d_doc_ids;       /* [B*T] in the arena */
+    double pairs_packed, pairs_full; /* attention's query-key pairs over the run, packed and if
+                               * the rows were one document each (train_pack_attention_work) */
+    int64_t n_docs, n_rows;   /* documents and rows trained on */
+    /* issue 12: evaluation (train_eval.h), when --eval-data */
+    step_run_fn step_eval;    /* the step's sbp_step_eval */
+    train_eval ev;            /* the held-out batches */
 } run;
 
 static void sample_device_memory(run *r)
@@ -1139,6 +1211,30 @@ static int copy_failed(run *r, int st)
     char why[400];
     return error("copying between host and %s memory failed: %s%s", r->rt.backend_name(),
                  r->rt.status_string(st), rt_why(&r->rt, *r->rt.copy_ctx, why, sizeof why));
+}
+
+/* issue 12: --eval-data: the step's evaluation entry point and the held-out batches, cut or
+ * packed as the training data is. */
+static int load_eval(run *r, char *err, size_t errlen)
+{
+    const options *o = &r->o;
+    const sbp_step_info *in = r->in;
+    *(void **)(&r->step_eval) = dlsym(r->lib, "sbp_step_eval");
+    if (!r->step_eval || in->eval_workspace_bytes == 0)
+        return error("--eval-data: %s has no evaluation entry point (sbp_step_eval): a %s step "
+                     "has none%s", o->step_path, in->objective ? in->objective : "?",
+                     in->objective && (strcmp(in->objective, "sft") == 0 ||
+                                       strcmp(in->objective, "graph-loss") == 0)
+                         ? " when compiled with sbpc --no-eval; recompile it without"
+                         : " (evaluation is the language-modelling loss of sft and graph-loss "
+                           "steps)");
+    if (in->packed && !o->pack.pack)
+        return error("--eval-data: %s is a packed step, and the held-out text is packed as "
+                     "--data is: give --pack --eos ID", o->step_path);
+    if (train_eval_open(&r->ev, &o->eval, r->B, r->T, r->V, o->pack.pack,
+                        (uint32_t)o->pack.eos, err, errlen))
+        return error("%s", err);
+    return 0;
 }
 
 /* The step (dlopen'd, its description checked), the token data and the DPO / GRPO inputs
@@ -1192,6 +1288,11 @@ static int run_load(run *r)
     r->host_visible = strcmp(r->rt.backend_name(), "cpu") == 0;
     const int64_t K = r->K = o->grad_accum;
     const bool pairs = in->objective && strcmp(in->objective, "dpo") == 0;
+    /* issue 13: a packed step takes document ids, and only a packed step does */
+    if (train_pack_check_step(&o->pack, in, o->step_path, err, sizeof err))
+        return error("%s", err);
+    if (o->eval.data && load_eval(r, err, sizeof err)) /* issue 12: held-out evaluation */
+        return -1;
 
     r->ids = malloc((size_t)K * ntok * sizeof *r->ids);
     r->labels = malloc((size_t)K * ntok * sizeof *r->labels);
@@ -1227,6 +1328,18 @@ static int run_load(run *r)
                 sizeof err) ||
         (!o->data_path && ti_check(&r->ti, r->labels, o->labels_path, err, sizeof err)))
         return error("%s", err);
+    if (in->packed) { /* issue 13: the batch's document ids (--pack packs them each step) */
+        r->doc_ids = malloc((size_t)K * ntok * sizeof *r->doc_ids);
+        r->mb_doc_ids = malloc(ntok * sizeof *r->mb_doc_ids);
+        if (!r->doc_ids || !r->mb_doc_ids)
+            return error("out of memory");
+        if (o->pack.doc_ids && train_pack_load_doc_ids(o->pack.doc_ids, K * B, T, r->doc_ids,
+                                                       err, sizeof err))
+            return error("%s", err);
+        if (o->pack.pack && !train_pack_shard_has(&r->shard, (uint32_t)o->pack.eos))
+            message("note", "%s holds no --eos %lld token: it is one document, cut into rows "
+                    "of %lld tokens", o->data_path, (long long)o->pack.eos, (long long)T);
+    }
 
     /* the context first: no device is quicker to find than a large model is to read */
     if (runtime_start(&r->rt, (int)o->threads) || model_open(&r->mdl, o, in, &r->inputs))
@@ -1258,14 +1371,19 @@ static int run_allocate(run *r)
     const size_t off_m = off_grads + align_up(pbytes);
     const size_t off_v = off_m + (o->adamw ? align_up(pbytes) : 0);
     const size_t off_ws = off_v + (o->adamw ? align_up(pbytes) : 0);
-    const size_t off_ids = off_ws + align_up(in->workspace_bytes);
+    /* evaluation runs in the training workspace (its plan is usually the smaller) */
+    const size_t ws_bytes = r->step_eval && in->eval_workspace_bytes > in->workspace_bytes
+                                ? in->eval_workspace_bytes
+                                : in->workspace_bytes;
+    const size_t off_ids = off_ws + align_up(ws_bytes);
     const size_t off_labels = off_ids + align_up(ntok * sizeof(int32_t));
     /* DPO / GRPO inputs of one micro-batch: reference logp ([B] or [B*T]), old logp, advantages */
     const size_t off_ref = off_labels + align_up(ntok * sizeof(int32_t));
     const size_t off_old = off_ref + (r->ti.mb_ref ? align_up(ntok * sizeof(float)) : 0);
     const size_t off_adv = off_old + (r->ti.mb_old ? align_up(ntok * sizeof(float)) : 0);
-    const size_t arena_bytes =
-        off_adv + (r->ti.mb_adv ? align_up((size_t)r->B * sizeof(float)) : 0);
+    /* issue 13: one micro-batch's document ids (packed steps) */
+    const size_t off_docs = off_adv + (r->ti.mb_adv ? align_up((size_t)r->B * sizeof(float)) : 0);
+    const size_t arena_bytes = off_docs + (r->doc_ids ? align_up(ntok * sizeof(int32_t)) : 0);
     st = RT(*rt, arena_alloc, arena_ctx, (void **)&r->arena, arena_bytes);
     if (st) {
         char b1[32];
@@ -1288,6 +1406,7 @@ static int run_allocate(run *r)
     r->d_ref = (float *)(arena + off_ref);
     r->d_old = (float *)(arena + off_old);
     r->d_adv = (float *)(arena + off_adv);
+    r->d_doc_ids = r->doc_ids ? (int32_t *)(arena + off_docs) : NULL; /* issue 13 */
     if (r->host_visible) {
         r->host_params = r->d_params;
         r->host_grads = r->d_grads;
@@ -1316,7 +1435,8 @@ static int run_allocate(run *r)
             return copy_failed(r, st);
     }
     /* issue 12: checkpoints: --resume overwrites the weights, m, v and the data position */
-    char ckpt_err[1024];
+    char ckpt_err[1024], pack_id[64]; /* issue 13: the packing is part of the run's identity */
+    train_pack_identity(&o->pack, r->doc_ids, (size_t)r->K * ntok, pack_id, sizeof pack_id);
     if (train_ckpt_start(&r->ckpt, &(train_ckpt_run){
             .in = in, .step_path = o->step_path, .adamw = o->adamw, .grad_accum = o->grad_accum,
             .total_steps = o->steps, .lr = o->lr, .weight_decay = o->weight_decay,
@@ -1325,13 +1445,82 @@ static int run_allocate(run *r)
             .ntok_all = (size_t)r->K * ntok, .pbytes = pbytes, .d_params = r->d_params,
             .d_m = r->d_m, .d_v = r->d_v, .host_params = r->host_params,
             .host_visible = r->host_visible, .copy = rt->copy, .copy_ctx = *rt->copy_ctx,
-            .note = note_message}, ckpt_err, sizeof ckpt_err))
+            .note = note_message, .packing = pack_id}, ckpt_err, sizeof ckpt_err))
         return error("%s", ckpt_err);
 
     /* the step's own preparation (a cuda step uploads its constants), outside the timing */
     if (rt->step_init && (st = rt->step_init(rt->step_ctx)))
         return error("preparing the step (sbp_step_init) failed: %s%s", rt->status_string(st),
                      rt_why(rt, rt->step_ctx, why, sizeof why));
+    return 0;
+}
+
+/* issue 12: evaluation after optimizer step s: the step's forward-only entry point on the K
+ * held-out batches, with the caller's denominator 1 so that each batch's loss is the sum of its
+ * token losses (for a mean and for a graph's summed loss alike); *out = their total over the
+ * scored tokens of all K. Prints 'eval step N loss X ppl Y ...'. */
+static int run_eval(run *r, int64_t s, double *out)
+{
+    const sbp_step_info *in = r->in;
+    runtime *rt = &r->rt;
+    train_eval *ev = &r->ev;
+    const size_t ntok = r->ntok;
+    char err[512], why[400];
+    double sum = 0, t0 = now_seconds();
+    int64_t scored = 0;
+    int st;
+    train_eval_rewind(ev);
+    for (int64_t k = 0; k < ev->K; k++) {
+        if (train_eval_next(ev, err, sizeof err))
+            return error("step %lld: evaluation batch %lld: %s", (long long)s, (long long)k + 1,
+                         err);
+        if ((st = RT(*rt, copy, copy_ctx, r->d_ids, ev->ids, ntok * sizeof *ev->ids,
+                     SBPRT_COPY_HOST_TO_DEVICE)) ||
+            (st = RT(*rt, copy, copy_ctx, r->d_labels, ev->labels, ntok * sizeof *ev->labels,
+                     SBPRT_COPY_HOST_TO_DEVICE)) ||
+            (in->packed && ev->doc_ids &&
+             (st = RT(*rt, copy, copy_ctx, r->d_doc_ids, ev->doc_ids,
+                      ntok * sizeof *ev->doc_ids, SBPRT_COPY_HOST_TO_DEVICE))))
+            return copy_failed(r, st);
+        double batch_sum = NAN;
+        int64_t n = 0;
+        sbp_step_args args = {
+            .params = r->d_params,
+            .input_ids = r->d_ids,
+            .labels = r->d_labels,
+            .denominator = 1.0, /* the sum of the token losses */
+            .workspace = r->workspace,
+            .loss = &batch_sum,
+            .n_scored = &n,
+            .doc_ids = in->packed ? r->d_doc_ids : NULL,
+        };
+        st = r->step_eval(rt->step_ctx, &args);
+        if (!st)
+            st = rt->sync(*rt->sync_ctx);
+        if (st)
+            return error("step %lld: evaluation batch %lld failed: %s%s%s", (long long)s,
+                         (long long)k + 1, rt->status_string(st),
+                         st == SBPRT_ERR_RANGE ? " (a token id or label outside the vocabulary)"
+                                               : "",
+                         rt_why(rt, rt->step_ctx, why, sizeof why));
+        sum += batch_sum;
+        scored += n;
+    }
+    double dt = now_seconds() - t0;
+    clear_bar();
+    if (scored == 0) {
+        message("note", "step %lld: the evaluation batches have no scored token", (long long)s);
+        return 0;
+    }
+    *out = sum / (double)scored;
+    printf("eval step %lld loss %.6f ppl %.4f (%lld batches, %lld scored tokens, %.1f tokens/s)"
+           "\n",
+           (long long)s, *out, exp(*out), (long long)ev->K, (long long)scored,
+           dt > 0 ? (double)ntok * (double)ev->K / dt : 0.0);
+    fflush(stdout);
+    if (!isfinite(*out))
+        return error("step %lld: the evaluation loss is %s", (long long)s,
+                     isnan(*out) ? "NaN" : "infinite");
     return 0;
 }
 
@@ -1351,12 +1540,21 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
     int st;
     for (int64_t k = 0; r->have_shard && k < K; k++) {
         int64_t epoch = r->shard.epoch;
-        if (sbpio_shard_next_batch(&r->shard, (int)B, (int)T, r->ids + (size_t)k * ntok,
-                                   r->labels + (size_t)k * ntok, err, sizeof err))
+        if (o->pack.pack /* issue 13: rows of whole documents, the same shard cursor */
+                ? train_pack_shard(&r->shard, (uint32_t)o->pack.eos, T, B,
+                                   r->ids + (size_t)k * ntok, r->labels + (size_t)k * ntok,
+                                   r->doc_ids + (size_t)k * ntok, err, sizeof err)
+                : sbpio_shard_next_batch(&r->shard, (int)B, (int)T, r->ids + (size_t)k * ntok,
+                                         r->labels + (size_t)k * ntok, err, sizeof err))
             return error("step %lld: %s", (long long)s, err);
         if (r->shard.epoch != epoch && r->shard.epoch > epoch0)
             message("note", "step %lld: %s is exhausted; starting over from its first token "
                     "(pass %lld)", (long long)s, o->data_path, (long long)r->shard.epoch + 1);
+    }
+    if (r->doc_ids) { /* issue 13: what packing saves of attention, measured on the data */
+        train_pack_attention_work(r->doc_ids, K * B, T, &r->pairs_packed, &r->pairs_full,
+                                  &r->n_docs);
+        r->n_rows += K * B;
     }
     double t0 = now_seconds();
     /* K micro-batches, the gradients accumulated, with the whole batch's denominator */
@@ -1366,6 +1564,12 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
     st = SBPRT_OK;
     for (; micro < K && st == SBPRT_OK; micro++) {
         ti_micro(ti, r->ids, r->labels, micro);
+        if (r->doc_ids) { /* issue 13: the micro-batch's document ids, in its row order */
+            train_pack_micro(r->doc_ids, r->mb_doc_ids, K * B, B, T, micro, ti->dpo);
+            if ((st = RT(*rt, copy, copy_ctx, r->d_doc_ids, r->mb_doc_ids,
+                         ntok * sizeof *r->mb_doc_ids, SBPRT_COPY_HOST_TO_DEVICE)))
+                return copy_failed(r, st);
+        }
         if ((st = RT(*rt, copy, copy_ctx, r->d_ids, ti->mb_ids, ntok * sizeof *r->ids,
                      SBPRT_COPY_HOST_TO_DEVICE)) ||
             (st = RT(*rt, copy, copy_ctx, r->d_labels, ti->mb_labels, ntok * sizeof *r->labels,
@@ -1391,6 +1595,7 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
             .ref_logps = ti->mb_ref ? r->d_ref : NULL,
             .old_logps = ti->mb_old ? r->d_old : NULL,
             .advantages = ti->mb_adv ? r->d_adv : NULL,
+            .doc_ids = r->d_doc_ids, /* issue 13: NULL unless the step is packed */
         };
         st = r->step_run(rt->step_ctx, &args);
         if (!st)
@@ -1465,7 +1670,10 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
     printf("step %lld loss %.6f tokens/s %.1f lr %.9g grad_norm %.9g\n", (long long)s, loss, tps,
            lr, gnorm);
     fflush(stdout);
-    if (train_log_step(&r->log, s, loss, lr, gnorm, tps, NAN, err, sizeof err))
+    double eval_loss = NAN; /* issue 12: held-out evaluation after the update, when due */
+    if (train_eval_due(&o->eval, s, o->steps) && run_eval(r, s, &eval_loss))
+        return -1;
+    if (train_log_step(&r->log, s, loss, lr, gnorm, tps, eval_loss, err, sizeof err))
         return error("step %lld: %s", (long long)s, err);
     if (bar)
         draw_bar(s, o->steps, loss, tps);
@@ -1539,9 +1747,27 @@ static int run_report(run *r)
         printf("saved the trained weights as %d PyTorch tensors to %s\n",
                train_export_count(r->export), o->save_safetensors);
     }
+    if (o->adapter.save_dir) { /* issue 16: PEFT's adapter directory */
+        char err[1024];
+        int n_saved = 0;
+        if (!r->host_visible && (st = RT(r->rt, copy, copy_ctx, r->host_params, r->d_params,
+                                         r->pbytes, SBPRT_COPY_DEVICE_TO_HOST)))
+            return copy_failed(r, st);
+        if (train_adapter_save(&o->adapter, in, r->host_params, &n_saved, err, sizeof err))
+            return error("%s", err);
+        printf("saved %d LoRA adapter tensors (PEFT) to %s\n", n_saved, o->adapter.save_dir);
+    }
     if (o->dump_grads)
         printf("wrote the first step's gradients to %s\n", o->dump_grads);
 
+    if (r->n_rows > 0 && r->pairs_full > 0) /* issue 13 */
+        printf("packed documents: %lld documents (a row's padding counts as one) in %lld rows "
+               "of %lld tokens (mean %.1f tokens); "
+               "causal attention over them is %.1f%% of the work of unpacked rows (%.3g of %.3g "
+               "query-key pairs: the packed kernels skip other documents' keys)\n",
+               (long long)r->n_docs, (long long)r->n_rows, (long long)r->T,
+               (double)(r->n_rows * r->T) / (double)(r->n_docs ? r->n_docs : 1),
+               100.0 * r->pairs_packed / r->pairs_full, r->pairs_packed, r->pairs_full);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     size_t opt_state = o->adamw ? 2 * r->pbytes : 0;
@@ -1585,6 +1811,9 @@ static void run_free(run *r)
     runtime_stop(&r->rt);
     free(r->ids);
     free(r->labels);
+    free(r->doc_ids); /* issue 13 */
+    free(r->mb_doc_ids);
+    train_eval_close(&r->ev); /* issue 12 */
     ti_free(&r->ti);
     if (r->have_shard)
         sbpio_shard_close(&r->shard);

@@ -6,6 +6,7 @@
  *        [--chunk N] [--logits-chunk N] [--memory-budget BYTES]
  *        [--objective sft|graph-loss|dpo|grpo] [--beta F] [--epsilon F]
  *        [--grpo-norm sequence|token] [--freeze REGEX]... [--report] [--memory-plot FILE.svg]
+ *        [--no-eval] [--packed [--doc-len L]] [--lora RANK [--lora-alpha A] [--lora-targets REGEX] [--lora-seed S]]
  *
  * Reads the model, runs the canonicalisation pipeline (passes/pipeline.c) and prints the IR, the
  * parameters (--dump-params) or a summary (with each attention layer's variant and work);
@@ -83,6 +84,14 @@ static void usage(FILE *f)
             "                     token loss) or token (sum over tokens / scored tokens)\n"
             "  --freeze REGEX     do not train parameters whose name matches (POSIX extended;\n"
             "                     may be repeated)\n"
+            "  --lora RANK        LoRA: add PEFT's low-rank adapters (lora_A [RANK,in], lora_B\n"
+            "                     [out,RANK]) to the projections --lora-targets names and\n"
+            "                     train only them (the base model is frozen, as in PEFT)\n"
+            "  --lora-alpha A     the adapters' scaling is A/RANK (default 8, PEFT's)\n"
+            "  --lora-targets R   the weights to adapt, by PyTorch name (POSIX extended;\n"
+            "                     default: attention q/k/v/o and MLP projections)\n"
+            "  --lora-seed S      seed of lora_A's initial values (default 0; sbp-train\n"
+            "                     --lora-seed must be the same)\n"
             "  --dump-params      list the trainable parameters (shape, the ops that read\n"
             "                     them, frozen or not) after canonicalisation and --freeze:\n"
             "                     the exporter's graph signature says which initializers are\n"
@@ -93,6 +102,18 @@ static void usage(FILE *f)
             "                     for every strategy side by side\n"
             "  --memory-plot F    write an SVG plot of the workspace bytes live over the\n"
             "                     schedule, one line per strategy\n"
+            "  --packed           packed documents: the step also takes one document id per\n"
+            "                     token (ids non-decreasing along a row); a token attends only\n"
+            "                     to earlier tokens of its own document (other documents' key\n"
+            "                     tiles are skipped), and positions (RoPE, learned position\n"
+            "                     tables) restart at 0 in each document\n"
+            "  --doc-len L        with --packed: the summary (and --report) also gives each\n"
+            "                     attention layer's work for rows of documents of L tokens\n"
+            "                     (sbp-train --pack measures it on the data)\n"
+            "  --no-eval          no evaluation entry point (sbp_step_eval: the forward and\n"
+            "                     the loss only, on a memory plan of its own, what sbp-train\n"
+            "                     --eval-data runs); by default sft and graph-loss steps\n"
+            "                     have one\n"
             "  -h, --help         this text\n"
             "  --version          print the version\n"
             "\n"
@@ -111,6 +132,17 @@ static void usage(FILE *f)
  * the forward, per sequence: a causal layer reads T(T+1)/2 (query, key) pairs, a sliding window
  * of w keys about T*w, so local layers cost O(T*w), not O(T^2); the kernels skip the key tiles
  * outside (runtime/sbprt.h, sbprt_attention_forward_ex). */
+/* Pairs (query, key) of a causal attention over L tokens, with a sliding window w (0: none). */
+static double causal_pairs(int64_t L, int64_t w)
+{
+    return w > 0 && w < L ? (double)w * (double)L - (double)w * (double)(w - 1) / 2
+                          : (double)L * (double)(L + 1) / 2;
+}
+
+/* --doc-len L (with --packed): the packed attention's pairs for rows of T tokens filled with
+ * documents of L tokens (the last one shorter), each attending only within itself. */
+static int64_t doc_len;
+
 static void attention_work(const ir_graph *g)
 {
     int layer = 0;
@@ -120,9 +152,16 @@ static void attention_work(const ir_graph *g)
             continue;
         const int64_t hq = n->in[0]->dims[1].value, T = n->in[0]->dims[2].value,
                       hd = n->in[0]->dims[3].value, w = ir_attr_int(n, "window", 0);
-        double pairs = w > 0 && w < T ? (double)w * (double)T - (double)w * (double)(w - 1) / 2
-                                      : (double)T * (double)(T + 1) / 2;
+        double pairs = causal_pairs(T, w);
         double flop = 4.0 * pairs * (double)hq * (double)hd; /* q.k and p.v, 2 flop per MAC */
+        char packed[160] = "";
+        if (doc_len > 0) {
+            int64_t L = doc_len < T ? doc_len : T;
+            double pp = (double)(T / L) * causal_pairs(L, w) + causal_pairs(T % L, w);
+            snprintf(packed, sizeof packed,
+                     "; packed with documents of %lld tokens: %.4g GFLOP, %.1f%% of that",
+                     (long long)L, 4.0 * pp * (double)hq * (double)hd / 1e9, 100.0 * pp / pairs);
+        }
         char var[96] = "";
         if (w > 0)
             snprintf(var, sizeof var, "sliding window %lld, O(T*w)", (long long)w);
@@ -132,9 +171,9 @@ static void attention_work(const ir_graph *g)
         if (ir_attr_float(n, "softcap", 0.0) > 0)
             snprintf(cap, sizeof cap, ", softcap %.6g", ir_attr_float(n, "softcap", 0.0));
         printf("  attention %d (node '%s'): %s, scale %.6g%s, %lld/%lld heads: %.4g GFLOP per "
-               "sequence (forward scores and values)\n",
+               "sequence (forward scores and values)%s\n",
                layer++, n->name, var, ir_attr_float(n, "scale", 1.0), cap, (long long)hq,
-               (long long)ir_attr_int(n, "kv_heads", hq), flop / 1e9);
+               (long long)ir_attr_int(n, "kv_heads", hq), flop / 1e9, packed);
     }
 }
 
@@ -176,6 +215,28 @@ static void summary(const ir_graph *g)
     printf("%s: %d nodes, %d parameter tensors (%lld elements), %d attention layers\n", g->path,
            g->n_nodes, nparams, (long long)params, ir_graph_count_op(g, IR_OP_ATTENTION));
     attention_work(g);
+}
+
+/* --lora: what was adapted, and what is left to train (the adapters; the base is frozen). */
+static void lora_summary(const ir_graph *g, const sbp_lora_options *lora, int n_adapted)
+{
+    int64_t trained = 0, total = 0;
+    int n_tensors = 0;
+    for (int i = 0; i < g->n_values; i++) {
+        const ir_value *v = g->values[i];
+        if (v->kind != IR_VAL_PARAM || v->tied_to || ir_value_use_count(g, v) == 0)
+            continue;
+        total += ir_value_numel(v);
+        if (!v->frozen) {
+            trained += ir_value_numel(v);
+            n_tensors++;
+        }
+    }
+    printf("  LoRA: %d weights adapted (rank %lld, alpha %g, scaling %g): %d adapter tensors, "
+           "%lld of %lld parameter elements trained (%.2f%%); the base model is frozen\n",
+           n_adapted, (long long)lora->rank, lora->alpha, lora->alpha / (double)lora->rank,
+           n_tensors, (long long)trained, (long long)total,
+           total ? 100.0 * (double)trained / (double)total : 0.0);
 }
 
 #define MAX_FREEZE 32
@@ -271,7 +332,7 @@ typedef struct sbpc_target {
 enum { OPT_BATCH = 256, OPT_SEQ_LEN, OPT_NO_RETIE, OPT_DUMP_IR, OPT_DUMP_PARAMS, OPT_STRATEGY,
        OPT_TARGET, OPT_PRECISION, OPT_CHUNK, OPT_LOGITS_CHUNK, OPT_MEMORY_BUDGET, OPT_OBJECTIVE,
        OPT_BETA, OPT_EPSILON, OPT_GRPO_NORM, OPT_FREEZE, OPT_REPORT, OPT_MEMORY_PLOT,
-       OPT_VERSION };
+       OPT_VERSION, OPT_NO_EVAL, OPT_PACKED, OPT_DOC_LEN, OPT_LORA, OPT_LORA_ALPHA, OPT_LORA_TARGETS, OPT_LORA_SEED };
 
 /* --target T or --precision P into t; 0, or -1 after a message. */
 static int target_parse(cli *c, int opt, const char *v, sbpc_target *t)
@@ -333,8 +394,15 @@ int main(int argc, char **argv)
         {"freeze", required_argument, NULL, OPT_FREEZE},
         {"report", no_argument, NULL, OPT_REPORT},
         {"memory-plot", required_argument, NULL, OPT_MEMORY_PLOT},
+        {"no-eval", no_argument, NULL, OPT_NO_EVAL},
+        {"packed", no_argument, NULL, OPT_PACKED},
+        {"doc-len", required_argument, NULL, OPT_DOC_LEN},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
+        {"lora", required_argument, NULL, OPT_LORA},
+        {"lora-alpha", required_argument, NULL, OPT_LORA_ALPHA},
+        {"lora-targets", required_argument, NULL, OPT_LORA_TARGETS},
+        {"lora-seed", required_argument, NULL, OPT_LORA_SEED},
         {0},
     };
     static const char *const strategy_words[] = {"stream", "store", "checkpoint", NULL};
@@ -349,7 +417,7 @@ int main(int argc, char **argv)
     const char *model = NULL, *dump_pass = NULL, *out = NULL;
     const char *freeze[MAX_FREEZE];
     int n_freeze = 0;
-    bool dump = false, report = false, want_params = false;
+    bool dump = false, report = false, want_params = false, no_eval = false;
     const char *plot = NULL;
     sbp_pass_options opt = {.verify = true};
     /* The memory this compilation may use (passes.h: sbp_compile_mem_limit): this machine's,
@@ -362,6 +430,9 @@ int main(int argc, char **argv)
     const char *beta_given = NULL, *grpo_given = NULL; /* a DPO / GRPO flag seen */
     topt.epsilon = -1; /* unset */
     sbpc_target tgt = {.backend = "cpu"};
+    sbp_lora_options lora = {.alpha = SBP_LORA_DEFAULT_ALPHA};
+    const char *lora_given = NULL; /* a --lora-* flag seen */
+    int64_t lora_seed = 0;
 
     cli c;
     cli_init(&c, prog, options, argc, argv);
@@ -431,6 +502,26 @@ int main(int argc, char **argv)
         case OPT_REPORT:
             report = true;
             break;
+        case OPT_LORA:
+            bad = cli_count(&c, "--lora", v, 1, SBPC_MAX_DIM, &lora.rank);
+            break;
+        case OPT_LORA_ALPHA:
+            bad = cli_real(&c, "--lora-alpha", v, &lora.alpha);
+            if (!bad && !(lora.alpha > 0 && lora.alpha < 1e30))
+                bad = cli_error(&c, "--lora-alpha must be a positive number, not '%s'", v);
+            lora_given = "--lora-alpha";
+            break;
+        case OPT_LORA_TARGETS:
+            if (!*v)
+                bad = cli_error(&c, "--lora-targets needs a regular expression");
+            lora.targets = v;
+            lora_given = "--lora-targets";
+            break;
+        case OPT_LORA_SEED:
+            bad = cli_count(&c, "--lora-seed", v, 0, INT64_MAX, &lora_seed);
+            lora.seed = (uint64_t)lora_seed;
+            lora_given = "--lora-seed";
+            break;
         case OPT_DUMP_PARAMS:
             want_params = true;
             break;
@@ -439,6 +530,15 @@ int main(int argc, char **argv)
             break;
         case OPT_NO_RETIE:
             opt.no_retie = true;
+            break;
+        case OPT_PACKED: /* passes/train.h, "Packed documents" */
+            topt.packed = true;
+            break;
+        case OPT_DOC_LEN:
+            bad = cli_count(&c, "--doc-len", v, 1, SBPC_MAX_DIM, &doc_len);
+            break;
+        case OPT_NO_EVAL:
+            no_eval = true;
             break;
         case OPT_DUMP_IR:
             dump = true;
@@ -467,14 +567,24 @@ int main(int argc, char **argv)
         topt.beta = sbp_objective_default_beta(objective);
     if (topt.epsilon < 0)
         topt.epsilon = objective == SBP_OBJECTIVE_GRPO ? SBP_GRPO_DEFAULT_EPSILON : 0;
+    if (lora_given && lora.rank == 0) {
+        fprintf(stderr, "%s: error: %s needs --lora RANK\n", prog, lora_given);
+        return 1;
+    }
     if (!model) {
         fprintf(stderr, "%s: error: no model given\n", prog);
         usage(stderr);
         return 1;
     }
+    if (doc_len > 0 && !topt.packed) {
+        fprintf(stderr, "%s: error: --doc-len applies to --packed steps\n", prog);
+        return 1;
+    }
     if (target_check(&c, &tgt, objective, out))
         return 1;
     topt.bf16 = tgt.bf16;
+    /* the evaluation program: written with the step (-o) and shown by --report */
+    topt.eval = !no_eval && (out || report);
     const char *const target = tgt.backend; /* codegen's name for it, below */
 
     /* What to run: the flow (passes/flow.h) up to the stage a dump names, then, for -o, --report
@@ -487,6 +597,8 @@ int main(int argc, char **argv)
         first_stop = "freeze";
     else if (dump_pass)
         first_stop = strcmp(dump_pass, "program") == 0 ? "plan" : dump_pass;
+    else if (lora.rank > 0)
+        first_stop = "lora"; /* the summary (or --dump-ir) is of the adapted graph */
     const int stop_index = sbp_flow_find(first_stop);
     if (dump_pass && compile && stop_index != sbp_flow_find("cleanup")) {
         fprintf(stderr, "%s: error: --dump-ir=%s prints and exits: not with %s%s%s (%s)\n",
@@ -510,7 +622,7 @@ int main(int argc, char **argv)
     sbp_file_set inputs = {0}; /* what the import read: no output may replace it */
     const ir_import_options iopt = {.files = &inputs};
     const sbp_flow_options fo = {.pass = opt, .objective = objective, .freeze = freeze,
-                                 .n_freeze = n_freeze, .train = topt};
+                                 .n_freeze = n_freeze, .lora = lora, .train = topt};
     sbp_flow flow = {.path = model, .import = &iopt};
     /* first the import alone: outputs that would replace an input are refused before any work */
     if (sbp_flow_run(&flow, &fo, &diag, "import") != IR_OK ||
@@ -533,6 +645,8 @@ int main(int argc, char **argv)
     } else if (!out) {
         summary(g);
     }
+    if (rc == 0 && lora.rank > 0 && !want_params && !dump)
+        lora_summary(g, &lora, flow.n_adapted);
     if (rc == 0 && compile && !want_params) {
         if (sbp_flow_run(&flow, &fo, &diag, NULL) != IR_OK)
             rc = 1;

@@ -24,7 +24,8 @@
 #include <unistd.h>
 
 #define CKPT_FORMAT "sbp-train-checkpoint"
-#define CKPT_VERSION "1"
+#define CKPT_VERSION "2"        /* issue 13: "packing" joined the identity */
+#define CKPT_VERSION_OLDEST "1" /* still read: written before packing, so an unpacked run's */
 
 static int ckpt_err(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -324,7 +325,8 @@ static const char *sched_name(const train_sched_opts *t)
 /* The identity keys (compared on resume) come first; the state and the schedule after them. */
 static const char *const identity_keys[] = {"batch", "seq_len", "vocab", "objective",
                                             "optimizer", "grad_accum", "param_elems",
-                                            "model_hash", "data", "data_hash"};
+                                            "model_hash", "data", "data_hash",
+                                            "packing" /* issue 13 */};
 enum { N_IDENTITY = sizeof identity_keys / sizeof identity_keys[0] };
 
 static int build_meta(const train_ckpt *c, int64_t s, ckpt_meta *m)
@@ -344,6 +346,7 @@ static int build_meta(const train_ckpt *c, int64_t s, ckpt_meta *m)
     meta_add(m, "model_hash", "%016" PRIx64, c->model_hash);
     meta_add(m, "data", "%s", r->shard ? "shard" : "arrays");
     meta_add(m, "data_hash", "%016" PRIx64, c->data_hash);
+    meta_add(m, "packing", "%s", c->packing[0] ? c->packing : "none"); /* issue 13 */
     /* the state */
     meta_add(m, "step", "%" PRId64, s);
     meta_add(m, "adamw_step", "%" PRId64, r->adamw ? s : 0);
@@ -405,10 +408,11 @@ int train_ckpt_prepare(train_ckpt *c, const train_ckpt_opts *o, char *err, size_
         if (sbpio_st_open(path, &f, why, sizeof why) == SBPIO_OK) {
             const char *fmt = sbpio_st_meta(f, "format"), *ver = sbpio_st_meta(f, "version");
             const char *st = sbpio_st_meta(f, "step");
-            if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0 || !ver || strcmp(ver, CKPT_VERSION) != 0 ||
+            if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0 || !ver ||
+                (strcmp(ver, CKPT_VERSION) != 0 && strcmp(ver, CKPT_VERSION_OLDEST) != 0) ||
                 !st || strtoll(st, NULL, 10) != steps[i] || !sbpio_st_find(f, "params")) {
-                snprintf(why, sizeof why, "%s: not an sbp-train checkpoint (version %s) of step "
-                         "%" PRId64, path, CKPT_VERSION, steps[i]);
+                snprintf(why, sizeof why, "%s: not an sbp-train checkpoint (version %s or %s) "
+                         "of step %" PRId64, path, CKPT_VERSION_OLDEST, CKPT_VERSION, steps[i]);
                 sbpio_st_close(f);
                 f = NULL;
             }
@@ -443,6 +447,8 @@ static int compare_key(const train_ckpt *c, const ckpt_meta *now, const char *ke
         if (strcmp(now->kv[i].key, key) == 0)
             mine = now->kv[i].value;
     const char *theirs = sbpio_st_meta(c->from, key);
+    if (!theirs && strcmp(key, "packing") == 0) /* issue 13: a version-1 checkpoint, unpacked */
+        theirs = "none";
     if (mine && theirs && strcmp(mine, theirs) == 0)
         return 0;
     const char *what = strcmp(key, "model_hash") == 0 ? "another model's initial weights (--model)"
@@ -451,6 +457,8 @@ static int compare_key(const train_ckpt *c, const ckpt_meta *now, const char *ke
                        : strcmp(key, "optimizer") == 0 ? "another optimizer"
                        : strcmp(key, "objective") == 0 ? "another objective"
                        : strcmp(key, "grad_accum") == 0 ? "another --grad-accum"
+                       : strcmp(key, "packing") == 0 /* issue 13 */
+                           ? "another packing of the data (--pack, --eos, --doc-ids)"
                                                         : "a step of another shape";
     return ckpt_err(err, errlen, "--resume: %s was written for %s: %s is %s there but %s here "
                     "(%s); resume with the run's own model, step, data and options",
@@ -480,6 +488,7 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
     if (!c->dir)
         return 0;
     c->r = *r;
+    snprintf(c->packing, sizeof c->packing, "%s", r->packing ? r->packing : "none"); /* 13 */
     c->model_hash = fnv1a(FNV_SEED, r->host_params, r->pbytes);
     if (r->shard)
         c->data_hash = fnv1a(FNV_SEED, r->shard->raw, (size_t)r->shard->ntok * r->shard->token_size);

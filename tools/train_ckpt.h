@@ -12,9 +12,12 @@
  *             flags of the run (--lr, --lr-schedule, ...: recorded, a change is only a note), and
  *             the identity of the run: the step's parameter table (names, shapes, offsets, ties,
  *             trainable), B, T, V, objective, optimizer, --grad-accum, a hash of the model's
- *             initial weights and of the training data. On resume the identity must match
- *             field by field, else the run is refused with one line naming the field: resuming
- *             into another model, step or optimizer would silently be a different run.
+ *             initial weights and of the training data, and its packing into documents (issue
+ *             13: "packing"; a packed run's cursor is the shard position too, train_pack.h). On
+ *             resume the identity must match field by field, else the run is refused with one
+ *             line naming the field: resuming into another model, step or optimizer would
+ *             silently be a different run. Version 2 added "packing"; a version-1 checkpoint
+ *             (from before packing) still loads, as an unpacked run's.
  * Nothing written depends on the time, the process or the path, so two runs that reach the same
  * step write byte-identical checkpoints (the tests compare them with cmp).
  *
@@ -69,6 +72,9 @@ typedef struct train_ckpt_run {
     bool dump_grads;           /* --dump-grads given: only meaningful from step 1 */
     sbpio_shard *shard;        /* --data, or NULL (--input-ids: the step is the cursor) */
     const int32_t *ids, *labels; /* [ntok_all] --input-ids / --labels, hashed as the data's id */
+    const char *packing;       /* issue 13: how the data is packed, part of the run's identity:
+                                * "eos ID" (--pack), "doc-ids HASH" (--doc-ids); NULL: "none".
+                                * Copied by train_ckpt_start. */
     size_t ntok_all;
     size_t pbytes;             /* param_elems floats */
     float *d_params, *d_m, *d_v; /* backend memory [param_elems]; m, v only with adamw */
@@ -93,6 +99,7 @@ typedef struct train_ckpt {
     float *host_m, *host_v;  /* host copies for a device backend (malloc'd), else NULL */
     int64_t last_written;    /* step of the newest checkpoint this run wrote, 0 if none */
     bool stopped;            /* a signal stopped the run (after its checkpoint) */
+    char packing[64];        /* issue 13: r.packing's copy ("none" when not packed) */
 } train_ckpt;
 
 /* Before any work (run_load): checks the options, creates DIR (one level) and proves it

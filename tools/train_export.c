@@ -26,10 +26,13 @@
  * Two different candidates, from two consumers or from the signature, are refused with both
  * named; a name is never guessed by shape or order. A re-tied copy whose name stays unknown is
  * not needed: its values are its owner's, written under the owner's name (a note says so).
+ * Step 1's pieces (the signature, scopes, consumer roles, the prefix) live in ir/torch.c, where
+ * sbpc's --lora pass names the layers it adapts with them too.
  */
 #include "train_export.h"
 
 #include "sbpio.h"
+#include "torch.h" /* PyTorch names (shared with sbpc --lora) */
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -48,14 +51,8 @@ struct train_export {
     int n;
 };
 
-/* What is known of one step parameter while planning. */
-typedef struct pname {
-    char *name;       /* PyTorch name, or NULL while unknown */
-    bool transposed;  /* ONNX layout is PyTorch's transposed */
-    bool recovered;   /* not the initializer's own name */
-    const char *via;  /* the node (or "the graph signature") it was recovered from */
-    int tr_hint;      /* from the consumer op: 1 transposed, 0 not, -1 unknown */
-} pname;
+/* What is known of one step parameter while planning (ir/torch.h). */
+typedef ir_torch_name pname;
 
 static int fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(char *err, size_t n, const char *fmt, ...)
@@ -77,141 +74,23 @@ static char *dup_n(const char *s, size_t n)
     return d;
 }
 
-/* The PARAMETER entries of the dynamo signature (ir_signature_each), passed on to f. */
-struct sig_params {
-    void (*f)(const char *, size_t, void *);
-    void *ctx;
-};
-
-static void sig_params_cb(const char *kind, const char *name, size_t len, void *ctx)
-{
-    struct sig_params *q = ctx;
-    if (strncmp(kind, "PARAMETER", 9) == 0)
-        q->f(name, len, q->ctx);
-}
-
-static void for_each_signature_param(const char *sig, void (*f)(const char *, size_t, void *),
-                                     void *ctx)
-{
-    struct sig_params q = {f, ctx};
-    ir_signature_each(sig, sig_params_cb, &q);
-}
-
-struct sig_find {
-    const char *name;
-    bool found;
-};
-
-static void sig_find_cb(const char *s, size_t n, void *ctx)
-{
-    struct sig_find *q = ctx;
-    q->found |= strlen(q->name) == n && strncmp(q->name, s, n) == 0;
-}
-
-/* Is `name` PyTorch's own name for the initializer (see the file's header)? */
-static bool is_torch_name(const ir_graph *g, const char *name)
-{
-    if (g->torch_signature) {
-        struct sig_find q = {name, false};
-        for_each_signature_param(g->torch_signature, sig_find_cb, &q);
-        return q.found;
-    }
-    if (strncmp(name, "onnx::", 6) == 0)
-        return false;
-    if (strncmp(name, "val_", 4) == 0 && name[4]) {
-        const char *d = name + 4;
-        while (*d >= '0' && *d <= '9')
-            d++;
-        return *d != 0;
-    }
-    return true;
-}
-
-/* The module path of a TorchScript node name, `/a/b.0/c/Op` -> "a.b.0.c" (malloc'd), or NULL
- * when the name carries no scope. */
-static char *node_scope(const ir_node *n)
-{
-    if (!n->name || n->name[0] != '/')
-        return NULL;
-    const char *last = strrchr(n->name, '/');
-    if (last == n->name)
-        return NULL; /* "/Op": the top-level module, no path */
-    char *s = dup_n(n->name + 1, (size_t)(last - n->name - 1));
-    for (char *c = s; c && *c; c++)
-        if (*c == '/')
-            *c = '.';
-    return s;
-}
-
-/* What the consumer (node n, input slot) says: the attribute name and whether the stored
- * layout is PyTorch's transposed. False when the op says nothing (not a Linear's MatMul/Gemm). */
-static bool consumer_role(const ir_node *n, int slot, const ir_value *v, const char **leaf,
-                          bool *transposed)
-{
-    if (n->op == IR_OP_MATMUL && slot == 1 && v->rank == 2) {
-        *leaf = "weight";
-        *transposed = true; /* x @ W with W [in, out]: nn.Linear's weight is [out, in] */
-        return true;
-    }
-    if (n->op == IR_OP_GEMM && slot == 1 && v->rank == 2) {
-        *leaf = "weight";
-        *transposed = ir_attr_int(n, "transB", 0) == 0;
-        return true;
-    }
-    if (n->op == IR_OP_GEMM && slot == 2 && v->rank == 1) {
-        *leaf = "bias";
-        *transposed = false;
-        return true;
-    }
-    return false;
-}
-
-struct prefix_tally {
-    char *text[8];
-    int count[8];
-    int n;
-};
-
-static void tally_add(struct prefix_tally *t, const char *s, size_t len)
-{
-    for (int i = 0; i < t->n; i++)
-        if (strlen(t->text[i]) == len && strncmp(t->text[i], s, len) == 0) {
-            t->count[i]++;
-            return;
-        }
-    if (t->n < 8 && (t->text[t->n] = dup_n(s, len)))
-        t->count[t->n++] = 1;
-}
-
-/* The prefix a wrapper module put on every scope ("m." for `/m/model/...` with parameters named
- * `model....`), learned from the parameters whose names are PyTorch's; "" when none is seen. */
+/* The prefix a wrapper module put on every scope (ir_torch_learn_prefix), learned from the
+ * parameters whose names are PyTorch's own. */
 static char *learn_prefix(const ir_graph *g, const ir_uses *u, const sbp_step_info *in,
                           const pname *pn)
 {
-    struct prefix_tally t = {0};
-    for (int i = 0; i < in->n_params; i++) {
-        const char *dot = pn[i].name && !pn[i].recovered ? strrchr(pn[i].name, '.') : NULL;
-        const ir_value *v = dot ? ir_value_find(g, in->params[i].name) : NULL;
-        if (!v)
-            continue;
-        size_t ml = (size_t)(dot - pn[i].name); /* the module path's length */
-        for (int k = 0; k < u->n_uses[v->id]; k++) {
-            char *s = node_scope(u->uses[v->id][k].node);
-            size_t sl = s ? strlen(s) : 0;
-            if (s && sl >= ml && strncmp(s + sl - ml, pn[i].name, ml) == 0 &&
-                (sl == ml || s[sl - ml - 1] == '.'))
-                tally_add(&t, s, sl - ml);
-            free(s);
+    const ir_value **vals = calloc((size_t)in->n_params + 1, sizeof *vals);
+    const char **names = calloc((size_t)in->n_params + 1, sizeof *names);
+    char *p = NULL;
+    if (vals && names) {
+        for (int i = 0; i < in->n_params; i++) {
+            names[i] = pn[i].name && !pn[i].recovered ? pn[i].name : NULL;
+            vals[i] = names[i] ? ir_value_find(g, in->params[i].name) : NULL;
         }
+        p = ir_torch_learn_prefix(g, u, in->n_params, vals, names);
     }
-    int best = -1;
-    for (int i = 0; i < t.n; i++)
-        if (best < 0 || t.count[i] > t.count[best])
-            best = i;
-    char *p = best >= 0 ? t.text[best] : dup_n("", 0);
-    for (int i = 0; i < t.n; i++)
-        if (i != best)
-            free(t.text[i]);
+    free(vals);
+    free(names);
     return p;
 }
 
@@ -232,49 +111,8 @@ static char *shape_text(char *buf, size_t n, int rank, const int64_t *dims, bool
 static int recover_from_scopes(const ir_graph *g, const ir_uses *u, const sbp_step_info *in,
                                int i, const char *prefix, pname *pn, char *err, size_t errlen)
 {
-    const ir_value *v = ir_value_find(g, in->params[i].name);
-    if (!v)
-        return 0;
-    size_t pl = strlen(prefix);
-    for (int k = 0; k < u->n_uses[v->id]; k++) {
-        const ir_node *n = u->uses[v->id][k].node;
-        const char *leaf;
-        bool tr;
-        if (!consumer_role(n, u->uses[v->id][k].slot, v, &leaf, &tr))
-            continue;
-        pn->tr_hint = tr;
-        /* The dynamo exporter's module path (node metadata, see ir_node.scope) is relative to
-         * the exported module already, as its parameter names are: no prefix to strip. */
-        char *s = n->scope ? dup_n(n->scope, strlen(n->scope)) : node_scope(n);
-        if (!s)
-            continue;
-        const char *mod = !n->scope && strncmp(s, prefix, pl) == 0 ? s + pl : s;
-        size_t len = strlen(mod) + strlen(leaf) + 2;
-        char *name = malloc(len);
-        if (!name) {
-            free(s);
-            return fail(err, errlen, "out of memory");
-        }
-        snprintf(name, len, "%s.%s", mod, leaf);
-        free(s);
-        if (pn->name && (strcmp(pn->name, name) != 0 || pn->transposed != tr)) {
-            int rc = fail(err, errlen,
-                          "initializer '%s' was renamed by the exporter, and its PyTorch name is "
-                          "ambiguous: node '%s' reads it as '%s'%s, node '%s' as '%s'%s; refusing "
-                          "to guess", in->params[i].name, pn->via, pn->name,
-                          pn->transposed ? " (transposed)" : "", n->name, name,
-                          tr ? " (transposed)" : "");
-            free(name);
-            return rc;
-        }
-        if (pn->name) {
-            free(name);
-            continue;
-        }
-        *pn = (pname){.name = name, .transposed = tr, .recovered = true, .via = n->name,
-                      .tr_hint = tr};
-    }
-    return 0;
+    return ir_torch_name_from_scopes(g, u, ir_value_find(g, in->params[i].name), prefix, pn, err,
+                                     errlen);
 }
 
 struct unclaimed {
@@ -327,7 +165,7 @@ static int plan_names(const ir_graph *g, const sbp_step_info *in, pname *pn,
     char line[1024], s1[64], s2[64];
     for (int i = 0; i < in->n_params; i++) {
         pn[i].tr_hint = -1;
-        if (is_torch_name(g, in->params[i].name) && !(pn[i].name = dup_n(in->params[i].name,
+        if (ir_torch_is_name(g, in->params[i].name) && !(pn[i].name = dup_n(in->params[i].name,
                                                                          strlen(in->params[i].name))))
             return fail(err, errlen, "out of memory");
     }
@@ -353,7 +191,7 @@ static int plan_names(const ir_graph *g, const sbp_step_info *in, pname *pn,
             first = unnamed++ == 0 ? i : first;
         }
     struct unclaimed q = {.g = g, .pn = pn, .n_params = in->n_params};
-    for_each_signature_param(g->torch_signature, unclaimed_cb, &q);
+    ir_torch_signature_params(g->torch_signature, unclaimed_cb, &q);
     if (unnamed == 1 && q.count == 1 && pn[first].tr_hint >= 0) {
         pn[first] = (pname){.name = dup_n(q.first, q.first_len), .transposed = pn[first].tr_hint,
                             .recovered = true, .via = "the graph signature (its only parameter "

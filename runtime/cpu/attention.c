@@ -49,6 +49,17 @@
  * masked key still gets p = 0 exactly and adds nothing, and both variants act on single
  * scores, so the properties above (bitwise equal chunk rows, independent of threads) hold
  * for them too.
+ *
+ * Packed documents (the _packed entry points; _ex is them with doc_start = NULL): a row's
+ * first key becomes lo = max(doc_start[pos], pos - w + 1), and everything above that was
+ * written for the window's lo holds for it, because lo still never decreases with the row
+ * (att_check_docs insists): a query tile's first row has the tile's smallest lo, so key
+ * tiles before it are skipped as the window's are; the query rows that see a key tile are
+ * still one range, ending where lo passes the tile's last key (found by bisection); inside a
+ * tile each row is cut at its own lo.  With n equal documents a row does about 1/n of the
+ * causal work.  The dk/dv tasks span the window's key tiles, and a task whose tile lies
+ * wholly before its batch row's first document returns at once; so each batch row reads and
+ * writes only K/V rows from its chunk's first document on.
  */
 #include <math.h>
 #include <string.h>
@@ -60,18 +71,36 @@
 #define ATT_BR 32 /* query rows per tile */
 #define ATT_BC 64 /* keys per tile */
 
-/* The first key a query at absolute position pos attends: pos - window + 1 with a sliding
- * window, else 0.  window has been reduced below q_start + t (att_window), so nothing
- * overflows. */
-static int att_lo(int pos, int window)
+/* The first key a query at absolute position pos attends: the start of its document (docs:
+ * the batch row's doc_start, or NULL for one document), moved up to pos - window + 1 by a
+ * sliding window.  window has been reduced below q_start + t (att_window), so nothing
+ * overflows.  Non-decreasing in pos (doc_start is, att_check_docs), so a tile's first row
+ * has the smallest first key of the tile: the loops over key tiles start there. */
+static int att_lo(const int32_t *docs, int pos, int window)
 {
-    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+    const int lo = docs ? docs[pos] : 0;
+    return window > 0 && pos - window + 1 > lo ? pos - window + 1 : lo;
 }
 
-/* One past the last query row (chunk-relative, at most t) whose window holds key jlast: rows
- * at positions up to jlast + window - 1 see it; t without a window. */
-static int att_row_end(int jlast, int window, int q_start, int t)
+/* One past the last query row (chunk-relative, at most t) that sees key jlast, the last key
+ * of a tile; ifirst is the first row at or after the tile's first key.  With documents: the
+ * first row from ifirst whose first key lies past jlast, found by bisection since att_lo
+ * grows with the row.  Without: rows at positions up to jlast + window - 1 see it, all rows
+ * without a window. */
+static int att_row_end(const int32_t *docs, int jlast, int window, int q_start, int ifirst,
+                       int t)
 {
+    if (docs) {
+        int a = ifirst, z = t;
+        while (a < z) {
+            const int mid = a + (z - a) / 2;
+            if (att_lo(docs, q_start + mid, window) <= jlast)
+                a = mid + 1;
+            else
+                z = mid;
+        }
+        return a;
+    }
     if (window <= 0)
         return t;
     const int64_t end = (int64_t)jlast + window - q_start;
@@ -158,6 +187,22 @@ static int att_check(const float *q, const float *k, const float *v, int b, int 
         return SBPRT_ERR_INVALID;
     if (b > 0 && t > 0 && hq > 0 && (!q || !k || !v))
         return SBPRT_ERR_INVALID;
+    return SBPRT_OK;
+}
+
+/* doc_start of the chunk's positions, [q_start, q_start + t) of each batch row: within
+ * [0, position] and non-decreasing (the tile skipping relies on it), else SBPRT_ERR_RANGE.
+ * Positions outside the chunk are not read. */
+static int att_check_docs(const int32_t *doc_start, int b, int t, int tk, int q_start)
+{
+    if (!doc_start)
+        return SBPRT_OK;
+    for (int bi = 0; bi < b; bi++) {
+        const int32_t *docs = doc_start + (size_t)bi * tk;
+        for (int p = q_start; p < q_start + t; p++)
+            if (docs[p] < 0 || docs[p] > p || (p > q_start && docs[p] < docs[p - 1]))
+                return SBPRT_ERR_RANGE;
+    }
     return SBPRT_OK;
 }
 
@@ -339,10 +384,9 @@ static int r4(int n) { return (n + 3) & ~3; }
 static int r16(int n) { return (n + 15) & ~15; }
 
 FX static int fx_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q, const float *k,
-                         const float *v, int b, int t, int tk, int hq, int hkv, int d,
-                         int q_start, float scale, int window, float cap)
+                         const float *v, const int32_t *doc_start, int b, int t, int tk, int hq,
+                         int hkv, int d, int q_start, float scale, int window, float cap)
 {
-    (void)tk;
     const int group = hq / hkv;
     const int nqt = (t + FB - 1) / FB;
     const int64_t ntasks = (int64_t)b * hq * nqt;
@@ -361,6 +405,7 @@ FX static int fx_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
         const int g = h / group;
         const int i0 = qt * FB;
         const int nr = t - i0 < FB ? t - i0 : FB, nr4 = r4(nr);
+        const int32_t *docs = doc_start ? doc_start + (size_t)bi * tk : NULL;
         float *qp = scratch + per_thread * omp_get_thread_num();
         float *acc = qp + (size_t)FB * d, *kt = acc + (size_t)FB * d;
         float *s = kt + (size_t)FB * d, *m = s + (size_t)FB * FB, *l = m + FB;
@@ -369,7 +414,7 @@ FX static int fx_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
         for (int r = 0; r < nr; r++)
             m[r] = -INFINITY, l[r] = 0;
         /* keys [kfirst, kend) are visible to some row of this tile; other tiles are skipped */
-        const int kfirst = att_lo(q_start + i0, window), kend = q_start + i0 + nr;
+        const int kfirst = att_lo(docs, q_start + i0, window), kend = q_start + i0 + nr;
         for (int j0 = kfirst / FB * FB; j0 < kend; j0 += FB) {
             const int jn = kend - j0 < FB ? kend - j0 : FB;
             const int js = kfirst > j0 ? kfirst - j0 : 0; /* keys before js: never read */
@@ -380,7 +425,8 @@ FX static int fx_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
             for (int r = 0; r < nr; r++) {
                 float *sr = s + (size_t)r * FB;
                 const int pos = q_start + i0 + r;
-                const int lo = att_lo(pos, window) - j0 > 0 ? att_lo(pos, window) - j0 : 0;
+                const int first = att_lo(docs, pos, window);
+                const int lo = first > j0 ? first - j0 : 0;
                 const int hi = pos + 1 - j0 < jn ? pos + 1 - j0 : jn;
                 if (hi <= lo) { /* no key of this tile in the row's window: p = 0 */
                     memset(sr, 0, FB * sizeof(float));
@@ -415,17 +461,19 @@ FX static int fx_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
  * outlines OpenMP region bodies without the enclosing function's target("avx2,fma")
  * attribute. */
 FX static void fx_probs_dp(float *s, float *dp, float *dc, const float *ls, const float *dl,
-                           int nc, int j0, int q_start, int i0, int ni, int window, float cap)
+                           const int *rlo, int nc, int j0, int q_start, int i0, int ni,
+                           float cap)
 {
+    int ihi = 0;
     for (int jj = 0; jj < nc; jj++) {
         float *sr = s + (size_t)jj * FB, *dpr = dp + (size_t)jj * FB;
-        /* query ii sees key j0 + jj when q_start + i0 + ii >= j0 + jj, and with a window
-         * when q_start + i0 + ii < j0 + jj + window */
+        /* query ii sees key j0 + jj when q_start + i0 + ii >= j0 + jj and its first key
+         * rlo[ii] <= j0 + jj; rlo grows with ii, so those rows end at ihi, which only grows
+         * with the key */
         int ilo = j0 + jj - q_start - i0;
         ilo = ilo < 0 ? 0 : ilo;
-        int ihi = ni;
-        if (window > 0 && (int64_t)j0 + jj + window - q_start - i0 < ihi)
-            ihi = j0 + jj + window - q_start - i0;
+        while (ihi < ni && rlo[ihi] <= j0 + jj)
+            ihi++;
         if (cap > 0)
             fx_cap_row(sr, dc, FB, cap);
         for (int ii = 0; ii < FB; ii += 8) {
@@ -476,9 +524,12 @@ static fx_kt fx_kt_at(float *base, int d)
  * tile's rows. q, dout: the tile's first row, rows q_row apart; lse, delta: its rows'. */
 FX static void fx_kt_pair(const fx_kt *w, const float *q, const float *dout, const float *lse,
                           const float *delta, size_t q_row, int nc, int ni, int j0, int q_start,
-                          int i0, int d, float scale, int window, float cap)
+                          int i0, int d, float scale, const int32_t *docs, int window, float cap)
 {
     const int nc4 = r4(nc);
+    int rlo[FB]; /* the first key of each query row */
+    for (int ii = 0; ii < ni; ii++)
+        rlo[ii] = att_lo(docs, q_start + i0 + ii, window);
     fx_transpose(w->qt, q, q_row, 0, ni, d);
     fx_transpose(w->gt, dout, q_row, 0, ni, d);
     for (int ii = 0; ii < FB; ii++) {
@@ -487,7 +538,7 @@ FX static void fx_kt_pair(const fx_kt *w, const float *q, const float *dout, con
     }
     fx_nt(w->s, w->kp, w->qt, nc4, r16(ni), d, scale);
     fx_nt(w->dp, w->vp, w->gt, nc4, r16(ni), d, 1.0f);
-    fx_probs_dp(w->s, w->dp, w->dc, w->ls, w->dl, nc, j0, q_start, i0, ni, window, cap);
+    fx_probs_dp(w->s, w->dp, w->dc, w->ls, w->dl, rlo, nc, j0, q_start, i0, ni, cap);
     memset(w->s + (size_t)nc * FB, 0, (size_t)(nc4 - nc) * FB * sizeof(float));
     memset(w->dp + (size_t)nc * FB, 0, (size_t)(nc4 - nc) * FB * sizeof(float));
     fx_acc(w->dva, w->s, dout, q_row, nc4, ni, d);
@@ -503,17 +554,20 @@ FX static void fx_kt_pair(const fx_kt *w, const float *q, const float *dout, con
 FX static void fx_backward_fused(sbprt_ctx *ctx, float *thread_base, size_t per_thread,
                                  const float *delta, float *dq, float *dk, float *dv,
                                  const float *dout, const float *q, const float *k,
-                                 const float *v, const float *lse, int b, int t, int tk, int hq,
-                                 int hkv, int d, int q_start, float scale, int window, float cap)
+                                 const float *v, const float *lse, const int32_t *doc_start, int b,
+                                 int t, int tk, int hq, int hkv, int d, int q_start, float scale,
+                                 int window, float cap)
 {
     const int group = hq / hkv;
     const size_t kv_row = (size_t)hkv * d, q_row = (size_t)hq * d;
-    const int klo = att_lo(q_start, window), kend = q_start + t; /* the keys the chunk reads */
+    const int kend = q_start + t;
     const int nkt = (kend + FB - 1) / FB;
     const int ntasks = b * hkv;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
     for (int task = 0; task < ntasks; task++) {
         const int g = task % hkv, bi = task / hkv;
+        const int32_t *docs = doc_start ? doc_start + (size_t)bi * tk : NULL;
+        const int klo = att_lo(docs, q_start, window); /* the keys the chunk reads: [klo, kend) */
         const fx_kt w = fx_kt_at(thread_base + per_thread * omp_get_thread_num(), d);
         float *tmp = w.end, *dpt = tmp + (size_t)FB * d; /* [FB, d], [FB, FB] */
         for (int kt_idx = klo / FB; kt_idx < nkt; kt_idx++) {
@@ -526,7 +580,7 @@ FX static void fx_backward_fused(sbprt_ctx *ctx, float *thread_base, size_t per_
             memset(w.dka, 0, (size_t)2 * FB * d * sizeof(float));
             /* the query rows that see some key of the tile */
             const int ifirst = j0 - q_start > 0 ? j0 - q_start : 0;
-            const int iend = att_row_end(j0 + nc - 1, window, q_start, t);
+            const int iend = att_row_end(docs, j0 + nc - 1, window, q_start, ifirst, t);
             for (int hh = 0; hh < group; hh++) {
                 const int h = g * group + hh;
                 for (int i0 = ifirst; i0 < iend; i0 += FB) {
@@ -534,7 +588,7 @@ FX static void fx_backward_fused(sbprt_ctx *ctx, float *thread_base, size_t per_
                     const size_t qoff = (((size_t)bi * t + i0) * hq + h) * d;
                     fx_kt_pair(&w, q + qoff, dout + qoff, lse + ((size_t)bi * hq + h) * t + i0,
                                delta + ((size_t)bi * hq + h) * t + i0, q_row, nc, ni, j0,
-                               q_start, i0, d, scale, window, cap);
+                               q_start, i0, d, scale, docs, window, cap);
                     /* dq rows [i0, i0 + ni) += (scale dS)^T K: dS^T as an [ni4, FB] tile */
                     for (int ii = 0; ii < ni4; ii++)
                         for (int jj = 0; jj < nc; jj++)
@@ -559,13 +613,13 @@ FX static void fx_backward_fused(sbprt_ctx *ctx, float *thread_base, size_t per_
 FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread,
                            const float *delta, float *dq, float *dk, float *dv,
                            const float *dout, const float *q, const float *k, const float *v,
-                           const float *lse, int b, int t, int tk, int hq, int hkv, int d,
-                           int q_start, float scale, int window, float cap)
+                           const float *lse, const int32_t *doc_start, int b, int t, int tk,
+                           int hq, int hkv, int d, int q_start, float scale, int window, float cap)
 {
     /* by shape only (never by thread count), so results do not depend on the threads */
     if (dq && dk && (int64_t)b * hkv >= FX_FUSED_MIN_TASKS) {
         fx_backward_fused(ctx, thread_base, per_thread, delta, dq, dk, dv, dout, q, k, v, lse,
-                          b, t, tk, hq, hkv, d, q_start, scale, window, cap);
+                          doc_start, b, t, tk, hq, hkv, d, q_start, scale, window, cap);
         return;
     }
     const int group = hq / hkv;
@@ -581,6 +635,7 @@ FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread
             const int g = h / group;
             const int i0 = qt * FB;
             const int nr = t - i0 < FB ? t - i0 : FB, nr4 = r4(nr);
+            const int32_t *docs = doc_start ? doc_start + (size_t)bi * tk : NULL;
             float *qp = thread_base + per_thread * omp_get_thread_num();
             float *gp = qp + (size_t)FB * d, *kt = gp + (size_t)FB * d, *vt = kt + (size_t)FB * d;
             float *acc = vt + (size_t)FB * d, *s = acc + (size_t)FB * d, *dp = s + (size_t)FB * FB;
@@ -590,7 +645,7 @@ FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread
             fx_pack(qp, q + qoff, q_row, 0, nr, nr4, d);
             fx_pack(gp, dout + qoff, q_row, 0, nr, nr4, d);
             memset(acc, 0, (size_t)nr4 * d * sizeof(float));
-            const int kfirst = att_lo(q_start + i0, window), kend = q_start + i0 + nr;
+            const int kfirst = att_lo(docs, q_start + i0, window), kend = q_start + i0 + nr;
             for (int j0 = kfirst / FB * FB; j0 < kend; j0 += FB) {
                 const int jn = kend - j0 < FB ? kend - j0 : FB;
                 const int js = kfirst > j0 ? kfirst - j0 : 0; /* keys before js: never read */
@@ -603,7 +658,8 @@ FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread
                     float *sr = s + (size_t)r * FB;
                     const float *dpr = dp + (size_t)r * FB;
                     const int pos = q_start + i0 + r;
-                    const int lo = att_lo(pos, window) - j0 > 0 ? att_lo(pos, window) - j0 : 0;
+                    const int first = att_lo(docs, pos, window);
+                    const int lo = first > j0 ? first - j0 : 0;
                     if (cap > 0)
                         fx_cap_row(sr, dc, r16(jn), cap);
                     /* a row without keys in the tile gets p = 0 (lse is finite) */
@@ -623,9 +679,10 @@ FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread
         }
     }
     if (dk) {
-        /* the key tiles holding the keys the chunk reads, [klo, kend) */
-        const int klo = att_lo(q_start, window), kend = q_start + t;
-        const int kt0 = klo / FB, nkt = (kend + FB - 1) / FB - kt0;
+        /* the key tiles holding the keys the chunk reads, [klo, kend): the window's first key
+         * bounds every batch row's; a tile before a row's documents is skipped below */
+        const int kend = q_start + t;
+        const int kt0 = att_lo(NULL, q_start, window) / FB, nkt = (kend + FB - 1) / FB - kt0;
         const int64_t ntasks = (int64_t)b * hkv * nkt;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
         for (int64_t task = 0; task < ntasks; task++) {
@@ -634,6 +691,10 @@ FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread
             const int bi = (int)(task / nkt / hkv);
             const int j0 = kt_idx * FB;
             const int nc = kend - j0 < FB ? kend - j0 : FB, nc4 = r4(nc);
+            const int32_t *docs = doc_start ? doc_start + (size_t)bi * tk : NULL;
+            const int klo = att_lo(docs, q_start, window);
+            if (j0 + nc <= klo)
+                continue; /* wholly before the chunk's first document */
             const int js = klo > j0 ? klo - j0 : 0; /* keys before js: never read */
             const fx_kt w = fx_kt_at(thread_base + per_thread * omp_get_thread_num(), d);
             const size_t koff = (((size_t)bi * tk + j0) * hkv + g) * d;
@@ -641,7 +702,7 @@ FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread
             fx_pack(w.vp, v + koff, kv_row, js, nc, nc4, d);
             memset(w.dka, 0, (size_t)2 * FB * d * sizeof(float));
             const int ifirst = j0 - q_start > 0 ? j0 - q_start : 0;
-            const int iend = att_row_end(j0 + nc - 1, window, q_start, t);
+            const int iend = att_row_end(docs, j0 + nc - 1, window, q_start, ifirst, t);
             for (int hh = 0; hh < group; hh++) {
                 const int h = g * group + hh;
                 for (int i0 = ifirst; i0 < iend; i0 += FB) {
@@ -649,7 +710,7 @@ FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread
                     const size_t qoff = (((size_t)bi * t + i0) * hq + h) * d;
                     fx_kt_pair(&w, q + qoff, dout + qoff, lse + ((size_t)bi * hq + h) * t + i0,
                                delta + ((size_t)bi * hq + h) * t + i0, q_row, nc, ni, j0,
-                               q_start, i0, d, scale, window, cap);
+                               q_start, i0, d, scale, docs, window, cap);
                 }
             }
             for (int jj = js; jj < nc; jj++) {
@@ -661,10 +722,10 @@ FX static void fx_backward(sbprt_ctx *ctx, float *thread_base, size_t per_thread
 }
 #endif /* fast path */
 
-int sbprt_attention_forward_ex(sbprt_ctx *ctx, float *out, float *lse, const float *q,
-                               const float *k, const float *v, int b, int t, int tk, int hq,
-                               int hkv, int d, int q_start, float scale, int window,
-                               float softcap)
+int sbprt_attention_forward_packed(sbprt_ctx *ctx, float *out, float *lse, const float *q,
+                                   const float *k, const float *v, const int32_t *doc_start,
+                                   int b, int t, int tk, int hq, int hkv, int d, int q_start,
+                                   float scale, int window, float softcap)
 {
     CPU_CHECK(ctx);
     int st = att_check(q, k, v, b, t, tk, hq, hkv, d, q_start, window, softcap);
@@ -673,11 +734,14 @@ int sbprt_attention_forward_ex(sbprt_ctx *ctx, float *out, float *lse, const flo
     if (b == 0 || t == 0 || hq == 0)
         return SBPRT_OK;
     CPU_CHECK(out);
+    st = att_check_docs(doc_start, b, t, tk, q_start);
+    if (st)
+        return st;
     window = att_window(window, q_start, t);
 #ifdef ATT_FAST
     if (att_fast_ok(d))
-        return fx_forward(ctx, out, lse, q, k, v, b, t, tk, hq, hkv, d, q_start, scale, window,
-                          softcap);
+        return fx_forward(ctx, out, lse, q, k, v, doc_start, b, t, tk, hq, hkv, d, q_start, scale,
+                          window, softcap);
 #endif
 
     const int group = hq / hkv;
@@ -700,6 +764,7 @@ int sbprt_attention_forward_ex(sbprt_ctx *ctx, float *out, float *lse, const flo
         const int g = h / group;
         const int i0 = qt * ATT_BR;
         const int nr = t - i0 < ATT_BR ? t - i0 : ATT_BR;
+        const int32_t *docs = doc_start ? doc_start + (size_t)bi * tk : NULL;
 
         float *acc = scratch + per_thread * omp_get_thread_num();
         float *kt = acc + (size_t)ATT_BR * d;
@@ -711,7 +776,7 @@ int sbprt_attention_forward_ex(sbprt_ctx *ctx, float *out, float *lse, const flo
         }
 
         /* Keys [kfirst, kend) are visible to some row of this tile; other tiles are skipped. */
-        const int kfirst = att_lo(q_start + i0, window), kend = q_start + i0 + nr;
+        const int kfirst = att_lo(docs, q_start + i0, window), kend = q_start + i0 + nr;
         for (int j0 = kfirst / ATT_BC * ATT_BC; j0 < kend; j0 += ATT_BC) {
             const int j1 = j0 + ATT_BC < kend ? j0 + ATT_BC : kend;
             const int js = kfirst > j0 ? kfirst - j0 : 0; /* keys before js: never read */
@@ -721,7 +786,8 @@ int sbprt_attention_forward_ex(sbprt_ctx *ctx, float *out, float *lse, const flo
             for (int r = 0; r < nr; r++) {
                 const int pos = q_start + i0 + r;
                 /* the keys [ja, jb) of the tile the row sees */
-                const int ja = att_lo(pos, window) > j0 ? att_lo(pos, window) - j0 : 0;
+                const int first = att_lo(docs, pos, window);
+                const int ja = first > j0 ? first - j0 : 0;
                 const int jb = (j1 < pos + 1 ? j1 : pos + 1) - j0;
                 if (jb <= ja)
                     continue; /* the tile lies wholly outside this row's window */
@@ -752,6 +818,15 @@ int sbprt_attention_forward_ex(sbprt_ctx *ctx, float *out, float *lse, const flo
     return SBPRT_OK;
 }
 
+int sbprt_attention_forward_ex(sbprt_ctx *ctx, float *out, float *lse, const float *q,
+                               const float *k, const float *v, int b, int t, int tk, int hq,
+                               int hkv, int d, int q_start, float scale, int window,
+                               float softcap)
+{
+    return sbprt_attention_forward_packed(ctx, out, lse, q, k, v, NULL, b, t, tk, hq, hkv, d,
+                                          q_start, scale, window, softcap);
+}
+
 int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
                             const float *k, const float *v, int b, int t, int tk, int hq,
                             int hkv, int d, int q_start, float scale)
@@ -760,11 +835,12 @@ int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float 
                                       scale, 0, 0.0f);
 }
 
-int sbprt_attention_backward_ex(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
-                                const float *dout, const float *q, const float *k,
-                                const float *v, const float *out, const float *lse, int b,
-                                int t, int tk, int hq, int hkv, int d, int q_start, float scale,
-                                int window, float softcap)
+int sbprt_attention_backward_packed(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
+                                    const float *dout, const float *q, const float *k,
+                                    const float *v, const float *out, const float *lse,
+                                    const int32_t *doc_start, int b, int t, int tk, int hq,
+                                    int hkv, int d, int q_start, float scale, int window,
+                                    float softcap)
 {
     CPU_CHECK(ctx);
     int st = att_check(q, k, v, b, t, tk, hq, hkv, d, q_start, window, softcap);
@@ -774,6 +850,9 @@ int sbprt_attention_backward_ex(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
     if (b == 0 || t == 0 || hq == 0 || (!dq && !dk))
         return SBPRT_OK;
     CPU_CHECK(dout && out && lse);
+    st = att_check_docs(doc_start, b, t, tk, q_start);
+    if (st)
+        return st;
     window = att_window(window, q_start, t);
 
     const int group = hq / hkv;
@@ -809,8 +888,8 @@ int sbprt_attention_backward_ex(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
 
 #ifdef ATT_FAST
     if (fast) {
-        fx_backward(ctx, thread_base, per_thread, delta, dq, dk, dv, dout, q, k, v, lse, b, t,
-                    tk, hq, hkv, d, q_start, scale, window, softcap);
+        fx_backward(ctx, thread_base, per_thread, delta, dq, dk, dv, dout, q, k, v, lse,
+                    doc_start, b, t, tk, hq, hkv, d, q_start, scale, window, softcap);
         return SBPRT_OK;
     }
 #endif
@@ -827,13 +906,14 @@ int sbprt_attention_backward_ex(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
             const int g = h / group;
             const int i0 = qt * ATT_BR;
             const int nr = t - i0 < ATT_BR ? t - i0 : ATT_BR;
+            const int32_t *docs = doc_start ? doc_start + (size_t)bi * tk : NULL;
             float *kt = thread_base + per_thread * omp_get_thread_num();
             float *vt = kt + (size_t)d * ATT_BC;
             float *s = vt + (size_t)d * ATT_BC, *dp = s + ATT_BC, *dc = dp + ATT_BC;
             float *acc = dc + ATT_BC; /* [ATT_BR, d] */
             memset(acc, 0, (size_t)nr * d * sizeof(float));
 
-            const int kfirst = att_lo(q_start + i0, window), kend = q_start + i0 + nr;
+            const int kfirst = att_lo(docs, q_start + i0, window), kend = q_start + i0 + nr;
             for (int j0 = kfirst / ATT_BC * ATT_BC; j0 < kend; j0 += ATT_BC) {
                 const int j1 = j0 + ATT_BC < kend ? j0 + ATT_BC : kend;
                 const int js = kfirst > j0 ? kfirst - j0 : 0; /* keys before js: never read */
@@ -843,7 +923,8 @@ int sbprt_attention_backward_ex(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
                 att_transpose_tile(vt + js, vbase + js * kv_row, kv_row, j1 - j0 - js, d);
                 for (int r = 0; r < nr; r++) {
                     const int pos = q_start + i0 + r;
-                    const int ja = att_lo(pos, window) > j0 ? att_lo(pos, window) - j0 : 0;
+                    const int first = att_lo(docs, pos, window);
+                    const int ja = first > j0 ? first - j0 : 0;
                     const int jb = (j1 < pos + 1 ? j1 : pos + 1) - j0;
                     if (jb <= ja)
                         continue;
@@ -872,10 +953,12 @@ int sbprt_attention_backward_ex(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
 
     /* Pass 2: dk and dv, one task per (batch, kv head, key tile) over the keys the chunk
      * reads, [klo, kend), summing over the group's query heads and every query row whose
-     * window holds some key of the tile. */
+     * window holds some key of the tile.  The grid starts at the window's first key, which
+     * bounds every batch row's klo; tiles before a row's klo are skipped. */
     if (dk) {
-        const int klo = att_lo(q_start, window), kend = q_start + t;
-        const int kt0 = klo / ATT_BC, nkt = (kend + ATT_BC - 1) / ATT_BC - kt0;
+        const int kend = q_start + t;
+        const int kt0 = att_lo(NULL, q_start, window) / ATT_BC;
+        const int nkt = (kend + ATT_BC - 1) / ATT_BC - kt0;
         const int64_t ntasks = (int64_t)b * hkv * nkt;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ctx->nthreads)
         for (int64_t task = 0; task < ntasks; task++) {
@@ -884,6 +967,10 @@ int sbprt_attention_backward_ex(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
             const int bi = (int)(task / nkt / hkv);
             const int j0 = kt_idx * ATT_BC;
             const int nc = kend - j0 < ATT_BC ? kend - j0 : ATT_BC;
+            const int32_t *docs = doc_start ? doc_start + (size_t)bi * tk : NULL;
+            const int klo = att_lo(docs, q_start, window);
+            if (j0 + nc <= klo)
+                continue; /* wholly before the chunk's first document */
             const int js = klo > j0 ? klo - j0 : 0; /* keys before js: never read */
             float *kt = thread_base + per_thread * omp_get_thread_num();
             float *vt = kt + (size_t)d * ATT_BC;
@@ -896,12 +983,13 @@ int sbprt_attention_backward_ex(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
             att_transpose_tile(vt + js, v + koff, kv_row, nc - js, d);
 
             const int ifirst = j0 - q_start > 0 ? j0 - q_start : 0;
-            const int iend = att_row_end(j0 + nc - 1, window, q_start, t);
+            const int iend = att_row_end(docs, j0 + nc - 1, window, q_start, ifirst, t);
             for (int hh = 0; hh < group; hh++) {
                 const int h = g * group + hh;
                 for (int i = ifirst; i < iend; i++) {
                     const int pos = q_start + i;
-                    const int ja = att_lo(pos, window) > j0 ? att_lo(pos, window) - j0 : 0;
+                    const int first = att_lo(docs, pos, window);
+                    const int ja = first > j0 ? first - j0 : 0;
                     const int jb = (j0 + nc < pos + 1 ? j0 + nc : pos + 1) - j0;
                     const size_t qoff = (((size_t)bi * t + i) * hq + h) * d;
                     const size_t srow = ((size_t)bi * hq + h) * t + i;
@@ -928,6 +1016,16 @@ int sbprt_attention_backward_ex(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
         }
     }
     return SBPRT_OK;
+}
+
+int sbprt_attention_backward_ex(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
+                                const float *dout, const float *q, const float *k,
+                                const float *v, const float *out, const float *lse, int b,
+                                int t, int tk, int hq, int hkv, int d, int q_start, float scale,
+                                int window, float softcap)
+{
+    return sbprt_attention_backward_packed(ctx, dq, dk, dv, dout, q, k, v, out, lse, NULL, b, t,
+                                           tk, hq, hkv, d, q_start, scale, window, softcap);
 }
 
 int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,

@@ -393,17 +393,28 @@ int sbprt_rope_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt_bf16 *d
 
 /* ---- attention, loss ---------------------------------------------------------------------- */
 
-int sbprt_attention_forward_ex_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *lse,
-                                    const sbprt_bf16 *q, const sbprt_bf16 *k,
-                                    const sbprt_bf16 *v, int b, int t_, int tk, int hq, int hkv,
-                                    int d, int q_start, float scale, int window, float softcap)
+int sbprt_attention_forward_packed_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *lse,
+                                        const sbprt_bf16 *q, const sbprt_bf16 *k,
+                                        const sbprt_bf16 *v, const int32_t *doc_start, int b,
+                                        int t_, int tk, int hq, int hkv, int d, int q_start,
+                                        float scale, int window, float softcap)
 {
     BEGIN;
     const size_t nq = nz(b) * nz(t_) * nz(hq) * nz(d), nkv = nz(b) * nz(tk) * nz(hkv) * nz(d);
     float *fq = nq ? IN(q, nq) : NULL, *fk = nq ? IN(k, nkv) : NULL;
     float *fv = nq ? IN(v, nkv) : NULL;
-    CALL(sbprt_attention_forward_ex(ctx, nq ? OUT(out, nq) : NULL, lse, fq, fk, fv, b, t_, tk,
-                                    hq, hkv, d, q_start, scale, window, softcap));
+    CALL(sbprt_attention_forward_packed(ctx, nq ? OUT(out, nq) : NULL, lse, fq, fk, fv,
+                                        doc_start, b, t_, tk, hq, hkv, d, q_start, scale, window,
+                                        softcap));
+}
+
+int sbprt_attention_forward_ex_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *lse,
+                                    const sbprt_bf16 *q, const sbprt_bf16 *k,
+                                    const sbprt_bf16 *v, int b, int t_, int tk, int hq, int hkv,
+                                    int d, int q_start, float scale, int window, float softcap)
+{
+    return sbprt_attention_forward_packed_bf16(ctx, out, lse, q, k, v, NULL, b, t_, tk, hq, hkv,
+                                               d, q_start, scale, window, softcap);
 }
 
 int sbprt_attention_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *lse,
@@ -415,6 +426,27 @@ int sbprt_attention_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *lse,
                                            scale, 0, 0.0f);
 }
 
+int sbprt_attention_backward_packed_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbprt_bf16 *dk,
+                                         sbprt_bf16 *dv, const sbprt_bf16 *dout,
+                                         const sbprt_bf16 *q, const sbprt_bf16 *k,
+                                         const sbprt_bf16 *v, const sbprt_bf16 *out,
+                                         const float *lse, const int32_t *doc_start, int b,
+                                         int t_, int tk, int hq, int hkv, int d, int q_start,
+                                         float scale, int window, float softcap)
+{
+    BEGIN;
+    const size_t nq = nz(b) * nz(t_) * nz(hq) * nz(d), nkv = nz(b) * nz(tk) * nz(hkv) * nz(d);
+    if (nq == 0)
+        return sbprt_attention_backward_packed(ctx, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                               NULL, lse, doc_start, b, t_, tk, hq, hkv, d,
+                                               q_start, scale, window, softcap);
+    float *fdo = IN(dout, nq), *fq = IN(q, nq), *fk = IN(k, nkv), *fv = IN(v, nkv);
+    float *fo = IN(out, nq);
+    float *gq = OUT(dq, nq), *gk = OUT(dk, nkv), *gv = OUT(dv, nkv);
+    CALL(sbprt_attention_backward_packed(ctx, gq, gk, gv, fdo, fq, fk, fv, fo, lse, doc_start, b,
+                                         t_, tk, hq, hkv, d, q_start, scale, window, softcap));
+}
+
 int sbprt_attention_backward_ex_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbprt_bf16 *dk,
                                      sbprt_bf16 *dv, const sbprt_bf16 *dout,
                                      const sbprt_bf16 *q, const sbprt_bf16 *k,
@@ -422,17 +454,9 @@ int sbprt_attention_backward_ex_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbprt_bf16 
                                      const float *lse, int b, int t_, int tk, int hq, int hkv,
                                      int d, int q_start, float scale, int window, float softcap)
 {
-    BEGIN;
-    const size_t nq = nz(b) * nz(t_) * nz(hq) * nz(d), nkv = nz(b) * nz(tk) * nz(hkv) * nz(d);
-    if (nq == 0)
-        return sbprt_attention_backward_ex(ctx, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                                           lse, b, t_, tk, hq, hkv, d, q_start, scale, window,
-                                           softcap);
-    float *fdo = IN(dout, nq), *fq = IN(q, nq), *fk = IN(k, nkv), *fv = IN(v, nkv);
-    float *fo = IN(out, nq);
-    float *gq = OUT(dq, nq), *gk = OUT(dk, nkv), *gv = OUT(dv, nkv);
-    CALL(sbprt_attention_backward_ex(ctx, gq, gk, gv, fdo, fq, fk, fv, fo, lse, b, t_, tk, hq,
-                                     hkv, d, q_start, scale, window, softcap));
+    return sbprt_attention_backward_packed_bf16(ctx, dq, dk, dv, dout, q, k, v, out, lse, NULL,
+                                                b, t_, tk, hq, hkv, d, q_start, scale, window,
+                                                softcap);
 }
 
 int sbprt_attention_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbprt_bf16 *dk,

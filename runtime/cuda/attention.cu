@@ -34,6 +34,15 @@
  * work is O(t * w).  Key rows before the first one a block can see are zero-filled, not
  * loaded.  Soft-capping turns a scaled score s into cap * tanh(s / cap) where the scores
  * are formed (forward, both passes), and the backward multiplies dS by 1 - tanh^2.
+ *
+ * Packed documents (the _packed entry points), as in the CPU twin: a row's first key is
+ * max(doc_start[pos], pos - w + 1), still non-decreasing with the row, so the window's tile
+ * skipping carries over (the forward and pass 1 start at their first row's first key; pass 2
+ * stops at the first query row whose first key lies past the tile, found by bisection, and
+ * counts each key's rows with a warp sum).  doc_start is on the device, so pass 2's grid
+ * spans the window's key tiles and a block before its batch row's first document returns
+ * at once.  A small kernel checks the chunk's doc_start first and raises the index flag on
+ * a bad value; the kernels clamp it into [0, pos] so they never read outside their tensors.
  */
 #include "cuda.h"
 
@@ -63,16 +72,36 @@ __device__ __forceinline__ void att_load_tile(float *dst, const T *src, size_t s
     }
 }
 
-/* The first key a query at absolute position pos attends: pos - window + 1 with a sliding
- * window, else 0 (the host reduces a window >= q_start + t to 0, so nothing overflows). */
-__host__ __device__ __forceinline__ int att_lo(int pos, int window)
+/* The first key a query at absolute position pos attends: the start of its document (docs:
+ * the batch row's doc_start, NULL for one document per row), moved up to pos - window + 1
+ * by a sliding window (the host reduces a window >= q_start + t to 0, so nothing
+ * overflows).  A bad doc_start is clamped into [0, pos] so that no kernel reads outside its
+ * tensors (att_docs_check_kernel has flagged it).  Non-decreasing in pos for a valid
+ * doc_start, so a tile's first row has the tile's smallest first key. */
+__host__ __device__ __forceinline__ int att_lo(const int32_t *docs, int pos, int window)
 {
-    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+    int lo = docs ? docs[pos] : 0;
+    lo = lo < 0 ? 0 : lo > pos ? pos : lo;
+    return window > 0 && pos - window + 1 > lo ? pos - window + 1 : lo;
 }
 
-/* One past the last query row (chunk-relative, at most t) whose window holds key jlast. */
-__device__ __forceinline__ int att_row_end(int jlast, int window, int q_start, int t)
+/* One past the last query row (chunk-relative, at most t) that sees key jlast, from row
+ * ifirst (the first row at or after the key tile's first key): with documents by bisection,
+ * since att_lo grows with the row; else the last row whose window holds jlast. */
+__device__ __forceinline__ int att_row_end(const int32_t *docs, int jlast, int window,
+                                           int q_start, int ifirst, int t)
 {
+    if (docs) {
+        int a = ifirst, z = t;
+        while (a < z) {
+            const int mid = a + (z - a) / 2;
+            if (att_lo(docs, q_start + mid, window) <= jlast)
+                a = mid + 1;
+            else
+                z = mid;
+        }
+        return a;
+    }
     if (window <= 0)
         return t;
     const long long end = (long long)jlast + window - q_start;
@@ -95,8 +124,8 @@ __device__ __forceinline__ float att_score(float dot, float scale, float cap, fl
 
 template <class T>
 __global__ __launch_bounds__(ATT_THREADS) void att_forward_kernel(
-    T *out, float *lse, const T *q, const T *k, const T *v, int t, int tk, int hq,
-    int hkv, int d, int q_start, float scale, int window, float cap)
+    T *out, float *lse, const T *q, const T *k, const T *v, const int32_t *doc_start, int t,
+    int tk, int hq, int hkv, int d, int q_start, float scale, int window, float cap)
 {
     CU_SHARED_DYN(float, sm);
     CU_SHARED(float, pbuf, ATT_WARPS * ATT_RPW * ATT_BC);
@@ -109,6 +138,7 @@ __global__ __launch_bounds__(ATT_THREADS) void att_forward_kernel(
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float *pw = pbuf + w * ATT_RPW * ATT_BC;
     const size_t q_row = (size_t)hq * d, kv_row = (size_t)hkv * d;
+    const int32_t *docs = doc_start ? doc_start + (size_t)bi * tk : NULL;
 
     att_load_tile(qs, q + ((size_t)bi * t + i0) * q_row + (size_t)h * d, q_row, 0, nr, ATT_BR, d,
                   ld);
@@ -124,7 +154,13 @@ __global__ __launch_bounds__(ATT_THREADS) void att_forward_kernel(
     }
 
     /* keys [kfirst, kend) are visible to some row of the tile; other key tiles are skipped */
-    const int kfirst = att_lo(q_start + i0, window), kend = q_start + i0 + nr;
+    const int kfirst = att_lo(docs, q_start + i0, window), kend = q_start + i0 + nr;
+    int rlo[ATT_RPW]; /* the first key of each of the warp's rows */
+#pragma unroll
+    for (int r = 0; r < ATT_RPW; r++) {
+        const int row = w * ATT_RPW + r;
+        rlo[r] = row < nr ? att_lo(docs, q_start + i0 + row, window) : 0;
+    }
     for (int j0 = kfirst / ATT_BC * ATT_BC; j0 < kend; j0 += ATT_BC) {
         const int nc = kend - j0 < ATT_BC ? kend - j0 : ATT_BC;
         const int js = kfirst > j0 ? kfirst - j0 : 0; /* keys before js: never read */
@@ -151,7 +187,7 @@ __global__ __launch_bounds__(ATT_THREADS) void att_forward_kernel(
 #pragma unroll
         for (int r = 0; r < ATT_RPW; r++) {
             const int row = w * ATT_RPW + r, pos = q_start + i0 + row;
-            const int lo = att_lo(pos, window) - j0, hi = pos + 1 - j0;
+            const int lo = rlo[r] - j0, hi = pos + 1 - j0;
             ja[r] = lo > 0 ? lo : 0;
             jb[r] = hi < nc ? hi : nc;
             if (row >= nr || jb[r] <= ja[r])
@@ -236,8 +272,8 @@ __global__ void att_delta_kernel(float *delta, const T *dout, const T *out, int 
 template <class T>
 __global__ __launch_bounds__(ATT_THREADS) void att_dq_kernel(
     T *dq, const T *dout, const T *q, const T *k, const T *v, const float *lse,
-    const float *delta, int t, int tk, int hq, int hkv, int d, int q_start, float scale,
-    int window, float cap)
+    const float *delta, const int32_t *doc_start, int t, int tk, int hq, int hkv, int d,
+    int q_start, float scale, int window, float cap)
 {
     CU_SHARED_DYN(float, sm);
     CU_SHARED(float, dsbuf, ATT_WARPS * ATT_RPW * ATT_BC);
@@ -251,23 +287,26 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dq_kernel(
     float *dsw = dsbuf + w * ATT_RPW * ATT_BC;
     const size_t q_row = (size_t)hq * d, kv_row = (size_t)hkv * d;
     const size_t q_off = ((size_t)bi * t + i0) * q_row + (size_t)h * d;
+    const int32_t *docs = doc_start ? doc_start + (size_t)bi * tk : NULL;
 
     att_load_tile(qs, q + q_off, q_row, 0, nr, ATT_BR, d, ld);
     att_load_tile(dos, dout + q_off, q_row, 0, nr, ATT_BR, d, ld);
 
     float lse_r[ATT_RPW], delta_r[ATT_RPW], acc[ATT_RPW][ATT_MAXU];
+    int rlo[ATT_RPW]; /* the first key of each of the warp's rows */
 #pragma unroll
     for (int r = 0; r < ATT_RPW; r++) {
         const int row = w * ATT_RPW + r;
         const size_t srow = ((size_t)bi * hq + h) * t + i0 + row;
         lse_r[r] = row < nr ? lse[srow] : 0.0f;
         delta_r[r] = row < nr ? delta[srow] : 0.0f;
+        rlo[r] = row < nr ? att_lo(docs, q_start + i0 + row, window) : 0;
 #pragma unroll
         for (int u = 0; u < ATT_MAXU; u++)
             acc[r][u] = 0;
     }
 
-    const int kfirst = att_lo(q_start + i0, window), kend = q_start + i0 + nr;
+    const int kfirst = att_lo(docs, q_start + i0, window), kend = q_start + i0 + nr;
     for (int j0 = kfirst / ATT_BC * ATT_BC; j0 < kend; j0 += ATT_BC) {
         const int nc = kend - j0 < ATT_BC ? kend - j0 : ATT_BC;
         const int js = kfirst > j0 ? kfirst - j0 : 0; /* keys before js: never read */
@@ -294,7 +333,7 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dq_kernel(
 #pragma unroll
         for (int r = 0; r < ATT_RPW; r++) {
             const int row = w * ATT_RPW + r, pos = q_start + i0 + row;
-            const int lo = att_lo(pos, window) - j0, hi = pos + 1 - j0;
+            const int lo = rlo[r] - j0, hi = pos + 1 - j0;
             ja[r] = lo > 0 ? lo : 0;
             jb[r] = hi < nc ? hi : nc;
             if (row >= nr || jb[r] <= ja[r])
@@ -348,8 +387,8 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dq_kernel(
 template <class T>
 __global__ __launch_bounds__(ATT_THREADS) void att_dkdv_kernel(
     T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
-    const float *lse, const float *delta, int t, int tk, int hq, int hkv, int d, int q_start,
-    float scale, int window, float cap)
+    const float *lse, const float *delta, const int32_t *doc_start, int t, int tk, int hq,
+    int hkv, int d, int q_start, float scale, int window, float cap)
 {
     CU_SHARED_DYN(float, sm);
     CU_SHARED(float, pbuf, ATT_WARPS * ATT_RPW * ATT_BR);
@@ -357,9 +396,14 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dkdv_kernel(
     const int ld = d | 1;
     float *ks = sm, *vs = ks + ATT_BC * ld, *qs = vs + ATT_BC * ld, *dos = qs + ATT_BR * ld;
     const int group = hq / hkv;
-    const int klo = att_lo(q_start, window), kend = q_start + t; /* keys the chunk reads */
-    const int kt = klo / ATT_BC + blockIdx.x, g = blockIdx.y, bi = blockIdx.z;
+    /* the grid starts at the window's first key, which bounds every batch row's klo */
+    const int kt = att_lo(NULL, q_start, window) / ATT_BC + blockIdx.x, g = blockIdx.y,
+              bi = blockIdx.z;
+    const int32_t *docs = doc_start ? doc_start + (size_t)bi * tk : NULL;
+    const int klo = att_lo(docs, q_start, window), kend = q_start + t; /* keys the chunk reads */
     const int j0 = kt * ATT_BC, nc = kend - j0 < ATT_BC ? kend - j0 : ATT_BC;
+    if (j0 + nc <= klo)
+        return; /* the whole block: the tile lies before the chunk's first document */
     const int js = klo > j0 ? klo - j0 : 0; /* keys before js: never read */
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float *pw = pbuf + w * ATT_RPW * ATT_BR, *dsw = dsbuf + w * ATT_RPW * ATT_BR;
@@ -379,7 +423,7 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dkdv_kernel(
     /* Query rows before ifirst sit before the tile's first key, rows from iend on past the
      * window of its last key: they see none of it. */
     const int ifirst = j0 - q_start > 0 ? j0 - q_start : 0;
-    const int iend = att_row_end(j0 + nc - 1, window, q_start, t);
+    const int iend = att_row_end(docs, j0 + nc - 1, window, q_start, ifirst, t);
     for (int hh = 0; hh < group; hh++) {
         const int h = g * group + hh;
         for (int i0 = ifirst / ATT_BR * ATT_BR; i0 < iend; i0 += ATT_BR) {
@@ -404,10 +448,13 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dkdv_kernel(
                 }
             }
             float lse_i = 0, delta_i = 0;
+            int lo_i = 0x7fffffff; /* the lane's row's first key (none past nr) */
             if (lane < nr) {
                 const size_t srow = ((size_t)bi * hq + h) * t + i0 + lane;
                 lse_i = lse[srow];
                 delta_i = delta[srow];
+                if (docs)
+                    lo_i = att_lo(docs, q_start + i0 + lane, window);
             }
             /* key jj is seen by the rows [ilo, ihi) of the tile: rows i >= key - q_start,
              * and with a window rows i < key + window - q_start (empty: ilo = ihi = nr) */
@@ -418,7 +465,9 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dkdv_kernel(
                 const int first = j0 + jj - q_start - i0;
                 ilo[kk] = first > 0 ? (first < nr ? first : nr) : 0;
                 ihi[kk] = nr;
-                if (window > 0) {
+                if (docs) /* first keys grow with the row: the rows up to the key's count */
+                    ihi[kk] = cu_warp_sum(lo_i <= j0 + jj ? 1 : 0);
+                else if (window > 0) {
                     const long long last = (long long)j0 + jj + window - q_start - i0;
                     ihi[kk] = last < nr ? (last > 0 ? (int)last : 0) : nr;
                 }
@@ -475,6 +524,21 @@ __global__ __launch_bounds__(ATT_THREADS) void att_dkdv_kernel(
     }
 }
 
+/* doc_start of the chunk's positions, [q_start, q_start + t) of each batch row, checked as
+ * the CPU twin does (within [0, position], non-decreasing): a bad value raises the index
+ * flag.  One thread per (batch row, chunk position). */
+__global__ void att_docs_check_kernel(const int32_t *doc_start, int tk, int q_start, int t,
+                                      size_t n, int *flag)
+{
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += (size_t)gridDim.x * blockDim.x) {
+        const int i = (int)(e % t), p = q_start + i;
+        const int32_t *docs = doc_start + (e / t) * tk;
+        if (docs[p] < 0 || docs[p] > p || (i > 0 && docs[p] < docs[p - 1]))
+            cu_flag_range(flag);
+    }
+}
+
 /* ---- host side ------------------------------------------------------------------------ */
 
 static int att_check(const void *q, const void *k, const void *v, int b, int t, int tk, int hq,
@@ -524,10 +588,22 @@ static int att_optin(sbprt_ctx *ctx, const void *kernel, size_t smem)
     return SBPRT_OK;
 }
 
+/* Queues the doc_start check (nothing without documents). */
+static int att_check_docs(sbprt_ctx *ctx, const int32_t *doc_start, int b, int t, int tk,
+                          int q_start)
+{
+    if (!doc_start)
+        return SBPRT_OK;
+    const size_t n = (size_t)b * t;
+    CU_LAUNCH(ctx, att_docs_check_kernel, cu_blocks(n, ATT_THREADS), ATT_THREADS, 0, doc_start,
+              tk, q_start, t, n, ctx->dev_flag);
+    return SBPRT_OK;
+}
+
 template <class T>
 static int attention_forward(sbprt_ctx *ctx, T *out, float *lse, const T *q, const T *k, const T *v,
-                             int b, int t, int tk, int hq, int hkv, int d, int q_start, float scale,
-                             int window, float softcap)
+                             const int32_t *doc_start, int b, int t, int tk, int hq, int hkv,
+                             int d, int q_start, float scale, int window, float softcap)
 {
     CU_CHECK(ctx);
     CU_STATUS(att_check(q, k, v, b, t, tk, hq, hkv, d, q_start, window, softcap));
@@ -538,17 +614,18 @@ static int attention_forward(sbprt_ctx *ctx, T *out, float *lse, const T *q, con
     const size_t smem = (size_t)(ATT_BR + 2 * ATT_BC) * (d | 1) * sizeof(float);
     CU_STATUS(att_fits(ctx, b, hq, d, smem));
     CU_STATUS(att_optin(ctx, (const void *)&att_forward_kernel<T>, smem));
+    CU_STATUS(att_check_docs(ctx, doc_start, b, t, tk, q_start));
     const dim3 grid((t + ATT_BR - 1) / ATT_BR, hq, b);
-    CU_LAUNCH(ctx, att_forward_kernel<T>, grid, ATT_THREADS, smem, out, lse, q, k, v, t, tk, hq,
-              hkv, d, q_start, scale, window, softcap);
+    CU_LAUNCH(ctx, att_forward_kernel<T>, grid, ATT_THREADS, smem, out, lse, q, k, v, doc_start, t,
+              tk, hq, hkv, d, q_start, scale, window, softcap);
     return SBPRT_OK;
 }
 
 template <class T>
 static int attention_backward(sbprt_ctx *ctx, T *dq, T *dk, T *dv, const T *dout, const T *q,
-                              const T *k, const T *v, const T *out, const float *lse, int b, int t,
-                              int tk, int hq, int hkv, int d, int q_start, float scale, int window,
-                              float softcap)
+                              const T *k, const T *v, const T *out, const float *lse,
+                              const int32_t *doc_start, int b, int t, int tk, int hq, int hkv,
+                              int d, int q_start, float scale, int window, float softcap)
 {
     CU_CHECK(ctx);
     CU_STATUS(att_check(q, k, v, b, t, tk, hq, hkv, d, q_start, window, softcap));
@@ -560,6 +637,7 @@ static int attention_backward(sbprt_ctx *ctx, T *dq, T *dk, T *dv, const T *dout
     const size_t smem = (size_t)(2 * ATT_BR + 2 * ATT_BC) * (d | 1) * sizeof(float);
     CU_STATUS(att_fits(ctx, b, hq, d, smem));
 
+    CU_STATUS(att_check_docs(ctx, doc_start, b, t, tk, q_start));
     const size_t nrows = (size_t)b * t * hq;
     float *delta; /* [b, hq, t] */
     CU_STATUS(cu_scratch(ctx, nrows * sizeof(float), (void **)&delta));
@@ -572,18 +650,41 @@ static int attention_backward(sbprt_ctx *ctx, T *dq, T *dk, T *dv, const T *dout
     if (dq) {
         CU_STATUS(att_optin(ctx, (const void *)&att_dq_kernel<T>, smem));
         const dim3 grid((t + ATT_BR - 1) / ATT_BR, hq, b);
-        CU_LAUNCH(ctx, att_dq_kernel<T>, grid, ATT_THREADS, smem, dq, dout, q, k, v, lse, delta, t,
-                  tk, hq, hkv, d, q_start, scale, window, softcap);
+        CU_LAUNCH(ctx, att_dq_kernel<T>, grid, ATT_THREADS, smem, dq, dout, q, k, v, lse, delta,
+                  doc_start, t, tk, hq, hkv, d, q_start, scale, window, softcap);
     }
     if (dk) {
         CU_STATUS(att_optin(ctx, (const void *)&att_dkdv_kernel<T>, smem));
-        /* the key tiles holding the keys the chunk reads, from the first one's */
-        const int kt0 = att_lo(q_start, window) / ATT_BC;
+        /* the key tiles holding the keys the chunk reads, from the first one's (of the window:
+         * doc_start is on the device, so blocks before a row's first document return) */
+        const int kt0 = att_lo(NULL, q_start, window) / ATT_BC;
         const dim3 grid((q_start + t + ATT_BC - 1) / ATT_BC - kt0, hkv, b);
         CU_LAUNCH(ctx, att_dkdv_kernel<T>, grid, ATT_THREADS, smem, dk, dv, dout, q, k, v, lse,
-                  delta, t, tk, hq, hkv, d, q_start, scale, window, softcap);
+                  delta, doc_start, t, tk, hq, hkv, d, q_start, scale, window, softcap);
     }
     return SBPRT_OK;
+}
+
+extern "C" int sbprt_attention_forward_packed(sbprt_ctx *ctx, float *out, float *lse,
+                                              const float *q, const float *k, const float *v,
+                                              const int32_t *doc_start, int b, int t, int tk,
+                                              int hq, int hkv, int d, int q_start, float scale,
+                                              int window, float softcap)
+{
+    return attention_forward(ctx, out, lse, q, k, v, doc_start, b, t, tk, hq, hkv, d, q_start,
+                             scale, window, softcap);
+}
+
+extern "C" int sbprt_attention_backward_packed(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
+                                               const float *dout, const float *q, const float *k,
+                                               const float *v, const float *out,
+                                               const float *lse, const int32_t *doc_start, int b,
+                                               int t, int tk, int hq, int hkv, int d,
+                                               int q_start, float scale, int window,
+                                               float softcap)
+{
+    return attention_backward(ctx, dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, tk, hq,
+                              hkv, d, q_start, scale, window, softcap);
 }
 
 extern "C" int sbprt_attention_forward_ex(sbprt_ctx *ctx, float *out, float *lse,
@@ -591,8 +692,8 @@ extern "C" int sbprt_attention_forward_ex(sbprt_ctx *ctx, float *out, float *lse
                                           int t, int tk, int hq, int hkv, int d, int q_start,
                                           float scale, int window, float softcap)
 {
-    return attention_forward(ctx, out, lse, q, k, v, b, t, tk, hq, hkv, d, q_start, scale, window,
-                             softcap);
+    return attention_forward(ctx, out, lse, q, k, v, (const int32_t *)NULL, b, t, tk, hq, hkv, d,
+                             q_start, scale, window, softcap);
 }
 
 extern "C" int sbprt_attention_backward_ex(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
@@ -601,16 +702,16 @@ extern "C" int sbprt_attention_backward_ex(sbprt_ctx *ctx, float *dq, float *dk,
                                            int b, int t, int tk, int hq, int hkv, int d,
                                            int q_start, float scale, int window, float softcap)
 {
-    return attention_backward(ctx, dq, dk, dv, dout, q, k, v, out, lse, b, t, tk, hq, hkv, d,
-                              q_start, scale, window, softcap);
+    return attention_backward(ctx, dq, dk, dv, dout, q, k, v, out, lse, (const int32_t *)NULL, b,
+                              t, tk, hq, hkv, d, q_start, scale, window, softcap);
 }
 
 extern "C" int sbprt_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
                                        const float *k, const float *v, int b, int t, int tk,
                                        int hq, int hkv, int d, int q_start, float scale)
 {
-    return attention_forward(ctx, out, lse, q, k, v, b, t, tk, hq, hkv, d, q_start, scale, 0,
-                             0.0f);
+    return attention_forward(ctx, out, lse, q, k, v, (const int32_t *)NULL, b, t, tk, hq, hkv, d,
+                             q_start, scale, 0, 0.0f);
 }
 
 extern "C" int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, float *dv,
@@ -619,20 +720,43 @@ extern "C" int sbprt_attention_backward(sbprt_ctx *ctx, float *dq, float *dk, fl
                                         int t, int tk, int hq, int hkv, int d, int q_start,
                                         float scale)
 {
-    return attention_backward(ctx, dq, dk, dv, dout, q, k, v, out, lse, b, t, tk, hq, hkv, d,
-                              q_start, scale, 0, 0.0f);
+    return attention_backward(ctx, dq, dk, dv, dout, q, k, v, out, lse, (const int32_t *)NULL, b,
+                              t, tk, hq, hkv, d, q_start, scale, 0, 0.0f);
 }
 
 /* bf16: the tiles are converted to fp32 as they are loaded into shared memory; scores, the
  * online softmax, lse and the accumulators are fp32; each output element is rounded once. */
+extern "C" int sbprt_attention_forward_packed_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *lse,
+                                                   const sbprt_bf16 *q, const sbprt_bf16 *k,
+                                                   const sbprt_bf16 *v, const int32_t *doc_start,
+                                                   int b, int t, int tk, int hq, int hkv, int d,
+                                                   int q_start, float scale, int window,
+                                                   float softcap)
+{
+    return attention_forward(ctx, cu_bf(out), lse, cu_bf(q), cu_bf(k), cu_bf(v), doc_start, b, t,
+                             tk, hq, hkv, d, q_start, scale, window, softcap);
+}
+
+extern "C" int sbprt_attention_backward_packed_bf16(
+    sbprt_ctx *ctx, sbprt_bf16 *dq, sbprt_bf16 *dk, sbprt_bf16 *dv, const sbprt_bf16 *dout,
+    const sbprt_bf16 *q, const sbprt_bf16 *k, const sbprt_bf16 *v, const sbprt_bf16 *out,
+    const float *lse, const int32_t *doc_start, int b, int t, int tk, int hq, int hkv, int d,
+    int q_start, float scale, int window, float softcap)
+{
+    return attention_backward(ctx, cu_bf(dq), cu_bf(dk), cu_bf(dv), cu_bf(dout), cu_bf(q),
+                              cu_bf(k), cu_bf(v), cu_bf(out), lse, doc_start, b, t, tk, hq, hkv,
+                              d, q_start, scale, window, softcap);
+}
+
 extern "C" int sbprt_attention_forward_ex_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *lse,
                                                const sbprt_bf16 *q, const sbprt_bf16 *k,
                                                const sbprt_bf16 *v, int b, int t, int tk, int hq,
                                                int hkv, int d, int q_start, float scale,
                                                int window, float softcap)
 {
-    return attention_forward(ctx, cu_bf(out), lse, cu_bf(q), cu_bf(k), cu_bf(v), b, t, tk, hq, hkv,
-                             d, q_start, scale, window, softcap);
+    return attention_forward(ctx, cu_bf(out), lse, cu_bf(q), cu_bf(k), cu_bf(v),
+                             (const int32_t *)NULL, b, t, tk, hq, hkv, d, q_start, scale, window,
+                             softcap);
 }
 
 extern "C" int sbprt_attention_backward_ex_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbprt_bf16 *dk,
@@ -644,8 +768,8 @@ extern "C" int sbprt_attention_backward_ex_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, 
                                                 int window, float softcap)
 {
     return attention_backward(ctx, cu_bf(dq), cu_bf(dk), cu_bf(dv), cu_bf(dout), cu_bf(q),
-                              cu_bf(k), cu_bf(v), cu_bf(out), lse, b, t, tk, hq, hkv, d, q_start,
-                              scale, window, softcap);
+                              cu_bf(k), cu_bf(v), cu_bf(out), lse, (const int32_t *)NULL, b, t,
+                              tk, hq, hkv, d, q_start, scale, window, softcap);
 }
 
 extern "C" int sbprt_attention_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, float *lse,
@@ -653,8 +777,8 @@ extern "C" int sbprt_attention_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, flo
                                             const sbprt_bf16 *v, int b, int t, int tk, int hq,
                                             int hkv, int d, int q_start, float scale)
 {
-    return attention_forward(ctx, cu_bf(out), lse, cu_bf(q), cu_bf(k), cu_bf(v), b, t, tk, hq, hkv,
-                             d, q_start, scale, 0, 0.0f);
+    return attention_forward(ctx, cu_bf(out), lse, cu_bf(q), cu_bf(k), cu_bf(v),
+                             (const int32_t *)NULL, b, t, tk, hq, hkv, d, q_start, scale, 0, 0.0f);
 }
 
 extern "C" int sbprt_attention_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbprt_bf16 *dk,
@@ -665,6 +789,6 @@ extern "C" int sbprt_attention_backward_bf16(sbprt_ctx *ctx, sbprt_bf16 *dq, sbp
                                              int hkv, int d, int q_start, float scale)
 {
     return attention_backward(ctx, cu_bf(dq), cu_bf(dk), cu_bf(dv), cu_bf(dout), cu_bf(q),
-                              cu_bf(k), cu_bf(v), cu_bf(out), lse, b, t, tk, hq, hkv, d, q_start,
-                              scale, 0, 0.0f);
+                              cu_bf(k), cu_bf(v), cu_bf(out), lse, (const int32_t *)NULL, b, t,
+                              tk, hq, hkv, d, q_start, scale, 0, 0.0f);
 }

@@ -12,7 +12,8 @@
 #      the 10 losses against the float64 PyTorch references (tests/fixtures/ref, via
 #      check_ref.py: numpy); and Llama with the DPO and GRPO objectives (gradient accumulation);
 #      and --precision bf16 steps (Llama, GPT-2; full: also chunked stream and Qwen3) at bf16
-#      tolerances (gradients 2e-2, Qwen3 3e-2; losses 1e-2, falling);
+#      tolerances (gradients 2e-2, Qwen3 3e-2; losses 1e-2, falling); packed documents
+#      (--packed, the packed batch against PyTorch run document by document; fp32 and bf16);
 #   3. benchmark: bench/gpu_bench.py — step time and peak device memory of store, checkpoint
 #      and stream on a Qwen3-0.6B-shaped random model for T = 4096, 8192, ..., next to PyTorch
 #      with and without per-layer checkpointing, and the largest T each fits on the card
@@ -258,6 +259,22 @@ stage2() {
             "$ref/${fam}_grads.safetensors" "$ref/${fam}_adamw.json" \
             "--grad-tol $tol --loss-tol 1e-2 --decreasing" || fails=$((fails + 1))
     done
+    # packed documents (sbpc --packed): the packed batch against PyTorch run one document at a
+    # time (tests/fixtures/gen_packed.py), chunks that cut documents; and bf16
+    local packed="--input-ids $ref/packed_input_ids.npy --labels $ref/packed_labels.npy --doc-ids $ref/packed_doc_ids.npy"
+    local -a pk=("gpt2 stream --chunk 17 --logits-chunk 13" "llama store")
+    [ $quick -eq 0 ] && pk+=("qwen3 stream --chunk 5 --logits-chunk 7" "llama checkpoint")
+    for c in "${pk[@]}"; do
+        # shellcheck disable=SC2086
+        set -- $c
+        local fam=$1 strategy=$2
+        shift 2
+        fixture_one "${fam}_${strategy}${1:+_chunked}_packed" "$fam" \
+            "--strategy $strategy $* --packed" "$packed" \
+            "$ref/${fam}_packed_grads.safetensors" || fails=$((fails + 1))
+    done
+    fixture_one llama_stream_packed_bf16 llama "--strategy stream --chunk 17 --packed --precision bf16" \
+        "$packed" "$ref/llama_packed_grads.safetensors" "" "--grad-tol 2e-2" || fails=$((fails + 1))
     # the preference objectives, 4 rows in 2 micro-batches (gradient accumulation)
     local pref="--input-ids $ref/pref_input_ids.npy --labels $ref/pref_labels.npy --grad-accum 2"
     fixture_one llama_dpo llama "--objective dpo" "$pref --ref-logps $ref/llama_dpo_ref_logps.npy" \

@@ -973,6 +973,203 @@ static void t_attention(void)
     }
 }
 
+/* ---- attention over packed documents ------------------------------------------------------ */
+
+/* doc_start [b, tk] for rows cut into documents of the lengths in lens (0-terminated, used
+ * cyclically, row bi starting at entry bi so rows differ; the last document is cut at tk). */
+static int32_t *att_doc_starts(int b, int tk, const int *lens)
+{
+    int32_t *ds = hnew((size_t)b * tk * sizeof(int32_t));
+    int nl = 0;
+    while (lens[nl])
+        nl++;
+    for (int bi = 0; bi < b; bi++) {
+        int p = 0, li = bi % nl;
+        while (p < tk) {
+            const int start = p;
+            for (int e = 0; e < lens[li] && p < tk; e++, p++)
+                ds[(size_t)bi * tk + p] = start;
+            li = (li + 1) % nl;
+        }
+    }
+    return ds;
+}
+
+/* The first key row bi's chunk may read (its first row's document start or window). */
+static int att_packed_klo(att_shape s, const int32_t *ds, int bi)
+{
+    int lo = ds[(size_t)bi * s.tk + s.q_start];
+    if (s.window > 0 && s.q_start - s.window + 1 > lo)
+        lo = s.q_start - s.window + 1;
+    return lo;
+}
+
+/* One packed case, fp32 (bf = 0) or bf16 (bf = 1), forward and backward, against the CPU
+ * twin; the K/V rows the chunk must not read hold NaN.  The fp32 backward runs with all
+ * gradients, and with dq or dk, dv alone when `partial`. */
+static void t_attention_packed_shape(att_shape s, const int *lens, int bf, int partial)
+{
+    const size_t nq = (size_t)s.b * s.t * s.hq * s.d, nkv = (size_t)s.b * s.tk * s.hkv * s.d;
+    const size_t nl = (size_t)s.b * s.hq * s.t, row = (size_t)s.hkv * s.d;
+    const float scale = 1.0f / sqrtf((float)s.d);
+    const int32_t *ds = att_doc_starts(s.b, s.tk, lens);
+    float *q = hrand(nq, -1, 1), *k = hrand(nkv, -1, 1), *v = hrand(nkv, -1, 1);
+    const float *dout = hrand(nq, -1, 1);
+    for (int bi = 0; bi < s.b; bi++) {
+        const int klo = att_packed_klo(s, ds, bi);
+        for (int j = 0; j < s.tk; j++)
+            for (size_t e = 0; e < row && (j < klo || j >= s.q_start + s.t); e++)
+                k[((size_t)bi * s.tk + j) * row + e] = v[((size_t)bi * s.tk + j) * row + e] = NAN;
+    }
+    char label[160];
+    att_label(label, sizeof label, s);
+    kcase K;
+    if (!bf) {
+        float *out = hnew(nq * sizeof(float)), *lse = hnew(nl * sizeof(float));
+        REF(cpuref_sbprt_attention_forward_packed(C, out, lse, q, k, v, ds, s.b, s.t, s.tk, s.hq,
+                                                  s.hkv, s.d, s.q_start, scale, s.window,
+                                                  s.softcap));
+        kc_begin(&K, "attention_forward_packed", TOL_FP32, "%s", label);
+        float *dq = KC_IN_F(&K, q, nq), *dk = KC_IN_F(&K, k, nkv), *dv = KC_IN_F(&K, v, nkv);
+        int32_t *dds = KC_IN_I(&K, ds, (size_t)s.b * s.tk);
+        obuf *o = kc_out_rand(&K, "out", nq, 0), *l = kc_out_rand(&K, "lse", nl, 0);
+        memcpy(o->ref, out, nq * sizeof(float));
+        memcpy(l->ref, lse, nl * sizeof(float));
+        KC_RUN(K, sbprt_attention_forward_packed(G, o->d, l->d, dq, dk, dv, dds, s.b, s.t, s.tk,
+                                                 s.hq, s.hkv, s.d, s.q_start, scale, s.window,
+                                                 s.softcap));
+        for (int variant = 0; variant < (partial ? 3 : 1); variant++) { /* all; dq; dk, dv */
+            kc_begin(&K, "attention_backward_packed", TOL_FP32, "%s %s", label,
+                     variant == 0 ? "all" : variant == 1 ? "dq" : "dk,dv");
+            dq = KC_IN_F(&K, q, nq);
+            dk = KC_IN_F(&K, k, nkv);
+            dv = KC_IN_F(&K, v, nkv);
+            dds = KC_IN_I(&K, ds, (size_t)s.b * s.tk);
+            float *ddo = KC_IN_F(&K, dout, nq), *dout_ = KC_IN_F(&K, out, nq);
+            float *dl = KC_IN_F(&K, lse, nl);
+            obuf *gq = variant != 2 ? kc_out_rand(&K, "dq", nq, 1) : NULL;
+            obuf *gk = variant != 1 ? kc_out_rand(&K, "dk", nkv, 1) : NULL;
+            obuf *gv = variant != 1 ? kc_out_rand(&K, "dv", nkv, 1) : NULL;
+            REF(cpuref_sbprt_attention_backward_packed(
+                C, gq ? gq->ref : NULL, gk ? gk->ref : NULL, gv ? gv->ref : NULL, dout, q, k, v,
+                out, lse, ds, s.b, s.t, s.tk, s.hq, s.hkv, s.d, s.q_start, scale, s.window,
+                s.softcap));
+            KC_RUN(K, sbprt_attention_backward_packed(
+                          G, gq ? gq->d : NULL, gk ? gk->d : NULL, gv ? gv->d : NULL, ddo, dq, dk,
+                          dv, dout_, dl, dds, s.b, s.t, s.tk, s.hq, s.hkv, s.d, s.q_start, scale,
+                          s.window, s.softcap));
+        }
+        return;
+    }
+    sbprt_bf16 *qb = hnew(nq * sizeof(sbprt_bf16)), *kb = hnew(nkv * sizeof(sbprt_bf16));
+    sbprt_bf16 *vb = hnew(nkv * sizeof(sbprt_bf16)), *gb = hnew(nq * sizeof(sbprt_bf16));
+    for (size_t i = 0; i < nq; i++)
+        qb[i] = f_to_bf(q[i]), gb[i] = f_to_bf(dout[i]);
+    for (size_t i = 0; i < nkv; i++)
+        kb[i] = f_to_bf(k[i]), vb[i] = f_to_bf(v[i]);
+    sbprt_bf16 *out = hnew(nq * sizeof(sbprt_bf16));
+    float *lse = hnew(nl * sizeof(float));
+    REF(cpuref_sbprt_attention_forward_packed_bf16(C, out, lse, qb, kb, vb, ds, s.b, s.t, s.tk,
+                                                   s.hq, s.hkv, s.d, s.q_start, scale, s.window,
+                                                   s.softcap));
+    kc_begin(&K, "attention_forward_packed_bf16", TOL_BF16, "%s", label);
+    sbprt_bf16 *dq = KC_IN_B(&K, qb, nq), *dk = KC_IN_B(&K, kb, nkv), *dv = KC_IN_B(&K, vb, nkv);
+    int32_t *dds = KC_IN_I(&K, ds, (size_t)s.b * s.tk);
+    obuf *o = kc_out_bf_rand(&K, "out", nq, 0), *l = kc_out_rand(&K, "lse", nl, 0);
+    memcpy(o->ref, out, nq * sizeof(sbprt_bf16));
+    memcpy(l->ref, lse, nl * sizeof(float));
+    KC_RUN(K, sbprt_attention_forward_packed_bf16(G, BDEV(o), l->d, dq, dk, dv, dds, s.b, s.t,
+                                                  s.tk, s.hq, s.hkv, s.d, s.q_start, scale,
+                                                  s.window, s.softcap));
+    kc_begin(&K, "attention_backward_packed_bf16", TOL_BF16, "%s", label);
+    dq = KC_IN_B(&K, qb, nq);
+    dk = KC_IN_B(&K, kb, nkv);
+    dv = KC_IN_B(&K, vb, nkv);
+    dds = KC_IN_I(&K, ds, (size_t)s.b * s.tk);
+    sbprt_bf16 *ddo = KC_IN_B(&K, gb, nq), *dout_ = KC_IN_B(&K, out, nq);
+    float *dl = KC_IN_F(&K, lse, nl);
+    obuf *gq = kc_out_bf_rand(&K, "dq", nq, 1), *gk = kc_out_bf_rand(&K, "dk", nkv, 1);
+    obuf *gv = kc_out_bf_rand(&K, "dv", nkv, 1);
+    REF(cpuref_sbprt_attention_backward_packed_bf16(C, BREF(gq), BREF(gk), BREF(gv), gb, qb, kb,
+                                                    vb, out, lse, ds, s.b, s.t, s.tk, s.hq, s.hkv,
+                                                    s.d, s.q_start, scale, s.window, s.softcap));
+    KC_RUN(K, sbprt_attention_backward_packed_bf16(G, BDEV(gq), BDEV(gk), BDEV(gv), ddo, dq, dk,
+                                                   dv, dout_, dl, dds, s.b, s.t, s.tk, s.hq,
+                                                   s.hkv, s.d, s.q_start, scale, s.window,
+                                                   s.softcap));
+}
+
+/* sbprt_doc_starts / sbprt_doc_positions: integers, equal to the CPU twin's exactly. */
+static void t_doc_starts(int b, int t, int maxlen)
+{
+    kstat *st = kstat_get("doc_starts, doc_positions (exact)", 0);
+    const size_t bytes = (size_t)b * t * sizeof(int32_t);
+    int32_t *ids = hnew(bytes), *want = hnew(bytes), *got = hnew(bytes);
+    for (int bi = 0; bi < b; bi++) {
+        int id = rng_int(5) - 2, left = 1 + rng_int(maxlen);
+        for (int p = 0; p < t; p++, left--) {
+            if (left == 0)
+                id += 1 + rng_int(3), left = 1 + rng_int(rng_int(4) == 0 ? 2 : maxlen);
+            ids[(size_t)bi * t + p] = id;
+        }
+    }
+    int32_t *d_ids = dnew(bytes), *d_out = dnew(bytes);
+    upload(d_ids, ids, bytes);
+    for (int rel = 0; rel < 2; rel++) {
+        st->cases++;
+        REF(rel ? cpuref_sbprt_doc_positions(C, want, ids, b, t)
+                : cpuref_sbprt_doc_starts(C, want, ids, b, t));
+        int rc = rel ? sbprt_doc_positions(G, d_out, d_ids, b, t)
+                     : sbprt_doc_starts(G, d_out, d_ids, b, t);
+        int rs = sbprt_sync(G);
+        download(got, d_out, bytes);
+        if (rc != SBPRT_OK || rs != SBPRT_OK || memcmp(got, want, bytes) != 0) {
+            fail("%s b=%d t=%d: status %d / sync %d, or results differ from the CPU twin",
+                 rel ? "doc_positions" : "doc_starts", b, t, rc, rs);
+            st->fails++;
+        }
+    }
+    sbprt_arena_free(G, d_ids);
+    sbprt_arena_free(G, d_out);
+}
+
+static void t_attention_packed(void)
+{
+    /* document lengths: 1-token documents, lengths on and off the tiles (32 keys on CUDA,
+     * 64 on the CPU), a long one */
+    static const int lens_a[] = {1, 37, 1, 1, 64, 90, 0}, lens_b[] = {32, 32, 5, 200, 0};
+    static const att_shape full[] = {
+        {2, 512, 512, 8, 2, 64, 0, 0, 0},
+        {1, 256, 1024, 4, 4, 128, 768, 0, 0}, /* last StreamBP chunk, first document before it */
+        {1, 100, 300, 6, 1, 80, 150, 0, 0},
+        {2, 70, 70, 4, 2, 33, 0, 0, 0},
+        {2, 512, 512, 8, 2, 64, 0, 100, 0},
+        {1, 100, 300, 6, 1, 80, 150, 77, 30.0f},
+        {2, 512, 512, 8, 2, 64, 0, 0, 2.0f},
+        {4, 1024, 1024, 16, 8, 128, 0, 0, 0}, /* timing */
+    };
+    static const att_shape small[] = {
+        {2, 40, 40, 2, 1, 16, 0, 0, 0},
+        {1, 20, 70, 4, 2, 24, 50, 0, 0},
+        {2, 33, 80, 2, 2, 33, 39, 0, 0},
+        {2, 70, 70, 4, 2, 24, 0, 20, 0},
+        {1, 40, 40, 2, 1, 16, 0, 0, 1.0f},
+        {2, 33, 80, 2, 2, 33, 40, 13, 2.0f},
+    };
+    const att_shape *shapes = quick ? small : full;
+    const int ns = quick ? (int)(sizeof small / sizeof small[0]) : (int)(sizeof full / sizeof full[0]);
+    for (int i = 0; i < ns; i++)
+        for (int l = 0; l < 2; l++) {
+            t_attention_packed_shape(shapes[i], l ? lens_b : lens_a, 0, !quick || i % 2 == l);
+            if (i % 2 == l) /* bf16 on half the cases */
+                t_attention_packed_shape(shapes[i], l ? lens_b : lens_a, 1, 0);
+            hfree_all();
+        }
+    t_doc_starts(3, quick ? 50 : 4096, quick ? 9 : 700);
+    t_doc_starts(1, 1, 1);
+    hfree_all();
+}
+
 /* ---- losses ------------------------------------------------------------------------------- */
 
 static void t_loss(void)
@@ -1686,6 +1883,7 @@ static void t_range_errors(void)
     kstat *s = kstat_get("index checks (sync -> RANGE)", 0);
     const int n = 4, v = 10, c = 8;
     int32_t ids[4] = {1, 2, 10, 3}, neg[4] = {0, -1, 2, 3};
+    int32_t starts[4] = {0, 0, 3, 1}; /* position 3's document start goes back */
     int32_t labels[4] = {1, SBPRT_IGNORE_INDEX, 11, 0};
     const float *h = hrand((size_t)v * c * 4, -1, 1);
     float *buf = dnew((size_t)v * c * 4 * sizeof(float));
@@ -1694,11 +1892,13 @@ static void t_range_errors(void)
     upload(buf, h, (size_t)v * c * 4 * sizeof(float));
     upload(buf2, h, (size_t)v * c * 4 * sizeof(float));
     int32_t *d_ids = dnew(sizeof ids), *d_neg = dnew(sizeof neg), *d_lab = dnew(sizeof labels);
+    int32_t *d_starts = dnew(sizeof starts), *d_i32 = dnew(sizeof starts);
+    upload(d_starts, starts, sizeof starts);
     upload(d_ids, ids, sizeof ids);
     upload(d_neg, neg, sizeof neg);
     upload(d_lab, labels, sizeof labels);
     check_status("sync before", sbprt_sync(G), SBPRT_OK);
-    for (int which = 0; which < 8; which++) {
+    for (int which = 0; which < 13; which++) {
         int st = -1;
         const char *name = "";
         switch (which) {
@@ -1710,6 +1910,11 @@ static void t_range_errors(void)
         case 5: name = "label_logprob_forward"; st = sbprt_label_logprob_forward(G, buf2, buf2 + 64, buf, d_lab, n, v); break;
         case 6: name = "label_logprob_backward"; st = sbprt_label_logprob_backward(G, buf2, buf, buf, d_lab, buf + 100, n, v); break;
         case 7: name = "label_logprob_grad"; st = sbprt_label_logprob_grad(G, buf2, buf, buf, d_lab, NULL, n, v); break;
+        case 8: name = "doc_starts"; st = sbprt_doc_starts(G, d_i32, d_ids, 1, n); break;
+        case 9: name = "doc_positions"; st = sbprt_doc_positions(G, d_i32, d_neg, 2, 2); break;
+        case 10: name = "attention_forward_packed"; st = sbprt_attention_forward_packed(G, buf2, buf2 + 64, buf, buf, buf, d_starts, 1, 2, n, 1, 1, c, 2, 1.0f, 0, 0); break;
+        case 11: name = "attention_backward_packed"; st = sbprt_attention_backward_packed(G, buf2, buf2 + 64, buf2 + 128, buf, buf, buf, buf, buf, buf, d_starts, 1, 2, n, 1, 1, c, 2, 1.0f, 0, 0); break;
+        case 12: name = "attention_forward_packed (negative)"; st = sbprt_attention_forward_packed(G, buf2, buf2 + 64, buf, buf, buf, d_neg, 1, 2, n, 1, 1, c, 0, 1.0f, 0, 0); break;
         }
         s->cases++;
         int st1 = sbprt_sync(G), st2 = sbprt_sync(G);
@@ -1725,6 +1930,8 @@ static void t_range_errors(void)
     sbprt_arena_free(G, d_ids);
     sbprt_arena_free(G, d_neg);
     sbprt_arena_free(G, d_lab);
+    sbprt_arena_free(G, d_starts);
+    sbprt_arena_free(G, d_i32);
     hfree_all();
 }
 
@@ -1855,7 +2062,8 @@ int main(int argc, char **argv)
     } groups[] = {
         {"memory", t_memory},   {"gemm", t_gemm},           {"bias", t_bias},
         {"elementwise", t_elementwise}, {"embedding", t_embedding}, {"norm", t_norm},
-        {"rope", t_rope},       {"attention", t_attention}, {"loss", t_loss},
+        {"rope", t_rope},       {"attention", t_attention},
+        {"attention packed", t_attention_packed}, {"loss", t_loss},
         {"optim", t_optim},     {"extra", t_extra},         {"bf16 gemm", t_bf16_gemm},
         {"bf16 elementwise", t_bf16_bias_ew}, {"bf16 rows", t_bf16_rows},
         {"bf16 attn, loss", t_bf16_attention_loss}, {"bf16 layout", t_bf16_layout},

@@ -12,6 +12,13 @@
  * TEST_STEP_T, TEST_STEP_V, TEST_STEP_D; TEST_STEP_ABI overrides the ABI version (to test that
  * sbp-train refuses a step of another ABI). Like a generated step it never allocates: every
  * temporary lives in the caller's workspace at a fixed offset.
+ *
+ * TEST_STEP_PACKED 1 (issue 13) makes a step that says it was compiled with sbpc --packed: it
+ * requires args->doc_ids (SBPRT_ERR_INVALID without them, or when they decrease along a row or
+ * a label crosses a document boundary) and, when the environment names a file in
+ * SBP_TEST_PACK_TRACE, appends to it the ids, labels and doc ids of every call, so that
+ * tests/train/pack_ref.py can compare what sbp-train gave the step with its reference packing.
+ * The model itself is the bigram's (it has no attention for the documents to restrict).
  */
 #include "sbp_step.h"
 
@@ -32,6 +39,14 @@
 #endif
 #ifndef TEST_STEP_ABI
 #define TEST_STEP_ABI SBP_STEP_ABI_VERSION
+#endif
+#ifndef TEST_STEP_PACKED
+#define TEST_STEP_PACKED 0
+#endif
+
+#if TEST_STEP_PACKED
+#include <stdio.h>
+#include <stdlib.h>
 #endif
 
 enum { B = TEST_STEP_B, T = TEST_STEP_T, V = TEST_STEP_V, D = TEST_STEP_D, N = B * T };
@@ -81,6 +96,7 @@ static const sbp_step_info info = {
     .param_elems = PARAM_ELEMS,
     .workspace_bytes = WS_USED * sizeof(float),
     .planned_peak_bytes = 2 * PARAM_ELEMS * sizeof(float) + WS_USED * sizeof(float),
+    .packed = TEST_STEP_PACKED,
 };
 
 const sbp_step_info *sbp_step_get_info(void) { return &info; }
@@ -90,6 +106,30 @@ int sbp_step_run(sbprt_ctx *ctx, const sbp_step_args *args)
     if (!args || !args->params || !args->grads || !args->input_ids || !args->labels ||
         !args->workspace || !args->loss)
         return SBPRT_ERR_INVALID;
+#if TEST_STEP_PACKED
+    /* what a packed step may assume of its doc ids: given, non-decreasing along each row; and
+     * what sbp-train's packing promises besides: no label across a document boundary */
+    if (!args->doc_ids)
+        return SBPRT_ERR_INVALID;
+    for (int i = 0; i < N; i++)
+        if (i % T > 0 && (args->doc_ids[i] < args->doc_ids[i - 1] ||
+                          (args->doc_ids[i] != args->doc_ids[i - 1] &&
+                           args->labels[i - 1] != SBPRT_IGNORE_INDEX)))
+            return SBPRT_ERR_INVALID;
+    const char *trace = getenv("SBP_TEST_PACK_TRACE");
+    FILE *tf = trace && *trace ? fopen(trace, "a") : NULL;
+    if (tf) {
+        const int32_t *arr[3] = {args->input_ids, args->labels, args->doc_ids};
+        const char *key[3] = {"ids", "labels", "docs"};
+        for (int k = 0; k < 3; k++) {
+            fputs(key[k], tf);
+            for (int i = 0; i < N; i++)
+                fprintf(tf, " %d", (int)arr[k][i]);
+            fputc('\n', tf);
+        }
+        fclose(tf);
+    }
+#endif
     float *ws = args->workspace;
     float *loss_sum = ws + WS_LOSS, *logits = ws + WS_LOGITS;
     const float *p = args->params;

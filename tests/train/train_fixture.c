@@ -369,6 +369,15 @@ static int cmd_all(const char *dir)
     for (int i = 0; i < N; i++)
         bad[i] = -100;
     write_npy_i(dir, "ignored_labels.npy", SBPIO_DT_I32, B, T, bad);
+    /* issue 13: document ids for the packed step: row 1 has a second document from position 4
+     * (labels[1,3] is -100: no label crosses it); one that decreases; one of another shape */
+    int64_t docs[N];
+    for (int i = 0; i < N; i++)
+        docs[i] = i >= T + 4;
+    write_npy_i(dir, "docs_ok.npy", SBPIO_DT_I64, B, T, docs);
+    docs[T + 2] = 1; /* doc_ids[1,2] = 1, doc_ids[1,3] = 0 */
+    write_npy_i(dir, "docs_down.npy", SBPIO_DT_I32, B, T, docs);
+    write_npy_i(dir, "docs_t4.npy", SBPIO_DT_I32, B, T / 2, docs);
 
     write_shard(dir, "stream.bin", 4096, -1);
     write_shard(dir, "short.bin", 10, -1);

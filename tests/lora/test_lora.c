@@ -1,0 +1,273 @@
+/* test_lora.c — sbpc --lora against float64 PEFT (tests/fixtures/lora/gen_lora.py).
+ *
+ * Each case compiles one of tests/fixtures/hf's exports through the flow with --lora 4
+ * --lora-alpha 8 (scaling 2, so the scaling's Mul is exercised), the default targets, seed 0,
+ * with the store strategy and with stream at chunk sizes that cut the sequence unevenly; builds
+ * the step, and runs it on gen_hf's batch twice:
+ *   - at the initial adapters (lora_A from ir_lora_init, lora_B zeros): the loss and every
+ *     adapter gradient against PEFT's at sbpc's own A (lora_A's gradient is zero here: B
+ *     multiplies it, so it is checked absolutely);
+ *   - with lora_B set to test values (ir_lora_init with seed 12345 and B's shape, as the
+ *     generator does), so that lora_A's gradient is not zero either.
+ * Gradients within 1e-4 relative per tensor (||got - ref|| / ||ref||; a zero reference: the
+ * absolute error against 1e-8 of the largest norm), losses within 1e-5. Also: every base
+ * parameter is frozen (PEFT's semantics), the adapters have PEFT's names and shapes, and bad
+ * input is an error with its message (rank above min(in, out), a target regex that matches
+ * nothing, --freeze naming an adapter).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "e2e_util.h"
+#include "flow.h"
+#include "torch.h"
+
+#define LORA_B 2
+#define LORA_T 32
+#define TEST_B_SEED 12345
+
+/* The flow with --lora rank (alpha 8, default targets unless `targets`, seed 0), store or
+ * stream; the caller frees f->g. */
+static int lora_flow(sbp_flow *f, ir_diag *d, const char *key, int64_t rank,
+                     const char *targets, sbp_strategy st, const char *freeze)
+{
+    static char path[1024];
+    snprintf(path, sizeof path, "%s/hf/%s.onnx", SBP_FIXTURES_DIR, key);
+    static sbp_flow_options o;
+    static const char *fr[1];
+    fr[0] = freeze;
+    o = (sbp_flow_options){.pass = {.batch = LORA_B, .seq_len = LORA_T, .verify = true},
+                           .objective = SBP_OBJECTIVE_SFT, .freeze = fr, .n_freeze = freeze != NULL,
+                           .lora = {.rank = rank, .alpha = 8.0, .targets = targets, .seed = 0},
+                           .train = {.strategy = st}};
+    if (st == SBP_STRATEGY_STREAM) {
+        o.train.chunk = 7;
+        o.train.logits_chunk = 13;
+    }
+    *f = (sbp_flow){.path = path};
+    ir_diag_init(d, path);
+    return sbp_flow_run(f, &o, d, NULL);
+}
+
+static bool diag_has(const ir_diag *d, const char *text)
+{
+    for (int i = 0; i < d->n; i++)
+        if (d->entries[i].sev == IR_SEV_ERROR && strstr(d->entries[i].msg, text))
+            return true;
+    return false;
+}
+
+/* Runs the step at the current parameters; checks loss and adapter gradients against ref's
+ * `prefix/<name>` and meta `loss_key`. Returns the worst gradient error. */
+static double check_step(const e2e_step *s, float *params, const sbpio_st_file *ref,
+                         const char *prefix, const char *loss_key, const char *fam)
+{
+    const sbp_step_info *in = s->info;
+    float *grads = calloc(in->param_elems + 1, sizeof *grads);
+    static int32_t ids[LORA_B * LORA_T], labels[LORA_B * LORA_T];
+    char f1[256], f2[256];
+    snprintf(f1, sizeof f1, "../hf/ref/%s_input_ids.npy", fam);
+    snprintf(f2, sizeof f2, "../hf/ref/%s_labels.npy", fam);
+    e2e_read_i32(f1, ids, LORA_B * LORA_T);
+    e2e_read_i32(f2, labels, LORA_B * LORA_T);
+    sbp_step_args a = {.params = params, .grads = grads, .input_ids = ids, .labels = labels};
+    double loss = e2e_run(s, &a, true);
+    double want = strtod(sbpio_st_meta(ref, loss_key), NULL);
+    double le = fabs(loss - want) / fabs(want);
+    print_message("  %s: loss %.7f, PEFT float64 %.9f (relative %.2g)\n", loss_key, loss, want, le);
+    assert_true(le <= 1e-5);
+    /* the scale: the largest reference norm of this set */
+    double scale = 0;
+    for (int i = 0; i < sbpio_st_count(ref); i++) {
+        const sbpio_st_info *r = sbpio_st_at(ref, i);
+        if (strncmp(r->name, prefix, strlen(prefix)) != 0 || r->name[strlen(prefix)] != '/')
+            continue;
+        double s2 = 0;
+        for (int64_t k = 0; k < r->numel; k++)
+            s2 += ((const double *)r->data)[k] * ((const double *)r->data)[k];
+        scale = fmax(scale, sqrt(s2));
+    }
+    double worst = 0;
+    int n_adapters = 0;
+    for (int i = 0; i < in->n_params; i++) {
+        const sbp_step_param *p = &in->params[i];
+        if (!ir_lora_kind(p->name)) {
+            assert_int_equal(p->trainable, 0); /* the base model is frozen */
+            continue;
+        }
+        assert_int_equal(p->trainable, 1);
+        char key[512];
+        snprintf(key, sizeof key, "%s/%s", prefix, p->name);
+        const sbpio_st_info *r = sbpio_st_find(ref, key);
+        if (!r)
+            fail_msg("no reference for %s", key);
+        assert_int_equal(r->numel, (int64_t)p->numel);
+        assert_int_equal(r->rank, p->rank);
+        for (int d = 0; d < p->rank; d++)
+            assert_int_equal(r->shape[d], p->dims[d]); /* PEFT's layout */
+        double *g = malloc(p->numel * sizeof *g);
+        e2e_grad_of(in, grads, i, g);
+        const double *rd = r->data;
+        double num = 0, den = 0;
+        for (size_t k = 0; k < p->numel; k++) {
+            num += (g[k] - rd[k]) * (g[k] - rd[k]);
+            den += rd[k] * rd[k];
+        }
+        double e = sqrt(num) / fmax(sqrt(den), 1e-4 * scale);
+        if (!(e <= 1e-4))
+            print_message("    %s: relative error %.3g\n", p->name, e);
+        worst = fmax(worst, e);
+        n_adapters++;
+        free(g);
+    }
+    print_message("  %s: %d adapter gradients, worst relative error %.3g\n", prefix, n_adapters,
+                  worst);
+    assert_true(n_adapters > 0);
+    assert_true(worst <= 1e-4);
+    free(grads);
+    return worst;
+}
+
+static void run_case(const char *key, const char *fam, sbp_strategy st)
+{
+    char ref_path[1024], err[256], tag[128];
+    snprintf(ref_path, sizeof ref_path, "%s/lora/ref/%s.safetensors", SBP_FIXTURES_DIR, fam);
+    sbpio_st_file *ref = NULL;
+    if (sbpio_st_open(ref_path, &ref, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    sbp_flow f;
+    ir_diag d;
+    int rc = lora_flow(&f, &d, key, 4, NULL, st, NULL);
+    if (rc != IR_OK)
+        e2e_print_diag(&d);
+    assert_int_equal(rc, IR_OK);
+    e2e_step s = {.g = f.g};
+    snprintf(tag, sizeof tag, "lora_%s_%s", key, sbp_strategy_name(st));
+    e2e_load_so(&s, f.program, f.path, tag, &d);
+    float *params = e2e_param_block(s.info, f.g);
+    print_message("%s (%s): %d adapted weights\n", key, sbp_strategy_name(st), f.n_adapted);
+    check_step(&s, params, ref, "grad0", "loss0", fam);
+    /* lora_B at its test values: lora_A's gradient is no longer zero */
+    for (int i = 0; i < s.info->n_params; i++) {
+        const sbp_step_param *p = &s.info->params[i];
+        if (ir_lora_kind(p->name) != 'B')
+            continue;
+        char a_name[512];
+        size_t n = strlen(p->name) - strlen(IR_LORA_B_SUFFIX);
+        snprintf(a_name, sizeof a_name, "%.*s%s", (int)n, p->name, IR_LORA_A_SUFFIX);
+        ir_lora_init(a_name, TEST_B_SEED, p->dims[0], p->dims[1], params + p->offset);
+    }
+    check_step(&s, params, ref, "grad", "loss", fam);
+    free(params);
+    e2e_free_step(&s); /* frees f.g */
+    ir_diag_free(&d);
+    sbpio_st_close(ref);
+}
+
+static void test_llama_scoped_store(void **st) { (void)st; run_case("llama_dynamo_scoped", "llama", SBP_STRATEGY_STORE); }
+static void test_llama_scoped_stream(void **st) { (void)st; run_case("llama_dynamo_scoped", "llama", SBP_STRATEGY_STREAM); }
+static void test_qwen3_ts_store(void **st) { (void)st; run_case("qwen3_ts_eager", "qwen3", SBP_STRATEGY_STORE); }
+static void test_qwen3_ts_stream(void **st) { (void)st; run_case("qwen3_ts_eager", "qwen3", SBP_STRATEGY_STREAM); }
+static void test_gpt2_store(void **st) { (void)st; run_case("gpt2_dynamo_eager", "gpt2", SBP_STRATEGY_STORE); }
+static void test_gpt2_stream(void **st) { (void)st; run_case("gpt2_dynamo_eager", "gpt2", SBP_STRATEGY_STREAM); }
+
+/* The adapters' initial values are the documented generator's: lora_A in PEFT's bound, the
+ * same for the same name and seed, lora_B zeros. */
+static void test_init(void **st)
+{
+    (void)st;
+    float a[4 * 16], b[4 * 16], z[16 * 4];
+    ir_lora_init("m.q.lora_A.weight", 0, 4, 16, a);
+    ir_lora_init("m.q.lora_A.weight", 0, 4, 16, b);
+    assert_memory_equal(a, b, sizeof a);
+    ir_lora_init("m.q.lora_A.weight", 1, 4, 16, b);
+    assert_memory_not_equal(a, b, sizeof a);
+    double lo = 1, hi = -1;
+    for (int i = 0; i < 64; i++) {
+        lo = fmin(lo, a[i]);
+        hi = fmax(hi, a[i]);
+    }
+    assert_true(lo >= -0.25 && hi < 0.25 && hi - lo > 0.3); /* U(-1/sqrt(16), 1/sqrt(16)) */
+    ir_lora_init("m.q.lora_B.weight", 0, 16, 4, z);
+    for (int i = 0; i < 64; i++)
+        assert_true(z[i] == 0.0f);
+}
+
+static void expect_error(const char *key, int64_t rank, const char *targets, const char *freeze,
+                         const char *text)
+{
+    sbp_flow f;
+    ir_diag d;
+    int rc = lora_flow(&f, &d, key, rank, targets, SBP_STRATEGY_STORE, freeze);
+    if (rc == IR_OK || !diag_has(&d, text)) {
+        e2e_print_diag(&d);
+        fail_msg("expected an error containing '%s'", text);
+    }
+    ir_graph_free(f.g);
+    ir_diag_free(&d);
+}
+
+static void test_errors(void **st)
+{
+    (void)st;
+    /* hidden 16, kv projections 16 -> 8: rank 9 exceeds min(in, out) of k_proj */
+    expect_error("llama_ts_eager", 9, NULL, NULL, "exceeds min(in, out) = min(16, 8)");
+    expect_error("llama_ts_eager", 4, "no_such_module", NULL,
+                 "--lora-targets 'no_such_module' matches no Linear weight");
+    expect_error("llama_ts_eager", 4, "(", NULL, "--lora-targets '('");
+    expect_error("llama_ts_eager", 4, NULL, "q_proj.lora_A",
+                 "freezes the LoRA adapter 'model.layers.0.self_attn.q_proj.lora_A.weight'");
+    /* a dynamo export without node scopes cannot name its renamed weights */
+    expect_error("llama_dynamo_eager", 4, NULL, NULL, "without a recoverable PyTorch name");
+}
+
+/* A custom regex adapts only what it names; the tied / untied LM head and the embedding never
+ * by default. */
+static void test_targets(void **st)
+{
+    (void)st;
+    sbp_flow f;
+    ir_diag d;
+    assert_int_equal(lora_flow(&f, &d, "llama_ts_eager", 2, "\\.q_proj\\.weight$",
+                               SBP_STRATEGY_STORE, NULL), IR_OK);
+    assert_int_equal(f.n_adapted, 2);
+    assert_non_null(ir_value_find(f.g, "model.layers.1.self_attn.q_proj.lora_B.weight"));
+    assert_null(ir_value_find(f.g, "model.layers.1.self_attn.k_proj.lora_A.weight"));
+    ir_graph_free(f.g);
+    ir_diag_free(&d);
+    assert_int_equal(lora_flow(&f, &d, "gpt2_ts_eager", 2, NULL, SBP_STRATEGY_STORE, NULL),
+                     IR_OK);
+    assert_int_equal(f.n_adapted, 8); /* c_attn, attn.c_proj, c_fc, mlp.c_proj x 2 layers */
+    for (int i = 0; i < f.g->n_values; i++)
+        assert_null(strstr(f.g->values[i]->name, "wte.lora"));
+    ir_graph_free(f.g);
+    ir_diag_free(&d);
+}
+
+int main(void)
+{
+    e2e_init();
+    if (sbprt_ctx_create(&e2e_ctx, 2) != SBPRT_OK)
+        return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_init),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_targets),
+        cmocka_unit_test(test_llama_scoped_store),
+        cmocka_unit_test(test_llama_scoped_stream),
+        cmocka_unit_test(test_qwen3_ts_store),
+        cmocka_unit_test(test_qwen3_ts_stream),
+        cmocka_unit_test(test_gpt2_store),
+        cmocka_unit_test(test_gpt2_stream),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    sbprt_ctx_destroy(e2e_ctx);
+    return rc;
+}
