@@ -159,9 +159,9 @@ static void emit_header_comment(const sbp_train_program *p, const sbp_codegen_op
     int trainable = 0;
     for (int i = 0; i < p->n_params; i++)
         trainable += p->params[i].trainable && p->params[i].tied_to < 0;
-    fprintf(f, " * parameters  %d tensors (%d trained), %zu floats in the parameter block and "
-               "as many in the gradient block\n",
-            p->n_params, trainable, p->param_elems);
+    fprintf(f, " * parameters  %d tensors (%d trained), %zu floats in the parameter block, %zu in "
+               "the gradient block\n",
+            p->n_params, trainable, p->param_elems, p->grad_elems);
     fprintf(f, " * workspace   %zu bytes, liveness-planned (passes/memplan.c): buffers that are\n"
                " *             never live at the same time share addresses\n",
             p->workspace_bytes);
@@ -290,7 +290,8 @@ static void emit_info(const sbp_train_program *p, const sbp_codegen_options *o, 
 {
     fputs("\n/* ---------------------------------------------------------------- parameters */\n"
           "\n/* name, rank, dims, numel, element offset, trainable, tied_to (the parameter it\n"
-          " * is the transpose of: no storage of its own) */\n",
+          " * is the transpose of: no storage of its own), offset in the gradient block (the\n"
+          " * trained parameters only; SIZE_MAX: not trained) */\n",
           f);
     fprintf(f, "static const sbp_step_param step_params[%d] = {\n", p->n_params ? p->n_params : 1);
     for (int i = 0; i < p->n_params; i++) {
@@ -301,13 +302,17 @@ static void emit_info(const sbp_train_program *p, const sbp_codegen_options *o, 
         fprintf(f, ", %d, {", v->rank);
         for (int k = 0; k < v->rank; k++)
             fprintf(f, "%s%lld", k ? ", " : "", (long long)v->dims[k].value);
-        fprintf(f, "}, %zu, %zu, %d, %d},\n", q->numel, q->offset, q->trainable ? 1 : 0,
+        fprintf(f, "}, %zu, %zu, %d, %d, ", q->numel, q->offset, q->trainable ? 1 : 0,
                 q->tied_to);
+        if (q->grad_offset == SIZE_MAX)
+            fputs("SIZE_MAX},\n", f);
+        else
+            fprintf(f, "%zu},\n", q->grad_offset);
     }
     if (!p->n_params)
         fputs("    {0},\n", f);
     fputs("};\n", f);
-    size_t peak = 2 * p->param_elems * sizeof(float) + p->workspace_bytes;
+    size_t peak = sbp_train_planned_peak(p);
     fputs("\nstatic const sbp_step_info step_info = {\n"
           "    .abi_version = SBP_STEP_ABI_VERSION,\n",
           f);
@@ -320,13 +325,18 @@ static void emit_info(const sbp_train_program *p, const sbp_codegen_options *o, 
             "    .batch = %lld,\n    .seq_len = %lld,\n    .vocab = %lld,\n"
             "    .n_params = %d,\n    .params = step_params,\n"
             "    .param_elems = %zu,\n    .workspace_bytes = %zu,\n"
-            "    .planned_peak_bytes = %zu, /* parameters + gradients + workspace */\n",
+            "    .planned_peak_bytes = %zu, /* parameters + gradients + workspace */\n"
+            "    .grad_elems = %zu, /* the trained parameters' gradients */\n",
             (unsigned long long)sbp_codegen_fingerprint(p), (long long)p->batch,
             (long long)p->seq_len, (long long)p->vocab, p->n_params, p->param_elems,
-            p->workspace_bytes, peak);
+            p->workspace_bytes, peak, p->grad_elems);
     sbp_emit_objective_info(p, f); /* DPO / GRPO: beta, epsilon, grpo_norm */
     if (p->packed)
         fputs("    .packed = 1, /* args->doc_ids required */\n", f);
+    if (p->g->lora_rank > 0)
+        fprintf(f, "    .lora_rank = %lld,\n    .lora_alpha = %.17g,\n    .lora_seed = %lluull,\n",
+                (long long)p->g->lora_rank, p->g->lora_alpha,
+                (unsigned long long)p->g->lora_seed);
     if (p->eval)
         fprintf(f,
                 "    .eval_workspace_bytes = %zu, /* sbp_step_eval's plan */\n"
@@ -761,7 +771,7 @@ static void emit_run(const sbp_train_program *p, const sbp_codegen_options *o, F
                     : "the graph's loss is a sum");
     if (!ev)
         fprintf(f, "    if (!args->accumulate)\n"
-                   "        TRY(sbprt_memset_zero(ctx, G, sizeof(float) * %s_PARAM_ELEMS));\n",
+                   "        TRY(sbprt_memset_zero(ctx, G, sizeof(float) * %s_GRAD_ELEMS));\n",
                 prefix);
     if (p->bf16)
         fprintf(f,
@@ -820,16 +830,18 @@ static void emit_h(const sbp_train_program *p, const sbp_codegen_options *o, FIL
     fprintf(h,
             "#define %s_BATCH %lld\n#define %s_SEQ_LEN %lld\n#define %s_VOCAB %lld\n"
             "#define %s_N_PARAMS %d\n"
-            "#define %s_PARAM_ELEMS ((size_t)%zu) /* floats: parameter block = gradient "
-            "block */\n"
+            "#define %s_PARAM_ELEMS ((size_t)%zu) /* floats: the parameter block */\n"
+            "#define %s_GRAD_ELEMS ((size_t)%zu) /* floats: the gradient block (trained "
+            "parameters) */\n"
             "#define %s_WORKSPACE_BYTES ((size_t)%zu)\n",
             px, (long long)p->batch, px, (long long)p->seq_len, px, (long long)p->vocab, px,
-            p->n_params, px, p->param_elems, px, p->workspace_bytes);
+            p->n_params, px, p->param_elems, px, p->grad_elems, px, p->workspace_bytes);
     if (p->eval)
         fprintf(h, "#define %s_EVAL_WORKSPACE_BYTES ((size_t)%zu) /* sbp_step_eval */\n", px,
                 p->eval->workspace_bytes);
     fputc('\n', h);
-    fputs("/* Parameters: index, ONNX initializer name, shape, element offset in the blocks.\n",
+    fputs("/* Parameters: index, ONNX initializer name, shape, element offset in the parameter\n"
+          " * block (and in the gradient block, gNNN, when trained).\n",
           h);
     for (int i = 0; i < p->n_params; i++) {
         const tp_param *q = &p->params[i];
@@ -837,6 +849,8 @@ static void emit_h(const sbp_train_program *p, const sbp_codegen_options *o, FIL
         fprintf(h, " * %4d  ", i);
         put_comment_text(h, q->value->name);
         fprintf(h, "  %s  @%zu", ir_value_type_str(q->value, ty, sizeof ty), q->offset);
+        if (q->trainable && q->tied_to < 0 && q->grad_offset != q->offset)
+            fprintf(h, "  g%zu", q->grad_offset);
         if (q->tied_to >= 0)
             fprintf(h, "  (transpose of %d, no storage)", q->tied_to);
         else if (!q->trainable)

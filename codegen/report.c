@@ -173,8 +173,8 @@ static int compute(figures *f, ir_diag *d)
     if (categorize(f) != IR_OK)
         return ir_diag_error(d, "out of memory");
     f->params = p->param_elems * sizeof(float);
-    f->grads = f->params;
-    f->opt = 2 * f->params;
+    f->grads = p->grad_elems * sizeof(float); /* the trained parameters' only */
+    f->opt = 2 * f->grads;
     f->ids = (size_t)(p->batch * p->seq_len) * sizeof(int32_t) * (p->labels_buf >= 0 ? 2 : 1);
     for (int i = 0; i < p->n_bufs; i++)
         if (p->bufs[i]->kind == TP_BUF_CONST)
@@ -510,7 +510,7 @@ int sbp_report_plot_svg(FILE *out, const sbp_report_entry *e, int n, ir_diag *d)
         fprintf(out, "<text x=\"%.0f\" y=\"40\" font-size=\"11\" fill=\"#555\">parameters, "
                      "gradients and AdamW state (%s) are constant and not drawn; dashed: each "
                      "plan's arena</text>\n",
-                L, human(h, sizeof h, any->param_elems * 16));
+                L, human(h, sizeof h, (any->param_elems + 3 * any->grad_elems) * 4));
     }
     /* axes and grid */
     fprintf(out, "<g stroke=\"#ddd\" stroke-width=\"1\">\n");

@@ -46,6 +46,11 @@
  * offset, row-major in the ONNX initializer's own shape. A re-tied parameter (tied_to >= 0) has
  * no storage of its own: it is the transpose of its owner, and its gradient is the owner's
  * (reported by sbp-train under both names, each in its own layout).
+ * Layout of the gradient block (ABI 2): the trained parameters only, each at its grad_offset
+ * (in table order, numel floats, the parameter's layout), grad_elems floats in all: a frozen
+ * parameter (sbpc --freeze, or LoRA's base model) has no gradient (grad_offset SIZE_MAX), so
+ * neither the gradients nor an optimizer's state, which the caller sizes like the gradient
+ * block, cost memory for it. With nothing frozen the two layouts are the same.
  */
 #ifndef SBP_STEP_H
 #define SBP_STEP_H
@@ -63,9 +68,11 @@ typedef struct sbp_step_param {
     int rank;
     int64_t dims[SBP_STEP_MAX_RANK];   /* the initializer's own shape */
     size_t numel;
-    size_t offset;                     /* element offset in the parameter/gradient blocks */
-    int trainable;                     /* 0: frozen (--freeze); its gradient stays 0 */
+    size_t offset;                     /* element offset in the parameter block */
+    int trainable;                     /* 0: frozen (--freeze): no gradient */
     int tied_to;                       /* -1, or index of the parameter this one transposes */
+    size_t grad_offset;                /* ABI 2: element offset in the gradient block; SIZE_MAX
+                                        * when not trainable (a tied parameter: its owner's) */
 } sbp_step_param;
 
 typedef struct sbp_step_info {
@@ -78,7 +85,7 @@ typedef struct sbp_step_info {
     int64_t batch, seq_len, vocab;     /* B, T, V */
     int n_params;
     const sbp_step_param *params;      /* [n_params] */
-    size_t param_elems;                /* floats in the parameter block = gradient block */
+    size_t param_elems;                /* floats in the parameter block */
     size_t workspace_bytes;            /* the planned arena for activations and scratch */
     size_t planned_peak_bytes;         /* params + grads + workspace (+ optimizer state: caller) */
     /* Appended to ABI 1 for DPO / GRPO (sbpc --objective dpo|grpo --beta --epsilon
@@ -87,17 +94,23 @@ typedef struct sbp_step_info {
     double beta;                       /* DPO β; GRPO's KL coefficient (0: no KL term) */
     double epsilon;                    /* GRPO: the ratio is clipped to [1 - ε, 1 + ε] */
     const char *grpo_norm;             /* GRPO: "sequence" | "token" (else NULL) */
-    /* ABI 2: evaluation and packed documents. */
+    /* ABI 2: the gradient block, evaluation, packed documents, LoRA. */
+    size_t grad_elems;                 /* floats in the gradient block (the trained parameters;
+                                        * param_elems when nothing is frozen) */
     size_t eval_workspace_bytes;       /* sbp_step_eval's planned workspace; 0: the step has
                                         * no sbp_step_eval (DPO / GRPO, or sbpc --no-eval) */
     size_t eval_planned_peak_bytes;    /* params + eval workspace (no gradients) */
     int packed;                        /* 1: compiled with sbpc --packed: args->doc_ids is
                                         * required (one document id per token) */
+    int64_t lora_rank;                 /* sbpc --lora RANK (0: no adapters), with the */
+    double lora_alpha;                 /* scaling numerator (--lora-alpha; scaling = alpha /
+                                        * rank) and */
+    uint64_t lora_seed;                /* the adapters' initial values' seed (--lora-seed) */
 } sbp_step_info;
 
 typedef struct sbp_step_args {
     const float *params;               /* [param_elems] */
-    float *grads;                      /* [param_elems]; written (or added to, see below) */
+    float *grads;                      /* [grad_elems]; written (or added to, see below) */
     int accumulate;                    /* 0: grads are overwritten; 1: added to (grad-accum) */
     const int32_t *input_ids;          /* [B*T] token ids in [0, V) (cuda: device memory) */
     const int32_t *labels;             /* [B*T] target of position t, -100 = not scored

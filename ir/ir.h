@@ -259,6 +259,10 @@ typedef struct ir_graph {
     /* torch.export's graph signature as the dynamo exporter wrote it (which initializers were
      * PARAMETERs and which BUFFERs of the module), or NULL; read by passes/params.c. */
     const char *torch_signature;
+    /* sbpc --lora, as passes/lora.c applied it (rank 0: none), for the step's description */
+    int64_t lora_rank;
+    double lora_alpha;
+    uint64_t lora_seed;
     struct ir_name_index *names; /* value name -> value; private to ir/ir.c */
 } ir_graph;
 

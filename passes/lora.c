@@ -223,6 +223,11 @@ int sbp_pass_lora(ir_graph *g, const sbp_lora_options *o, int *n_adapted)
     }
     if (n_adapted)
         *n_adapted = matched;
+    if (rc == IR_OK && matched > 0) { /* recorded for sbp_step_info (codegen) */
+        g->lora_rank = o->rank;
+        g->lora_alpha = o->alpha;
+        g->lora_seed = o->seed;
+    }
 done:
     free(prefix);
     free(ads);

@@ -314,6 +314,9 @@ typedef struct tp_param {
     size_t offset, numel;    /* in the parameter/gradient blocks; a tied parameter has no
                               * storage: offset is its owner's, numel its own count */
     bool trainable;          /* false: frozen or no gradient reaches it */
+    size_t grad_offset;      /* trainable: element offset in the gradient block (which holds
+                              * the trained parameters only, in table order; a tied parameter
+                              * has its owner's); SIZE_MAX when not trained */
     int tied_to;             /* -1, or the index of the parameter this one transposes */
     int buf, grad;           /* program buffers (-1 when none) */
 } tp_param;
@@ -345,6 +348,8 @@ typedef struct sbp_train_program {
     tp_param *params;        /* [n_params], in initializer order */
     int n_params;
     size_t param_elems;
+    size_t grad_elems;       /* floats of the gradient block: the trained parameters' (the
+                              * optimizer state is as large); param_elems when none is frozen */
     tp_segment *segments;    /* [n_segments] */
     int n_segments;
 

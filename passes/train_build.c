@@ -138,7 +138,7 @@ static sbp_train_program *build_once(ir_graph *g, sbp_objective objective,
 
 size_t sbp_train_planned_peak(const sbp_train_program *p)
 {
-    return 2 * p->param_elems * sizeof(float) + p->workspace_bytes;
+    return (p->param_elems + p->grad_elems) * sizeof(float) + p->workspace_bytes;
 }
 
 static sbp_train_program *build_at(ir_graph *g, sbp_objective objective,
@@ -194,7 +194,7 @@ static sbp_train_program *fit_budget(ir_graph *g, sbp_objective objective,
                       stream ? ir_arena_printf(g->arena, " (chunk %lld, logits chunk %lld)",
                                                (long long)p->chunk, (long long)p->logits_chunk)
                              : "",
-                      need, p->param_elems * sizeof(float), p->param_elems * sizeof(float),
+                      need, p->param_elems * sizeof(float), p->grad_elems * sizeof(float),
                       p->workspace_bytes);
         return NULL;
     }

@@ -26,6 +26,7 @@
  */
 #include "train_internal.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -539,22 +540,31 @@ int lower_group_buffers(tctx *t)
                 free(wants);
                 return ir_diag_error(g->diag, "out of memory");
             }
-            t->p->bufs[v->grad]->offset = pb->offset;
         }
     }
     free(wants);
+    /* the gradient block holds the trained parameters only, in table order: a frozen weight
+     * (--freeze, LoRA's base model) costs no gradient and no optimizer state */
+    t->p->grad_elems = 0;
     for (int i = 0; i < t->p->n_params; i++) {
         tp_param *q = &t->p->params[i];
+        q->grad_offset = SIZE_MAX;
         if (q->tied_to >= 0)
             continue;
         q->grad = t->v[q->value->id].grad;
         q->trainable = q->grad >= 0;
+        if (q->trainable) {
+            q->grad_offset = t->p->grad_elems;
+            t->p->grad_elems += q->numel;
+            t->p->bufs[q->grad]->offset = q->grad_offset;
+        }
     }
     for (int i = 0; i < t->p->n_params; i++) {
         tp_param *q = &t->p->params[i];
         if (q->tied_to >= 0) {
             q->trainable = t->p->params[q->tied_to].trainable;
             q->grad = t->p->params[q->tied_to].grad;
+            q->grad_offset = t->p->params[q->tied_to].grad_offset;
         }
     }
     return IR_OK;

@@ -280,7 +280,7 @@ void sbp_train_print_plan(const sbp_train_program *p, FILE *f)
     fprintf(f, "memory plan: strategy %s, B=%lld T=%lld%s\n", sbp_strategy_name(p->strategy),
             (long long)p->batch, (long long)p->seq_len, p->bf16 ? ", bf16 activations" : "");
     fprintf(f, "  parameters %zu B + gradients %zu B + workspace %zu B = planned peak %zu B\n",
-            p->param_elems * sizeof(float), p->param_elems * sizeof(float), p->workspace_bytes,
+            p->param_elems * sizeof(float), p->grad_elems * sizeof(float), p->workspace_bytes,
             sbp_train_planned_peak(p));
     fprintf(f, "  liveness lower bound %zu B (at %s); the plan's workspace is %.3fx of it\n",
             m->lower_bound, m->lower_bound ? memplan_pos_name(m, m->lower_bound_pos) : "-",

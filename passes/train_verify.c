@@ -321,15 +321,16 @@ static int check_buf_sizes(const sbp_train_program *p, ir_diag *d)
 int sbp_train_check_totals(const sbp_train_program *p, ir_diag *d)
 {
     int64_t params, peak;
+    /* parameters + gradients (grad_elems <= param_elems) */
     bool ok = p->param_elems <= (size_t)INT64_MAX && p->workspace_bytes <= (size_t)INT64_MAX &&
-              ck_mul_i64((int64_t)p->param_elems, 8, &params) && /* parameters + gradients */
+              ck_mul_i64((int64_t)p->param_elems, 8, &params) &&
               ck_add_i64(params, (int64_t)p->workspace_bytes, &peak) &&
               peak <= IR_MAX_TENSOR_BYTES;
     if (ok)
         return IR_OK;
     return ir_diag_error(d, "the step needs %zu bytes of parameters, %zu of gradients and %zu of "
                             "workspace: more than any target can address (%lld bytes, 2^47)",
-                         p->param_elems * 4, p->param_elems * 4, p->workspace_bytes,
+                         p->param_elems * 4, p->grad_elems * 4, p->workspace_bytes,
                          (long long)IR_MAX_TENSOR_BYTES);
 }
 

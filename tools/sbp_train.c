@@ -244,7 +244,7 @@ typedef struct options {
     train_ckpt_opts ckpt;    /* --checkpoint-dir, --checkpoint-every, --keep-checkpoints,
                               * --resume (train_ckpt.h) */
     train_pack_opts pack;    /* issue 13: --pack, --eos, --doc-ids (train_pack.h) */
-    train_adapter_opts adapter; /* issue 16: --save-adapter, --lora-alpha, --lora-seed */
+    train_adapter_opts adapter; /* issue 16: --save-adapter, --merge-lora */
     train_eval_opts eval;    /* issue 12: --eval-data, --eval-every, --eval-batches */
 } options;
 
@@ -261,7 +261,7 @@ enum { OPT_CHECKPOINT_DIR = 1300, OPT_CHECKPOINT_EVERY, OPT_KEEP_CHECKPOINTS, OP
 /* issue 13: packed documents (consecutive, in train_pack_parse's order) */
 enum { OPT_PACK = 1313, OPT_EOS, OPT_DOC_IDS };
 /* issue 16: LoRA adapters (consecutive, in train_adapter_parse's order) */
-enum { OPT_SAVE_ADAPTER = 1600, OPT_LORA_ALPHA, OPT_LORA_SEED };
+enum { OPT_SAVE_ADAPTER = 1600, OPT_MERGE_LORA };
 /* issue 12: evaluation (consecutive, in train_eval_parse's order) */
 enum { OPT_EVAL_DATA = 1400, OPT_EVAL_EVERY, OPT_EVAL_BATCHES };
 
@@ -306,8 +306,7 @@ static int parse_args(int argc, char **argv, options *o)
         {"doc-ids", required_argument, NULL, OPT_DOC_IDS},
         /* issue 16: LoRA adapters */
         {"save-adapter", required_argument, NULL, OPT_SAVE_ADAPTER},
-        {"lora-alpha", required_argument, NULL, OPT_LORA_ALPHA},
-        {"lora-seed", required_argument, NULL, OPT_LORA_SEED},
+        {"merge-lora", no_argument, NULL, OPT_MERGE_LORA},
         /* issue 12: evaluation */
         {"eval-data", required_argument, NULL, OPT_EVAL_DATA},
         {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
@@ -374,7 +373,7 @@ static int parse_args(int argc, char **argv, options *o)
         case OPT_PACK: case OPT_EOS: case OPT_DOC_IDS:
             bad = train_pack_parse(&o->pack, &c, opt, OPT_PACK, v);
             break;
-        case OPT_SAVE_ADAPTER: case OPT_LORA_ALPHA: case OPT_LORA_SEED: /* issue 16 */
+        case OPT_SAVE_ADAPTER: case OPT_MERGE_LORA: /* issue 16 */
             bad = train_adapter_parse(&o->adapter, &c, opt, OPT_SAVE_ADAPTER, v);
             break;
         /* issue 12: evaluation */
@@ -396,6 +395,8 @@ static int parse_args(int argc, char **argv, options *o)
     if (train_sched_check(&o->sched, o->lr, sched_err, sizeof sched_err) ||
         train_eval_check_opts(&o->eval, sched_err, sizeof sched_err)) /* and evaluation's */
         return error("%s", sched_err);
+    if (train_adapter_check_opts(&o->adapter, o->save != NULL, sched_err, sizeof sched_err))
+        return error("%s", sched_err); /* issue 16: --merge-lora needs --save */
     if (!o->step_path) {
         error("no step library given");
         usage(stderr);
@@ -661,7 +662,8 @@ static int validate_info(const sbp_step_info *in, const char *step_path)
                      (long long)in->batch, (long long)in->seq_len, (long long)in->vocab);
     if (in->n_params < 0 || (in->n_params > 0 && !in->params))
         return error("%s: %s: %d parameters but no table", step_path, bad, in->n_params);
-    if (in->param_elems > SIZE_MAX / 16 || in->workspace_bytes > SIZE_MAX / 4)
+    if (in->param_elems > SIZE_MAX / 16 || in->workspace_bytes > SIZE_MAX / 4 ||
+        in->grad_elems > in->param_elems)
         return error("%s: %s: absurd block sizes", step_path, bad);
     for (int i = 0; i < in->n_params; i++) {
         const sbp_step_param *p = &in->params[i];
@@ -695,6 +697,16 @@ static int validate_info(const sbp_step_info *in, const char *step_path)
                          "parameter block of %zu elements", step_path, bad, p->name, p->offset,
                          p->numel, in->param_elems);
         }
+        /* the gradient block: a trained parameter's slice inside it, none for a frozen one (a
+         * tied copy shares its owner's) */
+        const sbp_step_param *own = p->tied_to >= 0 ? &in->params[p->tied_to] : p;
+        if (own->trainable != p->trainable || p->grad_offset != own->grad_offset ||
+            (p->trainable ? p->grad_offset > in->grad_elems ||
+                                own->numel > in->grad_elems - p->grad_offset
+                          : p->grad_offset != SIZE_MAX))
+            return error("%s: %s: parameter '%s' (%s, gradient offset %zu) does not fit the "
+                         "gradient block of %zu elements", step_path, bad, p->name,
+                         p->trainable ? "trained" : "frozen", p->grad_offset, in->grad_elems);
     }
     return 0;
 }
@@ -1002,20 +1014,28 @@ static int load_tokens(const char *path, bool labels, const sbp_step_info *in,
 
 /* Host copies of the gradient or weight of every parameter in its own layout: the block's
  * slice for a parameter with storage, the owner's transposed for a re-tied one. `bufs` gets
- * the transposed copies (to free); data[i] points at parameter i's values. */
-static int gather_views(const sbp_step_info *in, const float *block, const float **data,
-                        float **bufs)
+ * the copies made (to free); data[i] points at parameter i's values. grads: the block is the
+ * gradient block (slices at grad_offset; a frozen parameter, which has none, gets zeros). */
+static int gather_views(const sbp_step_info *in, const float *block, bool grads,
+                        const float **data, float **bufs)
 {
     for (int i = 0; i < in->n_params; i++) {
         const sbp_step_param *p = &in->params[i];
+        const sbp_step_param *own = p->tied_to < 0 ? p : &in->params[p->tied_to];
+        size_t off = grads ? own->grad_offset : own->offset;
         bufs[i] = NULL;
-        if (p->tied_to < 0) {
-            data[i] = block + p->offset;
+        if (grads && off == SIZE_MAX) { /* not trained: its gradient is zero */
+            if (!(bufs[i] = calloc(p->numel + 1, sizeof(float))))
+                return error("out of memory");
+            data[i] = bufs[i];
             continue;
         }
-        const sbp_step_param *own = &in->params[p->tied_to];
+        if (p->tied_to < 0) {
+            data[i] = block + off;
+            continue;
+        }
         int64_t r = own->dims[0], c = own->dims[1];
-        const float *src = block + own->offset;
+        const float *src = block + off;
         float *t = malloc(p->numel * sizeof(float) + 1);
         if (!t)
             return error("out of memory");
@@ -1038,7 +1058,7 @@ static int dump_grads(const options *o, const sbp_step_info *in, const float *gr
         rc = error("out of memory");
         goto out;
     }
-    if ((rc = gather_views(in, grads, data, bufs)))
+    if ((rc = gather_views(in, grads, true, data, bufs)))
         goto out;
     for (int i = 0; i < n; i++)
         ts[i] = (sbpio_st_tensor){.name = in->params[i].name, .dtype = SBPIO_DT_F32,
@@ -1070,12 +1090,16 @@ static int save_model(const options *o, const sbp_step_info *in, const float *pa
         rc = error("out of memory");
         goto out;
     }
-    if ((rc = gather_views(in, params, data, bufs)))
+    if ((rc = gather_views(in, params, false, data, bufs)))
         goto out;
+    int k = 0; /* issue 16: a LoRA step's adapters are not the model's (--merge-lora) */
     for (int i = 0; i < n; i++)
-        names[i] = in->params[i].name;
+        if (!train_adapter_is_adapter(in->params[i].name)) {
+            names[k] = in->params[i].name;
+            data[k++] = data[i];
+        }
     char err[512];
-    if (sbpio_onnx_save_with_weights(o->model_path, o->save, n, names, data, err, sizeof err) !=
+    if (sbpio_onnx_save_with_weights(o->model_path, o->save, k, names, data, err, sizeof err) !=
         SBPIO_OK)
         rc = error("--save: %s", err);
 out:
@@ -1117,17 +1141,18 @@ static void note_message(const char *msg) { message("note", "%s", msg); }
  * quarter of it) out. */
 static void fit_advice(const sbp_step_info *in, size_t asked, size_t free_bytes, bool adamw)
 {
-    const size_t pbytes = in->param_elems * sizeof(float);
-    const size_t rest = asked - in->workspace_bytes - 2 * pbytes; /* optimizer, ids, labels */
+    /* parameters + gradients (the trained parameters' only) */
+    const size_t pgbytes = (in->param_elems + in->grad_elems) * sizeof(float);
+    const size_t rest = asked - in->workspace_bytes - pgbytes; /* optimizer, ids, labels */
     const size_t least = free_bytes / 4 < ((size_t)256 << 20) ? free_bytes / 4
                                                                : ((size_t)256 << 20);
     const size_t headroom = free_bytes / 20 > least ? free_bytes / 20 : least;
     char b1[32], b2[32], b3[32], b4[32];
-    if (2 * pbytes + rest + headroom >= free_bytes) {
+    if (pgbytes + rest + headroom >= free_bytes) {
         message("note", "the device has %s free, and the parameters, gradients%s alone take %s: "
                 "this model does not fit on it%s", bytes_str(b1, sizeof b1, (double)free_bytes),
                 adamw ? " and AdamW state" : "",
-                bytes_str(b2, sizeof b2, (double)(2 * pbytes + rest)),
+                bytes_str(b2, sizeof b2, (double)(pgbytes + rest)),
                 adamw ? " with AdamW (--optimizer sgd keeps no optimizer state)" : "");
         return;
     }
@@ -1168,16 +1193,20 @@ typedef struct run {
     bool have_shard;          /* shard is open */
     model mdl;                /* the model, until its weights are copied into the arena */
     train_export *export;     /* issue 12: --save-safetensors's keys, planned at load */
+    train_adapter_merge_plan *merge; /* issue 16: --merge-lora's base weights, planned at load */
     /* run_allocate */
     char *arena;              /* one block: parameters, gradients, AdamW's m and v, the step's
                                * workspace, one micro-batch's ids, labels, DPO / GRPO inputs */
-    size_t pbytes;            /* bytes of a parameter-sized block: param_elems floats */
+    size_t pbytes;            /* bytes of the parameter block: param_elems floats */
+    size_t gbytes;            /* bytes of the gradient block and of each AdamW moment:
+                               * grad_elems floats (the trained parameters) */
     char *workspace;          /* [workspace_bytes] in the arena */
-    float *d_params, *d_grads, *d_m, *d_v; /* [param_elems] each, in the arena */
+    float *d_params;          /* [param_elems] in the arena */
+    float *d_grads, *d_m, *d_v; /* [grad_elems] each, in the arena (m, v: adamw) */
     int32_t *d_ids, *d_labels;             /* [B*T] each, in the arena */
     float *d_ref, *d_old;     /* [B] (DPO reference) or [B*T], in the arena when used */
     float *d_adv;             /* [B], in the arena when used */
-    float *host_params, *host_grads; /* [param_elems] host views of the blocks */
+    float *host_params, *host_grads; /* [param_elems], [grad_elems] host views of the blocks */
     bool own_host;            /* host_params/host_grads were malloc'd (not the arena itself) */
     /* device memory (a backend whose memory is not the host's): in use before the arena, the
      * device's total, and the most in use seen after it, sampled after every step */
@@ -1348,6 +1377,10 @@ static int run_load(run *r)
     if (o->save_safetensors &&
         !(r->export = train_export_plan(r->mdl.g, in, note_message, err, sizeof err)))
         return error("--save-safetensors: %s", err);
+    /* issue 16: --merge-lora: which initializer each adapter updates, before any training */
+    if (o->adapter.merge &&
+        !(r->merge = train_adapter_merge_plan_make(r->mdl.g, in, err, sizeof err)))
+        return error("--merge-lora: %s", err);
     return 0;
 }
 
@@ -1366,11 +1399,12 @@ static int run_allocate(run *r)
     r->dev_mem = !r->host_visible && rt->device_memory &&
                  rt->device_memory(rt->step_ctx, &r->dev_before, &r->dev_total) == SBPRT_OK;
     const size_t pbytes = r->pbytes = in->param_elems * sizeof(float);
+    const size_t gbytes = r->gbytes = in->grad_elems * sizeof(float);
     const size_t off_params = 0;
     const size_t off_grads = off_params + align_up(pbytes);
-    const size_t off_m = off_grads + align_up(pbytes);
-    const size_t off_v = off_m + (o->adamw ? align_up(pbytes) : 0);
-    const size_t off_ws = off_v + (o->adamw ? align_up(pbytes) : 0);
+    const size_t off_m = off_grads + align_up(gbytes);
+    const size_t off_v = off_m + (o->adamw ? align_up(gbytes) : 0);
+    const size_t off_ws = off_v + (o->adamw ? align_up(gbytes) : 0);
     /* evaluation runs in the training workspace (its plan is usually the smaller) */
     const size_t ws_bytes = r->step_eval && in->eval_workspace_bytes > in->workspace_bytes
                                 ? in->eval_workspace_bytes
@@ -1413,7 +1447,7 @@ static int run_allocate(run *r)
     } else {
         r->own_host = true;
         r->host_params = malloc(pbytes + 1);
-        r->host_grads = malloc(pbytes + 1);
+        r->host_grads = malloc(gbytes + 1);
         if (!r->host_params || !r->host_grads)
             return error("out of memory");
     }
@@ -1424,12 +1458,12 @@ static int run_allocate(run *r)
                                      SBPRT_COPY_HOST_TO_DEVICE)))
         return copy_failed(r, st);
     if (o->adamw) { /* zero m and v: through a zeroed host buffer, backend-neutral */
-        float *zeros = calloc(1, pbytes + 1);
+        float *zeros = calloc(1, gbytes + 1);
         if (!zeros)
             return error("out of memory");
-        st = RT(*rt, copy, copy_ctx, r->d_m, zeros, pbytes, SBPRT_COPY_HOST_TO_DEVICE);
+        st = RT(*rt, copy, copy_ctx, r->d_m, zeros, gbytes, SBPRT_COPY_HOST_TO_DEVICE);
         if (!st)
-            st = RT(*rt, copy, copy_ctx, r->d_v, zeros, pbytes, SBPRT_COPY_HOST_TO_DEVICE);
+            st = RT(*rt, copy, copy_ctx, r->d_v, zeros, gbytes, SBPRT_COPY_HOST_TO_DEVICE);
         free(zeros);
         if (st)
             return copy_failed(r, st);
@@ -1442,7 +1476,8 @@ static int run_allocate(run *r)
             .total_steps = o->steps, .lr = o->lr, .weight_decay = o->weight_decay,
             .sched = &o->sched, .dump_grads = o->dump_grads != NULL,
             .shard = r->have_shard ? &r->shard : NULL, .ids = r->ids, .labels = r->labels,
-            .ntok_all = (size_t)r->K * ntok, .pbytes = pbytes, .d_params = r->d_params,
+            .ntok_all = (size_t)r->K * ntok, .pbytes = pbytes, .gbytes = gbytes,
+            .d_params = r->d_params,
             .d_m = r->d_m, .d_v = r->d_v, .host_params = r->host_params,
             .host_visible = r->host_visible, .copy = rt->copy, .copy_ctx = *rt->copy_ctx,
             .note = note_message, .packing = pack_id}, ckpt_err, sizeof ckpt_err))
@@ -1627,7 +1662,7 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
 
     if (s == 1 && o->dump_grads) {
         if (!r->host_visible && (st = RT(*rt, copy, copy_ctx, r->host_grads, r->d_grads,
-                                         r->pbytes, SBPRT_COPY_DEVICE_TO_HOST)))
+                                         r->gbytes, SBPRT_COPY_DEVICE_TO_HOST)))
             return copy_failed(r, st);
         if (dump_grads(o, in, r->host_grads, loss))
             return -1;
@@ -1647,13 +1682,13 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
         const sbp_step_param *p = &in->params[i];
         if (p->tied_to >= 0 || !p->trainable || p->numel == 0)
             continue;
-        size_t k = p->offset;
+        size_t k = p->offset, g = p->grad_offset; /* the parameter and gradient blocks */
         if (o->adamw)
-            st = RT(*rt, adamw_update, adamw_ctx, r->d_params + k, r->d_m + k, r->d_v + k,
-                    r->d_grads + k, p->numel, lr, 0.9, 0.999, 1e-8, o->weight_decay,
+            st = RT(*rt, adamw_update, adamw_ctx, r->d_params + k, r->d_m + g, r->d_v + g,
+                    r->d_grads + g, p->numel, lr, 0.9, 0.999, 1e-8, o->weight_decay,
                     s > INT32_MAX ? INT32_MAX : (int)s);
         else
-            st = RT(*rt, sgd_update, sgd_ctx, r->d_params + k, r->d_grads + k, p->numel, lr,
+            st = RT(*rt, sgd_update, sgd_ctx, r->d_params + k, r->d_grads + g, p->numel, lr,
                     o->weight_decay);
         if (st)
             return error("step %lld: the %s update of '%s' failed: %s", (long long)s,
@@ -1732,8 +1767,19 @@ static int run_report(run *r)
         if (!r->host_visible && (st = RT(r->rt, copy, copy_ctx, r->host_params, r->d_params,
                                          r->pbytes, SBPRT_COPY_DEVICE_TO_HOST)))
             return copy_failed(r, st);
-        if (save_model(o, in, r->host_params))
+        float *merged = NULL; /* issue 16: --merge-lora: W + (alpha/r)·B·A, a copy */
+        if (r->merge && !(merged = malloc(r->pbytes + 1)))
+            return error("--merge-lora: out of memory");
+        if (merged)
+            train_adapter_merge(r->merge, in, r->host_params, merged);
+        int bad = save_model(o, in, merged ? merged : r->host_params);
+        free(merged);
+        if (bad)
             return -1;
+        if (r->merge)
+            printf("merged the LoRA adapters into %d weights (scaling %g = %g / %lld)\n",
+                   train_adapter_merge_count(r->merge), in->lora_alpha / (double)in->lora_rank,
+                   in->lora_alpha, (long long)in->lora_rank);
         printf("saved the trained weights to %s\n", o->save);
     }
     if (o->save_safetensors) { /* issue 12: safetensors export */
@@ -1770,7 +1816,7 @@ static int run_report(run *r)
                100.0 * r->pairs_packed / r->pairs_full, r->pairs_packed, r->pairs_full);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    size_t opt_state = o->adamw ? 2 * r->pbytes : 0;
+    size_t opt_state = o->adamw ? 2 * r->gbytes : 0; /* the trained parameters' moments */
     char b1[32], b2[32], b3[32], b4[32];
     if (r->host_visible) {
         printf("peak memory: planned %s (step %s + optimizer state %s), actual %s (peak RSS)\n",
@@ -1819,6 +1865,7 @@ static void run_free(run *r)
         sbpio_shard_close(&r->shard);
     model_free(&r->mdl);
     train_export_free(r->export); /* issue 12 */
+    train_adapter_merge_plan_free(r->merge); /* issue 16 */
     sbp_file_set_free(&r->inputs);
     /* The step library stays loaded until the process ends: a cuda step's libraries (the CUDA
      * runtime, cuBLAS, libstdc++) keep global state that dlclose would leave unreachable, which

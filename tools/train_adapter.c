@@ -1,10 +1,18 @@
-/* train_adapter.c — LoRA adapters in sbp-train: initial values and PEFT's adapter directory
- * (train_adapter.h).
+/* train_adapter.c — LoRA adapters in sbp-train: initial values, PEFT's adapter directory and
+ * the merged ONNX copy (train_adapter.h).
  *
- * The adapters are told from the base weights by name (ir_lora_kind), the only thing the step's
- * table carries; their module is the name less its `.lora_A.weight` suffix. Writing reuses
- * sbpio's atomic safetensors writer (as --save-safetensors does) and ir/files.h's atomic file
- * for the JSON.
+ * The adapters are told from the base weights by name (ir_lora_kind); their module is the name
+ * less its `.lora_A.weight` suffix. The rank, alpha and seed are the step's own (sbp_step_info).
+ * Writing reuses sbpio's atomic safetensors writer (as --save-safetensors does) and ir/files.h's
+ * atomic file for the JSON.
+ *
+ * Merging: sbpc adapted the Linear whose weight's PyTorch name is `<module>.weight`, named as
+ * ir/torch.h names it (the initializer's own name when it is PyTorch's, else recovered from the
+ * module scope of the node that reads it). The plan names every step parameter the same way on
+ * the imported model and takes the ones named `<module>.weight`; their layout is what the
+ * reading node says (ir_torch_consumer_role: MatMul's x @ W stores [in, out], Gemm tells by
+ * transB), seen through a 2-D Transpose when the export kept one. Several step parameters with
+ * one storage (a re-tied copy and its owner) are updated once, through the owner.
  */
 #include "train_adapter.h"
 
@@ -30,39 +38,35 @@ static int fail(char *err, size_t n, const char *fmt, ...)
     return -1;
 }
 
-void train_adapter_opts_init(train_adapter_opts *o)
-{
-    *o = (train_adapter_opts){.alpha = 8.0, .seed = 0};
-}
+void train_adapter_opts_init(train_adapter_opts *o) { *o = (train_adapter_opts){0}; }
 
 int train_adapter_parse(train_adapter_opts *o, cli *c, int val, int base, const char *v)
 {
-    switch (val - base) {
-    case 0:
+    if (val == base)
         return cli_path(c, "--save-adapter", v, &o->save_dir);
-    case 1:
-        o->given = "--lora-alpha";
-        if (cli_real(c, "--lora-alpha", v, &o->alpha))
-            return -1;
-        if (!(o->alpha > 0 && o->alpha < 1e30))
-            return cli_error(c, "--lora-alpha must be a positive number, not '%s'", v);
-        return 0;
-    default:
-        o->given = "--lora-seed";
-        return cli_count(c, "--lora-seed", v, 0, INT64_MAX, &o->seed);
-    }
+    o->merge = true; /* --merge-lora */
+    return 0;
+}
+
+int train_adapter_check_opts(train_adapter_opts *o, bool save, char *err, size_t errlen)
+{
+    o->save_onnx = save;
+    if (o->merge && !save)
+        return fail(err, errlen, "--merge-lora needs --save OUT.onnx (the merged weights are "
+                    "written into that copy of the model)");
+    return 0;
 }
 
 const char *train_adapter_usage(void)
 {
-    return "LoRA steps (sbpc --lora; only the adapters train):\n"
+    return "LoRA steps (sbpc --lora; only the adapters train; rank, alpha and seed are the "
+           "step's):\n"
            "  --save-adapter DIR      write the trained adapters as PEFT does: DIR/adapter_model\n"
            "                          .safetensors and DIR/adapter_config.json (peft.PeftModel\n"
            "                          .from_pretrained(model, DIR) loads them)\n"
-           "  --lora-alpha A          the step's sbpc --lora-alpha, for adapter_config.json\n"
-           "                          (default 8, sbpc's)\n"
-           "  --lora-seed S           the step's sbpc --lora-seed: lora_A's initial values\n"
-           "                          (default 0, sbpc's)\n";
+           "  --merge-lora            with --save OUT.onnx: write W + (alpha/r)·B·A into every\n"
+           "                          adapted weight of the copy (PEFT's merge_and_unload), no\n"
+           "                          adapters\n";
 }
 
 static int count_adapters(const sbp_step_info *in)
@@ -77,11 +81,19 @@ int train_adapter_init(ir_graph *g, const sbp_step_info *in, const train_adapter
                        char *err, size_t errlen)
 {
     if (count_adapters(in) == 0) {
-        if (o->save_dir || o->given)
+        if (o->save_dir || o->merge)
             return fail(err, errlen, "%s: the step has no LoRA adapters (compile it with sbpc "
-                        "--lora)", o->save_dir ? "--save-adapter" : o->given);
+                        "--lora)", o->save_dir ? "--save-adapter" : "--merge-lora");
         return 0;
     }
+    /* an sbpc older than sbp_step_info's lora_* fields leaves them 0 */
+    if (in->lora_rank <= 0 || !(in->lora_alpha > 0))
+        return fail(err, errlen, "the step has LoRA adapters but does not say its lora_rank and "
+                    "lora_alpha (compiled by an older sbpc): compile it again");
+    if (o->save_onnx && !o->merge)
+        return fail(err, errlen, "--save: the step trains LoRA adapters, which the ONNX model "
+                    "has no place for: add --merge-lora to write W + (alpha/r)·B·A into the "
+                    "copy, or use --save-adapter DIR");
     int added = 0;
     for (int i = 0; i < in->n_params; i++) {
         const sbp_step_param *p = &in->params[i];
@@ -96,7 +108,7 @@ int train_adapter_init(ir_graph *g, const sbp_step_info *in, const train_adapter
         v->nbytes = p->numel * sizeof(float);
         if (!(v->data = ir_arena_alloc(g->arena, v->nbytes)))
             return fail(err, errlen, "out of memory");
-        ir_lora_init(p->name, (uint64_t)o->seed, p->dims[0], p->dims[1], v->data);
+        ir_lora_init(p->name, in->lora_seed, p->dims[0], p->dims[1], v->data);
         added++;
     }
     return added;
@@ -118,8 +130,8 @@ static void json_string(FILE *f, const char *s)
     fputc('"', f);
 }
 
-static int write_config(const char *path, const train_adapter_opts *o, const sbp_step_info *in,
-                        int64_t r, char *err, size_t errlen)
+static int write_config(const char *path, const sbp_step_info *in, int64_t r, char *err,
+                        size_t errlen)
 {
     sbp_atomic a;
     if (sbp_atomic_begin(&a, path, err, errlen) != SBP_FILE_OK)
@@ -128,10 +140,11 @@ static int write_config(const char *path, const train_adapter_opts *o, const sbp
     fprintf(f, "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": \"CAUSAL_LM\",\n");
     fprintf(f, "  \"base_model_name_or_path\": null,\n  \"revision\": null,\n");
     fprintf(f, "  \"r\": %lld,\n", (long long)r);
-    if (o->alpha == floor(o->alpha) && o->alpha < 1e15)
-        fprintf(f, "  \"lora_alpha\": %lld,\n", (long long)o->alpha);
+    const double alpha = in->lora_alpha;
+    if (alpha == floor(alpha) && alpha < 1e15)
+        fprintf(f, "  \"lora_alpha\": %lld,\n", (long long)alpha);
     else
-        fprintf(f, "  \"lora_alpha\": %.17g,\n", o->alpha);
+        fprintf(f, "  \"lora_alpha\": %.17g,\n", alpha);
     /* the adapted modules by full path: PEFT matches a target by name or dotted suffix, so a
      * full path selects exactly the module sbpc adapted (a short name like "q_proj" would also
      * select the layers a custom --lora-targets left out) */
@@ -182,10 +195,9 @@ int train_adapter_save(const train_adapter_opts *o, const sbp_step_info *in, con
         if (!kind)
             continue;
         int64_t pr = kind == 'A' ? p->dims[0] : p->dims[1];
-        if (r >= 0 && pr != r) {
-            rc = fail(err, errlen, "--save-adapter: the adapters have different ranks (%lld "
-                      "and %lld, '%s'): PEFT's config has one r", (long long)r, (long long)pr,
-                      p->name);
+        if (pr != in->lora_rank) {
+            rc = fail(err, errlen, "--save-adapter: adapter '%s' has rank %lld, the step says "
+                      "lora_rank %lld", p->name, (long long)pr, (long long)in->lora_rank);
             break;
         }
         r = pr;
@@ -210,7 +222,7 @@ int train_adapter_save(const train_adapter_opts *o, const sbp_step_info *in, con
     }
     if (!rc) {
         snprintf(path, sizeof path, "%s/adapter_config.json", o->save_dir);
-        rc = write_config(path, o, in, r, err, errlen);
+        rc = write_config(path, in, r, err, errlen);
     }
     if (!rc)
         *n_written = k;
@@ -220,4 +232,216 @@ int train_adapter_save(const train_adapter_opts *o, const sbp_step_info *in, con
     free(shapes);
     free(ts);
     return rc;
+}
+
+/* ------------------------------------------------------------------ --merge-lora */
+
+bool train_adapter_is_adapter(const char *name) { return ir_lora_kind(name) != 0; }
+
+typedef struct merge_entry {
+    int a, b;        /* the step parameters lora_A [r, in] and lora_B [out, r] */
+    int target;      /* the step parameter with storage the update goes to */
+    bool transposed; /* target's layout is [in, out] (the update is (B·A)^T), else [out, in] */
+} merge_entry;
+
+struct train_adapter_merge_plan {
+    merge_entry *e; /* [n] */
+    int n;
+};
+
+/* How the model reads weight v: 1 as [in, out] (x @ W), 0 as [out, in] (Gemm transB = 1), -1
+ * when no reader says; -2 when two readers disagree. A 2-D Transpose in between flips it. */
+static int read_layout(const ir_uses *u, const ir_value *v, int depth)
+{
+    int lay = -1;
+    for (int k = 0; k < u->n_uses[v->id]; k++) {
+        const ir_node *n = u->uses[v->id][k].node;
+        const char *leaf;
+        bool tr;
+        int here = -1;
+        if (n->dead)
+            continue;
+        if (ir_torch_consumer_role(n, u->uses[v->id][k].slot, v, &leaf, &tr)) {
+            if (strcmp(leaf, "weight") != 0)
+                continue;
+            here = tr;
+        } else if (n->op == IR_OP_TRANSPOSE && v->rank == 2 && n->n_out == 1 && n->out[0] &&
+                   depth == 0) {
+            const ir_attr *perm = ir_attr_get(n, "perm");
+            if (perm && !(perm->n == 2 && perm->ints[0] == 1 && perm->ints[1] == 0))
+                continue;
+            int t = read_layout(u, n->out[0], 1);
+            if (t == -2)
+                return -2;
+            here = t < 0 ? -1 : !t;
+        }
+        if (here < 0)
+            continue;
+        if (lay >= 0 && lay != here)
+            return -2;
+        lay = here;
+    }
+    return lay;
+}
+
+static int find_param(const sbp_step_info *in, const char *name)
+{
+    for (int i = 0; i < in->n_params; i++)
+        if (strcmp(in->params[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* The PyTorch name of every step parameter that is a base matrix (names[i], malloc'd, or NULL),
+ * as passes/lora.c named the weights it adapted. */
+static int name_params(const ir_graph *g, const ir_uses *u, const sbp_step_info *in,
+                       char **names, char *err, size_t errlen)
+{
+    const int nv = g->n_values;
+    const ir_value **vals = calloc((size_t)nv + 1, sizeof *vals);
+    const char **known = calloc((size_t)nv + 1, sizeof *known);
+    char *prefix = NULL;
+    int rc = !vals || !known ? fail(err, errlen, "out of memory") : 0;
+    for (int i = 0; i < nv && !rc; i++) /* the wrapper prefix, learned as lora.c learns it */
+        if (g->values[i]->kind == IR_VAL_PARAM && ir_torch_is_name(g, g->values[i]->name)) {
+            vals[i] = g->values[i];
+            known[i] = g->values[i]->name;
+        }
+    if (!rc && !(prefix = ir_torch_learn_prefix(g, u, nv, vals, known)))
+        rc = fail(err, errlen, "out of memory");
+    for (int i = 0; i < in->n_params && !rc; i++) {
+        const sbp_step_param *p = &in->params[i];
+        const ir_value *v = ir_value_find(g, p->name);
+        if (ir_lora_kind(p->name) || p->rank != 2 || !v)
+            continue;
+        if (ir_torch_is_name(g, p->name)) {
+            if (!(names[i] = strdup(p->name)))
+                rc = fail(err, errlen, "out of memory");
+            continue;
+        }
+        ir_torch_name pn = {.tr_hint = -1};
+        char why[512];
+        if (ir_torch_name_from_scopes(g, u, v, prefix, &pn, why, sizeof why) == 0)
+            names[i] = pn.name; /* NULL when nothing says: sbpc could not adapt it either */
+        else
+            free(pn.name); /* readers disagree: sbpc did not adapt it by either name */
+    }
+    free(prefix);
+    free(vals);
+    free(known);
+    return rc;
+}
+
+/* Plans adapter pair (a, b) of module `module` onto the parameters named `<module>.weight`. */
+static int plan_pair(train_adapter_merge_plan *pl, const ir_graph *g, const ir_uses *u,
+                     const sbp_step_info *in, char *const *names, int a, int b,
+                     const char *module, char *err, size_t errlen)
+{
+    const sbp_step_param *pa = &in->params[a], *pb = &in->params[b];
+    const int64_t r = pa->dims[0], nin = pa->dims[1], nout = pb->dims[0];
+    if (pa->rank != 2 || pb->rank != 2 || pb->dims[1] != r || r != in->lora_rank)
+        return fail(err, errlen, "adapters '%s' and '%s' do not have the step's rank %lld",
+                    pa->name, pb->name, (long long)in->lora_rank);
+    size_t ml = strlen(module);
+    int found = 0;
+    for (int i = 0; i < in->n_params; i++) {
+        const char *nm = names[i];
+        if (!nm || strncmp(nm, module, ml) != 0 || strcmp(nm + ml, ".weight") != 0)
+            continue;
+        const sbp_step_param *p = &in->params[i];
+        int lay = read_layout(u, ir_value_find(g, p->name), 0);
+        if (lay == -2)
+            return fail(err, errlen, "the model reads '%s' (%s) both as [in, out] and as [out, "
+                        "in]: cannot tell which way to add B·A", p->name, nm);
+        bool fits_oi = p->dims[0] == nout && p->dims[1] == nin;
+        bool fits_io = p->dims[0] == nin && p->dims[1] == nout;
+        if (lay < 0 && fits_oi != fits_io) /* no reader says: the shape does, when not square */
+            lay = fits_io;
+        if (lay < 0 || !(lay ? fits_io : fits_oi))
+            return fail(err, errlen, "'%s' (%s, [%lld, %lld]) does not fit its adapters '%s' "
+                        "[%lld, %lld] and '%s' [%lld, %lld]%s", p->name, nm,
+                        (long long)p->dims[0], (long long)p->dims[1], pa->name, (long long)r,
+                        (long long)nin, pb->name, (long long)nout, (long long)r,
+                        lay < 0 ? " (no Linear reads it, and the shape is square)" : "");
+        /* a re-tied copy has no storage: its owner is its transpose */
+        merge_entry e = {.a = a, .b = b, .target = p->tied_to >= 0 ? p->tied_to : i,
+                         .transposed = p->tied_to >= 0 ? !lay : lay};
+        bool dup = false; /* the same storage reached through a second name: once */
+        for (int k = 0; k < pl->n && !dup; k++)
+            dup = pl->e[k].a == a && pl->e[k].target == e.target;
+        if (!dup)
+            pl->e[pl->n++] = e;
+        found++;
+    }
+    if (!found)
+        return fail(err, errlen, "no initializer of the model is '%s.weight', the base weight "
+                    "of the adapter '%s'", module, pa->name);
+    return 0;
+}
+
+train_adapter_merge_plan *train_adapter_merge_plan_make(const ir_graph *g,
+                                                        const sbp_step_info *in, char *err,
+                                                        size_t errlen)
+{
+    train_adapter_merge_plan *pl = calloc(1, sizeof *pl);
+    char **names = calloc((size_t)in->n_params + 1, sizeof *names);
+    ir_uses u = ir_uses_build(g);
+    int rc = !pl || !names || !u.n_uses ? fail(err, errlen, "out of memory") : 0;
+    /* a parameter has one PyTorch name, so it is planned for one adapter pair at most */
+    if (!rc && !(pl->e = calloc((size_t)in->n_params + 1, sizeof *pl->e)))
+        rc = fail(err, errlen, "out of memory");
+    if (!rc)
+        rc = name_params(g, &u, in, names, err, errlen);
+    for (int a = 0; a < in->n_params && !rc; a++) {
+        const char *an = in->params[a].name;
+        if (ir_lora_kind(an) != 'A')
+            continue;
+        size_t ml = strlen(an) - strlen(IR_LORA_A_SUFFIX);
+        char module[1024], bname[1100];
+        snprintf(module, sizeof module, "%.*s", (int)ml, an);
+        snprintf(bname, sizeof bname, "%s%s", module, IR_LORA_B_SUFFIX);
+        int b = find_param(in, bname);
+        rc = b < 0 ? fail(err, errlen, "adapter '%s' has no '%s'", an, bname)
+                   : plan_pair(pl, g, &u, in, names, a, b, module, err, errlen);
+    }
+    for (int i = 0; names && i < in->n_params; i++)
+        free(names[i]);
+    free(names);
+    if (rc) {
+        train_adapter_merge_plan_free(pl);
+        return NULL;
+    }
+    return pl;
+}
+
+int train_adapter_merge_count(const train_adapter_merge_plan *p) { return p ? p->n : 0; }
+
+void train_adapter_merge(const train_adapter_merge_plan *p, const sbp_step_info *in,
+                         const float *params, float *out)
+{
+    memcpy(out, params, in->param_elems * sizeof(float));
+    const double scaling = in->lora_alpha / (double)in->lora_rank;
+    for (int k = 0; k < p->n; k++) {
+        const merge_entry *e = &p->e[k];
+        const sbp_step_param *pa = &in->params[e->a], *pb = &in->params[e->b];
+        const int64_t r = pa->dims[0], nin = pa->dims[1], nout = pb->dims[0];
+        const float *A = params + pa->offset, *B = params + pb->offset;
+        float *W = out + in->params[e->target].offset;
+        for (int64_t o = 0; o < nout; o++)
+            for (int64_t i = 0; i < nin; i++) {
+                double d = 0;
+                for (int64_t j = 0; j < r; j++)
+                    d += (double)B[o * r + j] * (double)A[j * nin + i];
+                float *w = e->transposed ? &W[i * nout + o] : &W[o * nin + i];
+                *w = (float)((double)*w + scaling * d);
+            }
+    }
+}
+
+void train_adapter_merge_plan_free(train_adapter_merge_plan *p)
+{
+    if (!p)
+        return;
+    free(p->e);
+    free(p);
 }

@@ -467,15 +467,15 @@ static int compare_key(const train_ckpt *c, const ckpt_meta *now, const char *ke
 }
 
 /* Copies checkpoint tensor `name` into backend memory dst through the host buffer tmp. */
-static int load_block(train_ckpt *c, const char *name, float *dst, float *tmp, char *err,
-                      size_t errlen)
+static int load_block(train_ckpt *c, const char *name, float *dst, float *tmp, size_t bytes,
+                      char *err, size_t errlen)
 {
     const train_ckpt_run *r = &c->r;
-    int64_t n = (int64_t)(r->pbytes / sizeof(float));
+    int64_t n = (int64_t)(bytes / sizeof(float));
     if (sbpio_st_copy_f32(c->from, name, tmp, n, err, errlen) != SBPIO_OK)
         return -1;
     if (tmp != dst) {
-        int st = r->copy(r->copy_ctx, dst, tmp, r->pbytes, SBPRT_COPY_HOST_TO_DEVICE);
+        int st = r->copy(r->copy_ctx, dst, tmp, bytes, SBPRT_COPY_HOST_TO_DEVICE);
         if (st)
             return ckpt_err(err, errlen, "--resume: copying '%s' to the device failed: %s", name,
                             sbprt_status_string(st));
@@ -496,8 +496,8 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
         c->data_hash = fnv1a(fnv1a(FNV_SEED, r->ids, r->ntok_all * sizeof *r->ids), r->labels,
                              r->ntok_all * sizeof *r->labels);
     if (!r->host_visible && r->adamw) {
-        c->host_m = malloc(r->pbytes + 1);
-        c->host_v = malloc(r->pbytes + 1);
+        c->host_m = malloc(r->gbytes + 1);
+        c->host_v = malloc(r->gbytes + 1);
         if (!c->host_m || !c->host_v)
             return ckpt_err(err, errlen, "out of memory");
     }
@@ -548,12 +548,12 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
 
     /* the state: parameters, moments, data cursor */
     float *tmp = r->host_params;
-    if (load_block(c, "params", r->d_params, tmp, err, errlen))
+    if (load_block(c, "params", r->d_params, tmp, r->pbytes, err, errlen))
         return -1;
-    if (r->adamw && (load_block(c, "adamw.m", r->d_m, r->host_visible ? r->d_m : c->host_m, err,
-                                errlen) ||
-                     load_block(c, "adamw.v", r->d_v, r->host_visible ? r->d_v : c->host_v, err,
-                                errlen)))
+    if (r->adamw && (load_block(c, "adamw.m", r->d_m, r->host_visible ? r->d_m : c->host_m,
+                                r->gbytes, err, errlen) ||
+                     load_block(c, "adamw.v", r->d_v, r->host_visible ? r->d_v : c->host_v,
+                                r->gbytes, err, errlen)))
         return -1;
     if (r->shard) {
         const char *pos = sbpio_st_meta(c->from, "data_pos");
@@ -604,9 +604,9 @@ static int write_ckpt(train_ckpt *c, int64_t s, char *err, size_t errlen)
         st = r->copy(r->copy_ctx, r->host_params, r->d_params, r->pbytes,
                      SBPRT_COPY_DEVICE_TO_HOST);
         if (!st && r->adamw)
-            st = r->copy(r->copy_ctx, c->host_m, r->d_m, r->pbytes, SBPRT_COPY_DEVICE_TO_HOST);
+            st = r->copy(r->copy_ctx, c->host_m, r->d_m, r->gbytes, SBPRT_COPY_DEVICE_TO_HOST);
         if (!st && r->adamw)
-            st = r->copy(r->copy_ctx, c->host_v, r->d_v, r->pbytes, SBPRT_COPY_DEVICE_TO_HOST);
+            st = r->copy(r->copy_ctx, c->host_v, r->d_v, r->gbytes, SBPRT_COPY_DEVICE_TO_HOST);
         if (st)
             return ckpt_err(err, errlen, "checkpoint: copying from the device failed: %s",
                             sbprt_status_string(st));
@@ -617,10 +617,11 @@ static int write_ckpt(train_ckpt *c, int64_t s, char *err, size_t errlen)
     if (build_meta(c, s, &meta))
         return ckpt_err(err, errlen, "out of memory");
     int64_t shape[1] = {(int64_t)(r->pbytes / sizeof(float))};
+    int64_t gshape[1] = {(int64_t)(r->gbytes / sizeof(float))}; /* the trained parameters' */
     sbpio_st_tensor ts[3] = {
         {.name = "params", .dtype = SBPIO_DT_F32, .rank = 1, .shape = shape, .data = params},
-        {.name = "adamw.m", .dtype = SBPIO_DT_F32, .rank = 1, .shape = shape, .data = m},
-        {.name = "adamw.v", .dtype = SBPIO_DT_F32, .rank = 1, .shape = shape, .data = v},
+        {.name = "adamw.m", .dtype = SBPIO_DT_F32, .rank = 1, .shape = gshape, .data = m},
+        {.name = "adamw.v", .dtype = SBPIO_DT_F32, .rank = 1, .shape = gshape, .data = v},
     };
     char *path = ckpt_path(c->dir, s);
     char why[600];

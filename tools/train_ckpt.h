@@ -6,7 +6,8 @@
  * crash, kill -9 or full disk in the middle of a write leaves it as the newest complete one; the
  * oldest are removed only after a write succeeded, keeping --keep-checkpoints K.
  *   tensors:  "params" F32 [param_elems]: the parameter block as the step lays it out;
- *             "adamw.m", "adamw.v" F32 [param_elems]: AdamW's moments (absent for SGD).
+ *             "adamw.m", "adamw.v" F32 [grad_elems]: AdamW's moments (absent for SGD), laid out
+ *             as the gradient block (the trained parameters only).
  *   metadata: the step count (AdamW's bias correction uses it too), the data cursor (--data:
  *             the shard position and pass; --input-ids: the step is the cursor), the schedule
  *             flags of the run (--lr, --lr-schedule, ...: recorded, a change is only a note), and
@@ -77,7 +78,8 @@ typedef struct train_ckpt_run {
                                 * Copied by train_ckpt_start. */
     size_t ntok_all;
     size_t pbytes;             /* param_elems floats */
-    float *d_params, *d_m, *d_v; /* backend memory [param_elems]; m, v only with adamw */
+    size_t gbytes;             /* grad_elems floats: AdamW's m and v each */
+    float *d_params, *d_m, *d_v; /* backend memory [param_elems], [grad_elems] x 2 (adamw) */
     float *host_params;        /* host [param_elems]: the model's initial weights at start;
                                 * the same as d_params when host_visible */
     bool host_visible;         /* the backend's memory is the host's */

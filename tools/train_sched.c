@@ -122,7 +122,7 @@ int train_clip_grads(const train_grad_rt *rt, const sbp_step_info *in, float *gr
         const sbp_step_param *p = &in->params[i];
         if (p->tied_to >= 0 || !p->trainable || p->numel == 0)
             continue;
-        if ((st = rt->sq_norm(rt->sq_ctx, &sq, grads + p->offset, p->numel)))
+        if ((st = rt->sq_norm(rt->sq_ctx, &sq, grads + p->grad_offset, p->numel)))
             return st;
     }
     *norm = sqrt(sq);
@@ -136,7 +136,7 @@ int train_clip_grads(const train_grad_rt *rt, const sbp_step_info *in, float *gr
         const sbp_step_param *p = &in->params[i];
         if (p->tied_to >= 0 || !p->trainable || p->numel == 0)
             continue;
-        if ((st = rt->scale(rt->scale_ctx, grads + p->offset, grads + p->offset, p->numel,
+        if ((st = rt->scale(rt->scale_ctx, grads + p->grad_offset, grads + p->grad_offset, p->numel,
                             (float)k)))
             return st;
     }

@@ -147,7 +147,7 @@ double e2e_run(const e2e_step *s, sbp_step_args *a, bool poison)
     assert_non_null(ws);
     memset(ws, 0xff, wsb); /* garbage: the step must not rely on zeroed memory */
     if (poison)
-        for (size_t i = 0; i < s->info->param_elems; i++)
+        for (size_t i = 0; i < s->info->grad_elems; i++)
             a->grads[i] = NAN;
     double loss = NAN;
     a->workspace = ws;
@@ -204,16 +204,23 @@ void e2e_load_batch(const char *family, e2e_batch *bt)
 void e2e_grad_of(const sbp_step_info *info, const float *grads, int i, double *out)
 {
     const sbp_step_param *q = &info->params[i];
-    if (q->tied_to < 0) {
+    const sbp_step_param *o = q->tied_to < 0 ? q : &info->params[q->tied_to];
+    if (o->grad_offset == SIZE_MAX) { /* not trained: no gradient (zero) */
+        assert_false(q->trainable);
         for (size_t k = 0; k < q->numel; k++)
-            out[k] = grads[q->offset + k];
+            out[k] = 0;
         return;
     }
-    const sbp_step_param *o = &info->params[q->tied_to];
+    assert_true(o->grad_offset + o->numel <= info->grad_elems);
+    if (q->tied_to < 0) {
+        for (size_t k = 0; k < q->numel; k++)
+            out[k] = grads[q->grad_offset + k];
+        return;
+    }
     int64_t m = o->dims[0], n = o->dims[1];
     for (int64_t a = 0; a < n; a++)
         for (int64_t b = 0; b < m; b++)
-            out[a * m + b] = grads[o->offset + (size_t)(b * n + a)];
+            out[a * m + b] = grads[o->grad_offset + (size_t)(b * n + a)];
 }
 
 double e2e_rel_err(const double *got, const double *ref, size_t n)

@@ -232,6 +232,22 @@ static void test_freeze(void **state)
         frozen += want;
     }
     assert_int_equal(frozen, 5);
+    /* the gradient block holds the trained parameters only, packed in table order */
+    size_t trained = 0;
+    for (int i = 0; i < s.info->n_params; i++) {
+        const sbp_step_param *q = &s.info->params[i];
+        if (q->trainable && q->tied_to < 0) {
+            assert_int_equal(q->grad_offset, trained);
+            trained += q->numel;
+        } else if (q->tied_to < 0) {
+            assert_true(q->grad_offset == SIZE_MAX);
+        }
+    }
+    assert_int_equal(s.info->grad_elems, trained);
+    assert_true(s.info->grad_elems < s.info->param_elems);
+    assert_int_equal(s.info->planned_peak_bytes,
+                     (s.info->param_elems + s.info->grad_elems) * sizeof(float) +
+                         s.info->workspace_bytes);
     float *params = e2e_param_block(s.info, s.g);
     float *grads = malloc(s.info->param_elems * sizeof(float));
     double loss = run_step(&s, params, grads, &r.bt, 0, 0, NULL);
@@ -274,7 +290,9 @@ static void test_accumulate(void **state)
     for (int i = 0; i < s.info->n_params; i++) {
         const sbp_step_param *q = &s.info->params[i];
         double d2 = 0, d3 = 0, ref = 0;
-        for (size_t k = q->offset; k < q->offset + q->numel; k++) {
+        if (q->tied_to >= 0)
+            continue; /* its gradient is its owner's */
+        for (size_t k = q->grad_offset; k < q->grad_offset + q->numel; k++) {
             d2 += ((double)g2[k] - 2.0 * g1[k]) * ((double)g2[k] - 2.0 * g1[k]);
             d3 += ((double)g3[k] - 0.5 * g1[k]) * ((double)g3[k] - 0.5 * g1[k]);
             ref += (double)g1[k] * g1[k];

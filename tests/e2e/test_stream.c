@@ -274,7 +274,7 @@ static void test_masked_chunks(void **state)
     float *params = e2e_param_block(s.info, s.g), *g = malloc(s.info->param_elems * sizeof(float));
     double l = run_step(&s, params, g, &bt);
     assert_true(l == 0.0);
-    for (size_t i = 0; i < s.info->param_elems; i++)
+    for (size_t i = 0; i < s.info->grad_elems; i++)
         assert_true(g[i] == 0.0f);
     free(params);
     free(g);

@@ -96,6 +96,7 @@ static double check_step(const e2e_step *s, float *params, const sbpio_st_file *
     }
     double worst = 0;
     int n_adapters = 0;
+    size_t adapter_elems = 0;
     for (int i = 0; i < in->n_params; i++) {
         const sbp_step_param *p = &in->params[i];
         if (!ir_lora_kind(p->name)) {
@@ -125,8 +126,12 @@ static double check_step(const e2e_step *s, float *params, const sbpio_st_file *
             print_message("    %s: relative error %.3g\n", p->name, e);
         worst = fmax(worst, e);
         n_adapters++;
+        adapter_elems += p->numel;
         free(g);
     }
+    /* the frozen base model has no gradient block and so no optimizer state: the step's
+     * gradient block is the adapters' */
+    assert_int_equal(in->grad_elems, adapter_elems);
     print_message("  %s: %d adapter gradients, worst relative error %.3g\n", prefix, n_adapters,
                   worst);
     assert_true(n_adapters > 0);

@@ -6,7 +6,8 @@
  *   TEST_STEP_KIND 0, "bigram":  logits = W[ids]                          W: [V, V]
  *   TEST_STEP_KIND 1, "tied":    logits = E[ids] @ head + bias            E: [V, D]
  *                                head: [D, V] re-tied to E (head = Eᵀ, no storage of its own),
- *                                bias: [V] frozen (trainable 0, its gradient stays 0)
+ *                                bias: [V] frozen (trainable 0: no gradient, no slot in the
+ *                                gradient block, which holds E's only)
  *
  * Both end in the SFT mean cross-entropy over the scored labels. Dims come from TEST_STEP_B,
  * TEST_STEP_T, TEST_STEP_V, TEST_STEP_D; TEST_STEP_ABI overrides the ABI version (to test that
@@ -64,20 +65,22 @@ enum {
 #if TEST_STEP_KIND == 0
 static const sbp_step_param params[] = {
     {.name = "W", .rank = 2, .dims = {V, V}, .numel = V * V, .offset = 0, .trainable = 1,
-     .tied_to = -1},
+     .tied_to = -1, .grad_offset = 0},
 };
 #define PARAM_ELEMS (V * V)
+#define GRAD_ELEMS (V * V)
 #define WS_USED WS_X
 #else
 static const sbp_step_param params[] = {
     {.name = "E", .rank = 2, .dims = {V, D}, .numel = V * D, .offset = 0, .trainable = 1,
-     .tied_to = -1},
+     .tied_to = -1, .grad_offset = 0},
     {.name = "head", .rank = 2, .dims = {D, V}, .numel = D * V, .offset = 0, .trainable = 1,
-     .tied_to = 0},
+     .tied_to = 0, .grad_offset = 0},
     {.name = "bias", .rank = 1, .dims = {V}, .numel = V, .offset = V * D, .trainable = 0,
-     .tied_to = -1},
+     .tied_to = -1, .grad_offset = SIZE_MAX},
 };
 #define PARAM_ELEMS (V * D + V)
+#define GRAD_ELEMS (V * D)
 #define WS_USED WS_FLOATS
 #endif
 
@@ -95,7 +98,8 @@ static const sbp_step_info info = {
     .params = params,
     .param_elems = PARAM_ELEMS,
     .workspace_bytes = WS_USED * sizeof(float),
-    .planned_peak_bytes = 2 * PARAM_ELEMS * sizeof(float) + WS_USED * sizeof(float),
+    .planned_peak_bytes = (PARAM_ELEMS + GRAD_ELEMS + WS_USED) * sizeof(float),
+    .grad_elems = GRAD_ELEMS,
     .packed = TEST_STEP_PACKED,
 };
 
@@ -140,7 +144,7 @@ int sbp_step_run(sbprt_ctx *ctx, const sbp_step_args *args)
     for (int i = 0; i < N; i++)
         scored += args->labels[i] != SBPRT_IGNORE_INDEX;
     double denom = args->denominator > 0 ? args->denominator : (double)scored;
-    if (!args->accumulate && (st = sbprt_memset_zero(ctx, g, PARAM_ELEMS * sizeof(float))))
+    if (!args->accumulate && (st = sbprt_memset_zero(ctx, g, GRAD_ELEMS * sizeof(float))))
         return st;
     *loss_sum = 0;
 
@@ -163,7 +167,7 @@ int sbp_step_run(sbprt_ctx *ctx, const sbp_step_args *args)
         (st = sbprt_gemm(ctx, dE, logits, x, 1, 0, V, D, N, 1, 1)) ||  /* dE += dlogitsᵀ x */
         (st = sbprt_embedding_backward(ctx, dE, dx, args->input_ids, N, V, D)))
         return st;
-    /* bias is frozen: its gradient stays 0 */
+    /* bias is frozen: no gradient */
 #endif
     *args->loss = *loss_sum / denom;
     if (args->n_scored)
