@@ -6,8 +6,11 @@
  * Median of the runs.  With -w W (a sliding window) or -c C (logit soft-capping) it runs the
  * _ex variant; the GFLOP/s still count the causal products (so a window's speed-up shows as
  * a higher rate), and the last column gives the products the window really leaves, w/T-ish.
+ * With -d N (packed documents, issue 13) the row holds N equal documents and the packed kernels
+ * run (sbprt_attention_forward_packed: block-diagonal causal, other documents' key tiles
+ * skipped); the last column is then the pairs within documents, about 1/N: the ideal ratio.
  *
- *   build/bench/bench_attention [-w window] [-c softcap] [threads] [runs] [T ...]
+ *   build/bench/bench_attention [-w window] [-c softcap] [-d docs] [threads] [runs] [T ...]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,11 +44,14 @@ static float *randv(size_t n, unsigned *seed)
 
 int main(int argc, char **argv)
 {
-    int window = 0;
+    int window = 0, docs = 0;
     float softcap = 0;
-    while (argc > 2 && (strcmp(argv[1], "-w") == 0 || strcmp(argv[1], "-c") == 0)) {
+    while (argc > 2 && (strcmp(argv[1], "-w") == 0 || strcmp(argv[1], "-c") == 0 ||
+                        strcmp(argv[1], "-d") == 0)) {
         if (argv[1][1] == 'w')
             window = atoi(argv[2]);
+        else if (argv[1][1] == 'd')
+            docs = atoi(argv[2]);
         else
             softcap = (float)atof(argv[2]);
         argv += 2, argc -= 2;
@@ -65,7 +71,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "ctx\n");
         return 1;
     }
-    printf("window %d, softcap %g\n", window, (double)softcap);
+    printf("window %d, softcap %g, %d document(s) per row\n", window, (double)softcap,
+           docs > 0 ? docs : 1);
     printf("%6s %10s %10s %10s %10s %8s\n", "T", "fwd s", "fwd GF/s", "bwd s", "bwd GF/s",
            "pairs");
     for (int ti = 0; ti < nt; ti++) {
@@ -76,15 +83,28 @@ int main(int argc, char **argv)
         float *dout = randv(nq, &seed);
         float *out = calloc(nq, 4), *lse = calloc((size_t)b * hq * t, 4);
         float *dq = calloc(nq, 4), *dk = calloc(nk, 4), *dv = calloc(nk, 4);
+        /* -d: N equal documents (the last takes the rest), their starts from the ids */
+        int32_t *ids = NULL, *start = NULL;
+        int len = docs > 0 ? (t + docs - 1) / docs : t;
+        if (docs > 0) {
+            ids = malloc(sizeof *ids * (size_t)t);
+            start = malloc(sizeof *start * (size_t)t);
+            for (int i = 0; i < t; i++)
+                ids[i] = i / len;
+            if (sbprt_doc_starts(ctx, start, ids, 1, t)) {
+                fprintf(stderr, "doc_starts\n");
+                return 1;
+            }
+        }
         double tf[64], tb[64];
         float scale = 0.17677669f;
         for (int r = 0; r < runs && r < 64; r++) {
             double t0 = now();
-            sbprt_attention_forward_ex(ctx, out, lse, q, k, v, b, t, t, hq, hkv, d, 0, scale,
-                                       window, softcap);
+            sbprt_attention_forward_packed(ctx, out, lse, q, k, v, start, b, t, t, hq, hkv, d, 0,
+                                           scale, window, softcap);
             double t1 = now();
-            sbprt_attention_backward_ex(ctx, dq, dk, dv, dout, q, k, v, out, lse, b, t, t, hq, hkv,
-                                        d, 0, scale, window, softcap);
+            sbprt_attention_backward_packed(ctx, dq, dk, dv, dout, q, k, v, out, lse, start, b, t,
+                                            t, hq, hkv, d, 0, scale, window, softcap);
             double t2 = now();
             tf[r] = t1 - t0;
             tb[r] = t2 - t1;
@@ -95,12 +115,15 @@ int main(int argc, char **argv)
         double ff = 2 * 2 * causal, fb = 5 * 2 * causal;
         /* (query, key) pairs the mask leaves, as a fraction of the causal ones */
         double pairs = 0;
-        for (int i = 0; i < t; i++)
-            pairs += window > 0 && window < i + 1 ? window : i + 1;
+        for (int i = 0; i < t; i++) {
+            int in_doc = docs > 0 ? i % len + 1 : i + 1; /* keys of its document up to it */
+            pairs += window > 0 && window < in_doc ? window : in_doc;
+        }
         printf("%6d %10.4f %10.2f %10.4f %10.2f %8.4f   (checksum %.6g %.6g)\n", t, tf[runs / 2],
                ff / tf[runs / 2] * 1e-9, tb[runs / 2], fb / tb[runs / 2] * 1e-9,
                pairs / ((double)t * (t + 1) / 2), (double)out[7], (double)dk[5]);
         free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv);
+        free(ids), free(start);
     }
     sbprt_ctx_destroy(ctx);
     return 0;
