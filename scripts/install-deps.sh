@@ -3,6 +3,7 @@
 # Build: cmake, a C compiler, protobuf-c (protoc-c + library), the ONNX schema (libonnx-dev),
 # OpenBLAS, cmocka, clang with its libFuzzer/sanitizer runtimes. Runs as root or via sudo.
 # Tests: python3 with numpy and onnx (the io cross-checks read what sbpio writes with them).
+# Data parallel (issue 14): Open MPI (openmpi-bin, libopenmpi-dev); sbp-train builds without it.
 # Optional: SBP_WITH_TORCH=1 also installs Debian's PyTorch (fixture regeneration and references
 # only; nothing at build or run time needs Python).
 set -euo pipefail
@@ -10,7 +11,8 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 pkgs=(cmake make gcc clang libclang-rt-14-dev pkg-config
       protobuf-c-compiler libprotobuf-c-dev libonnx-dev
-      libopenblas-dev libcmocka-dev python3 python3-numpy python3-onnx)
+      libopenblas-dev libcmocka-dev python3 python3-numpy python3-onnx
+      openmpi-bin libopenmpi-dev) # issue 14: sbp-train under mpirun, and tests/dist
 if [ "${SBP_WITH_TORCH:-0}" = 1 ]; then pkgs+=(python3-torch); fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -7,7 +7,7 @@
  *             [--lr-schedule constant|linear|cosine] [--warmup-steps N] [--min-lr F]
  *             [--clip-grad-norm F] [--log FILE.jsonl] [--save-safetensors FILE]
  *             [--checkpoint-dir DIR] [--checkpoint-every N] [--keep-checkpoints K] [--resume DIR]
- *             [--pack --eos ID | --doc-ids D.npy]
+ *             [--pack --eos ID | --doc-ids D.npy] [--zero 0|1|2]
  *
  * Approach: the step library (codegen/sbp_step.h) describes itself — dims, parameter table,
  * workspace size — so this program only has to check that the user's files agree with that
@@ -64,6 +64,13 @@
  * whole documents each step, with the shard position as the cursor checkpoints already keep,
  * and --doc-ids gives them for --input-ids; run_load checks the step and the flags agree.
  *
+ * Data parallel (issue 14, train_dist.h): under mpirun every rank reads the global batch (G rows
+ * per micro-batch; `bin` in run_load describes it), runs the step on its own rows
+ * (train_dist_micro instead of ti_micro) with the global denominator, and the losses and
+ * gradients are summed before the update (train_dist_reduce); --zero slices the optimizer state
+ * (train_dist_owned in the update loop, then train_dist_gather_params). Hooks are marked
+ * "issue 14"; rank 0 alone prints and writes.
+ *
  * Runtime functions are taken from the step library when it exports them (a step links
  * libsbprt in, so the context and the arena then belong to the backend the step was built for)
  * and otherwise from the CPU runtime linked into this program, each copy with its own context
@@ -84,6 +91,7 @@
 #include "train_pack.h" /* issue 13: packed documents */
 #include "train_adapter.h" /* issue 16: LoRA adapters */
 #include "train_eval.h" /* issue 12: held-out evaluation */
+#include "train_dist.h" /* issue 14: data parallel under mpirun */
 
 #include <dlfcn.h>
 #include <elf.h>
@@ -100,6 +108,10 @@
 #include <unistd.h>
 
 static const char *prog = "sbp-train";
+
+/* issue 14: the ranks under mpirun (train_dist.h); one rank, MPI untouched, otherwise. prog
+ * becomes "sbp-train: rank R" on every rank of a distributed run. */
+static train_dist dist;
 
 /* True while a progress bar is drawn on stderr: messages clear its line first. */
 static bool bar_shown;
@@ -144,6 +156,8 @@ static void message(const char *kind, const char *fmt, ...) __attribute__((forma
 static void message(const char *kind, const char *fmt, ...)
 {
     va_list ap;
+    if (dist.on && dist.rank != 0 && strcmp(kind, "error") != 0)
+        return; /* issue 14: rank 0 speaks for the job; the others report errors only */
     clear_bar();
     va_start(ap, fmt);
     fprintf(stderr, "%s: %s: ", prog, kind);
@@ -196,6 +210,8 @@ static void usage(FILE *f)
             "%s"
             /* issue 16: LoRA adapters */
             "%s"
+            /* issue 14: data parallel */
+            "%s"
             "DPO and GRPO steps (sbpc --objective dpo|grpo), N = K*B rows:\n"
             "  --ref-logps R.npy       dpo: the reference model's logp of each row [N] (rows\n"
             "                          i < N/2 are chosen, row N/2+i is i's rejected partner);\n"
@@ -214,7 +230,7 @@ static void usage(FILE *f)
             "and the peak memory at the end.\n",
             train_sched_usage(), train_ckpt_usage() /* issue 12: checkpoints */,
             train_pack_usage() /* issue 13 */, train_eval_usage() /* issue 12 */,
-            train_adapter_usage() /* issue 16 */);
+            train_adapter_usage() /* issue 16 */, train_dist_usage() /* issue 14 */);
 }
 
 /* ------------------------------------------------------------------ command line */
@@ -246,13 +262,15 @@ typedef struct options {
     train_pack_opts pack;    /* issue 13: --pack, --eos, --doc-ids (train_pack.h) */
     train_adapter_opts adapter; /* issue 16: --save-adapter, --merge-lora */
     train_eval_opts eval;    /* issue 12: --eval-data, --eval-every, --eval-batches */
+    int64_t zero;            /* issue 14: --zero 0|1|2 (train_dist.h) */
 } options;
 
 enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT_SAVE,
        OPT_REF_LOGPS, OPT_OLD_LOGPS, OPT_ADVANTAGES, OPT_GRAD_ACCUM, OPT_STEPS, OPT_THREADS,
        OPT_LR, OPT_WEIGHT_DECAY, OPT_OPTIMIZER, OPT_VERSION,
        /* issue 12: safetensors export */
-       OPT_SAVE_SAFETENSORS };
+       OPT_SAVE_SAFETENSORS,
+       OPT_ZERO /* issue 14 */ };
 
 /* issue 12: schedule, clipping, log (consecutive, in train_sched_parse's order) */
 enum { OPT_LR_SCHEDULE = 1200, OPT_WARMUP_STEPS, OPT_MIN_LR, OPT_CLIP_GRAD_NORM, OPT_LOG };
@@ -311,6 +329,7 @@ static int parse_args(int argc, char **argv, options *o)
         {"eval-data", required_argument, NULL, OPT_EVAL_DATA},
         {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
         {"eval-batches", required_argument, NULL, OPT_EVAL_BATCHES},
+        {"zero", required_argument, NULL, OPT_ZERO}, /* issue 14 */
         {0},
     };
     static const char *const optimizers[] = {"adamw", "sgd", NULL};
@@ -380,6 +399,7 @@ static int parse_args(int argc, char **argv, options *o)
         case OPT_EVAL_DATA: case OPT_EVAL_EVERY: case OPT_EVAL_BATCHES:
             bad = train_eval_parse(&o->eval, &c, opt, OPT_EVAL_DATA, v);
             break;
+        case OPT_ZERO: bad = cli_count(&c, "--zero", v, 0, 2, &o->zero); break; /* issue 14 */
         case CLI_POSITIONAL:
             if (o->step_path)
                 bad = cli_error(&c, "more than one step library given ('%s' and '%s')",
@@ -1225,6 +1245,10 @@ typedef struct run {
     /* issue 12: evaluation (train_eval.h), when --eval-data */
     step_run_fn step_eval;    /* the step's sbp_step_eval */
     train_eval ev;            /* the held-out batches */
+    /* issue 14: data parallel (train_dist.h); with one rank G = B and gin is unused */
+    int64_t G;                /* the global rows of one micro-batch (every rank reads them) */
+    sbp_step_info gin;        /* the step's description with batch G: the files' shapes */
+    size_t mbytes;            /* bytes of each AdamW moment on this rank (its ZeRO slice) */
 } run;
 
 static void sample_device_memory(run *r)
@@ -1276,9 +1300,14 @@ static int run_load(run *r)
     char err[512];
     if (collect_inputs(o, &r->inputs) || check_outputs(o, &r->inputs))
         return -1;
-    /* issue 12: checkpoints: an unwritable directory is found now, not after hours */
+    /* issue 12: checkpoints: an unwritable directory is found now, not after hours (issue 14:
+     * rank 0 first, which creates it, then the others; a failing rank 0 aborts them all) */
+    if (dist.rank != 0)
+        train_dist_barrier(&dist);
     if (train_ckpt_prepare(&r->ckpt, &o->ckpt, err, sizeof err))
         return error("%s", err);
+    if (dist.rank == 0)
+        train_dist_barrier(&dist);
 
     char *so_path = NULL;
     if (!strchr(o->step_path, '/')) { /* dlopen would search the library path instead */
@@ -1323,8 +1352,42 @@ static int run_load(run *r)
     if (o->eval.data && load_eval(r, err, sizeof err)) /* issue 12: held-out evaluation */
         return -1;
 
-    r->ids = malloc((size_t)K * ntok * sizeof *r->ids);
-    r->labels = malloc((size_t)K * ntok * sizeof *r->labels);
+    /* issue 14: under mpirun the files (or each --data read) hold the global batch of G rows
+     * per micro-batch, which every rank reads whole; `bin` describes it */
+    const sbp_step_info *bin = in;
+    r->G = B;
+    if (dist.on) {
+        if (!r->host_visible && !train_dist_have_nccl())
+            return error("%s is a %s step: this sbp-train was built without NCCL, so under "
+                         "mpirun only cpu steps run (MPI sums host memory)", o->step_path,
+                         r->rt.backend_name());
+        if (!r->host_visible && o->zero > 0)
+            return error("--zero %lld: ZeRO is not built for %s steps yet (cpu steps only); "
+                         "use --zero 0", (long long)o->zero, r->rt.backend_name());
+        if (in->packed || o->pack.pack || o->pack.doc_ids)
+            return error("packed documents (--pack, --doc-ids) do not run under mpirun yet");
+        int64_t rows_all = -1;
+        if (!o->data_path) { /* the files' rows; a bad file is load_tokens's to report */
+            sbpio_array a;
+            rows_all = K * B * dist.size;
+            if (sbpio_npy_read(o->ids_path, &a, err, sizeof err) == SBPIO_OK) {
+                if (a.rank == 2)
+                    rows_all = a.shape[0];
+                sbpio_array_free(&a);
+            }
+        }
+        if (train_dist_plan_rows(&dist, in, rows_all, K, pairs, err, sizeof err))
+            return error("%s: %s", o->step_path, err);
+        r->G = dist.G;
+        r->gin = *in;
+        r->gin.batch = r->G;
+        bin = &r->gin;
+    }
+    const int64_t G = r->G;
+    const size_t gtok = (size_t)(G * T); /* the global tokens of one micro-batch */
+
+    r->ids = malloc((size_t)K * gtok * sizeof *r->ids);
+    r->labels = malloc((size_t)K * gtok * sizeof *r->labels);
     if (!r->ids || !r->labels)
         return error("out of memory");
     if (o->data_path && in->objective && (pairs || strcmp(in->objective, "grpo") == 0))
@@ -1334,26 +1397,26 @@ static int run_load(run *r)
         if (sbpio_shard_open(o->data_path, &r->shard, err, sizeof err) != SBPIO_OK)
             return error("%s", err);
         r->have_shard = true;
-        if (r->shard.ntok < B * T + 1)
+        if (r->shard.ntok < G * T + 1)
             return error("%s holds %lld tokens, fewer than one batch of %s needs (batch %lld x "
                          "sequence length %lld + 1 = %lld)", o->data_path,
-                         (long long)r->shard.ntok, o->step_path, (long long)B, (long long)T,
-                         (long long)(B * T + 1));
+                         (long long)r->shard.ntok, o->step_path, (long long)G, (long long)T,
+                         (long long)(G * T + 1));
         if (sbpio_shard_check_vocab(&r->shard, V, err, sizeof err) != SBPIO_OK)
             return error("%s (%s was compiled for a vocabulary of %lld tokens)", err,
                          o->step_path, (long long)V);
     } else {
-        if (load_tokens(o->ids_path, false, in, o->step_path, K, pairs, r->ids) ||
-            load_tokens(o->labels_path, true, in, o->step_path, K, pairs, r->labels))
+        if (load_tokens(o->ids_path, false, bin, o->step_path, K, pairs, r->ids) ||
+            load_tokens(o->labels_path, true, bin, o->step_path, K, pairs, r->labels))
             return -1;
         size_t scored = 0;
-        for (size_t i = 0; i < (size_t)K * ntok; i++)
+        for (size_t i = 0; i < (size_t)K * gtok; i++)
             scored += r->labels[i] != SBPRT_IGNORE_INDEX;
         if (scored == 0)
             return error("%s: every label is -100: no position is scored, there is nothing to "
                          "train", o->labels_path);
     }
-    if (ti_open(&r->ti, in, K, o->ref_logps, o->old_logps, o->advantages, note_message, err,
+    if (ti_open(&r->ti, bin, K, o->ref_logps, o->old_logps, o->advantages, note_message, err,
                 sizeof err) ||
         (!o->data_path && ti_check(&r->ti, r->labels, o->labels_path, err, sizeof err)))
         return error("%s", err);
@@ -1373,6 +1436,9 @@ static int run_load(run *r)
     /* the context first: no device is quicker to find than a large model is to read */
     if (runtime_start(&r->rt, (int)o->threads) || model_open(&r->mdl, o, in, &r->inputs))
         return -1;
+    /* issue 14: a cuda step's gradients are summed on the GPUs (NCCL), once its context exists */
+    if (dist.on && !r->host_visible && train_dist_nccl_start(&dist, err, sizeof err))
+        return error("%s", err);
     /* issue 12: safetensors export: the PyTorch names, before any training (train_export.c) */
     if (o->save_safetensors &&
         !(r->export = train_export_plan(r->mdl.g, in, note_message, err, sizeof err)))
@@ -1400,11 +1466,16 @@ static int run_allocate(run *r)
                  rt->device_memory(rt->step_ctx, &r->dev_before, &r->dev_total) == SBPRT_OK;
     const size_t pbytes = r->pbytes = in->param_elems * sizeof(float);
     const size_t gbytes = r->gbytes = in->grad_elems * sizeof(float);
+    /* issue 14: --zero 1|2 under mpirun keeps this rank's slice of m and v only */
+    dist.zero = (int)o->zero;
+    if (train_dist_plan_slices(&dist, in, why, sizeof why))
+        return error("%s", why);
+    const size_t mbytes = r->mbytes = train_dist_state_elems(&dist) * sizeof(float);
     const size_t off_params = 0;
     const size_t off_grads = off_params + align_up(pbytes);
     const size_t off_m = off_grads + align_up(gbytes);
-    const size_t off_v = off_m + (o->adamw ? align_up(gbytes) : 0);
-    const size_t off_ws = off_v + (o->adamw ? align_up(gbytes) : 0);
+    const size_t off_v = off_m + (o->adamw ? align_up(mbytes) : 0);
+    const size_t off_ws = off_v + (o->adamw ? align_up(mbytes) : 0);
     /* evaluation runs in the training workspace (its plan is usually the smaller) */
     const size_t ws_bytes = r->step_eval && in->eval_workspace_bytes > in->workspace_bytes
                                 ? in->eval_workspace_bytes
@@ -1458,17 +1529,24 @@ static int run_allocate(run *r)
                                      SBPRT_COPY_HOST_TO_DEVICE)))
         return copy_failed(r, st);
     if (o->adamw) { /* zero m and v: through a zeroed host buffer, backend-neutral */
-        float *zeros = calloc(1, gbytes + 1);
+        float *zeros = calloc(1, mbytes + 1);
         if (!zeros)
             return error("out of memory");
-        st = RT(*rt, copy, copy_ctx, r->d_m, zeros, gbytes, SBPRT_COPY_HOST_TO_DEVICE);
+        st = RT(*rt, copy, copy_ctx, r->d_m, zeros, mbytes, SBPRT_COPY_HOST_TO_DEVICE);
         if (!st)
-            st = RT(*rt, copy, copy_ctx, r->d_v, zeros, gbytes, SBPRT_COPY_HOST_TO_DEVICE);
+            st = RT(*rt, copy, copy_ctx, r->d_v, zeros, mbytes, SBPRT_COPY_HOST_TO_DEVICE);
         free(zeros);
         if (st)
             return copy_failed(r, st);
     }
     /* issue 12: checkpoints: --resume overwrites the weights, m, v and the data position */
+    /* issue 14: under ZeRO a checkpoint holds the whole moments: full-size buffers that a
+     * resume restores into (then each rank takes its slice) and rank 0 gathers into */
+    const bool stage = dist.on && dist.zero > 0 && o->adamw && r->ckpt.dir;
+    dist.gather_state = stage;
+    if (stage && (!(dist.stage_m = calloc(1, gbytes + 1)) ||
+                  !(dist.stage_v = calloc(1, gbytes + 1))))
+        return error("out of memory");
     char ckpt_err[1024], pack_id[64]; /* issue 13: the packing is part of the run's identity */
     train_pack_identity(&o->pack, r->doc_ids, (size_t)r->K * ntok, pack_id, sizeof pack_id);
     if (train_ckpt_start(&r->ckpt, &(train_ckpt_run){
@@ -1476,12 +1554,24 @@ static int run_allocate(run *r)
             .total_steps = o->steps, .lr = o->lr, .weight_decay = o->weight_decay,
             .sched = &o->sched, .dump_grads = o->dump_grads != NULL,
             .shard = r->have_shard ? &r->shard : NULL, .ids = r->ids, .labels = r->labels,
-            .ntok_all = (size_t)r->K * ntok, .pbytes = pbytes, .gbytes = gbytes,
-            .d_params = r->d_params,
-            .d_m = r->d_m, .d_v = r->d_v, .host_params = r->host_params,
+            .ntok_all = (size_t)(r->ti.N * r->T) /* issue 14: the global batch */,
+            .pbytes = pbytes, .gbytes = gbytes, .d_params = r->d_params,
+            .d_m = stage ? dist.stage_m : r->d_m, .d_v = stage ? dist.stage_v : r->d_v,
+            .host_params = r->host_params, .ranks = dist.size, /* issue 14 */
             .host_visible = r->host_visible, .copy = rt->copy, .copy_ctx = *rt->copy_ctx,
             .note = note_message, .packing = pack_id}, ckpt_err, sizeof ckpt_err))
         return error("%s", ckpt_err);
+    if (stage) /* issue 14: this rank's slice of the (restored or zero) moments */
+        train_dist_scatter_state(&dist, dist.stage_m, dist.stage_v, r->d_m, r->d_v);
+    if (dist.on && dist.rank != 0) { /* issue 14: rank 0 alone writes checkpoints */
+        r->ckpt.dir = NULL;
+        if (stage) {
+            r->ckpt.r.d_m = r->ckpt.r.d_v = NULL;
+            free(dist.stage_m);
+            free(dist.stage_v);
+            dist.stage_m = dist.stage_v = NULL;
+        }
+    }
 
     /* the step's own preparation (a cuda step uploads its constants), outside the timing */
     if (rt->step_init && (st = rt->step_init(rt->step_ctx)))
@@ -1571,6 +1661,8 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
     train_inputs *ti = &r->ti;
     const int64_t B = r->B, T = r->T, K = r->K;
     const size_t ntok = r->ntok;
+    const int64_t G = r->G; /* issue 14: the global rows of a micro-batch (B with one rank) */
+    const size_t gtok = (size_t)(G * T);
     char err[512], why[400];
     int st;
     for (int64_t k = 0; r->have_shard && k < K; k++) {
@@ -1579,8 +1671,8 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
                 ? train_pack_shard(&r->shard, (uint32_t)o->pack.eos, T, B,
                                    r->ids + (size_t)k * ntok, r->labels + (size_t)k * ntok,
                                    r->doc_ids + (size_t)k * ntok, err, sizeof err)
-                : sbpio_shard_next_batch(&r->shard, (int)B, (int)T, r->ids + (size_t)k * ntok,
-                                         r->labels + (size_t)k * ntok, err, sizeof err))
+                : sbpio_shard_next_batch(&r->shard, (int)G, (int)T, r->ids + (size_t)k * gtok,
+                                         r->labels + (size_t)k * gtok, err, sizeof err))
             return error("step %lld: %s", (long long)s, err);
         if (r->shard.epoch != epoch && r->shard.epoch > epoch0)
             message("note", "step %lld: %s is exhausted; starting over from its first token "
@@ -1596,9 +1688,13 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
     const double denominator = ti_denominator(ti, r->labels);
     double loss = 0;
     int64_t micro = 0; /* after a failure: the failed micro-batch's number, from 1 */
+    int64_t pad_pairs = 0; /* issue 14: DPO pairs of padding on this rank */
     st = SBPRT_OK;
     for (; micro < K && st == SBPRT_OK; micro++) {
-        ti_micro(ti, r->ids, r->labels, micro);
+        if (dist.on) /* issue 14: this rank's rows of the global micro-batch */
+            pad_pairs += train_dist_micro(&dist, ti, r->ids, r->labels, micro);
+        else
+            ti_micro(ti, r->ids, r->labels, micro);
         if (r->doc_ids) { /* issue 13: the micro-batch's document ids, in its row order */
             train_pack_micro(r->doc_ids, r->mb_doc_ids, K * B, B, T, micro, ti->dpo);
             if ((st = RT(*rt, copy, copy_ctx, r->d_doc_ids, r->mb_doc_ids,
@@ -1655,6 +1751,17 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
         }
         return -1;
     }
+    /* issue 14: the sums over the ranks (a padded DPO pair's ln 2 taken out first); ZeRO 2
+     * keeps its slice of the gradients only, except for the first step's --dump-grads */
+    if (dist.on) {
+        if (train_dist_injected_failure(&dist, s))
+            return error("step %lld: a failure injected by the tests (SBP_TEST_FAIL_RANK)",
+                         (long long)s);
+        loss -= (double)pad_pairs * log(2.0) / denominator;
+        if (train_dist_reduce(&dist, r->d_grads, &loss, s == 1 && o->dump_grads, err,
+                              sizeof err))
+            return error("step %lld: %s", (long long)s, err);
+    }
     if (!isfinite(loss))
         return error("step %lld: the loss is %s; stopping before the update%s", (long long)s,
                      isnan(loss) ? "NaN" : "infinite", o->save ? " (nothing saved)" : "");
@@ -1664,7 +1771,7 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
         if (!r->host_visible && (st = RT(*rt, copy, copy_ctx, r->host_grads, r->d_grads,
                                          r->gbytes, SBPRT_COPY_DEVICE_TO_HOST)))
             return copy_failed(r, st);
-        if (dump_grads(o, in, r->host_grads, loss))
+        if ((!dist.on || dist.rank == 0) && dump_grads(o, in, r->host_grads, loss))
             return -1;
     }
 
@@ -1672,7 +1779,10 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
     const double lr = train_sched_lr(&o->sched, o->lr, s, o->steps);
     double gnorm = 0, clip_coef = 1;
     const train_grad_rt grt = {rt->grad_sq_norm, *rt->norm_ctx, rt->scale, *rt->scale_ctx};
-    if ((st = train_clip_grads(&grt, in, r->d_grads, o->sched.clip, &gnorm, &clip_coef)))
+    if ((st = dist.on && dist.zero > 0 /* issue 14: the norm of the ranks' slices */
+                  ? train_dist_clip(&dist, &grt, in, r->d_grads, o->sched.clip, &gnorm,
+                                    &clip_coef)
+                  : train_clip_grads(&grt, in, r->d_grads, o->sched.clip, &gnorm, &clip_coef)))
         return error("step %lld: the gradient norm%s failed: %s%s", (long long)s,
                      o->sched.clip > 0 ? " or its clipping" : "", rt->status_string(st),
                      rt_why(rt, *rt->norm_ctx, why, sizeof why));
@@ -1680,15 +1790,18 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
     t0 = now_seconds();
     for (int i = 0; i < in->n_params; i++) {
         const sbp_step_param *p = &in->params[i];
-        if (p->tied_to >= 0 || !p->trainable || p->numel == 0)
+        size_t a = 0, n = p->numel; /* issue 14: the part this rank updates (ZeRO: a slice) */
+        if (p->tied_to >= 0 || !p->trainable || p->numel == 0 ||
+            !train_dist_owned(&dist, p, &a, &n))
             continue;
-        size_t k = p->offset, g = p->grad_offset; /* the parameter and gradient blocks */
+        size_t k = p->offset + a, g = p->grad_offset + a; /* the parameter and gradient blocks */
+        size_t mo = g - dist.lo; /* m and v hold the slice [lo, hi) of the gradient block */
         if (o->adamw)
-            st = RT(*rt, adamw_update, adamw_ctx, r->d_params + k, r->d_m + g, r->d_v + g,
-                    r->d_grads + g, p->numel, lr, 0.9, 0.999, 1e-8, o->weight_decay,
+            st = RT(*rt, adamw_update, adamw_ctx, r->d_params + k, r->d_m + mo, r->d_v + mo,
+                    r->d_grads + g, n, lr, 0.9, 0.999, 1e-8, o->weight_decay,
                     s > INT32_MAX ? INT32_MAX : (int)s);
         else
-            st = RT(*rt, sgd_update, sgd_ctx, r->d_params + k, r->d_grads + g, p->numel, lr,
+            st = RT(*rt, sgd_update, sgd_ctx, r->d_params + k, r->d_grads + g, n, lr,
                     o->weight_decay);
         if (st)
             return error("step %lld: the %s update of '%s' failed: %s", (long long)s,
@@ -1697,9 +1810,15 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
     if ((st = rt->sync(*rt->sync_ctx)))
         return error("step %lld: %s%s", (long long)s, rt->status_string(st),
                      rt_why(rt, *rt->sync_ctx, why, sizeof why));
+    /* issue 14: ZeRO: every rank's updated slice to every rank; the moments to rank 0 for a
+     * checkpoint */
+    if (train_dist_gather_params(&dist, in, r->d_params, r->d_grads, err, sizeof err) ||
+        train_dist_gather_state(&dist, r->d_m, r->d_v, err, sizeof err))
+        return error("step %lld: %s", (long long)s, err);
     sample_device_memory(r);
     double dt = t_run + (now_seconds() - t0);
-    double tps = dt > 0 ? (double)ntok * (double)K / dt : 0;
+    /* the global batch's tokens (issue 14: all ranks'; ti->N = K*G) */
+    double tps = dt > 0 ? (double)ti->N * (double)T / dt : 0;
     clear_bar();
     /* "step N loss X" first: scripts parse that prefix; issue 12's fields follow */
     printf("step %lld loss %.6f tokens/s %.1f lr %.9g grad_norm %.9g\n", (long long)s, loss, tps,
@@ -1742,11 +1861,14 @@ static int run_loop(run *r)
     char ckpt_err[1024];
     bar_first = first;
     bar_t0 = now_seconds();
-    for (int64_t s = first; s <= o->steps && !r->ckpt.stopped; s++)
+    for (int64_t s = first; s <= o->steps && !r->ckpt.stopped; s++) {
         if (run_step(r, s, epoch0, bar) ||
             (train_ckpt_after_step(&r->ckpt, s, ckpt_err, sizeof ckpt_err) &&
              error("%s", ckpt_err)))
             return -1;
+        if (dist.on) /* issue 14: rank 0 stopped by a signal stops every rank */
+            r->ckpt.stopped = train_dist_any(&dist, r->ckpt.stopped);
+    }
     clear_bar();
     if (train_log_close(&r->log, err, sizeof err))
         return error("%s", err);
@@ -1816,14 +1938,20 @@ static int run_report(run *r)
                100.0 * r->pairs_packed / r->pairs_full, r->pairs_packed, r->pairs_full);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    size_t opt_state = o->adamw ? 2 * r->gbytes : 0; /* the trained parameters' moments */
+    /* the trained parameters' moments (issue 14: this rank's ZeRO slice of them) */
+    size_t opt_state = o->adamw ? 2 * r->mbytes : 0;
     char b1[32], b2[32], b3[32], b4[32];
     if (r->host_visible) {
-        printf("peak memory: planned %s (step %s + optimizer state %s), actual %s (peak RSS)\n",
+        printf("peak memory: planned %s (step %s + optimizer state %s), actual %s (peak RSS)%s\n",
                bytes_str(b1, sizeof b1, (double)in->planned_peak_bytes + (double)opt_state),
                bytes_str(b2, sizeof b2, (double)in->planned_peak_bytes),
                bytes_str(b3, sizeof b3, (double)opt_state),
-               bytes_str(b4, sizeof b4, (double)ru.ru_maxrss * 1024.0));
+               bytes_str(b4, sizeof b4, (double)ru.ru_maxrss * 1024.0),
+               dist.on ? " per rank" : "");
+        if (dist.on) /* issue 14 */
+            printf("data parallel: %d ranks, ZeRO %d: optimizer state %zu bytes per rank "
+                   "(%zu without ZeRO), global batch %lld rows per micro-batch\n", dist.size,
+                   dist.zero, opt_state, o->adamw ? 2 * r->gbytes : 0, (long long)r->G);
     } else {
         printf("peak device memory: planned %s (step %s + optimizer state %s)",
                bytes_str(b1, sizeof b1, (double)in->planned_peak_bytes + (double)opt_state),
@@ -1875,10 +2003,28 @@ static void run_free(run *r)
 int main(int argc, char **argv)
 {
     run r = {0};
+    char derr[512]; /* issue 14: MPI, only when a launcher started this process */
+    if (train_dist_init(&dist, &argc, &argv, derr, sizeof derr)) {
+        error("%s", derr);
+        return 1;
+    }
+    prog = dist.prog;
     int prc = parse_args(argc, argv, &r.o);
-    if (prc)
+    if (prc) {
+        train_dist_end(&dist, prc > 0 ? 0 : 1);
         return prc > 0 ? 0 : 1;
+    }
+    if (dist.on && dist.rank != 0) {
+        /* issue 14: rank 0 prints and writes the outputs; the others only report errors
+         * (stderr). --dump-grads stays set: ZeRO 2 then sums the whole first gradient on
+         * every rank alike, and only rank 0 writes it (see run_step). */
+        if (!freopen("/dev/null", "w", stdout))
+            return error("cannot silence rank %d's output: /dev/null", dist.rank), 1;
+        r.o.save = r.o.save_safetensors = r.o.sched.log_path = NULL;
+        r.o.adapter.save_dir = NULL;
+    }
     int rc = run_load(&r) || run_allocate(&r) || run_loop(&r) || run_report(&r) ? 1 : 0;
     run_free(&r);
+    train_dist_end(&dist, rc); /* a failed rank aborts every rank */
     return rc;
 }

@@ -323,7 +323,9 @@ static const char *sched_name(const train_sched_opts *t)
 }
 
 /* The identity keys (compared on resume) come first; the state and the schedule after them. */
-static const char *const identity_keys[] = {"batch", "seq_len", "vocab", "objective",
+static const char *const identity_keys[] = {"ranks" /* issue 14: first, as another number
+                                                     * of ranks needs another batch too */,
+                                            "batch", "seq_len", "vocab", "objective",
                                             "optimizer", "grad_accum", "param_elems",
                                             "model_hash", "data", "data_hash",
                                             "packing" /* issue 13 */};
@@ -347,6 +349,7 @@ static int build_meta(const train_ckpt *c, int64_t s, ckpt_meta *m)
     meta_add(m, "data", "%s", r->shard ? "shard" : "arrays");
     meta_add(m, "data_hash", "%016" PRIx64, c->data_hash);
     meta_add(m, "packing", "%s", c->packing[0] ? c->packing : "none"); /* issue 13 */
+    meta_add(m, "ranks", "%d", r->ranks > 1 ? r->ranks : 1); /* issue 14 */
     /* the state */
     meta_add(m, "step", "%" PRId64, s);
     meta_add(m, "adamw_step", "%" PRId64, r->adamw ? s : 0);
@@ -449,6 +452,8 @@ static int compare_key(const train_ckpt *c, const ckpt_meta *now, const char *ke
     const char *theirs = sbpio_st_meta(c->from, key);
     if (!theirs && strcmp(key, "packing") == 0) /* issue 13: a version-1 checkpoint, unpacked */
         theirs = "none";
+    if (!theirs && strcmp(key, "ranks") == 0) /* issue 14: written before mpirun: one process */
+        theirs = "1";
     if (mine && theirs && strcmp(mine, theirs) == 0)
         return 0;
     const char *what = strcmp(key, "model_hash") == 0 ? "another model's initial weights (--model)"
@@ -459,6 +464,8 @@ static int compare_key(const train_ckpt *c, const ckpt_meta *now, const char *ke
                        : strcmp(key, "grad_accum") == 0 ? "another --grad-accum"
                        : strcmp(key, "packing") == 0 /* issue 13 */
                            ? "another packing of the data (--pack, --eos, --doc-ids)"
+                       : strcmp(key, "ranks") == 0 /* issue 14 */
+                           ? "another number of ranks (mpirun -np; resume with the same N)"
                                                         : "a step of another shape";
     return ckpt_err(err, errlen, "--resume: %s was written for %s: %s is %s there but %s here "
                     "(%s); resume with the run's own model, step, data and options",

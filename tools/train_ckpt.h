@@ -86,6 +86,8 @@ typedef struct train_ckpt_run {
     int (*copy)(sbprt_ctx *, void *, const void *, size_t, int); /* sbprt_memcpy */
     sbprt_ctx *copy_ctx;
     void (*note)(const char *); /* prints "sbp-train: note: <msg>" */
+    int ranks;                 /* issue 14: mpirun's ranks (0 or 1: one process), part of the
+                                * identity ("ranks"; a checkpoint without it: 1) */
 } train_ckpt_run;
 
 /* The state of one run (sbp-train's `run` holds one). Zero-initialised = checkpoints off. */

@@ -111,7 +111,8 @@ schedule)
 neutral)
   compile stream
   train plain.txt stream.so --data data.bin --steps 6 --lr 3e-3
-  train with.txt stream.so --data data.bin --steps 6 --lr 3e-3 --eval-data data.bin --eval-every 1
+  train with.txt stream.so --data data.bin --steps 6 --lr 3e-3 --eval-data data.bin --eval-every 1 \
+    --eval-batches 3
   diff <(grep -oE '^step [0-9]+ loss [0-9.]+ ' plain.txt) \
        <(grep -oE '^step [0-9]+ loss [0-9.]+ ' with.txt) >&2 ||
     fail "evaluation changed the training losses"

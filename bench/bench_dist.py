@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Data parallel (issue 14): per-rank optimizer bytes under ZeRO 0/1/2, and the CPU step time.
+
+    python3 bench/bench_dist.py [--build build] [--model examples/tiny_llama.onnx]
+                                [--rows 4] [--seq-len 128] [--steps 6] [--ranks 1,2]
+
+Two tables. (1) Planned: the AdamW moments each rank holds, 2 x 4 bytes per element of its part
+of the gradient block (grad_elems, read from sbp-train's own end report): the whole block for
+ZeRO 0, ceil(grad_elems / N) for ZeRO 1 and 2 (ZeRO 2 reduce-scatters the gradients too, but
+the step still writes a whole gradient block, so its bytes are ZeRO 1's), at N = 1, 2, 4, 8.
+(2) Measured: the model compiled by sbpc for rows / N rows per rank, trained on the same
+global batch (--data, a shard of the README's bytes) under mpirun -np N; the median step time
+of steps 2..S (step 1 warms up) and the global tokens/s sbp-train prints. On a machine with
+fewer cores than N x threads the ranks share cores, so the times say what the collectives cost
+more than what N machines would gain.
+
+Standard library only. As root, mpirun needs --allow-run-as-root (passed here).
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def run(cmd, env=None):
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        sys.exit(f"bench_dist: {' '.join(cmd)} failed:\n{p.stderr}")
+    return p.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--model", default=os.path.join(ROOT, "examples", "tiny_llama.onnx"))
+    ap.add_argument("--rows", type=int, default=4, help="global rows per step")
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--ranks", default="1,2")
+    a = ap.parse_args()
+    sbpc = os.path.join(a.build, "tools", "sbpc")
+    train = os.path.join(a.build, "tools", "sbp-train")
+    shard_tool = os.path.join(a.build, "tools", "sbp-shard")
+    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
+    tmp = tempfile.mkdtemp(prefix="bench_dist.")
+    shard = os.path.join(tmp, "readme.bin")
+    run([shard_tool, os.path.join(ROOT, "README.md"), "-o", shard])
+    rows = []
+    grad_elems = None
+    for n in [int(x) for x in a.ranks.split(",")]:
+        if a.rows % n:
+            sys.exit(f"bench_dist: {a.rows} rows do not split over {n} ranks")
+        b = a.rows // n
+        step = os.path.join(tmp, f"step_b{b}.so")
+        if not os.path.exists(step):
+            run([sbpc, a.model, "--batch", str(b), "--seq-len", str(a.seq_len), "-o", step])
+        for zero in (0, 1, 2):
+            cmd = [train, step, "--model", a.model, "--data", shard, "--steps", str(a.steps),
+                   "--threads", "1", "--zero", str(zero)]
+            if n > 1:
+                cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n)] + cmd
+            out = run(cmd, env)
+            tps = [float(m.group(1)) for m in re.finditer(r"^step \d+ loss \S+ tokens/s (\S+)",
+                                                           out, re.M)][1:]
+            m = re.search(r"optimizer state (\d+) bytes per rank \((\d+) without ZeRO\)", out)
+            mem = re.search(r"optimizer state ([0-9.]+ [KMG]i?B)", out)
+            if m:
+                grad_elems = int(m.group(2)) // 8
+            per_rank = int(m.group(1)) if m else None
+            med = statistics.median(tps) if tps else float("nan")
+            rows.append((n, zero, b, med, a.rows * a.seq_len / med if med else float("nan"),
+                         per_rank if per_rank is not None else (mem.group(1) if mem else "?")))
+            if n == 1:
+                break  # ZeRO changes nothing with one rank
+    if grad_elems is None:  # only N = 1 was run: the single-process report gives 2*grad bytes
+        out = run([train, step, "--model", a.model, "--data", shard, "--steps", "1"])
+        m = re.search(r"optimizer state ([0-9.]+) (KiB|MiB|GiB)", out)
+        unit = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[m.group(2)]
+        grad_elems = int(float(m.group(1)) * unit) // 8
+    print(f"planned AdamW state per rank ({grad_elems} trained elements, 8 bytes each):")
+    print("| ranks | ZeRO 0 | ZeRO 1 | ZeRO 2 |")
+    print("|------:|-------:|-------:|-------:|")
+    for n in (1, 2, 4, 8):
+        z0 = 8 * grad_elems
+        z1 = 8 * -(-grad_elems // n)
+        print(f"| {n} | {z0:,} | {z1:,} | {z1:,} |")
+    print()
+    print(f"measured: {a.model}, {a.rows} global rows x {a.seq_len} tokens, "
+          f"{a.steps} steps, 1 thread per rank:")
+    print("| ranks | ZeRO | rows/rank | global tokens/s (median) | s/step | optimizer bytes/rank |")
+    print("|------:|-----:|----------:|-------------------------:|-------:|---------------------:|")
+    for n, zero, b, tps, sec, mem in rows:
+        if n == 1:
+            mem = 8 * grad_elems  # one process: the whole state (its report rounds to KiB)
+        print(f"| {n} | {zero} | {b} | {tps:,.0f} | {sec:.4f} | {mem:,} |")
+
+
+if __name__ == "__main__":
+    main()

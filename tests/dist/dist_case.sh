@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# dist_case.sh — one case of sbp-train's data parallelism (issue 14), registered by
+# tests/dist/CMakeLists.txt as dist.<case>. A distributed run (mpirun -np N, each rank a step
+# compiled for its share of the rows) is compared with one process on the whole batch: the first
+# step's gradients (--dump-grads, max |a-b| / max |b|), ten AdamW steps' losses and gradient
+# norms (--log) and the final checkpoint (parameters, m, v: ||a-b|| / ||b||, see compare.py),
+# each within 1e-6 relative (the ranks' sums are added in another order, so not bit for bit; a
+# loss is compared relative to the run's largest |loss|, as GRPO's passes near zero).
+# DPO trains at a lower lr: at 0.01 its loss falls to ~6e-4 within ten steps, where 1e-6 of it
+# is below float32's rounding of the step's own terms; --data (random tokens) at 0.003.
+#
+#   dist_case.sh OBJ NP ZERO [ACCUM]  OBJ: sft | dpo | grpo_seq | grpo_token on the 4-row
+#                                     batch of tests/fixtures/ref (ACCUM: --grad-accum)
+#   dist_case.sh partial NP ZERO      SFT on 5 rows (the 4 and the first again): over 3 ranks
+#                                     of 2 rows the last holds one row and one of padding
+#   dist_case.sh data NP ZERO         --data: one process with N*B rows per step
+#   dist_case.sh resume NP ZERO       stop after 3 steps, resume to 6: the same checkpoint bytes
+#                                     as 6 steps at once; another -np is refused
+#   dist_case.sh abort NP             one rank fails at step 2: the job ends, naming the rank
+#   dist_case.sh mismatch NP          a step compiled for the wrong rows: refused
+# Environment: SBP_TRAIN, MPIRUN, PY (python3), TRAIN_D (tests/train's compiled steps),
+# FX (tests/fixtures), WORK (a scratch folder).
+set -euo pipefail
+case_=$1
+np=${2:-2}
+zero=${3:-0}
+accum=${4:-1}
+here=$(cd "$(dirname "$0")" && pwd)
+work="$WORK/$case_-np$np-z$zero-k$accum"
+rm -rf "$work"
+mkdir -p "$work"
+REF="$FX/ref"
+LDYN="$FX/llama_op17_dyn.onnx"
+# a container's shared memory often refuses cross-process copies: let Open MPI use plain copies
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+# one thread per rank (sbp-train's default is OMP_NUM_THREADS): the ranks already oversubscribe a
+# small machine's cores
+export OMP_NUM_THREADS=1
+mpi() { timeout 120 "$MPIRUN" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
+fail() { echo "dist_case: $*" >&2; exit 1; }
+
+# the step for R rows per rank (tests/train compiles b2 and b4; this folder's CMake b1)
+step_for() { # OBJ ROWS
+  local f="$TRAIN_D/$1_b$2.so"
+  [ -f "$f" ] || f="$WORK/../$1_b$2.so"
+  [ -f "$f" ] || fail "no step $1 for $2 rows ($f)"
+  echo "$f"
+}
+ceil() { echo $(( ($1 + $2 - 1) / $2 )); }
+
+inputs_of() { # OBJ
+  case $1 in
+    sft) ;;
+    dpo) echo --ref-logps "$REF/llama_dpo_ref_logps.npy" ;;
+    grpo_*) echo --advantages "$REF/llama_grpo_advantages.npy" \
+                 --old-logps "$REF/llama_grpo_old_logps.npy" \
+                 --ref-logps "$REF/llama_grpo_ref_logps.npy" ;;
+  esac
+}
+
+lr=0.01
+[ "$case_" = dpo ] && lr=0.002
+# random tokens leave many gradient elements at rounding-noise level, which AdamW normalises
+[ "$case_" = data ] && lr=0.003
+TRAIN_FLAGS=(--steps 10 --lr "$lr" --weight-decay 0.01 --clip-grad-norm 0.3)
+
+compare_runs() { # A-dir B-dir (each: grads.st, log.jsonl, ck/step-00000010.safetensors)
+  "$PY" "$here/compare.py" st "$1/grads.st" "$2/grads.st" 1e-6
+  "$PY" "$here/compare.py" log "$1/log.jsonl" "$2/log.jsonl" 1e-6
+  "$PY" "$here/compare.py" st2 "$1/ck/step-00000010.safetensors" \
+        "$2/ck/step-00000010.safetensors" 1e-6
+}
+
+case $case_ in
+  sft|dpo|grpo_seq|grpo_token)
+    obj=$case_
+    # one process: the 4 rows in one micro-batch
+    mkdir -p "$work/one" "$work/dist"
+    # shellcheck disable=SC2046
+    "$SBP_TRAIN" "$(step_for "$obj" 4)" --model "$LDYN" --input-ids "$REF/pref_input_ids.npy" \
+      --labels "$REF/pref_labels.npy" $(inputs_of "$obj") "${TRAIN_FLAGS[@]}" \
+      --dump-grads "$work/one/grads.st" --log "$work/one/log.jsonl" \
+      --checkpoint-dir "$work/one/ck" > "$work/one/out.txt"
+    g=$((4 / accum))                                  # global rows per micro-batch
+    rows=$(ceil "$g" "$np")                           # rows per rank
+    [ "$obj" = dpo ] && rows=$((2 * $(ceil $((g / 2)) "$np"))) # DPO: whole pairs
+    # shellcheck disable=SC2046
+    mpi "$SBP_TRAIN" "$(step_for "$obj" "$rows")" --model "$LDYN" \
+      --input-ids "$REF/pref_input_ids.npy" --labels "$REF/pref_labels.npy" $(inputs_of "$obj") \
+      "${TRAIN_FLAGS[@]}" --grad-accum "$accum" --zero "$zero" \
+      --dump-grads "$work/dist/grads.st" --log "$work/dist/log.jsonl" \
+      --checkpoint-dir "$work/dist/ck" > "$work/dist/out.txt" 2> "$work/dist/err.txt" ||
+      { cat "$work/dist/err.txt" >&2; fail "the distributed run failed"; }
+    # rank 0 alone prints: one line per step, the per-rank memory line
+    [ "$(grep -c '^step ' "$work/dist/out.txt")" = 10 ] || fail "expected 10 step lines"
+    grep -q "per rank" "$work/dist/out.txt" || fail "no per-rank memory line"
+    grep -q "data parallel: $np ranks, ZeRO $zero" "$work/dist/out.txt" || fail "no summary"
+    [ ! -s "$work/dist/err.txt" ] || { cat "$work/dist/err.txt" >&2; fail "stderr not empty"; }
+    compare_runs "$work/dist" "$work/one"
+    ;;
+  partial)
+    "$PY" "$here/compare.py" rows "$REF/pref_input_ids.npy" "$work/ids5.npy" 5
+    "$PY" "$here/compare.py" rows "$REF/pref_labels.npy" "$work/labels5.npy" 5
+    mkdir -p "$work/one" "$work/dist"
+    "$SBP_TRAIN" "$(step_for sft 5)" --model "$LDYN" --input-ids "$work/ids5.npy" \
+      --labels "$work/labels5.npy" "${TRAIN_FLAGS[@]}" --dump-grads "$work/one/grads.st" \
+      --log "$work/one/log.jsonl" --checkpoint-dir "$work/one/ck" > "$work/one/out.txt"
+    mpi "$SBP_TRAIN" "$(step_for sft "$(ceil 5 "$np")")" --model "$LDYN" \
+      --input-ids "$work/ids5.npy" --labels "$work/labels5.npy" "${TRAIN_FLAGS[@]}" \
+      --zero "$zero" --dump-grads "$work/dist/grads.st" --log "$work/dist/log.jsonl" \
+      --checkpoint-dir "$work/dist/ck" > "$work/dist/out.txt"
+    compare_runs "$work/dist" "$work/one"
+    ;;
+  data)
+    "$PY" "$here/compare.py" shard "$work/tokens.bin" 64 4000 7
+    mkdir -p "$work/one" "$work/dist"
+    b=2
+    "$SBP_TRAIN" "$(step_for sft $((b * np)))" --model "$LDYN" --data "$work/tokens.bin" \
+      "${TRAIN_FLAGS[@]}" --dump-grads "$work/one/grads.st" --log "$work/one/log.jsonl" \
+      --checkpoint-dir "$work/one/ck" > "$work/one/out.txt"
+    mpi "$SBP_TRAIN" "$(step_for sft $b)" --model "$LDYN" --data "$work/tokens.bin" \
+      "${TRAIN_FLAGS[@]}" --zero "$zero" --dump-grads "$work/dist/grads.st" \
+      --log "$work/dist/log.jsonl" --checkpoint-dir "$work/dist/ck" > "$work/dist/out.txt"
+    compare_runs "$work/dist" "$work/one"
+    ;;
+  resume)
+    s=$(step_for sft 2)
+    args=(--model "$LDYN" --input-ids "$REF/pref_input_ids.npy" --labels "$REF/pref_labels.npy"
+          --lr 0.01 --zero "$zero")
+    mpi "$SBP_TRAIN" "$s" "${args[@]}" --steps 6 --checkpoint-dir "$work/all" > /dev/null
+    mpi "$SBP_TRAIN" "$s" "${args[@]}" --steps 3 --checkpoint-dir "$work/part" > /dev/null
+    mpi "$SBP_TRAIN" "$s" "${args[@]}" --steps 6 --resume "$work/part" > "$work/resumed.txt"
+    grep -q "^step 4 " "$work/resumed.txt" || fail "the resumed run did not start at step 4"
+    grep -q "^step 1 " "$work/resumed.txt" && fail "the resumed run ran step 1 again"
+    cmp "$work/all/step-00000006.safetensors" "$work/part/step-00000006.safetensors" ||
+      fail "the resumed run's checkpoint differs from the uninterrupted run's"
+    # another number of ranks is refused, naming the field
+    other=$((np == 2 ? 4 : 2))
+    if timeout 120 "$MPIRUN" --allow-run-as-root --oversubscribe -np "$other" "$SBP_TRAIN" \
+         "$(step_for sft $(ceil 4 $other))" "${args[@]}" --steps 6 --resume "$work/part" \
+         > /dev/null 2> "$work/refused.txt"; then
+      fail "resuming with -np $other was accepted"
+    fi
+    grep -q "another number of ranks" "$work/refused.txt" ||
+      { cat "$work/refused.txt" >&2; fail "no refusal message"; }
+    echo "dist_case: resume: checkpoints identical; -np $other refused"
+    ;;
+  abort)
+    set +e
+    SBP_TEST_FAIL_RANK=1 mpi "$SBP_TRAIN" "$(step_for sft 2)" --model "$LDYN" \
+      --input-ids "$REF/pref_input_ids.npy" --labels "$REF/pref_labels.npy" --steps 5 \
+      > "$work/out.txt" 2> "$work/err.txt"
+    rc=$?
+    set -e
+    cat "$work/err.txt"
+    [ "$rc" != 0 ] || fail "the job succeeded though rank 1 failed"
+    [ "$rc" != 124 ] || fail "the job hung (killed by timeout)"
+    grep -q "sbp-train: rank 1: error: step 2: a failure injected" "$work/err.txt" ||
+      fail "the failing rank is not named"
+    ;;
+  mismatch)
+    set +e
+    mpi "$SBP_TRAIN" "$(step_for sft 4)" --model "$LDYN" --input-ids "$REF/pref_input_ids.npy" \
+      --labels "$REF/pref_labels.npy" > /dev/null 2> "$work/err.txt"
+    rc=$?
+    set -e
+    cat "$work/err.txt"
+    [ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "exit status $rc"
+    grep -q "recompile it with sbpc --batch $(ceil 4 "$np")" "$work/err.txt" ||
+      fail "no advice to recompile"
+    ;;
+  *) fail "unknown case $case_" ;;
+esac
+echo "dist_case: $case_ -np $np --zero $zero --grad-accum $accum: passed"

@@ -1,0 +1,469 @@
+/* train_dist.c — sbp-train's data parallelism over MPI (issue 14; train_dist.h says what is
+ * split and why the sums are exact). All collectives are Open MPI's on host memory, in place
+ * where MPI allows it, so a rank holds no second copy of the gradient block. Without MPI
+ * (SBP_WITH_MPI undefined) only the single-rank paths remain: the slices are the whole block
+ * and every collective is the identity.
+ */
+#include "train_dist.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef SBP_WITH_MPI
+#include <mpi.h>
+#endif
+#ifdef SBP_WITH_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* The launcher's own count of ranks, or NULL when not launched by one. Open MPI's mpirun sets
+ * OMPI_COMM_WORLD_SIZE; PMI/PMIx launchers (srun, hydra) set PMI_SIZE or PMIX_RANK. */
+static const char *launcher_size(void)
+{
+    const char *s = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!s)
+        s = getenv("PMI_SIZE");
+    if (!s && getenv("PMIX_RANK"))
+        s = "?";
+    return s;
+}
+
+const char *train_dist_usage(void)
+{
+    return "data parallel (mpirun -np N sbp-train ...; the step compiled for ceil(G/N) rows\n"
+           "of the G rows of each micro-batch; rank 0 prints and writes):\n"
+           "  --zero 0|1|2            0: every rank keeps the whole optimizer state (default);\n"
+           "                          1: AdamW's m and v split over the ranks; 2: the\n"
+           "                          gradients reduce-scattered too\n";
+}
+
+int train_dist_init(train_dist *d, int *argc, char ***argv, char *err, size_t errlen)
+{
+    memset(d, 0, sizeof *d);
+    d->size = 1;
+    snprintf(d->prog, sizeof d->prog, "sbp-train");
+    const char *n = launcher_size();
+    if (!n)
+        return 0; /* a plain run: MPI is never touched */
+#ifdef SBP_WITH_MPI
+    if (MPI_Init(argc, argv) != MPI_SUCCESS)
+        return fail(err, errlen, "MPI_Init failed (launched with %s ranks)", n);
+    d->mpi_inited = true;
+    MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &d->size);
+    /* errors of collectives come back as codes; a rank that fails then aborts the job */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    d->on = d->size > 1;
+    if (d->on)
+        snprintf(d->prog, sizeof d->prog, "sbp-train: rank %d", d->rank);
+    /* the rank on this node: its GPU for a cuda step, chosen before anything touches CUDA
+     * (the driver reads CUDA_VISIBLE_DEVICES once, at its initialisation) */
+    MPI_Comm node;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, d->rank, MPI_INFO_NULL,
+                            &node) == MPI_SUCCESS) {
+        MPI_Comm_rank(node, &d->local_rank);
+        MPI_Comm_free(&node);
+    }
+#ifdef SBP_WITH_NCCL
+    if (d->on) {
+        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+        char pick[64] = "";
+        if (vis && *vis) { /* the local rank's entry of the list, cyclically */
+            int n = 1;
+            for (const char *p = vis; *p; p++)
+                n += *p == ',';
+            const char *p = vis;
+            for (int i = d->local_rank % n; i > 0; i--)
+                p = strchr(p, ',') + 1;
+            size_t len = strcspn(p, ",");
+            snprintf(pick, sizeof pick, "%.*s", (int)(len < sizeof pick ? len : sizeof pick - 1),
+                     p);
+        } else {
+            snprintf(pick, sizeof pick, "%d", d->local_rank);
+        }
+        setenv("CUDA_VISIBLE_DEVICES", pick, 1);
+    }
+#endif
+    return 0;
+#else
+    (void)argc;
+    (void)argv;
+    if (strcmp(n, "1") == 0)
+        return 0; /* one rank: the same as a plain run */
+    return fail(err, errlen, "started by an MPI launcher (%s ranks), but this sbp-train was built "
+                "without MPI: each rank would train alone on the whole batch; install Open MPI "
+                "(openmpi-bin, libopenmpi-dev) and rebuild, or run sbp-train without mpirun", n);
+#endif
+}
+
+bool train_dist_have_nccl(void)
+{
+#ifdef SBP_WITH_NCCL
+    return true;
+#else
+    return false;
+#endif
+}
+
+int train_dist_nccl_start(train_dist *d, char *err, size_t errlen)
+{
+#ifdef SBP_WITH_NCCL
+    ncclUniqueId id;
+    ncclResult_t nr = ncclSuccess;
+    if (d->rank == 0)
+        nr = ncclGetUniqueId(&id);
+    int ok = nr == ncclSuccess; /* every rank learns whether rank 0 has an id */
+    MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!ok)
+        return fail(err, errlen, "NCCL: rank 0 could not make a unique id: %s",
+                    ncclGetErrorString(nr));
+    MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    ncclComm_t comm;
+    if ((nr = ncclCommInitRank(&comm, d->size, id, d->rank)) != ncclSuccess)
+        return fail(err, errlen, "NCCL: ncclCommInitRank failed on GPU %s: %s",
+                    getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "?",
+                    ncclGetErrorString(nr));
+    d->nccl = comm;
+    return 0;
+#else
+    (void)d;
+    return fail(err, errlen, "this sbp-train was built without NCCL: cuda steps do not run "
+                "under mpirun (build where the CUDA toolkit's NCCL is found)");
+#endif
+}
+
+void train_dist_end(train_dist *d, int rc)
+{
+#ifdef SBP_WITH_NCCL
+    if (d->nccl && rc == 0)
+        ncclCommDestroy((ncclComm_t)d->nccl);
+    d->nccl = NULL;
+#endif
+    free(d->counts);
+    free(d->displs);
+    free(d->stage_m);
+    free(d->stage_v);
+    d->counts = d->displs = NULL;
+    d->stage_m = d->stage_v = NULL;
+#ifdef SBP_WITH_MPI
+    if (d->mpi_inited) {
+        if (rc && d->size > 1) {
+            fprintf(stderr, "%s: aborting the job (every rank)\n", d->prog);
+            fflush(stderr);
+            MPI_Abort(MPI_COMM_WORLD, rc); /* never returns */
+        }
+        MPI_Finalize();
+    }
+#else
+    (void)rc;
+#endif
+    d->mpi_inited = d->on = false;
+}
+
+int train_dist_plan_rows(train_dist *d, const sbp_step_info *in, int64_t rows_all, int64_t k,
+                         bool dpo, char *err, size_t errlen)
+{
+    const int64_t N = d->size, B = in->batch;
+    d->B = B;
+    if (rows_all < 0) { /* --data: each micro-batch is N*B rows of the shard */
+        d->G = N * B;
+        return 0;
+    }
+    if (rows_all % k != 0)
+        return fail(err, errlen, "the input files hold %lld rows, not a multiple of --grad-accum "
+                    "%lld", (long long)rows_all, (long long)k);
+    const int64_t G = d->G = rows_all / k;
+    if (dpo && G % 2 != 0) /* a micro-batch's pairs are whole in the files' pairing too */
+        return fail(err, errlen, "the global batch has %lld rows per micro-batch, an odd number: "
+                    "the step's objective is dpo, whose micro-batches hold whole pairs",
+                    (long long)G);
+    /* DPO: whole pairs per rank, so B is twice the pairs of one rank */
+    const int64_t want = dpo ? 2 * ((G / 2 + N - 1) / N) : (G + N - 1) / N;
+    if (B != want)
+        return fail(err, errlen, "the global batch has %lld rows per micro-batch (%lld rows%s) "
+                    "over %lld ranks, which needs a step compiled for %lld rows per rank%s, but "
+                    "the step was compiled for batch %lld: recompile it with sbpc --batch %lld",
+                    (long long)G, (long long)rows_all,
+                    k > 1 ? " / --grad-accum" : "", (long long)N, (long long)want,
+                    dpo ? " (2 x ceil(pairs / ranks): DPO pairs stay on one rank)"
+                        : " (ceil(rows / ranks))",
+                    (long long)B, (long long)want);
+    return 0;
+}
+
+int train_dist_plan_slices(train_dist *d, const sbp_step_info *in, char *err, size_t errlen)
+{
+    const size_t E = d->grad_elems = in->grad_elems;
+    const int N = d->size;
+    d->lo = 0;
+    d->hi = E;
+    if (!d->on)
+        return 0;
+    if (E > (size_t)0x7fffffff)
+        return fail(err, errlen, "the gradient block holds %zu floats, more than MPI's int "
+                    "counts reach", E);
+    d->counts = calloc((size_t)N, sizeof *d->counts);
+    d->displs = calloc((size_t)N, sizeof *d->displs);
+    if (!d->counts || !d->displs)
+        return fail(err, errlen, "out of memory");
+    for (int r = 0; r < N; r++) { /* contiguous, sizes differing by at most one */
+        size_t a = E * (size_t)r / (size_t)N, b = E * (size_t)(r + 1) / (size_t)N;
+        d->displs[r] = (int)a;
+        d->counts[r] = (int)(b - a);
+    }
+    if (d->zero > 0) {
+        d->lo = (size_t)d->displs[d->rank];
+        d->hi = d->lo + (size_t)d->counts[d->rank];
+    }
+    return 0;
+}
+
+size_t train_dist_state_elems(const train_dist *d) { return d->hi - d->lo; }
+
+int64_t train_dist_micro(const train_dist *d, train_inputs *ti, const int32_t *ids,
+                         const int32_t *labels, int64_t k)
+{
+    const int64_t B = d->B, G = d->G, T = ti->T, h = B / 2, P = G / 2, r = d->rank;
+    int64_t pad_pairs = 0;
+    for (int64_t j = 0; j < B; j++) {
+        int64_t g = -1; /* the files' row for local row j; -1: padding */
+        if (!ti->dpo) {
+            if (r * B + j < G)
+                g = k * G + r * B + j;
+        } else {
+            const int64_t q = r * h + (j < h ? j : j - h); /* the pair in micro-batch k */
+            if (q < P)
+                g = j < h ? k * P + q : ti->N / 2 + k * P + q;
+            else if (j < h)
+                pad_pairs++;
+        }
+        int32_t *mi = ti->mb_ids + j * T, *ml = ti->mb_labels + j * T;
+        if (g < 0) { /* a valid id, nothing scored, zero extras */
+            for (int64_t t = 0; t < T; t++) {
+                mi[t] = 0;
+                ml[t] = -100;
+            }
+            if (ti->mb_ref && ti->dpo)
+                ti->mb_ref[j] = 0;
+            else if (ti->mb_ref)
+                memset(ti->mb_ref + j * T, 0, sizeof(float) * (size_t)T);
+            if (ti->mb_old)
+                memset(ti->mb_old + j * T, 0, sizeof(float) * (size_t)T);
+            if (ti->mb_adv)
+                ti->mb_adv[j] = 0;
+            continue;
+        }
+        memcpy(mi, ids + g * T, sizeof(int32_t) * (size_t)T);
+        memcpy(ml, labels + g * T, sizeof(int32_t) * (size_t)T);
+        if (ti->mb_ref && ti->dpo)
+            ti->mb_ref[j] = ti->ref[g];
+        else if (ti->mb_ref)
+            memcpy(ti->mb_ref + j * T, ti->ref + g * T, sizeof(float) * (size_t)T);
+        if (ti->mb_old)
+            memcpy(ti->mb_old + j * T, ti->old + g * T, sizeof(float) * (size_t)T);
+        if (ti->mb_adv)
+            ti->mb_adv[j] = ti->adv[g];
+    }
+    return pad_pairs;
+}
+
+#ifdef SBP_WITH_MPI
+static int mpi_fail(char *err, size_t errlen, const char *what, int code)
+{
+    char s[MPI_MAX_ERROR_STRING] = "";
+    int n = 0;
+    MPI_Error_string(code, s, &n);
+    return fail(err, errlen, "%s failed: %s", what, s);
+}
+#endif
+
+int train_dist_reduce(train_dist *d, float *grads, double *loss, bool full, char *err,
+                      size_t errlen)
+{
+    if (!d->on)
+        return 0;
+#ifdef SBP_WITH_MPI
+    int st = MPI_Allreduce(MPI_IN_PLACE, loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    if (st != MPI_SUCCESS)
+        return mpi_fail(err, errlen, "MPI_Allreduce of the loss", st);
+#ifdef SBP_WITH_NCCL
+    if (d->nccl) { /* device memory: the step's sbp_step_run has synchronised its kernels */
+        ncclResult_t nr = ncclAllReduce(grads, grads, d->grad_elems, ncclFloat, ncclSum,
+                                        (ncclComm_t)d->nccl, NULL);
+        cudaError_t ce = nr == ncclSuccess ? cudaStreamSynchronize(NULL) : cudaSuccess;
+        if (nr != ncclSuccess || ce != cudaSuccess)
+            return fail(err, errlen, "ncclAllReduce of the gradients failed: %s",
+                        nr != ncclSuccess ? ncclGetErrorString(nr) : cudaGetErrorString(ce));
+        return 0;
+    }
+#endif
+    if (d->zero >= 2 && !full) {
+        /* in place, the sum of this rank's slice lands at the block's start */
+        st = MPI_Reduce_scatter(MPI_IN_PLACE, grads, d->counts, MPI_FLOAT, MPI_SUM,
+                                MPI_COMM_WORLD);
+        if (st != MPI_SUCCESS)
+            return mpi_fail(err, errlen, "MPI_Reduce_scatter of the gradients", st);
+        memmove(grads + d->lo, grads, (d->hi - d->lo) * sizeof(float));
+        return 0;
+    }
+    st = MPI_Allreduce(MPI_IN_PLACE, grads, (int)d->grad_elems, MPI_FLOAT, MPI_SUM,
+                       MPI_COMM_WORLD);
+    if (st != MPI_SUCCESS)
+        return mpi_fail(err, errlen, "MPI_Allreduce of the gradients", st);
+    return 0;
+#else
+    (void)grads, (void)loss, (void)full;
+    return fail(err, errlen, "built without MPI");
+#endif
+}
+
+bool train_dist_owned(const train_dist *d, const sbp_step_param *p, size_t *from, size_t *n)
+{
+    const size_t g = p->grad_offset, e = g + p->numel;
+    const size_t a = g > d->lo ? g : d->lo, b = e < d->hi ? e : d->hi;
+    if (a >= b)
+        return false;
+    *from = a - g;
+    *n = b - a;
+    return true;
+}
+
+int train_dist_clip(const train_dist *d, const train_grad_rt *rt, const sbp_step_info *in,
+                    float *grads, double max_norm, double *norm, double *coef)
+{
+    double sq = 0;
+    int st;
+    size_t a, n;
+    *coef = 1.0;
+    for (int i = 0; i < in->n_params; i++) {
+        const sbp_step_param *p = &in->params[i];
+        if (p->tied_to >= 0 || !p->trainable || p->numel == 0 || !train_dist_owned(d, p, &a, &n))
+            continue;
+        if ((st = rt->sq_norm(rt->sq_ctx, &sq, grads + p->grad_offset + a, n)))
+            return st;
+    }
+#ifdef SBP_WITH_MPI
+    if (d->on && MPI_Allreduce(MPI_IN_PLACE, &sq, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD) !=
+                     MPI_SUCCESS)
+        return SBPRT_ERR_BACKEND; /* the sum over the ranks failed */
+#endif
+    *norm = sqrt(sq);
+    if (max_norm <= 0)
+        return SBPRT_OK;
+    const double k = train_clip_coef(max_norm, *norm);
+    if (!(k < 1.0))
+        return SBPRT_OK;
+    *coef = k;
+    for (int i = 0; i < in->n_params; i++) {
+        const sbp_step_param *p = &in->params[i];
+        if (p->tied_to >= 0 || !p->trainable || p->numel == 0 || !train_dist_owned(d, p, &a, &n))
+            continue;
+        float *x = grads + p->grad_offset + a;
+        if ((st = rt->scale(rt->scale_ctx, x, x, n, (float)k)))
+            return st;
+    }
+    return SBPRT_OK;
+}
+
+int train_dist_gather_params(train_dist *d, const sbp_step_info *in, float *params,
+                             float *grads, char *err, size_t errlen)
+{
+    if (!d->on || d->zero == 0)
+        return 0;
+#ifdef SBP_WITH_MPI
+    size_t a, n;
+    for (int i = 0; i < in->n_params; i++) { /* mine, in the gradient block's layout */
+        const sbp_step_param *p = &in->params[i];
+        if (p->tied_to >= 0 || !p->trainable || p->numel == 0 || !train_dist_owned(d, p, &a, &n))
+            continue;
+        memcpy(grads + p->grad_offset + a, params + p->offset + a, n * sizeof(float));
+    }
+    int st = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, grads, d->counts, d->displs,
+                            MPI_FLOAT, MPI_COMM_WORLD);
+    if (st != MPI_SUCCESS)
+        return mpi_fail(err, errlen, "MPI_Allgatherv of the updated parameters", st);
+    for (int i = 0; i < in->n_params; i++) { /* everyone's, back into the parameter block */
+        const sbp_step_param *p = &in->params[i];
+        if (p->tied_to >= 0 || !p->trainable || p->numel == 0)
+            continue;
+        memcpy(params + p->offset, grads + p->grad_offset, p->numel * sizeof(float));
+    }
+    return 0;
+#else
+    (void)in, (void)params, (void)grads;
+    return fail(err, errlen, "built without MPI");
+#endif
+}
+
+int train_dist_gather_state(train_dist *d, const float *m, const float *v, char *err,
+                            size_t errlen)
+{
+    if (!d->gather_state)
+        return 0;
+#ifdef SBP_WITH_MPI
+    const float *src[2] = {m, v};
+    float *dst[2] = {d->stage_m, d->stage_v};
+    for (int i = 0; i < 2; i++) {
+        int st = MPI_Gatherv(src[i], (int)(d->hi - d->lo), MPI_FLOAT, dst[i], d->counts,
+                             d->displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
+        if (st != MPI_SUCCESS)
+            return mpi_fail(err, errlen, "MPI_Gatherv of the AdamW moments", st);
+    }
+    return 0;
+#else
+    (void)m, (void)v;
+    return fail(err, errlen, "built without MPI");
+#endif
+}
+
+void train_dist_scatter_state(const train_dist *d, const float *full_m, const float *full_v,
+                              float *m, float *v)
+{
+    memcpy(m, full_m + d->lo, (d->hi - d->lo) * sizeof(float));
+    memcpy(v, full_v + d->lo, (d->hi - d->lo) * sizeof(float));
+}
+
+/* The tests' way to make one rank fail in the middle of a run (never set in real use): the
+ * other ranks are then waiting in a collective, and the job must still end. */
+bool train_dist_injected_failure(const train_dist *d, int64_t s)
+{
+    const char *v = getenv("SBP_TEST_FAIL_RANK");
+    return d->on && s == 2 && v && atoi(v) == d->rank;
+}
+
+void train_dist_barrier(const train_dist *d)
+{
+#ifdef SBP_WITH_MPI
+    if (d->on)
+        MPI_Barrier(MPI_COMM_WORLD);
+#else
+    (void)d;
+#endif
+}
+
+bool train_dist_any(const train_dist *d, bool mine)
+{
+    int x = mine;
+#ifdef SBP_WITH_MPI
+    if (d->on)
+        MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+#else
+    (void)d;
+#endif
+    return x != 0;
+}

@@ -1,0 +1,131 @@
+/* train_dist.h — data-parallel training for sbp-train under mpirun (issue 14).
+ *
+ * `mpirun -np N sbp-train STEP.so ...` runs N ranks of the same compiled step (a cpu step: MPI
+ * collectives work on host memory). Every rank reads the whole input files (or the same
+ * --data batches), so every rank knows the whole batch; each one runs the step on its own rows
+ * and the gradients are summed once per optimizer step, after all micro-batches:
+ *
+ * Rows. The files hold K micro-batches (--grad-accum K) of G global rows each. The step must be
+ * compiled for B = ceil(G / N) rows (DPO: 2 * ceil(G/2 / N), whole pairs). In micro-batch k,
+ * rank r takes global rows k*G + r*B .. k*G + r*B + B - 1; rows past G are padding (labels -100,
+ * ids 0, advantages 0, nothing scored). DPO keeps pairs whole: global pair (row i, row K*G/2 + i)
+ * of the files; in micro-batch k, rank r takes pairs k*G/2 + r*B/2 + j (j < B/2). With --data,
+ * G = N*B: each micro-batch reads N*B rows from the shard (the same cursor on every rank) and
+ * rank r keeps rows r*B .. r*B + B - 1, so N ranks train as one process on N*B rows would.
+ *
+ * Exactness. The denominator (scored tokens, GRPO rows, DPO pairs: ti_denominator) is the global
+ * batch's, which every rank computes itself; each rank's loss and gradients are then its share
+ * of the global mean, and their sums (MPI_Allreduce) are one process's values up to the order
+ * of the additions. A padded DPO pair has logp 0 on both sides, so the step counts -log σ(0) =
+ * ln 2 for it (with no gradient): that is subtracted from the rank's loss before the sum.
+ *
+ * ZeRO (--zero 1|2). The gradient block (grad_elems floats) is split into N contiguous slices;
+ * rank r keeps AdamW's m and v for slice r only and updates the parameter elements whose
+ * gradients lie in it (a slice may cut a parameter tensor: the update is elementwise, so each
+ * tensor's part in the slice is updated on its own), then the updated values travel through the
+ * gradient block (no longer needed after the update) in an MPI_Allgatherv and are copied back to
+ * every parameter. --zero 2 also sums the gradients with MPI_Reduce_scatter (each rank receives
+ * its slice only); the gradient norm for clipping is the sum of the slices' squared sums. The
+ * step still writes a whole gradient block, so ZeRO 2 saves communication, not gradient memory.
+ *
+ * Checkpoints: rank 0 alone writes them; under ZeRO the moments are gathered to rank 0 each
+ * step into full-size buffers (so a checkpoint is the same file whatever --zero, and resuming
+ * with another --zero is allowed); every rank reads the checkpoint on --resume. The number of
+ * ranks is part of the run's identity ("ranks"): another N is refused.
+ *
+ * Output: rank 0 prints; the other ranks print errors only, named "sbp-train: rank R". A rank
+ * that fails calls MPI_Abort, which ends every rank (never a hang in a collective).
+ *
+ * Built only with MPI (SBP_WITH_MPI, set by CMake when find_package(MPI) finds it); without it
+ * train_dist_init refuses to run under a launcher that started more than one rank.
+ *
+ * cuda steps (SBP_WITH_NCCL, when CMake also finds the CUDA toolkit and NCCL): each rank takes
+ * the GPU of its rank on the node (it sets CUDA_VISIBLE_DEVICES before anything touches CUDA: the
+ * local rank's entry of the list given, else the local rank itself), and the gradients are summed
+ * in device memory by ncclAllReduce (NCCL's communicator set up over MPI); the loss, the
+ * denominator and the rows are the host's as for cpu steps. ZeRO is not built for cuda steps
+ * (refused). This path is built and linked where NCCL is found but has not run on a GPU yet.
+ */
+#ifndef SBP_TRAIN_DIST_H
+#define SBP_TRAIN_DIST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sbp_step.h"
+#include "train_inputs.h"
+#include "train_sched.h"
+
+typedef struct train_dist {
+    bool on;            /* more than one rank, MPI initialised */
+    bool mpi_inited;    /* MPI_Init was called (also for a launcher's single rank) */
+    int rank, size;     /* this rank, N */
+    int zero;           /* --zero 0|1|2 */
+    int64_t B, G;       /* the step's rows; the global rows of one micro-batch */
+    size_t grad_elems;  /* the gradient block's floats */
+    size_t lo, hi;      /* this rank's slice of the gradient block [lo, hi) (ZeRO; else all) */
+    int *counts, *displs; /* [size] every rank's slice, for the collectives */
+    bool gather_state;  /* ZeRO with AdamW and checkpoints: gather the moments every step */
+    float *stage_m, *stage_v; /* [grad_elems] rank 0 under ZeRO with checkpoints: the full
+                               * moments, gathered for writing (else NULL) */
+    char prog[48];      /* "sbp-train: rank R", or "sbp-train" */
+    int local_rank;     /* the rank among those on this node (cuda steps: its GPU) */
+    void *nccl;         /* ncclComm_t once train_dist_nccl_start ran (cuda steps), else NULL */
+} train_dist;
+
+/* Before the command line: when launched by mpirun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
+ * PMIX_RANK in the environment) initialises MPI and learns the rank and size; a plain run
+ * never touches MPI. Returns -1 with err when the launcher started several ranks of a build
+ * without MPI. */
+int train_dist_init(train_dist *d, int *argc, char ***argv, char *err, size_t errlen);
+/* Ends MPI normally (rc 0) or aborts every rank (rc != 0). */
+void train_dist_end(train_dist *d, int rc);
+/* The --zero option's usage text (ends in a newline). */
+const char *train_dist_usage(void);
+
+/* The global rows G of one micro-batch and the check of the step's B against them: `rows_all`
+ * is the files' row count (K*G), or -1 for --data (G = N*B). */
+int train_dist_plan_rows(train_dist *d, const sbp_step_info *in, int64_t rows_all, int64_t k,
+                         bool dpo, char *err, size_t errlen);
+/* The slices of the gradient block (ZeRO) and the optimizer state's floats on this rank. */
+int train_dist_plan_slices(train_dist *d, const sbp_step_info *in, char *err, size_t errlen);
+size_t train_dist_state_elems(const train_dist *d);
+
+/* This rank's micro-batch k of the global batch (ti: the global batch's inputs, ids and labels
+ * [K*G*T]) into ti->mb_*, in the step's row order; returns the padded DPO pairs. */
+int64_t train_dist_micro(const train_dist *d, train_inputs *ti, const int32_t *ids,
+                         const int32_t *labels, int64_t k);
+
+/* After the K micro-batches: the loss summed over the ranks and the gradients summed (ZeRO 2:
+ * this rank's slice only, unless `full`). Returns 0 or -1 with err. */
+int train_dist_reduce(train_dist *d, float *grads, double *loss, bool full, char *err,
+                      size_t errlen);
+/* The part [*from, *from + *n) of parameter p (elements) this rank updates; 0 when none. */
+bool train_dist_owned(const train_dist *d, const sbp_step_param *p, size_t *from, size_t *n);
+/* The gradient norm (and clipping, when max_norm > 0) over this rank's slices, summed over the
+ * ranks (ZeRO 1/2); train_clip_grads's contract. */
+int train_dist_clip(const train_dist *d, const train_grad_rt *rt, const sbp_step_info *in,
+                    float *grads, double max_norm, double *norm, double *coef);
+/* After the sliced update: every rank's updated parameters to every rank (the gradient block
+ * is the transfer buffer). */
+int train_dist_gather_params(train_dist *d, const sbp_step_info *in, float *params,
+                             float *grads, char *err, size_t errlen);
+/* ZeRO with checkpoints: this rank's moments m, v [state] to rank 0's stage_m/v (every step),
+ * and after a resume the restored full moments (stage) into this rank's slices. */
+int train_dist_gather_state(train_dist *d, const float *m, const float *v, char *err,
+                            size_t errlen);
+void train_dist_scatter_state(const train_dist *d, const float *full_m, const float *full_v,
+                              float *m, float *v);
+/* Tests only: SBP_TEST_FAIL_RANK=R makes rank R fail at optimizer step 2. */
+bool train_dist_injected_failure(const train_dist *d, int64_t s);
+/* cuda steps: true when this build sums device memory with NCCL; train_dist_nccl_start makes the
+ * communicator (after the step's runtime context exists, on this rank's GPU). */
+bool train_dist_have_nccl(void);
+int train_dist_nccl_start(train_dist *d, char *err, size_t errlen);
+/* Waits for every rank (rank 0 prepares shared folders before the others look at them). */
+void train_dist_barrier(const train_dist *d);
+/* Every rank stops when one of them was asked to (a signal): MAX over the ranks. */
+bool train_dist_any(const train_dist *d, bool mine);
+
+#endif
