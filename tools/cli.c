@@ -66,6 +66,17 @@ int cli_error(cli *c, const char *fmt, ...)
     return -1;
 }
 
+int cli_errf(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
 static const struct option *find_val(const cli *c, int val)
 {
     for (const struct option *o = c->opts; o->name; o++)

@@ -71,6 +71,10 @@ int cli_next(cli *c);
  * ("more than one model given"), so that they read like the checkers'. */
 int cli_error(cli *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* The message convention of sbp-train's parts (train_*.c): formats into err[errlen] (err may be
+ * NULL) and returns -1, so a failure reads `return cli_errf(err, errlen, "...", ...);`. */
+int cli_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 int cli_count(cli *c, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);
 int cli_real(cli *c, const char *flag, const char *s, double *out);
 int cli_bytes(cli *c, const char *flag, const char *s, size_t *out);

@@ -14,6 +14,7 @@
  * transB), seen through a 2-D Transpose when the export kept one. Several step parameters with
  * one storage (a re-tied copy and its owner) are updated once, through the owner.
  */
+#include "cli.h"
 #include "train_adapter.h"
 
 #include "files.h"
@@ -27,16 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-static int fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t n, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 void train_adapter_opts_init(train_adapter_opts *o) { *o = (train_adapter_opts){0}; }
 
@@ -52,8 +43,8 @@ int train_adapter_check_opts(train_adapter_opts *o, bool save, char *err, size_t
 {
     o->save_onnx = save;
     if (o->merge && !save)
-        return fail(err, errlen, "--merge-lora needs --save OUT.onnx (the merged weights are "
-                    "written into that copy of the model)");
+        return cli_errf(err, errlen, "--merge-lora needs --save OUT.onnx (the merged weights are "
+                        "written into that copy of the model)");
     return 0;
 }
 
@@ -82,32 +73,33 @@ int train_adapter_init(ir_graph *g, const sbp_step_info *in, const train_adapter
 {
     if (count_adapters(in) == 0) {
         if (o->save_dir || o->merge)
-            return fail(err, errlen, "%s: the step has no LoRA adapters (compile it with sbpc "
-                        "--lora)", o->save_dir ? "--save-adapter" : "--merge-lora");
+            return cli_errf(err, errlen, "%s: the step has no LoRA adapters (compile it with sbpc "
+                            "--lora)", o->save_dir ? "--save-adapter" : "--merge-lora");
         return 0;
     }
     /* an sbpc older than sbp_step_info's lora_* fields leaves them 0 */
     if (in->lora_rank <= 0 || !(in->lora_alpha > 0))
-        return fail(err, errlen, "the step has LoRA adapters but does not say its lora_rank and "
-                    "lora_alpha (compiled by an older sbpc): compile it again");
+        return cli_errf(err, errlen,
+                        "the step has LoRA adapters but does not say its lora_rank and "
+                        "lora_alpha (compiled by an older sbpc): compile it again");
     if (o->save_onnx && !o->merge)
-        return fail(err, errlen, "--save: the step trains LoRA adapters, which the ONNX model "
-                    "has no place for: add --merge-lora to write W + (alpha/r)·B·A into the "
-                    "copy, or use --save-adapter DIR");
+        return cli_errf(err, errlen, "--save: the step trains LoRA adapters, which the ONNX model "
+                        "has no place for: add --merge-lora to write W + (alpha/r)·B·A into the "
+                        "copy, or use --save-adapter DIR");
     int added = 0;
     for (int i = 0; i < in->n_params; i++) {
         const sbp_step_param *p = &in->params[i];
         if (!ir_lora_kind(p->name) || ir_value_find(g, p->name))
             continue; /* a model that holds it (a merged export, say) gives its own values */
         if (p->rank != 2 || p->dims[0] <= 0 || p->dims[1] <= 0)
-            return fail(err, errlen, "the step's LoRA adapter '%s' is not a matrix", p->name);
+            return cli_errf(err, errlen, "the step's LoRA adapter '%s' is not a matrix", p->name);
         ir_dim d[2] = {{p->dims[0], NULL}, {p->dims[1], NULL}};
         ir_value *v = ir_value_new(g, p->name, IR_VAL_PARAM, IR_DT_FLOAT, 2, d);
         if (!v || strcmp(v->name, p->name) != 0)
-            return fail(err, errlen, "cannot add the LoRA adapter '%s' to the model", p->name);
+            return cli_errf(err, errlen, "cannot add the LoRA adapter '%s' to the model", p->name);
         v->nbytes = p->numel * sizeof(float);
         if (!(v->data = ir_arena_alloc(g->arena, v->nbytes)))
-            return fail(err, errlen, "out of memory");
+            return cli_errf(err, errlen, "out of memory");
         ir_lora_init(p->name, in->lora_seed, p->dims[0], p->dims[1], v->data);
         added++;
     }
@@ -165,7 +157,7 @@ static int write_config(const char *path, const sbp_step_info *in, int64_t r, ch
                "  \"use_rslora\": false,\n  \"use_dora\": false,\n  \"inference_mode\": true\n}\n");
     if (ferror(f)) {
         sbp_atomic_abort(&a);
-        return fail(err, errlen, "%s: write error", path);
+        return cli_errf(err, errlen, "%s: write error", path);
     }
     return sbp_atomic_commit(&a, err, errlen) == SBP_FILE_OK ? 0 : -1;
 }
@@ -177,16 +169,17 @@ int train_adapter_save(const train_adapter_opts *o, const sbp_step_info *in, con
     struct stat st;
     if (stat(o->save_dir, &st) != 0) {
         if (mkdir(o->save_dir, 0777) != 0)
-            return fail(err, errlen, "--save-adapter: cannot make the directory %s: %s",
-                        o->save_dir, strerror(errno));
+            return cli_errf(err, errlen, "--save-adapter: cannot make the directory %s: %s",
+                            o->save_dir, strerror(errno));
     } else if (!S_ISDIR(st.st_mode)) {
-        return fail(err, errlen, "--save-adapter: %s exists and is not a directory", o->save_dir);
+        return cli_errf(err, errlen, "--save-adapter: %s exists and is not a directory",
+                        o->save_dir);
     }
     int n = count_adapters(in);
     sbpio_st_tensor *ts = calloc((size_t)n + 1, sizeof *ts);
     char **names = calloc((size_t)n + 1, sizeof *names);
     int64_t(*shapes)[2] = calloc((size_t)n + 1, sizeof *shapes);
-    int rc = !ts || !names || !shapes ? fail(err, errlen, "out of memory") : 0;
+    int rc = !ts || !names || !shapes ? cli_errf(err, errlen, "out of memory") : 0;
     int k = 0;
     int64_t r = -1;
     for (int i = 0; i < in->n_params && !rc; i++) {
@@ -196,14 +189,14 @@ int train_adapter_save(const train_adapter_opts *o, const sbp_step_info *in, con
             continue;
         int64_t pr = kind == 'A' ? p->dims[0] : p->dims[1];
         if (pr != in->lora_rank) {
-            rc = fail(err, errlen, "--save-adapter: adapter '%s' has rank %lld, the step says "
-                      "lora_rank %lld", p->name, (long long)pr, (long long)in->lora_rank);
+            rc = cli_errf(err, errlen, "--save-adapter: adapter '%s' has rank %lld, the step says "
+                          "lora_rank %lld", p->name, (long long)pr, (long long)in->lora_rank);
             break;
         }
         r = pr;
         size_t len = strlen(p->name) + sizeof "base_model.model.";
         if (!(names[k] = malloc(len))) {
-            rc = fail(err, errlen, "out of memory");
+            rc = cli_errf(err, errlen, "out of memory");
             break;
         }
         snprintf(names[k], len, "base_model.model.%s", p->name);
@@ -301,14 +294,14 @@ static int name_params(const ir_graph *g, const ir_uses *u, const sbp_step_info 
     const ir_value **vals = calloc((size_t)nv + 1, sizeof *vals);
     const char **known = calloc((size_t)nv + 1, sizeof *known);
     char *prefix = NULL;
-    int rc = !vals || !known ? fail(err, errlen, "out of memory") : 0;
+    int rc = !vals || !known ? cli_errf(err, errlen, "out of memory") : 0;
     for (int i = 0; i < nv && !rc; i++) /* the wrapper prefix, learned as lora.c learns it */
         if (g->values[i]->kind == IR_VAL_PARAM && ir_torch_is_name(g, g->values[i]->name)) {
             vals[i] = g->values[i];
             known[i] = g->values[i]->name;
         }
     if (!rc && !(prefix = ir_torch_learn_prefix(g, u, nv, vals, known)))
-        rc = fail(err, errlen, "out of memory");
+        rc = cli_errf(err, errlen, "out of memory");
     for (int i = 0; i < in->n_params && !rc; i++) {
         const sbp_step_param *p = &in->params[i];
         const ir_value *v = ir_value_find(g, p->name);
@@ -316,7 +309,7 @@ static int name_params(const ir_graph *g, const ir_uses *u, const sbp_step_info 
             continue;
         if (ir_torch_is_name(g, p->name)) {
             if (!(names[i] = strdup(p->name)))
-                rc = fail(err, errlen, "out of memory");
+                rc = cli_errf(err, errlen, "out of memory");
             continue;
         }
         ir_torch_name pn = {.tr_hint = -1};
@@ -340,8 +333,8 @@ static int plan_pair(train_adapter_merge_plan *pl, const ir_graph *g, const ir_u
     const sbp_step_param *pa = &in->params[a], *pb = &in->params[b];
     const int64_t r = pa->dims[0], nin = pa->dims[1], nout = pb->dims[0];
     if (pa->rank != 2 || pb->rank != 2 || pb->dims[1] != r || r != in->lora_rank)
-        return fail(err, errlen, "adapters '%s' and '%s' do not have the step's rank %lld",
-                    pa->name, pb->name, (long long)in->lora_rank);
+        return cli_errf(err, errlen, "adapters '%s' and '%s' do not have the step's rank %lld",
+                        pa->name, pb->name, (long long)in->lora_rank);
     size_t ml = strlen(module);
     int found = 0;
     for (int i = 0; i < in->n_params; i++) {
@@ -351,18 +344,18 @@ static int plan_pair(train_adapter_merge_plan *pl, const ir_graph *g, const ir_u
         const sbp_step_param *p = &in->params[i];
         int lay = read_layout(u, ir_value_find(g, p->name), 0);
         if (lay == -2)
-            return fail(err, errlen, "the model reads '%s' (%s) both as [in, out] and as [out, "
-                        "in]: cannot tell which way to add B·A", p->name, nm);
+            return cli_errf(err, errlen, "the model reads '%s' (%s) both as [in, out] and as [out, "
+                            "in]: cannot tell which way to add B·A", p->name, nm);
         bool fits_oi = p->dims[0] == nout && p->dims[1] == nin;
         bool fits_io = p->dims[0] == nin && p->dims[1] == nout;
         if (lay < 0 && fits_oi != fits_io) /* no reader says: the shape does, when not square */
             lay = fits_io;
         if (lay < 0 || !(lay ? fits_io : fits_oi))
-            return fail(err, errlen, "'%s' (%s, [%lld, %lld]) does not fit its adapters '%s' "
-                        "[%lld, %lld] and '%s' [%lld, %lld]%s", p->name, nm,
-                        (long long)p->dims[0], (long long)p->dims[1], pa->name, (long long)r,
-                        (long long)nin, pb->name, (long long)nout, (long long)r,
-                        lay < 0 ? " (no Linear reads it, and the shape is square)" : "");
+            return cli_errf(err, errlen, "'%s' (%s, [%lld, %lld]) does not fit its adapters '%s' "
+                            "[%lld, %lld] and '%s' [%lld, %lld]%s", p->name, nm,
+                            (long long)p->dims[0], (long long)p->dims[1], pa->name, (long long)r,
+                            (long long)nin, pb->name, (long long)nout, (long long)r,
+                            lay < 0 ? " (no Linear reads it, and the shape is square)" : "");
         /* a re-tied copy has no storage: its owner is its transpose */
         merge_entry e = {.a = a, .b = b, .target = p->tied_to >= 0 ? p->tied_to : i,
                          .transposed = p->tied_to >= 0 ? !lay : lay};
@@ -374,8 +367,8 @@ static int plan_pair(train_adapter_merge_plan *pl, const ir_graph *g, const ir_u
         found++;
     }
     if (!found)
-        return fail(err, errlen, "no initializer of the model is '%s.weight', the base weight "
-                    "of the adapter '%s'", module, pa->name);
+        return cli_errf(err, errlen, "no initializer of the model is '%s.weight', the base weight "
+                        "of the adapter '%s'", module, pa->name);
     return 0;
 }
 
@@ -386,10 +379,10 @@ train_adapter_merge_plan *train_adapter_merge_plan_make(const ir_graph *g,
     train_adapter_merge_plan *pl = calloc(1, sizeof *pl);
     char **names = calloc((size_t)in->n_params + 1, sizeof *names);
     ir_uses u = ir_uses_build(g);
-    int rc = !pl || !names || !u.n_uses ? fail(err, errlen, "out of memory") : 0;
+    int rc = !pl || !names || !u.n_uses ? cli_errf(err, errlen, "out of memory") : 0;
     /* a parameter has one PyTorch name, so it is planned for one adapter pair at most */
     if (!rc && !(pl->e = calloc((size_t)in->n_params + 1, sizeof *pl->e)))
-        rc = fail(err, errlen, "out of memory");
+        rc = cli_errf(err, errlen, "out of memory");
     if (!rc)
         rc = name_params(g, &u, in, names, err, errlen);
     for (int a = 0; a < in->n_params && !rc; a++) {
@@ -401,7 +394,7 @@ train_adapter_merge_plan *train_adapter_merge_plan_make(const ir_graph *g,
         snprintf(module, sizeof module, "%.*s", (int)ml, an);
         snprintf(bname, sizeof bname, "%s%s", module, IR_LORA_B_SUFFIX);
         int b = find_param(in, bname);
-        rc = b < 0 ? fail(err, errlen, "adapter '%s' has no '%s'", an, bname)
+        rc = b < 0 ? cli_errf(err, errlen, "adapter '%s' has no '%s'", an, bname)
                    : plan_pair(pl, g, &u, in, names, a, b, module, err, errlen);
     }
     for (int i = 0; names && i < in->n_params; i++)

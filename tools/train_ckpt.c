@@ -9,6 +9,7 @@
  * directory fsync, the pruning, the newest-complete search and the graceful-stop signal.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "cli.h"
 #include "train_ckpt.h"
 
 #include <dirent.h>
@@ -26,19 +27,6 @@
 #define CKPT_FORMAT "sbp-train-checkpoint"
 #define CKPT_VERSION "2"        /* issue 13: "packing" joined the identity */
 #define CKPT_VERSION_OLDEST "1" /* still read: written before packing, so an unpacked run's */
-
-static int ckpt_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int ckpt_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 /* ------------------------------------------------------------------ options */
 
@@ -217,17 +205,17 @@ static int probe_dir(const char *dir, char *err, size_t errlen)
     struct stat st;
     if (stat(dir, &st) != 0) {
         if (errno != ENOENT || mkdir(dir, 0777) != 0)
-            return ckpt_err(err, errlen, "--checkpoint-dir: cannot create %s: %s", dir,
+            return cli_errf(err, errlen, "--checkpoint-dir: cannot create %s: %s", dir,
                             strerror(errno));
     } else if (!S_ISDIR(st.st_mode)) {
-        return ckpt_err(err, errlen, "--checkpoint-dir: %s is %s, not a directory", dir,
+        return cli_errf(err, errlen, "--checkpoint-dir: %s is %s, not a directory", dir,
                         sbp_file_kind(st.st_mode));
     }
     char probe[4096];
     snprintf(probe, sizeof probe, "%s/.sbp-train-probe.%ld", dir, (long)getpid());
     int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0)
-        return ckpt_err(err, errlen, "--checkpoint-dir: cannot write into %s: %s", dir,
+        return cli_errf(err, errlen, "--checkpoint-dir: cannot write into %s: %s", dir,
                         strerror(errno));
     close(fd);
     unlink(probe);
@@ -379,15 +367,15 @@ int train_ckpt_prepare(train_ckpt *c, const train_ckpt_opts *o, char *err, size_
     c->dir = o->dir ? o->dir : o->resume;
     if (!c->dir) {
         if (o->every)
-            return ckpt_err(err, errlen, "--checkpoint-every needs --checkpoint-dir DIR");
+            return cli_errf(err, errlen, "--checkpoint-every needs --checkpoint-dir DIR");
         return 0;
     }
     if (o->resume) {
         struct stat st;
         if (stat(o->resume, &st) != 0)
-            return ckpt_err(err, errlen, "--resume: %s: %s", o->resume, strerror(errno));
+            return cli_errf(err, errlen, "--resume: %s: %s", o->resume, strerror(errno));
         if (!S_ISDIR(st.st_mode))
-            return ckpt_err(err, errlen, "--resume: %s is %s, not a directory", o->resume,
+            return cli_errf(err, errlen, "--resume: %s is %s, not a directory", o->resume,
                             sbp_file_kind(st.st_mode));
     }
     if (probe_dir(c->dir, err, errlen))
@@ -433,7 +421,7 @@ int train_ckpt_prepare(train_ckpt *c, const train_ckpt_opts *o, char *err, size_
     }
     free(steps);
     if (!c->from)
-        return ckpt_err(err, errlen, "--resume: %s holds no complete checkpoint "
+        return cli_errf(err, errlen, "--resume: %s holds no complete checkpoint "
                         "(step-NNNNNNNN.safetensors)%s", o->resume,
                         skipped ? "; the ones there are damaged (see the notes)" : "");
     return 0;
@@ -467,7 +455,7 @@ static int compare_key(const train_ckpt *c, const ckpt_meta *now, const char *ke
                        : strcmp(key, "ranks") == 0 /* issue 14 */
                            ? "another number of ranks (mpirun -np; resume with the same N)"
                                                         : "a step of another shape";
-    return ckpt_err(err, errlen, "--resume: %s was written for %s: %s is %s there but %s here "
+    return cli_errf(err, errlen, "--resume: %s was written for %s: %s is %s there but %s here "
                     "(%s); resume with the run's own model, step, data and options",
                     c->from_path, what, key, theirs ? theirs : "(missing)", mine ? mine : "?",
                     c->r.step_path);
@@ -484,7 +472,7 @@ static int load_block(train_ckpt *c, const char *name, float *dst, float *tmp, s
     if (tmp != dst) {
         int st = r->copy(r->copy_ctx, dst, tmp, bytes, SBPRT_COPY_HOST_TO_DEVICE);
         if (st)
-            return ckpt_err(err, errlen, "--resume: copying '%s' to the device failed: %s", name,
+            return cli_errf(err, errlen, "--resume: copying '%s' to the device failed: %s", name,
                             sbprt_status_string(st));
     }
     return 0;
@@ -506,30 +494,30 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
         c->host_m = malloc(r->gbytes + 1);
         c->host_v = malloc(r->gbytes + 1);
         if (!c->host_m || !c->host_v)
-            return ckpt_err(err, errlen, "out of memory");
+            return cli_errf(err, errlen, "out of memory");
     }
     if (!c->from)
         return 0;
 
     ckpt_meta now;
     if (build_meta(c, c->start, &now))
-        return ckpt_err(err, errlen, "out of memory");
+        return cli_errf(err, errlen, "out of memory");
     int rc = 0;
     const char *table = sbpio_st_meta(c->from, "param_table");
     if (!table || strcmp(table, now.table) != 0) {
         char diff[400];
         first_difference(table ? table : "", now.table, diff, sizeof diff);
-        rc = ckpt_err(err, errlen, "--resume: %s was written for another model or step: %s (%s)",
+        rc = cli_errf(err, errlen, "--resume: %s was written for another model or step: %s (%s)",
                       c->from_path, diff, r->step_path);
     }
     for (int i = 0; i < N_IDENTITY && !rc; i++)
         rc = compare_key(c, &now, identity_keys[i], err, errlen);
     if (!rc && c->start >= r->total_steps)
-        rc = ckpt_err(err, errlen, "--resume: %s is at step %" PRId64 " and --steps is %" PRId64
+        rc = cli_errf(err, errlen, "--resume: %s is at step %" PRId64 " and --steps is %" PRId64
                       ": nothing left to run (--steps is the run's total: give a larger one)",
                       c->from_path, c->start, r->total_steps);
     if (!rc && r->dump_grads)
-        rc = ckpt_err(err, errlen, "--dump-grads writes step 1's gradients, but this run resumes "
+        rc = cli_errf(err, errlen, "--dump-grads writes step 1's gradients, but this run resumes "
                       "after step %" PRId64, c->start);
     /* a changed schedule or learning rate is allowed (runs are tuned), but said */
     static const char *const sched_keys[] = {"lr", "weight_decay", "lr_schedule", "warmup_steps",
@@ -567,7 +555,7 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
         const char *epoch = sbpio_st_meta(c->from, "data_epoch");
         if (!pos || !epoch ||
             sbpio_shard_seek(r->shard, strtoll(pos, NULL, 10), err, errlen) != SBPIO_OK)
-            return ckpt_err(err, errlen, "--resume: %s has no usable data position",
+            return cli_errf(err, errlen, "--resume: %s has no usable data position",
                             c->from_path);
         r->shard->epoch = strtoll(epoch, NULL, 10);
     }
@@ -615,14 +603,14 @@ static int write_ckpt(train_ckpt *c, int64_t s, char *err, size_t errlen)
         if (!st && r->adamw)
             st = r->copy(r->copy_ctx, c->host_v, r->d_v, r->gbytes, SBPRT_COPY_DEVICE_TO_HOST);
         if (st)
-            return ckpt_err(err, errlen, "checkpoint: copying from the device failed: %s",
+            return cli_errf(err, errlen, "checkpoint: copying from the device failed: %s",
                             sbprt_status_string(st));
         m = c->host_m;
         v = c->host_v;
     }
     ckpt_meta meta;
     if (build_meta(c, s, &meta))
-        return ckpt_err(err, errlen, "out of memory");
+        return cli_errf(err, errlen, "out of memory");
     int64_t shape[1] = {(int64_t)(r->pbytes / sizeof(float))};
     int64_t gshape[1] = {(int64_t)(r->gbytes / sizeof(float))}; /* the trained parameters' */
     sbpio_st_tensor ts[3] = {
@@ -634,17 +622,17 @@ static int write_ckpt(train_ckpt *c, int64_t s, char *err, size_t errlen)
     char why[600];
     int rc = 0;
     if (!path)
-        rc = ckpt_err(err, errlen, "out of memory");
+        rc = cli_errf(err, errlen, "out of memory");
     else if (sbpio_st_write(path, r->adamw ? 3 : 1, ts, meta.n, meta.kv, false, why,
                             sizeof why) != SBPIO_OK) {
         if (c->last_written > 0)
-            rc = ckpt_err(err, errlen, "checkpoint of step %" PRId64 " not written (%s); the "
+            rc = cli_errf(err, errlen, "checkpoint of step %" PRId64 " not written (%s); the "
                           "previous one, of step %" PRId64 ", is intact", s, why,
                           c->last_written);
         else
-            rc = ckpt_err(err, errlen, "checkpoint of step %" PRId64 " not written (%s)", s, why);
+            rc = cli_errf(err, errlen, "checkpoint of step %" PRId64 " not written (%s)", s, why);
     } else if (fsync_dir(c->dir) != 0) {
-        rc = ckpt_err(err, errlen, "checkpoint %s: fsync of the directory: %s", path,
+        rc = cli_errf(err, errlen, "checkpoint %s: fsync of the directory: %s", path,
                       strerror(errno));
     }
     free(meta.table);

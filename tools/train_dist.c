@@ -4,6 +4,7 @@
  * (SBP_WITH_MPI undefined) only the single-rank paths remain: the slices are the whole block
  * and every collective is the identity.
  */
+#include "cli.h"
 #include "train_dist.h"
 
 #include <math.h>
@@ -19,17 +20,6 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 #endif
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* The launcher's own count of ranks, or NULL when not launched by one. Open MPI's mpirun sets
  * OMPI_COMM_WORLD_SIZE; PMI/PMIx launchers (srun, hydra) set PMI_SIZE or PMIX_RANK. */
@@ -62,7 +52,7 @@ int train_dist_init(train_dist *d, int *argc, char ***argv, char *err, size_t er
         return 0; /* a plain run: MPI is never touched */
 #ifdef SBP_WITH_MPI
     if (MPI_Init(argc, argv) != MPI_SUCCESS)
-        return fail(err, errlen, "MPI_Init failed (launched with %s ranks)", n);
+        return cli_errf(err, errlen, "MPI_Init failed (launched with %s ranks)", n);
     d->mpi_inited = true;
     MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &d->size);
@@ -105,9 +95,11 @@ int train_dist_init(train_dist *d, int *argc, char ***argv, char *err, size_t er
     (void)argv;
     if (strcmp(n, "1") == 0)
         return 0; /* one rank: the same as a plain run */
-    return fail(err, errlen, "started by an MPI launcher (%s ranks), but this sbp-train was built "
-                "without MPI: each rank would train alone on the whole batch; install Open MPI "
-                "(openmpi-bin, libopenmpi-dev) and rebuild, or run sbp-train without mpirun", n);
+    return cli_errf(err, errlen,
+                    "started by an MPI launcher (%s ranks), but this sbp-train was built without "
+                    "MPI: each rank would train alone on the whole batch; install Open MPI "
+                    "(openmpi-bin, libopenmpi-dev) and rebuild, or run sbp-train without "
+                    "mpirun", n);
 #endif
 }
 
@@ -130,20 +122,20 @@ int train_dist_nccl_start(train_dist *d, char *err, size_t errlen)
     int ok = nr == ncclSuccess; /* every rank learns whether rank 0 has an id */
     MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
     if (!ok)
-        return fail(err, errlen, "NCCL: rank 0 could not make a unique id: %s",
-                    ncclGetErrorString(nr));
+        return cli_errf(err, errlen, "NCCL: rank 0 could not make a unique id: %s",
+                        ncclGetErrorString(nr));
     MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
     ncclComm_t comm;
     if ((nr = ncclCommInitRank(&comm, d->size, id, d->rank)) != ncclSuccess)
-        return fail(err, errlen, "NCCL: ncclCommInitRank failed on GPU %s: %s",
-                    getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "?",
-                    ncclGetErrorString(nr));
+        return cli_errf(err, errlen, "NCCL: ncclCommInitRank failed on GPU %s: %s",
+                        getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "?",
+                        ncclGetErrorString(nr));
     d->nccl = comm;
     return 0;
 #else
     (void)d;
-    return fail(err, errlen, "this sbp-train was built without NCCL: cuda steps do not run "
-                "under mpirun (build where the CUDA toolkit's NCCL is found)");
+    return cli_errf(err, errlen, "this sbp-train was built without NCCL: cuda steps do not run "
+                    "under mpirun (build where the CUDA toolkit's NCCL is found)");
 #endif
 }
 
@@ -185,24 +177,27 @@ int train_dist_plan_rows(train_dist *d, const sbp_step_info *in, int64_t rows_al
         return 0;
     }
     if (rows_all % k != 0)
-        return fail(err, errlen, "the input files hold %lld rows, not a multiple of --grad-accum "
-                    "%lld", (long long)rows_all, (long long)k);
+        return cli_errf(err, errlen,
+                        "the input files hold %lld rows, not a multiple of --grad-accum "
+                        "%lld", (long long)rows_all, (long long)k);
     const int64_t G = d->G = rows_all / k;
     if (dpo && G % 2 != 0) /* a micro-batch's pairs are whole in the files' pairing too */
-        return fail(err, errlen, "the global batch has %lld rows per micro-batch, an odd number: "
-                    "the step's objective is dpo, whose micro-batches hold whole pairs",
-                    (long long)G);
+        return cli_errf(err, errlen,
+                        "the global batch has %lld rows per micro-batch, an odd number: "
+                        "the step's objective is dpo, whose micro-batches hold whole pairs",
+                        (long long)G);
     /* DPO: whole pairs per rank, so B is twice the pairs of one rank */
     const int64_t want = dpo ? 2 * ((G / 2 + N - 1) / N) : (G + N - 1) / N;
     if (B != want)
-        return fail(err, errlen, "the global batch has %lld rows per micro-batch (%lld rows%s) "
-                    "over %lld ranks, which needs a step compiled for %lld rows per rank%s, but "
-                    "the step was compiled for batch %lld: recompile it with sbpc --batch %lld",
-                    (long long)G, (long long)rows_all,
-                    k > 1 ? " / --grad-accum" : "", (long long)N, (long long)want,
-                    dpo ? " (2 x ceil(pairs / ranks): DPO pairs stay on one rank)"
+        return cli_errf(err, errlen, "the global batch has %lld rows per micro-batch (%lld rows%s) "
+                        "over %lld ranks, which needs a step compiled for %lld rows per rank%s, "
+                        "but the step was compiled for batch %lld: recompile it with sbpc --batch "
+                        "%lld",
+                        (long long)G, (long long)rows_all,
+                        k > 1 ? " / --grad-accum" : "", (long long)N, (long long)want,
+                        dpo ? " (2 x ceil(pairs / ranks): DPO pairs stay on one rank)"
                         : " (ceil(rows / ranks))",
-                    (long long)B, (long long)want);
+                        (long long)B, (long long)want);
     return 0;
 }
 
@@ -215,12 +210,12 @@ int train_dist_plan_slices(train_dist *d, const sbp_step_info *in, char *err, si
     if (!d->on)
         return 0;
     if (E > (size_t)0x7fffffff)
-        return fail(err, errlen, "the gradient block holds %zu floats, more than MPI's int "
-                    "counts reach", E);
+        return cli_errf(err, errlen, "the gradient block holds %zu floats, more than MPI's int "
+                        "counts reach", E);
     d->counts = calloc((size_t)N, sizeof *d->counts);
     d->displs = calloc((size_t)N, sizeof *d->displs);
     if (!d->counts || !d->displs)
-        return fail(err, errlen, "out of memory");
+        return cli_errf(err, errlen, "out of memory");
     for (int r = 0; r < N; r++) { /* contiguous, sizes differing by at most one */
         size_t a = E * (size_t)r / (size_t)N, b = E * (size_t)(r + 1) / (size_t)N;
         d->displs[r] = (int)a;
@@ -288,7 +283,7 @@ static int mpi_fail(char *err, size_t errlen, const char *what, int code)
     char s[MPI_MAX_ERROR_STRING] = "";
     int n = 0;
     MPI_Error_string(code, s, &n);
-    return fail(err, errlen, "%s failed: %s", what, s);
+    return cli_errf(err, errlen, "%s failed: %s", what, s);
 }
 #endif
 
@@ -307,8 +302,8 @@ int train_dist_reduce(train_dist *d, float *grads, double *loss, bool full, char
                                         (ncclComm_t)d->nccl, NULL);
         cudaError_t ce = nr == ncclSuccess ? cudaStreamSynchronize(NULL) : cudaSuccess;
         if (nr != ncclSuccess || ce != cudaSuccess)
-            return fail(err, errlen, "ncclAllReduce of the gradients failed: %s",
-                        nr != ncclSuccess ? ncclGetErrorString(nr) : cudaGetErrorString(ce));
+            return cli_errf(err, errlen, "ncclAllReduce of the gradients failed: %s",
+                            nr != ncclSuccess ? ncclGetErrorString(nr) : cudaGetErrorString(ce));
         return 0;
     }
 #endif
@@ -328,7 +323,7 @@ int train_dist_reduce(train_dist *d, float *grads, double *loss, bool full, char
     return 0;
 #else
     (void)grads, (void)loss, (void)full;
-    return fail(err, errlen, "built without MPI");
+    return cli_errf(err, errlen, "built without MPI");
 #endif
 }
 
@@ -406,7 +401,7 @@ int train_dist_gather_params(train_dist *d, const sbp_step_info *in, float *para
     return 0;
 #else
     (void)in, (void)params, (void)grads;
-    return fail(err, errlen, "built without MPI");
+    return cli_errf(err, errlen, "built without MPI");
 #endif
 }
 
@@ -427,7 +422,7 @@ int train_dist_gather_state(train_dist *d, const float *m, const float *v, char 
     return 0;
 #else
     (void)m, (void)v;
-    return fail(err, errlen, "built without MPI");
+    return cli_errf(err, errlen, "built without MPI");
 #endif
 }
 

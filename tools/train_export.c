@@ -29,6 +29,7 @@
  * Step 1's pieces (the signature, scopes, consumer roles, the prefix) live in ir/torch.c, where
  * sbpc's --lora pass names the layers it adapts with them too.
  */
+#include "cli.h"
 #include "train_export.h"
 
 #include "sbpio.h"
@@ -53,16 +54,6 @@ struct train_export {
 
 /* What is known of one step parameter while planning (ir/torch.h). */
 typedef ir_torch_name pname;
-
-static int fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t n, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static char *dup_n(const char *s, size_t n)
 {
@@ -167,14 +158,14 @@ static int plan_names(const ir_graph *g, const sbp_step_info *in, pname *pn,
         pn[i].tr_hint = -1;
         if (ir_torch_is_name(g, in->params[i].name) && !(pn[i].name = dup_n(in->params[i].name,
                                                                          strlen(in->params[i].name))))
-            return fail(err, errlen, "out of memory");
+            return cli_errf(err, errlen, "out of memory");
     }
     ir_uses u = ir_uses_build(g);
     if (!u.n_uses)
-        return fail(err, errlen, "out of memory building use lists");
+        return cli_errf(err, errlen, "out of memory building use lists");
     char *prefix = learn_prefix(g, &u, in, pn);
     if (!prefix)
-        return fail(err, errlen, "out of memory");
+        return cli_errf(err, errlen, "out of memory");
     int rc = 0;
     for (int i = 0; i < in->n_params && !rc; i++)
         if (!pn[i].name)
@@ -197,18 +188,18 @@ static int plan_names(const ir_graph *g, const sbp_step_info *in, pname *pn,
                             .recovered = true, .via = "the graph signature (its only parameter "
                             "without an initializer)"};
         if (!pn[first].name)
-            return fail(err, errlen, "out of memory");
+            return cli_errf(err, errlen, "out of memory");
     } else if (unnamed >= 1 && q.count >= 2 && in->params[first].tied_to < 0) {
-        return fail(err, errlen,
-                    "initializer '%s' %s was renamed by the exporter and no node scope names it; "
-                    "the graph signature leaves %d parameters without an initializer (such as "
-                    "'%.*s' and '%.*s') for %d renamed initializer(s): ambiguous, refusing to "
-                    "guess (an export with node scopes names them: TorchScript's, or a dynamo export "
-                    "that keeps its nodes' pkg.torch.onnx.name_scopes metadata)",
-                    in->params[first].name,
-                    shape_text(s1, sizeof s1, in->params[first].rank, in->params[first].dims,
+        return cli_errf(err, errlen,
+                        "initializer '%s' %s was renamed by the exporter and no node scope names "
+                        "it; the graph signature leaves %d parameters without an initializer (such "
+                        "as '%.*s' and '%.*s') for %d renamed initializer(s): ambiguous, refusing "
+                        "to guess (an export with node scopes names them: TorchScript's, or a "
+                        "dynamo export that keeps its nodes' pkg.torch.onnx.name_scopes metadata)",
+                        in->params[first].name,
+                        shape_text(s1, sizeof s1, in->params[first].rank, in->params[first].dims,
                                false),
-                    q.count, (int)q.first_len, q.first, (int)q.second_len, q.second, unnamed);
+                        q.count, (int)q.first_len, q.first, (int)q.second_len, q.second, unnamed);
     }
     (void)second;
 
@@ -224,12 +215,12 @@ static int plan_names(const ir_graph *g, const sbp_step_info *in, pname *pn,
             continue;
         }
         if (!pn[i].name)
-            return fail(err, errlen,
-                        "initializer '%s' %s was renamed by the exporter, and its PyTorch name "
-                        "cannot be recovered: no node that reads it is a Linear's MatMul or Gemm "
-                        "with a module scope%s", p->name,
-                        shape_text(s1, sizeof s1, p->rank, p->dims, false),
-                        g->torch_signature ? ", and the graph signature does not single one out"
+            return cli_errf(err, errlen,
+                            "initializer '%s' %s was renamed by the exporter, and its PyTorch name "
+                            "cannot be recovered: no node that reads it is a Linear's MatMul or "
+                            "Gemm with a module scope%s", p->name,
+                            shape_text(s1, sizeof s1, p->rank, p->dims, false),
+                            g->torch_signature ? ", and the graph signature does not single one out"
                                            : "");
         if (pn[i].recovered && note) {
             snprintf(line, sizeof line, "--save-safetensors: '%s' %s is '%s' %s%s (from %s)",
@@ -260,7 +251,7 @@ train_export *train_export_plan(const ir_graph *g, const sbp_step_info *in,
     train_export *x = calloc(1, sizeof *x);
     if (x)
         x->keys = calloc((size_t)in->n_params + 1, sizeof *x->keys);
-    int rc = !pn || !x || !x->keys ? fail(err, errlen, "out of memory")
+    int rc = !pn || !x || !x->keys ? cli_errf(err, errlen, "out of memory")
                                    : plan_names(g, in, pn, note, err, errlen);
     for (int i = 0; i < in->n_params && !rc; i++) {
         if (!pn[i].name)
@@ -274,9 +265,10 @@ train_export *train_export_plan(const ir_graph *g, const sbp_step_info *in,
                            &in->params[i], pn[i].transposed))
                 dup = true; /* a duplicated copy: written once */
             else
-                rc = fail(err, errlen, "initializers '%s' and '%s' would both be written as '%s' "
-                          "but hold different tensors; refusing to guess which it is",
-                          in->params[x->keys[k].param].name, in->params[i].name, pn[i].name);
+                rc = cli_errf(err, errlen,
+                              "initializers '%s' and '%s' would both be written as '%s' "
+                              "but hold different tensors; refusing to guess which it is",
+                              in->params[x->keys[k].param].name, in->params[i].name, pn[i].name);
         }
         if (!dup && !rc) {
             x->keys[x->n++] = (export_key){.name = pn[i].name, .param = i,
@@ -320,11 +312,11 @@ int train_export_write(const train_export *x, const sbp_step_info *in, const flo
     sbpio_st_tensor *ts = calloc((size_t)x->n + 1, sizeof *ts);
     int64_t(*shapes)[SBP_STEP_MAX_RANK] = calloc((size_t)x->n + 1, sizeof *shapes);
     float **bufs = calloc((size_t)x->n + 1, sizeof *bufs);
-    int rc = !ts || !shapes || !bufs ? fail(err, errlen, "out of memory") : 0;
+    int rc = !ts || !shapes || !bufs ? cli_errf(err, errlen, "out of memory") : 0;
     for (int k = 0; k < x->n && !rc; k++) {
         const sbp_step_param *p = &in->params[x->keys[k].param];
         if (!(bufs[k] = malloc(p->numel * sizeof(float) + 1))) {
-            rc = fail(err, errlen, "out of memory");
+            rc = cli_errf(err, errlen, "out of memory");
             break;
         }
         gather_key(in, &x->keys[k], params, bufs[k]);

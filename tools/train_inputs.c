@@ -2,6 +2,7 @@
  * train_inputs.h). Files are read whole (.npy through sbpio), checked, and kept on the host;
  * each micro-batch is then copied out in the step's row order.
  */
+#include "cli.h"
 #include "train_inputs.h"
 
 #include "sbpio.h"
@@ -11,17 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static void shape_text(char *buf, size_t n, int rank, const int64_t *dims)
 {
@@ -39,19 +29,19 @@ static int read_floats(const char *flag, const char *path, int rank, int64_t d0,
     char e[512];
     sbpio_array a;
     if (sbpio_npy_read(path, &a, e, sizeof e) != SBPIO_OK)
-        return fail(err, errlen, "%s: %s", flag, e);
+        return cli_errf(err, errlen, "%s: %s", flag, e);
     int rc = 0;
     int64_t want[2] = {d0, d1};
     if (a.dtype != SBPIO_DT_F32 && a.dtype != SBPIO_DT_F64) {
-        rc = fail(err, errlen, "%s: %s must be float32 or float64", path, what);
+        rc = cli_errf(err, errlen, "%s: %s must be float32 or float64", path, what);
     } else if (a.rank != rank || a.shape[0] != d0 || (rank == 2 && a.shape[1] != d1)) {
         char hs[128], ws[64];
         shape_text(hs, sizeof hs, a.rank, a.shape);
         shape_text(ws, sizeof ws, rank, want);
-        rc = fail(err, errlen, "%s: %s have shape %s, but the batch needs %s", path, what, hs,
-                  ws);
+        rc = cli_errf(err, errlen, "%s: %s have shape %s, but the batch needs %s", path, what, hs,
+                      ws);
     } else if (!(*out = malloc(sizeof(float) * (size_t)a.numel + 1))) {
-        rc = fail(err, errlen, "out of memory");
+        rc = cli_errf(err, errlen, "out of memory");
     } else {
         for (int64_t i = 0; i < a.numel; i++)
             (*out)[i] = a.dtype == SBPIO_DT_F32 ? ((const float *)a.data)[i]
@@ -84,28 +74,30 @@ int ti_open(train_inputs *ti, const sbp_step_info *in, int64_t k, const char *re
     const char *extra = ref_path ? "--ref-logps" : old_path ? "--old-logps" : "--advantages";
     if (!ti->dpo && !ti->grpo) {
         if (ref_path || old_path || adv_path)
-            return fail(err, errlen, "%s is an input of DPO and GRPO steps, but the step's "
+            return cli_errf(err, errlen, "%s is an input of DPO and GRPO steps, but the step's "
                                      "objective is %s", extra, obj);
     } else if (ti->dpo) {
         if (old_path || adv_path)
-            return fail(err, errlen, "%s is an input of GRPO steps; the step's objective is dpo "
+            return cli_errf(err, errlen,
+                            "%s is an input of GRPO steps; the step's objective is dpo "
                                      "(it takes --ref-logps only)",
-                        old_path ? "--old-logps" : "--advantages");
+                            old_path ? "--old-logps" : "--advantages");
         if (!ref_path)
-            return fail(err, errlen, "the step's objective is dpo: give --ref-logps R.npy, the "
+            return cli_errf(err, errlen, "the step's objective is dpo: give --ref-logps R.npy, the "
                                      "reference model's logp of each row [%lld]", (long long)N);
         if (read_floats("--ref-logps", ref_path, 1, N, 0, "reference logps", &ti->ref, err,
                         errlen))
             return -1;
     } else {
         if (!adv_path)
-            return fail(err, errlen, "the step's objective is grpo: give --advantages A.npy, one "
+            return cli_errf(err, errlen,
+                            "the step's objective is grpo: give --advantages A.npy, one "
                                      "per row [%lld]", (long long)N);
         if (ti->beta > 0 && !ref_path)
-            return fail(err, errlen, "the step's objective is grpo with beta %g: give "
+            return cli_errf(err, errlen, "the step's objective is grpo with beta %g: give "
                                      "--ref-logps R.npy, the reference model's logp of each "
                                      "label [%lld,%lld] (or compile with --beta 0)",
-                        ti->beta, (long long)N, (long long)T);
+                            ti->beta, (long long)N, (long long)T);
         if (ti->beta == 0 && ref_path && note)
             note("--ref-logps is not used: the step's beta is 0 (no KL term)");
         if (read_floats("--advantages", adv_path, 1, N, 0, "advantages", &ti->adv, err,
@@ -127,7 +119,7 @@ int ti_open(train_inputs *ti, const sbp_step_info *in, int64_t k, const char *re
         ti->mb_adv = malloc((size_t)ti->B * sizeof(float));
     if (!ti->mb_ids || !ti->mb_labels || (ti->ref && !ti->mb_ref) || (ti->old && !ti->mb_old) ||
         (ti->adv && !ti->mb_adv))
-        return fail(err, errlen, "out of memory");
+        return cli_errf(err, errlen, "out of memory");
     return 0;
 }
 
@@ -154,28 +146,28 @@ int ti_check(const train_inputs *ti, const int32_t *labels, const char *labels_p
     const char *rows_path = ti->dpo ? ti->ref_path : ti->adv_path;
     for (int64_t b = 0; rows && b < N; b++)
         if (!isfinite(rows[b]))
-            return fail(err, errlen, "%s: %s[%lld] is %s", rows_path,
-                        ti->dpo ? "ref_logps" : "advantages", (long long)b, nonfinite(rows[b]));
+            return cli_errf(err, errlen, "%s: %s[%lld] is %s", rows_path,
+                            ti->dpo ? "ref_logps" : "advantages", (long long)b, nonfinite(rows[b]));
     const float *tok[2] = {ti->grpo ? ti->ref : NULL, ti->old};
     const char *tok_path[2] = {ti->ref_path, ti->old_path};
     const char *tok_name[2] = {"ref_logps", "old_logps"};
     for (int a = 0; a < 2; a++)
         for (int64_t i = 0; tok[a] && i < N * T; i++)
             if (labels[i] != -100 && !isfinite(tok[a][i]))
-                return fail(err, errlen, "%s: %s[%lld,%lld] is %s (a scored position)",
-                            tok_path[a], tok_name[a], (long long)(i / T), (long long)(i % T),
-                            nonfinite(tok[a][i]));
+                return cli_errf(err, errlen, "%s: %s[%lld,%lld] is %s (a scored position)",
+                                tok_path[a], tok_name[a], (long long)(i / T), (long long)(i % T),
+                                nonfinite(tok[a][i]));
     if (ti->grpo && !ti->grpo_token)
         for (int64_t b = 0; b < N; b++) {
             int64_t n = 0;
             for (int64_t t = 0; t < T; t++)
                 n += labels[b * T + t] != -100;
             if (n == 0)
-                return fail(err, errlen, "%s: row %lld has no scored position (every label is "
+                return cli_errf(err, errlen, "%s: row %lld has no scored position (every label is "
                                          "-100), but GRPO's sequence normalisation divides by "
                                          "each row's scored tokens: drop the row, or compile "
                                          "the step with sbpc --grpo-norm token",
-                            labels_path, (long long)b);
+                                labels_path, (long long)b);
         }
     return 0;
 }

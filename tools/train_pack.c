@@ -8,6 +8,7 @@
  * any EOS packs like the unpacked cursor (rows of T, labels the next tokens) but for the last
  * token of the stream, which ends the one document.
  */
+#include "cli.h"
 #include "train_pack.h"
 
 #include <inttypes.h>
@@ -18,27 +19,15 @@
 
 #define PACK_IGNORE (-100) /* sbprt's ignore index: the label of an unscored position */
 
-static int pack_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int pack_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    if (err && errlen)
-        vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 int train_pack_rows(const train_pack_src *src, uint32_t eos, int64_t T, int64_t rows,
                     train_pack_cursor *cur, int32_t *ids, int32_t *labels, int32_t *doc_ids,
                     char *err, size_t errlen)
 {
     if (T < 1 || rows < 0 || src->ntok < 1)
-        return pack_err(err, errlen, "packing: bad sizes (T %" PRId64 ", %" PRId64 " rows, %"
+        return cli_errf(err, errlen, "packing: bad sizes (T %" PRId64 ", %" PRId64 " rows, %"
                         PRId64 " tokens)", T, rows, src->ntok);
     if (cur->pos < 0 || cur->pos >= src->ntok)
-        return pack_err(err, errlen, "packing: position %" PRId64 " outside the stream's %"
+        return cli_errf(err, errlen, "packing: position %" PRId64 " outside the stream's %"
                         PRId64 " tokens", cur->pos, src->ntok);
     const int64_t ntok = src->ntok;
     for (int64_t r = 0; r < rows; r++) {
@@ -99,7 +88,7 @@ int train_pack_shard(sbpio_shard *s, uint32_t eos, int64_t T, int64_t rows, int3
     if (train_pack_rows(&src, eos, T, rows, &cur, ids, labels, doc_ids, err, errlen)) {
         char why[256];
         snprintf(why, sizeof why, "%s", err ? err : "");
-        return pack_err(err, errlen, "%s: %s", s->path, why);
+        return cli_errf(err, errlen, "%s: %s", s->path, why);
     }
     s->pos = cur.pos;
     s->epoch = cur.epoch;
@@ -122,7 +111,7 @@ int train_pack_load_doc_ids(const char *path, int64_t N, int64_t T, int32_t *out
         return -1;
     int rc = 0;
     if (a.dtype != SBPIO_DT_I32 && a.dtype != SBPIO_DT_I64) {
-        rc = pack_err(err, errlen, "%s: document ids must be int32 or int64", path);
+        rc = cli_errf(err, errlen, "%s: document ids must be int32 or int64", path);
     } else if (a.rank != 2 || a.shape[0] != N || a.shape[1] != T) {
         char have[128] = "[";
         size_t k = 1;
@@ -131,7 +120,7 @@ int train_pack_load_doc_ids(const char *path, int64_t N, int64_t T, int32_t *out
                                   a.shape[i]);
         if (k < sizeof have)
             snprintf(have + k, sizeof have - k, "]");
-        rc = pack_err(err, errlen, "%s: document ids have shape %s, but the input ids and labels "
+        rc = cli_errf(err, errlen, "%s: document ids have shape %s, but the input ids and labels "
                       "are [%" PRId64 ",%" PRId64 "]", path, have, N, T);
     } else {
         for (int64_t i = 0; i < N * T && rc == 0; i++) {
@@ -139,10 +128,10 @@ int train_pack_load_doc_ids(const char *path, int64_t N, int64_t T, int32_t *out
                                                 : ((const int64_t *)a.data)[i];
             int64_t b = i / T, t = i % T;
             if (v < 0 || v > INT32_MAX)
-                rc = pack_err(err, errlen, "%s: doc_ids[%" PRId64 ",%" PRId64 "] = %" PRId64
+                rc = cli_errf(err, errlen, "%s: doc_ids[%" PRId64 ",%" PRId64 "] = %" PRId64
                               " is not a document id (0 to %d)", path, b, t, v, INT32_MAX);
             else if (t > 0 && v < out[i - 1])
-                rc = pack_err(err, errlen, "%s: doc_ids[%" PRId64 ",%" PRId64 "] = %" PRId64
+                rc = cli_errf(err, errlen, "%s: doc_ids[%" PRId64 ",%" PRId64 "] = %" PRId64
                               " is below doc_ids[%" PRId64 ",%" PRId64 "] = %" PRId32 ": the "
                               "ids must not decrease along a row (a document is one run of "
                               "tokens)", path, b, t, v, b, t - 1, out[i - 1]);
@@ -212,16 +201,16 @@ int train_pack_check_opts(const train_pack_opts *o, bool data, bool arrays, char
                           size_t errlen)
 {
     if (o->pack && o->eos < 0)
-        return pack_err(err, errlen, "--pack needs --eos ID, the token that ends a document");
+        return cli_errf(err, errlen, "--pack needs --eos ID, the token that ends a document");
     if (o->eos >= 0 && !o->pack)
-        return pack_err(err, errlen, "--eos %" PRId64 " is only read with --pack (the documents "
+        return cli_errf(err, errlen, "--eos %" PRId64 " is only read with --pack (the documents "
                         "of --data)", o->eos);
     if (o->pack && !data)
-        return pack_err(err, errlen, "--pack packs the token stream of --data SHARD.bin%s",
+        return cli_errf(err, errlen, "--pack packs the token stream of --data SHARD.bin%s",
                         arrays ? "; with --input-ids and --labels give each token's document "
                                  "id with --doc-ids D.npy" : "");
     if (o->doc_ids && !arrays)
-        return pack_err(err, errlen, "--doc-ids goes with --input-ids and --labels (with --data, "
+        return cli_errf(err, errlen, "--doc-ids goes with --input-ids and --labels (with --data, "
                         "use --pack --eos ID)");
     return 0;
 }
@@ -231,15 +220,15 @@ int train_pack_check_step(const train_pack_opts *o, const sbp_step_info *in,
 {
     const bool asked = o->pack || o->doc_ids;
     if (asked && !in->packed)
-        return pack_err(err, errlen, "%s: %s is not a packed step (it attends across the whole "
+        return cli_errf(err, errlen, "%s: %s is not a packed step (it attends across the whole "
                         "row): compile with sbpc --packed", o->pack ? "--pack" : "--doc-ids",
                         step_path);
     if (!asked && in->packed)
-        return pack_err(err, errlen, "%s was compiled with sbpc --packed and needs each token's "
+        return cli_errf(err, errlen, "%s was compiled with sbpc --packed and needs each token's "
                         "document id: give --data SHARD.bin --pack --eos ID, or --doc-ids D.npy "
                         "with --input-ids and --labels", step_path);
     if (o->pack && o->eos >= in->vocab)
-        return pack_err(err, errlen, "--eos %" PRId64 " is not a token id: %s was compiled for a "
+        return cli_errf(err, errlen, "--eos %" PRId64 " is not a token id: %s was compiled for a "
                         "vocabulary of %" PRId64 " tokens (ids 0 to %" PRId64 ")", o->eos,
                         step_path, in->vocab, in->vocab - 1);
     return 0;
