@@ -3,6 +3,7 @@
 
     .venv-hf/bin/python bench/lora_report.py [--build build] [--rank 16]
                                              [--seq-lens 8192 32768 131072] [--fit-gib 24 80]
+                                             [--bf16]
 
 Exports (once) bench/models/qwen3_06b_shaped.onnx from transformers' Qwen3ForCausalLM with
 Qwen3-0.6B's shape (28 layers, hidden 1024, 16 query / 8 KV heads of 128, MLP 3072, vocabulary
@@ -14,6 +15,11 @@ workspace; and finds by bisection over T (multiples of 1024) the longest sequenc
 peak fits each budget. The plan is the compiler's own arithmetic, nothing runs; what a device
 also needs (the CUDA context, cuBLAS's workspace, the runtime's scratch: some hundreds of MiB)
 is not in it.
+
+--bf16 adds the CUDA mixed-precision plans of the same LoRA step (--target cuda --precision
+bf16: activations bf16, the weights fp32 with a bf16 copy for the GEMMs), and the same with
+--base-precision bf16 (the frozen projections kept as bf16 only: 2 bytes an element instead of
+4 + 2; the tied embedding, read by the gather too, and the norms stay fp32).
 """
 import argparse
 import os
@@ -58,11 +64,12 @@ ROWS = {"parameters": "params", "gradients": "grads", "optimizer state (AdamW m,
         "workspace, planned": "ws", "peak (params+grads+opt+workspace)": "peak"}
 
 
-def report(sbpc, T, rank):
+def report(sbpc, T, rank, extra=()):
     """The stream column of sbpc --report: {params, grads, opt, ws, peak} in bytes."""
     cmd = [sbpc, MODEL, "--batch", "1", "--seq-len", str(T), "--report", "--no-eval"]
     if rank:
         cmd += ["--lora", str(rank)]
+    cmd += list(extra)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     got = {}
     for line in out.splitlines():
@@ -75,13 +82,13 @@ def report(sbpc, T, rank):
     return got
 
 
-def longest(sbpc, rank, budget, lo, hi):
+def longest(sbpc, rank, budget, lo, hi, extra=()):
     """The largest T = 1024 k in [lo, hi] whose stream plan fits budget bytes (lo's must)."""
     while lo < hi:
         mid = (lo + hi + 1024) // 2048 * 1024
         if mid <= lo:
             mid = lo + 1024
-        if report(sbpc, mid, rank)["peak"] <= budget:
+        if report(sbpc, mid, rank, extra)["peak"] <= budget:
             lo = mid
         else:
             hi = mid - 1024
@@ -99,29 +106,38 @@ def main():
     ap.add_argument("--seq-lens", nargs="*", type=int, default=[8192, 32768, 131072])
     ap.add_argument("--fit-gib", nargs="*", type=float, default=[24, 80])
     ap.add_argument("--max-seq", type=int, default=1 << 20)
+    ap.add_argument("--bf16", action="store_true",
+                    help="also the cuda bf16 LoRA plans, with and without --base-precision bf16")
     a = ap.parse_args()
     export()
     sbpc = os.path.join(a.build, "tools", "sbpc")
+    lora = "LoRA r=%d" % a.rank
+    cuda = ["--target", "cuda", "--precision", "bf16"]
+    variants = [("full", 0, []), (lora, a.rank, [])]
+    if a.bf16:
+        variants += [(lora + ", cuda bf16", a.rank, cuda),
+                     (lora + ", cuda bf16, base bf16", a.rank,
+                      cuda + ["--base-precision", "bf16"])]
     print("| T | | parameters | gradients | AdamW m, v | workspace | planned peak |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for T in a.seq_lens:
-        for name, rank in (("full", 0), ("LoRA r=%d" % a.rank, a.rank)):
-            r = report(sbpc, T, rank)
+        for name, rank, extra in variants:
+            r = report(sbpc, T, rank, extra)
             print("| %d | %s | %s | %s | %s | %s | %s |" % (
                 T, name, gib(r["params"]), gib(r["grads"]), gib(r["opt"]), gib(r["ws"]),
                 gib(r["peak"])), flush=True)
     print()
-    print("| budget | full fine-tuning: longest T | LoRA r=%d: longest T |" % a.rank)
-    print("|---:|---:|---:|")
+    print("| budget | " + " | ".join("%s: longest T" % v[0] for v in variants) + " |")
+    print("|---:|" + "---:|" * len(variants))
     for g in a.fit_gib:
         budget = int(g * 2**30)
         cells = []
-        for rank in (0, a.rank):
-            if report(sbpc, 1024, rank)["peak"] > budget:
+        for _, rank, extra in variants:
+            if report(sbpc, 1024, rank, extra)["peak"] > budget:
                 cells.append("does not fit")
                 continue
-            cells.append("%d" % longest(sbpc, rank, budget, 1024, a.max_seq))
-        print("| %g GiB | %s | %s |" % (g, cells[0], cells[1]), flush=True)
+            cells.append("%d" % longest(sbpc, rank, budget, 1024, a.max_seq, extra))
+        print("| %g GiB | %s |" % (g, " | ".join(cells)), flush=True)
 
 
 if __name__ == "__main__":

@@ -291,7 +291,7 @@ static void emit_info(const sbp_train_program *p, const sbp_codegen_options *o, 
     fputs("\n/* ---------------------------------------------------------------- parameters */\n"
           "\n/* name, rank, dims, numel, element offset, trainable, tied_to (the parameter it\n"
           " * is the transpose of: no storage of its own), offset in the gradient block (the\n"
-          " * trained parameters only; SIZE_MAX: not trained) */\n",
+          " * trained parameters only; SIZE_MAX: not trained), storage (1: bf16) */\n",
           f);
     fprintf(f, "static const sbp_step_param step_params[%d] = {\n", p->n_params ? p->n_params : 1);
     for (int i = 0; i < p->n_params; i++) {
@@ -305,9 +305,10 @@ static void emit_info(const sbp_train_program *p, const sbp_codegen_options *o, 
         fprintf(f, "}, %zu, %zu, %d, %d, ", q->numel, q->offset, q->trainable ? 1 : 0,
                 q->tied_to);
         if (q->grad_offset == SIZE_MAX)
-            fputs("SIZE_MAX},\n", f);
+            fputs("SIZE_MAX", f);
         else
-            fprintf(f, "%zu},\n", q->grad_offset);
+            fprintf(f, "%zu", q->grad_offset);
+        fputs(q->stored_bf16 ? ", SBP_STEP_PARAM_BF16},\n" : ", SBP_STEP_PARAM_F32},\n", f);
     }
     if (!p->n_params)
         fputs("    {0},\n", f);
@@ -412,7 +413,7 @@ static void emit_offsets(const sbp_train_program *p, FILE *f)
         fprintf(f,
                 "#define %-60s %zu /* bf16[%zu] the parameters' bf16 copy, for the GEMMs; "
                 "live the whole step */\n",
-                shadow_macro(p), p->bf16_shadow_offset, p->param_elems);
+                shadow_macro(p), p->bf16_shadow_offset, p->shadow_elems);
     fprintf(f, "/* end of the workspace: %zu bytes", p->workspace_bytes);
     if (m)
         fprintf(f, "; the most bytes live at once: %zu, at %s", m->lower_bound,
@@ -595,7 +596,8 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
         for (int j = 0; shadow && j < TP_MAX_BUFS; j++)
             if (reads_shadow(p, in, j)) {
                 shadow[in->buf[j]] = true;
-                uses[2] = true; /* the copy is in the workspace */
+                /* the copy is in the workspace; a parameter kept as bf16 is in the block */
+                uses[p->bufs[in->buf[j]]->stored_bf16 ? 0 : 2] = true;
             }
         uses[6] |= strstr(tp_kernel_table[in->k].call, "args") != NULL; /* DPO / GRPO inputs */
         for (int j = 0; j < TP_MAX_BUFS; j++)
@@ -671,7 +673,12 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
         }
         default: break;
         }
-        if (shadow && shadow[i])
+        if (shadow && shadow[i] && b->stored_bf16) /* base_bf16: no fp32 value, no copy */
+            fprintf(f,
+                    "    const sbprt_bf16 *const bf16_%s = (const sbprt_bf16 *)(P + %zu); /* "
+                    "kept as bf16 only */\n",
+                    b->name, b->offset);
+        else if (shadow && shadow[i])
             fprintf(f,
                     "    const sbprt_bf16 *const bf16_%s = (const sbprt_bf16 *)(ws + "
                     "%s) + %zu; /* its bf16 copy */\n",
@@ -773,12 +780,18 @@ static void emit_run(const sbp_train_program *p, const sbp_codegen_options *o, F
         fprintf(f, "    if (!args->accumulate)\n"
                    "        TRY(sbprt_memset_zero(ctx, G, sizeof(float) * %s_GRAD_ELEMS));\n",
                 prefix);
-    if (p->bf16)
+    if (p->bf16 && p->shadow_elems == p->param_elems)
         fprintf(f,
                 "    /* the GEMMs read the parameters as bf16: this step's copy of them */\n"
                 "    TRY(sbprt_convert_f32_to_bf16(ctx, (sbprt_bf16 *)(ws + %s), P,\n"
                 "                                  %s_PARAM_ELEMS));\n",
                 shadow_macro(p), prefix);
+    else if (p->bf16 && p->shadow_elems)
+        fprintf(f,
+                "    /* the GEMMs read the parameters as bf16: this step's copy of the fp32 ones\n"
+                "     * (the block's first %zu floats; the rest is kept as bf16 only) */\n"
+                "    TRY(sbprt_convert_f32_to_bf16(ctx, (sbprt_bf16 *)(ws + %s), P, %zu));\n",
+                p->shadow_elems, shadow_macro(p), p->shadow_elems);
     for (int i = 0; i < p->n_blocks; i++)
         fprintf(f, "    TRY(%s(ctx, P, G, ws, ids, labels, scale, args));\n", p->blocks[i]->name);
     sbp_emit_target_run_end(p, o, f);
@@ -854,7 +867,7 @@ static void emit_h(const sbp_train_program *p, const sbp_codegen_options *o, FIL
         if (q->tied_to >= 0)
             fprintf(h, "  (transpose of %d, no storage)", q->tied_to);
         else if (!q->trainable)
-            fputs("  (frozen)", h);
+            fputs(q->stored_bf16 ? "  (frozen, kept as bf16)" : "  (frozen)", h);
         fputc('\n', h);
     }
     fputs(" */\n\n#endif\n", h);

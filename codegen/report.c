@@ -181,7 +181,7 @@ static int compute(figures *f, ir_diag *d)
             f->consts += p->bufs[i]->numel * 4;
     f->ws = p->workspace_bytes;
     /* a bf16 program's parameter copy (passes/precision.c) is live the whole step */
-    f->lower = f->m->lower_bound + (p->bf16 ? p->param_elems * 2 : 0);
+    f->lower = f->m->lower_bound + (p->bf16 ? p->shadow_elems * 2 : 0);
     int q = f->m->lower_bound_pos;
     for (int i = 0; i < p->n_bufs; i++) {
         if (!f->m->bytes[i])

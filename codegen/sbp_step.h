@@ -24,6 +24,11 @@
  * always); the step stores its activations as bf16 in the workspace, which also holds a bf16
  * copy of the parameters that the step refreshes at its start (workspace_bytes and
  * planned_peak_bytes include it).
+ * With sbpc --base-precision bf16 (ABI 3), a frozen weight that only matrix products read
+ * (LoRA's base model, --freeze) is kept as bf16 only: its param->storage is
+ * SBP_STEP_PARAM_BF16 and its numel bf16 values (round to nearest even of the fp32 ones)
+ * occupy (numel + 1) / 2 floats' room at its offset, after every fp32 parameter. It costs 2
+ * bytes an element instead of 4 (+ 2 for the copy). sbp_step_param_store / _fetch convert.
  *
  * Objectives (info->objective). The logp of a row b is Σ_t log softmax(logits[b,t])[labels[b,t]]
  * over its scored positions; values at unscored positions of the [B*T] inputs are not read.
@@ -43,7 +48,8 @@
  * pairs (its own rows i and B/2 + i).
  *
  * Layout of the parameter block: each parameter with storage occupies numel floats at its
- * offset, row-major in the ONNX initializer's own shape. A re-tied parameter (tied_to >= 0) has
+ * offset (sbp_step_param_room: half as many for one kept as bf16, ABI 3), row-major in the ONNX
+ * initializer's own shape. A re-tied parameter (tied_to >= 0) has
  * no storage of its own: it is the transpose of its owner, and its gradient is the owner's
  * (reported by sbp-train under both names, each in its own layout).
  * Layout of the gradient block (ABI 2): the trained parameters only, each at its grad_offset
@@ -57,10 +63,11 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "sbprt.h"
 
-#define SBP_STEP_ABI_VERSION 2
+#define SBP_STEP_ABI_VERSION 3
 #define SBP_STEP_MAX_RANK 8
 
 typedef struct sbp_step_param {
@@ -73,7 +80,13 @@ typedef struct sbp_step_param {
     int tied_to;                       /* -1, or index of the parameter this one transposes */
     size_t grad_offset;                /* ABI 2: element offset in the gradient block; SIZE_MAX
                                         * when not trainable (a tied parameter: its owner's) */
+    int storage;                       /* ABI 3: SBP_STEP_PARAM_F32, or SBP_STEP_PARAM_BF16 (a
+                                        * frozen weight kept as bf16 only: sbpc --base-precision
+                                        * bf16); read and write it with sbp_step_param_store /
+                                        * sbp_step_param_fetch below */
 } sbp_step_param;
+
+enum { SBP_STEP_PARAM_F32 = 0, SBP_STEP_PARAM_BF16 = 1 };
 
 typedef struct sbp_step_info {
     int abi_version;                   /* SBP_STEP_ABI_VERSION */
@@ -135,6 +148,54 @@ typedef struct sbp_step_args {
                                         * attends only to earlier tokens of its own document and
                                         * positions restart at each document. Else not read. */
 } sbp_step_args;
+
+/* Floats of the parameter block that parameter p occupies (a tied parameter: none). */
+static inline size_t sbp_step_param_room(const sbp_step_param *p)
+{
+    if (p->tied_to >= 0)
+        return 0;
+    return p->storage == SBP_STEP_PARAM_BF16 ? (p->numel + 1) / 2 : p->numel;
+}
+
+/* bf16 of x, rounded to nearest even (a NaN stays a quiet NaN): the rounding of the runtime's
+ * sbprt_convert_f32_to_bf16, so a weight stored here equals the step's own copy of it. */
+static inline uint16_t sbp_step_bf16_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Writes p's numel fp32 values (src, p's own layout) into its storage in the HOST parameter
+ * block (a cuda step: a host copy of it, uploaded after). */
+static inline void sbp_step_param_store(const sbp_step_param *p, float *block, const float *src)
+{
+    if (p->storage != SBP_STEP_PARAM_BF16) {
+        for (size_t i = 0; i < p->numel; i++)
+            block[p->offset + i] = src[i];
+        return;
+    }
+    uint16_t *d = (uint16_t *)(void *)(block + p->offset);
+    for (size_t i = 0; i < p->numel; i++)
+        d[i] = sbp_step_bf16_bits(src[i]);
+}
+
+/* p's numel values as fp32 into dst, from the HOST parameter block (bf16 widens exactly). */
+static inline void sbp_step_param_fetch(const sbp_step_param *p, const float *block, float *dst)
+{
+    if (p->storage != SBP_STEP_PARAM_BF16) {
+        for (size_t i = 0; i < p->numel; i++)
+            dst[i] = block[p->offset + i];
+        return;
+    }
+    const uint16_t *s = (const uint16_t *)(const void *)(block + p->offset);
+    for (size_t i = 0; i < p->numel; i++) {
+        uint32_t u = (uint32_t)s[i] << 16;
+        memcpy(&dst[i], &u, sizeof u);
+    }
+}
 
 const sbp_step_info *sbp_step_get_info(void);
 /* One forward + backward. Returns SBPRT_OK or a runtime status (e.g. SBPRT_ERR_RANGE for a

@@ -274,3 +274,93 @@ void ir_lora_init(const char *name, uint64_t seed, int64_t rows, int64_t cols, f
         out[i] = (float)((2.0 * uni - 1.0) * bound);
     }
 }
+
+/* ------------------------------------------------------------------ merged initializers */
+
+/* path with every all-digit component replaced by '#': "model.layers.3.mlp" -> "model.layers.#.mlp"
+ * (into buf, truncated). Returns whether any component was a number. */
+static bool path_shape(const char *path, char *buf, size_t n)
+{
+    bool any = false;
+    size_t k = 0;
+    for (const char *p = path; *p && k + 1 < n;) {
+        size_t len = strcspn(p, ".");
+        bool digits = len > 0;
+        for (size_t i = 0; i < len && digits; i++)
+            digits = p[i] >= '0' && p[i] <= '9';
+        if (digits) {
+            buf[k++] = '#';
+            any = true;
+        } else {
+            for (size_t i = 0; i < len && k + 1 < n; i++)
+                buf[k++] = p[i];
+        }
+        p += len;
+        if (*p == '.' && k + 1 < n) {
+            buf[k++] = '.';
+            p++;
+        }
+    }
+    buf[k] = '\0';
+    return any;
+}
+
+/* The module a node came from: the dynamo exporter's scope, else the TorchScript name's. */
+static char *user_module(const ir_node *n)
+{
+    if (n->scope && n->scope[0])
+        return dup_n(n->scope, strlen(n->scope));
+    return ir_torch_node_scope(n);
+}
+
+int ir_torch_warn_merged(const ir_graph *g, const ir_uses *u, ir_diag *d)
+{
+    int warned = 0, more = 0;
+    for (int i = 0; i < g->n_values; i++) {
+        const ir_value *v = g->values[i];
+        if (v->kind != IR_VAL_PARAM || u->n_uses[v->id] < 2)
+            continue;
+        /* two users in modules of one shape but different indices ("layers.0.input_layernorm"
+         * and "layers.1.input_layernorm"): one initializer serves two copies of a module */
+        char *first = NULL, *other = NULL;
+        int n_mod = 0;
+        for (int k = 0; k < u->n_uses[v->id]; k++) {
+            char *m = user_module(u->uses[v->id][k].node);
+            if (!m)
+                continue;
+            if (!first) {
+                first = m;
+                n_mod = 1;
+                continue;
+            }
+            char a[512], b[512];
+            if (strcmp(m, first) != 0 && path_shape(m, a, sizeof a) &&
+                path_shape(first, b, sizeof b) && strcmp(a, b) == 0 &&
+                (!other || strcmp(m, other) != 0)) {
+                n_mod++;
+                free(other);
+                other = m;
+            } else {
+                free(m);
+            }
+        }
+        if (other && warned < 3)
+            ir_diag_add(d, IR_SEV_WARNING, NULL, NULL,
+                        "parameter '%s' is read by copies of one module with different indices "
+                        "('%s', '%s'%s): the file holds one initializer for them, so they train "
+                        "as one weight. If the model has one per copy, the exporter merged "
+                        "initializers of equal value (torch.onnx.export's default optimisation "
+                        "does, e.g. for a freshly initialised model's norm weights, all ones): "
+                        "export with optimize=False, or from trained weights",
+                        v->name, first, other, n_mod > 2 ? ", ..." : "");
+        else if (other)
+            more++;
+        warned += other != NULL;
+        free(first);
+        free(other);
+    }
+    if (more)
+        ir_diag_add(d, IR_SEV_WARNING, NULL, NULL,
+                    "... and %d more parameters read by several copies of a module", more);
+    return warned;
+}

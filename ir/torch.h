@@ -40,6 +40,12 @@ void ir_torch_signature_params(const char *sig, void (*f)(const char *, size_t, 
  * wrapper's prefix (ir_torch_node_module handles both). */
 char *ir_torch_node_scope(const ir_node *n);
 
+/* Warns (into d) about each parameter read by copies of one module that differ only in an index
+ * ("model.layers.0.input_layernorm" and "model.layers.1.input_layernorm"): one initializer the
+ * exporter may have merged from equal-valued weights (torch.onnx's default optimisation does),
+ * which would then train as one. Returns how many such parameters there are. */
+int ir_torch_warn_merged(const ir_graph *g, const ir_uses *u, ir_diag *d);
+
 /* What the consumer (node n, input slot) says of v: the attribute it is ("weight", "bias")
  * and whether its stored layout is PyTorch's transposed. False when the op says nothing (only
  * a Linear's MatMul, Gemm or canonical Linear does). */

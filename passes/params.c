@@ -28,6 +28,7 @@
  * `sbpc --dump-params` lists what remains (tools/sbpc.c).
  */
 #include "passes.h"
+#include "torch.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -168,6 +169,7 @@ int sbp_pass_params(ir_graph *g)
             example = v->name;
     }
     free(dep);
+    ir_torch_warn_merged(g, &u, g->diag); /* equal weights the exporter stored once */
     if (by_signature + scalars + by_use)
         ir_diag_note(g->diag,
                      "%d float initializer(s) are constants, not parameters: %d buffer(s) by the "

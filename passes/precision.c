@@ -12,9 +12,13 @@
  * after the memory plan, so the plan's peak includes it); the emitted step fills it from the
  * fp32 parameters once per step. Byte counts in the program (MEMSET_ZERO, COPY) stay in fp32
  * units, which keeps the planner's full-write test consistent; the emitter halves them.
+ * With base_bf16 (sbpc --base-precision bf16) the frozen parameters that only GEMMs read are
+ * kept in the parameter block as bf16 and have no fp32 value and no copy
+ * (sbp_train_place_base_bf16, before the plan: the copy's size depends on it).
  */
 #include "train_internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* The BF16 column of train_kernels.def: one letter per buffer operand, or "" (no bf16 form).
@@ -107,5 +111,60 @@ void sbp_train_place_bf16_shadow(sbp_train_program *p)
 {
     const size_t align = 256; /* as the device allocator: every bf16 row stays aligned */
     p->bf16_shadow_offset = (p->workspace_bytes + align - 1) / align * align;
-    p->workspace_bytes = p->bf16_shadow_offset + p->param_elems * 2;
+    p->workspace_bytes = p->bf16_shadow_offset + p->shadow_elems * 2;
+}
+
+int sbp_train_place_base_bf16(sbp_train_program *p, ir_diag *d)
+{
+    /* a frozen parameter qualifies when every read of it is a GEMM operand (its bf16 copy);
+     * the frozen flag is the graph's, so the evaluation program (where nothing trains)
+     * decides the same and keeps the training step's layout */
+    bool *other = calloc((size_t)p->n_bufs + 1, sizeof *other);
+    if (!other)
+        return ir_diag_error(d, "out of memory");
+    for (int bi = 0; bi < p->n_blocks; bi++)
+        for (int i = 0; i < p->blocks[bi]->n_insts; i++) {
+            const tp_inst *in = &p->blocks[bi]->insts[i];
+            for (int j = 0; j < TP_MAX_BUFS; j++) {
+                int b = in->buf[j];
+                if (b >= 0 && p->bufs[b]->kind == TP_BUF_PARAM && !(in->k == TP_K_GEMM && j > 0))
+                    other[b] = true;
+            }
+        }
+    int n = 0;
+    for (int i = 0; i < p->n_params; i++) {
+        tp_param *q = &p->params[i];
+        q->stored_bf16 = q->tied_to < 0 && q->buf >= 0 && q->value->frozen && !other[q->buf];
+        n += q->stored_bf16;
+    }
+    free(other);
+    if (!n)
+        return ir_diag_error(d, "--base-precision bf16: no frozen parameter is read by matrix "
+                                "products alone (freeze the base model with --lora or "
+                                "--freeze; embeddings and norms stay fp32)");
+    /* fp32 parameters first (the bf16 copy covers them as one range), then the bf16 ones,
+     * each at a 16-byte boundary as cuBLAS prefers its operands */
+    size_t off = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < p->n_params; i++) {
+            tp_param *q = &p->params[i];
+            if (q->tied_to >= 0 || q->stored_bf16 != (pass == 1))
+                continue;
+            if (pass == 1)
+                off = (off + 3) / 4 * 4;
+            q->offset = off;
+            off += pass == 1 ? (q->numel + 1) / 2 : q->numel;
+            if (q->buf >= 0) {
+                p->bufs[q->buf]->offset = q->offset;
+                p->bufs[q->buf]->stored_bf16 = q->stored_bf16;
+            }
+        }
+        if (pass == 0)
+            p->shadow_elems = off;
+    }
+    p->param_elems = off;
+    for (int i = 0; i < p->n_params; i++)
+        if (p->params[i].tied_to >= 0)
+            p->params[i].offset = p->params[p->params[i].tied_to].offset;
+    return IR_OK;
 }

@@ -68,6 +68,12 @@
  * lse), loss sums and any buffer some kernel reads or writes as fp32 stay fp32. GEMMs read a
  * parameter through its bf16 copy in the workspace (bf16_shadow_offset), which the step fills
  * from the fp32 parameters at its start. A DPO / GRPO objective has no bf16 form: an error.
+ * With base_bf16 (sbpc --base-precision bf16: LoRA's frozen base model, or --freeze), a frozen
+ * parameter whose every use is a GEMM operand has no fp32 copy at all: the parameter block
+ * holds its bf16 values (laid out after the fp32 parameters, each at a 16-byte boundary), the
+ * GEMMs read them there, and the workspace's copy covers the fp32 parameters only. Such a
+ * parameter costs 2 bytes an element instead of 4 + 2. Nothing trains it, so nothing rounds it
+ * again: the step computes exactly what the bf16 copy of its fp32 value would give.
  *
  * Evaluation (sbp_train_options.eval; the step's sbp_step_eval). The same graph built once
  * more with no gradient anywhere (forward_only: every parameter treated as frozen): the
@@ -248,6 +254,7 @@ typedef struct tp_buf {
     bool chunk_local;        /* WS, stream: holds one chunk's rows; every iteration of the loops
                               * that use it writes it (activations) or zeroes it (gradients)
                               * before reading it */
+    bool stored_bf16;        /* PARAM, base_bf16: its values are bf16 in the parameter block */
     bool bf16;               /* WS float, bf16 program: stored as bfloat16 (2 bytes an element;
                               * see "Precision" above). MEMSET_ZERO / COPY byte counts and the
                               * planner's roles stay in fp32 units (4 per element); the planner
@@ -314,6 +321,8 @@ typedef struct tp_param {
     size_t offset, numel;    /* in the parameter/gradient blocks; a tied parameter has no
                               * storage: offset is its owner's, numel its own count */
     bool trainable;          /* false: frozen or no gradient reaches it */
+    bool stored_bf16;        /* base_bf16: kept as bf16 only, numel values in (numel + 1) / 2
+                              * floats' room at offset (precision.c) */
     size_t grad_offset;      /* trainable: element offset in the gradient block (which holds
                               * the trained parameters only, in table order; a tied parameter
                               * has its owner's); SIZE_MAX when not trained */
@@ -381,8 +390,11 @@ typedef struct sbp_train_program {
 
     /* Precision (sbp_train_options.bf16; see "Precision" above) */
     bool bf16;               /* activations bf16, parameters / gradients / statistics fp32 */
+    size_t shadow_elems;     /* the parameters the bf16 copy covers: the block's first
+                              * shadow_elems floats (param_elems without base_bf16; with it, the
+                              * parameters kept in fp32, which come first) */
     size_t bf16_shadow_offset; /* bytes: the bf16 copy of the parameter block in the workspace
-                              * ([param_elems] bf16, element offsets as the parameter block's),
+                              * ([shadow_elems] bf16, element offsets as the parameter block's),
                               * after every planned buffer */
 
     /* Evaluation (see "Evaluation" above) */
@@ -405,6 +417,8 @@ typedef struct sbp_train_options {
     double epsilon;          /* GRPO: the ratio is clipped to [1 - ε, 1 + ε] */
     sbp_grpo_norm grpo_norm; /* GRPO */
     bool bf16;               /* mixed precision (CUDA target): see "Precision" above */
+    bool base_bf16;          /* with bf16: a frozen parameter that only GEMMs read is kept as
+                              * bf16 alone (sbpc --base-precision bf16; "Precision" above) */
     bool forward_only;       /* build the evaluation program itself (no gradients) */
     bool packed;             /* packed documents: see "Packed documents" above */
     bool eval;               /* sbp_train_build: also build the evaluation program (p->eval) */

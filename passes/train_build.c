@@ -122,6 +122,9 @@ static sbp_train_program *build_once(ir_graph *g, sbp_objective objective,
     p->bf16 = opt && opt->bf16; /* precision.c: bf16 storage, sized by the plan */
     if (p->bf16 && sbp_train_mark_bf16(p, g->diag) != IR_OK)
         return NULL;
+    p->shadow_elems = p->param_elems; /* the bf16 copy's range, unless base_bf16 narrows it */
+    if (p->bf16 && opt->base_bf16 && sbp_train_place_base_bf16(p, g->diag) != IR_OK)
+        return NULL;
     if (stop < SBP_TRAIN_UNTIL_PLAN)
         return p;
     /* plan */

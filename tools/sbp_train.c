@@ -415,8 +415,9 @@ static int parse_args(int argc, char **argv, options *o)
     if (train_sched_check(&o->sched, o->lr, sched_err, sizeof sched_err) ||
         train_eval_check_opts(&o->eval, sched_err, sizeof sched_err)) /* and evaluation's */
         return error("%s", sched_err);
-    if (train_adapter_check_opts(&o->adapter, o->save != NULL, sched_err, sizeof sched_err))
-        return error("%s", sched_err); /* issue 16: --merge-lora needs --save */
+    if (train_adapter_check_outputs(&o->adapter, o->save != NULL, o->save_safetensors != NULL,
+                                    sched_err, sizeof sched_err))
+        return error("%s", sched_err); /* issue 16: --merge-lora needs --save or -safetensors */
     if (!o->step_path) {
         error("no step library given");
         usage(stderr);
@@ -712,11 +713,16 @@ static int validate_info(const sbp_step_info *in, const char *step_path)
                              "whose transpose has its shape", step_path, bad, p->name,
                              p->tied_to);
         } else if (p->tied_to != -1 || p->offset > in->param_elems ||
-                   p->numel > in->param_elems - p->offset) {
+                   sbp_step_param_room(p) > in->param_elems - p->offset) {
             return error("%s: %s: parameter '%s' (offset %zu, %zu elements) lies outside the "
                          "parameter block of %zu elements", step_path, bad, p->name, p->offset,
                          p->numel, in->param_elems);
         }
+        /* issue 16: a weight kept as bf16 (--base-precision bf16) is frozen and has storage */
+        if (p->storage != SBP_STEP_PARAM_F32 &&
+            (p->storage != SBP_STEP_PARAM_BF16 || p->trainable || p->tied_to >= 0))
+            return error("%s: %s: parameter '%s' has storage %d (0: fp32, 1: bf16 for a frozen "
+                         "weight with storage of its own)", step_path, bad, p->name, p->storage);
         /* the gradient block: a trained parameter's slice inside it, none for a frozen one (a
          * tied copy shares its owner's) */
         const sbp_step_param *own = p->tied_to >= 0 ? &in->params[p->tied_to] : p;
@@ -958,8 +964,8 @@ static void model_copy_weights(const model *m, const options *o, const sbp_step_
 {
     for (int i = 0; i < in->n_params; i++) {
         const sbp_step_param *p = &in->params[i];
-        if (p->tied_to < 0) {
-            memcpy(params + p->offset, m->vals[i]->data, p->numel * sizeof(float));
+        if (p->tied_to < 0) { /* issue 16: rounded to bf16 where the step keeps it so */
+            sbp_step_param_store(p, params, m->vals[i]->data);
             continue;
         }
         const sbp_step_param *own = &in->params[p->tied_to];
@@ -1100,7 +1106,102 @@ out:
     return rc;
 }
 
-static int save_model(const options *o, const sbp_step_info *in, const float *params)
+/* issue 16: the parameter table and block with every parameter in fp32, for the writers
+ * (--save, --merge-lora, --save-safetensors, --save-adapter), which index the block by
+ * parameter offset. A step with a weight kept as bf16 (--base-precision bf16) gets a copy laid
+ * out as an fp32 step's, the bf16 values widened (exactly); any other step is used as is. */
+typedef struct f32_view {
+    sbp_step_info info;      /* the step's, with params and param_elems of the copy */
+    sbp_step_param *params;  /* [n_params], or NULL: the step's own table and block */
+    float *block;            /* [info.param_elems], or NULL */
+} f32_view;
+
+static int f32_view_make(const sbp_step_info *in, const float *block, f32_view *v)
+{
+    v->info = *in;
+    v->params = NULL;
+    v->block = NULL;
+    bool any = false;
+    for (int i = 0; i < in->n_params; i++)
+        any |= in->params[i].storage == SBP_STEP_PARAM_BF16;
+    if (!any)
+        return 0;
+    if (!(v->params = malloc(sizeof *v->params * (size_t)in->n_params)))
+        return error("out of memory");
+    size_t off = 0;
+    for (int i = 0; i < in->n_params; i++) {
+        v->params[i] = in->params[i];
+        v->params[i].storage = SBP_STEP_PARAM_F32;
+        if (in->params[i].tied_to < 0) {
+            v->params[i].offset = off;
+            off += in->params[i].numel;
+        }
+    }
+    for (int i = 0; i < in->n_params; i++)
+        if (in->params[i].tied_to >= 0)
+            v->params[i].offset = v->params[in->params[i].tied_to].offset;
+    if (!(v->block = malloc(off * sizeof(float) + 1))) {
+        free(v->params);
+        v->params = NULL;
+        return error("out of memory");
+    }
+    for (int i = 0; i < in->n_params; i++)
+        if (in->params[i].tied_to < 0)
+            sbp_step_param_fetch(&in->params[i], block, v->block + v->params[i].offset);
+    v->info.params = v->params;
+    v->info.param_elems = off;
+    return 0;
+}
+
+/* The view's weights kept as bf16 get the model file's own fp32 values back: they are frozen,
+ * so these are what the step started from, and what a step with fp32 base weights would
+ * write (the bf16 values are only the step's rounding of them). Reads the model once more. */
+static int f32_view_originals(const options *o, const sbp_step_info *in, f32_view *v)
+{
+    if (!v->block)
+        return 0;
+    ir_diag diag;
+    ir_diag_init(&diag, o->model_path);
+    ir_graph *g = ir_import_onnx(o->model_path, &diag, NULL);
+    int rc = 0;
+    if (!g || diag.n_errors) {
+        ir_diag_print(&diag, stderr, prog);
+        rc = error("cannot read the model %s again for its full-precision frozen weights",
+                   o->model_path);
+    }
+    for (int i = 0; rc == 0 && i < in->n_params; i++) {
+        if (in->params[i].storage != SBP_STEP_PARAM_BF16)
+            continue;
+        const ir_value *x = match_param(g, &in->params[i], o->model_path, o->step_path, true);
+        if (!x)
+            rc = -1;
+        else
+            memcpy(v->block + v->params[i].offset, x->data, in->params[i].numel * sizeof(float));
+    }
+    ir_graph_free(g);
+    ir_diag_free(&diag);
+    return rc;
+}
+
+static void f32_view_free(f32_view *v)
+{
+    free(v->params);
+    free(v->block);
+    v->params = NULL;
+    v->block = NULL;
+}
+
+/* The parameter that holds i's values: its owner when i is a re-tied copy. */
+static int owner_of(const sbp_step_info *in, int i)
+{
+    return in->params[i].tied_to >= 0 ? in->params[i].tied_to : i;
+}
+
+/* --save: the ONNX copy with the block's weights (in: an fp32 view, f32_view). A weight the
+ * step kept as bf16 (stored: the step's own table) is frozen and left as the file has it
+ * unless --merge-lora changed it (merge; the view holds its full-precision value). */
+static int save_model(const options *o, const sbp_step_info *in, const float *params,
+                      const sbp_step_info *stored, const train_adapter_merge_plan *merge)
 {
     int n = in->n_params, rc = 0;
     const float **data = calloc((size_t)n + 1, sizeof *data);
@@ -1114,7 +1215,9 @@ static int save_model(const options *o, const sbp_step_info *in, const float *pa
         goto out;
     int k = 0; /* issue 16: a LoRA step's adapters are not the model's (--merge-lora) */
     for (int i = 0; i < n; i++)
-        if (!train_adapter_is_adapter(in->params[i].name)) {
+        if (!train_adapter_is_adapter(in->params[i].name) &&
+            (stored->params[owner_of(stored, i)].storage != SBP_STEP_PARAM_BF16 ||
+             train_adapter_merge_touches(merge, owner_of(stored, i)))) {
             names[k] = in->params[i].name;
             data[k++] = data[i];
         }
@@ -1361,9 +1464,6 @@ static int run_load(run *r)
             return error("%s is a %s step: this sbp-train was built without NCCL, so under "
                          "mpirun only cpu steps run (MPI sums host memory)", o->step_path,
                          r->rt.backend_name());
-        if (!r->host_visible && o->zero > 0)
-            return error("--zero %lld: ZeRO is not built for %s steps yet (cpu steps only); "
-                         "use --zero 0", (long long)o->zero, r->rt.backend_name());
         if (in->packed || o->pack.pack || o->pack.doc_ids)
             return error("packed documents (--pack, --doc-ids) do not run under mpirun yet");
         int64_t rows_all = -1;
@@ -1441,7 +1541,8 @@ static int run_load(run *r)
         return error("%s", err);
     /* issue 12: safetensors export: the PyTorch names, before any training (train_export.c) */
     if (o->save_safetensors &&
-        !(r->export = train_export_plan(r->mdl.g, in, note_message, err, sizeof err)))
+        !(r->export = train_export_plan_lora(r->mdl.g, in, o->adapter.merge, note_message,
+                                             err, sizeof err)))
         return error("--save-safetensors: %s", err);
     /* issue 16: --merge-lora: which initializer each adapter updates, before any training */
     if (o->adapter.merge &&
@@ -1558,11 +1659,14 @@ static int run_allocate(run *r)
             .pbytes = pbytes, .gbytes = gbytes, .d_params = r->d_params,
             .d_m = stage ? dist.stage_m : r->d_m, .d_v = stage ? dist.stage_v : r->d_v,
             .host_params = r->host_params, .ranks = dist.size, /* issue 14 */
+            .host_moments = stage, /* issue 14: the staging copies are host memory */
             .host_visible = r->host_visible, .copy = rt->copy, .copy_ctx = *rt->copy_ctx,
             .note = note_message, .packing = pack_id}, ckpt_err, sizeof ckpt_err))
         return error("%s", ckpt_err);
-    if (stage) /* issue 14: this rank's slice of the (restored or zero) moments */
-        train_dist_scatter_state(&dist, dist.stage_m, dist.stage_v, r->d_m, r->d_v);
+    if (stage && /* issue 14: this rank's slice of the (restored or zero) moments */
+        train_dist_scatter_state(&dist, dist.stage_m, dist.stage_v, r->d_m, r->d_v, why,
+                                 sizeof why))
+        return error("%s", why);
     if (dist.on && dist.rank != 0) { /* issue 14: rank 0 alone writes checkpoints */
         r->ckpt.dir = NULL;
         if (stage) {
@@ -1862,8 +1966,11 @@ static int run_loop(run *r)
     bar_first = first;
     bar_t0 = now_seconds();
     for (int64_t s = first; s <= o->steps && !r->ckpt.stopped; s++) {
-        if (run_step(r, s, epoch0, bar) ||
-            (train_ckpt_after_step(&r->ckpt, s, ckpt_err, sizeof ckpt_err) &&
+        if (run_step(r, s, epoch0, bar))
+            return -1;
+        if (dist.on) /* issue 14: a signal to any rank is rank 0's, which writes checkpoints */
+            train_ckpt_request_stop(train_dist_max(&dist, train_ckpt_stop_signal()));
+        if ((train_ckpt_after_step(&r->ckpt, s, ckpt_err, sizeof ckpt_err) &&
              error("%s", ckpt_err)))
             return -1;
         if (dist.on) /* issue 14: rank 0 stopped by a signal stops every rank */
@@ -1872,6 +1979,44 @@ static int run_loop(run *r)
     clear_bar();
     if (train_log_close(&r->log, err, sizeof err))
         return error("%s", err);
+    return 0;
+}
+
+/* run_report's writers, on the fp32 view of the parameters (in, host32). */
+static int run_saves(run *r, const sbp_step_info *in, const float *host32)
+{
+    const options *o = &r->o;
+    if (o->save) {
+        float *merged = NULL; /* issue 16: --merge-lora: W + (alpha/r)·B·A, a copy */
+        if (r->merge && !(merged = malloc(in->param_elems * sizeof(float) + 1)))
+            return error("--merge-lora: out of memory");
+        if (merged)
+            train_adapter_merge(r->merge, in, host32, merged);
+        int bad = save_model(o, in, merged ? merged : host32, r->in, r->merge);
+        free(merged);
+        if (bad)
+            return -1;
+        if (r->merge)
+            printf("merged the LoRA adapters into %d weights (scaling %g = %g / %lld)\n",
+                   train_adapter_merge_count(r->merge), in->lora_alpha / (double)in->lora_rank,
+                   in->lora_alpha, (long long)in->lora_rank);
+        printf("saved the trained weights to %s\n", o->save);
+    }
+    if (o->save_safetensors) { /* issue 12: safetensors export */
+        char err[1024];
+        if (train_export_write_lora(r->export, in, host32, r->merge, o->save_safetensors, err,
+                                    sizeof err))
+            return error("--save-safetensors: %s", err);
+        printf("saved the trained weights as %d PyTorch tensors to %s\n",
+               train_export_count(r->export), o->save_safetensors);
+    }
+    if (o->adapter.save_dir) { /* issue 16: PEFT's adapter directory */
+        char err[1024];
+        int n_saved = 0;
+        if (train_adapter_save(&o->adapter, in, host32, &n_saved, err, sizeof err))
+            return error("%s", err);
+        printf("saved %d LoRA adapter tensors (PEFT) to %s\n", n_saved, o->adapter.save_dir);
+    }
     return 0;
 }
 
@@ -1885,46 +2030,28 @@ static int run_report(run *r)
     int st;
     if (r->ckpt.stopped) /* issue 12: checkpoints: stopped by a signal, the checkpoint is the */
         return 0;        /* output; --save and friends are for a finished run */
-    if (o->save) {
+    /* issue 16: the writers see every parameter in fp32 (f32_view) */
+    f32_view view = {.info = *in};
+    const float *host32 = r->host_params;
+    if (o->save || o->save_safetensors || o->adapter.save_dir) {
         if (!r->host_visible && (st = RT(r->rt, copy, copy_ctx, r->host_params, r->d_params,
                                          r->pbytes, SBPRT_COPY_DEVICE_TO_HOST)))
             return copy_failed(r, st);
-        float *merged = NULL; /* issue 16: --merge-lora: W + (alpha/r)·B·A, a copy */
-        if (r->merge && !(merged = malloc(r->pbytes + 1)))
-            return error("--merge-lora: out of memory");
-        if (merged)
-            train_adapter_merge(r->merge, in, r->host_params, merged);
-        int bad = save_model(o, in, merged ? merged : r->host_params);
-        free(merged);
-        if (bad)
+        if (f32_view_make(in, r->host_params, &view) || f32_view_originals(o, in, &view)) {
+            f32_view_free(&view);
             return -1;
-        if (r->merge)
-            printf("merged the LoRA adapters into %d weights (scaling %g = %g / %lld)\n",
-                   train_adapter_merge_count(r->merge), in->lora_alpha / (double)in->lora_rank,
-                   in->lora_alpha, (long long)in->lora_rank);
-        printf("saved the trained weights to %s\n", o->save);
+        }
+        if (view.block) {
+            in = &view.info;
+            host32 = view.block;
+        }
     }
-    if (o->save_safetensors) { /* issue 12: safetensors export */
-        char err[1024];
-        if (!r->host_visible && (st = RT(r->rt, copy, copy_ctx, r->host_params, r->d_params,
-                                         r->pbytes, SBPRT_COPY_DEVICE_TO_HOST)))
-            return copy_failed(r, st);
-        if (train_export_write(r->export, in, r->host_params, o->save_safetensors, err,
-                               sizeof err))
-            return error("--save-safetensors: %s", err);
-        printf("saved the trained weights as %d PyTorch tensors to %s\n",
-               train_export_count(r->export), o->save_safetensors);
-    }
-    if (o->adapter.save_dir) { /* issue 16: PEFT's adapter directory */
-        char err[1024];
-        int n_saved = 0;
-        if (!r->host_visible && (st = RT(r->rt, copy, copy_ctx, r->host_params, r->d_params,
-                                         r->pbytes, SBPRT_COPY_DEVICE_TO_HOST)))
-            return copy_failed(r, st);
-        if (train_adapter_save(&o->adapter, in, r->host_params, &n_saved, err, sizeof err))
-            return error("%s", err);
-        printf("saved %d LoRA adapter tensors (PEFT) to %s\n", n_saved, o->adapter.save_dir);
-    }
+    int rc = run_saves(r, in, host32);
+    f32_view_free(&view);
+    if (rc)
+        return rc;
+    in = r->in;
+
     if (o->dump_grads)
         printf("wrote the first step's gradients to %s\n", o->dump_grads);
 
@@ -1948,10 +2075,6 @@ static int run_report(run *r)
                bytes_str(b3, sizeof b3, (double)opt_state),
                bytes_str(b4, sizeof b4, (double)ru.ru_maxrss * 1024.0),
                dist.on ? " per rank" : "");
-        if (dist.on) /* issue 14 */
-            printf("data parallel: %d ranks, ZeRO %d: optimizer state %zu bytes per rank "
-                   "(%zu without ZeRO), global batch %lld rows per micro-batch\n", dist.size,
-                   dist.zero, opt_state, o->adamw ? 2 * r->gbytes : 0, (long long)r->G);
     } else {
         printf("peak device memory: planned %s (step %s + optimizer state %s)",
                bytes_str(b1, sizeof b1, (double)in->planned_peak_bytes + (double)opt_state),
@@ -1967,6 +2090,10 @@ static int run_report(run *r)
         printf("\npeak host memory: %s (peak RSS)\n",
                bytes_str(b4, sizeof b4, (double)ru.ru_maxrss * 1024.0));
     }
+    if (dist.on) /* issue 14: cpu and cuda steps alike */
+        printf("data parallel: %d ranks, ZeRO %d: optimizer state %zu bytes per rank "
+               "(%zu without ZeRO), global batch %lld rows per micro-batch\n", dist.size,
+               dist.zero, opt_state, o->adamw ? 2 * r->gbytes : 0, (long long)r->G);
     return 0;
 }
 

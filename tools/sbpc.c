@@ -2,11 +2,12 @@
  *
  *   sbpc MODEL.onnx [--batch N] [--seq-len N] [--no-retie] [--dump-ir[=PASS]] [--dump-params]
  *        [-o train_step.c|train_step.so] [--strategy stream|store|checkpoint] [--target cpu|cuda]
- *        [--precision fp32|bf16]
+ *        [--precision fp32|bf16] [--base-precision fp32|bf16]
  *        [--chunk N] [--logits-chunk N] [--memory-budget BYTES]
  *        [--objective sft|graph-loss|dpo|grpo] [--beta F] [--epsilon F]
  *        [--grpo-norm sequence|token] [--freeze REGEX]... [--report] [--memory-plot FILE.svg]
  *        [--no-eval] [--packed [--doc-len L]] [--lora RANK [--lora-alpha A] [--lora-targets REGEX] [--lora-seed S]]
+ *        [--report --ranks N [--zero 0|1|2]]   (issue 14: one rank's bytes, sbpc_dist.h)
  *
  * Reads the model, runs the canonicalisation pipeline (passes/pipeline.c) and prints the IR, the
  * parameters (--dump-params) or a summary (with each attention layer's variant and work);
@@ -29,6 +30,7 @@
 #include "flow.h"
 #include "passes.h"
 #include "train.h"
+#include "sbpc_dist.h" /* issue 14 */
 
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +61,11 @@ static void usage(FILE *f)
             "                     optimizer state and the statistics stay fp32; the GEMMs read\n"
             "                     a bf16 copy of the weights and accumulate in fp32; the\n"
             "                     workspace is planned at 2 bytes per activation element\n"
+            "  --base-precision P fp32 (default) or bf16 (with --precision bf16): the frozen\n"
+            "                     weights that only matrix products read (LoRA's base model,\n"
+            "                     --freeze) are kept as bf16 alone, 2 bytes an element instead\n"
+            "                     of 4 + 2 (no fp32 master, no copy); embeddings and norms\n"
+            "                     stay fp32; the plan counts it\n"
             "  --strategy S       stream (default: StreamBP, each layer and the LM head run\n"
             "                     chunk by chunk over the sequence in the forward and the\n"
             "                     backward; exact gradients), store (keep every activation) or\n"
@@ -90,8 +97,8 @@ static void usage(FILE *f)
             "  --lora-alpha A     the adapters' scaling is A/RANK (default 8, PEFT's)\n"
             "  --lora-targets R   the weights to adapt, by PyTorch name (POSIX extended;\n"
             "                     default: attention q/k/v/o and MLP projections)\n"
-            "  --lora-seed S      seed of lora_A's initial values (default 0; sbp-train\n"
-            "                     --lora-seed must be the same)\n"
+            "  --lora-seed S      seed of lora_A's initial values (default 0; the step\n"
+            "                     records rank, alpha and seed for sbp-train)\n"
             "  --dump-params      list the trainable parameters (shape, the ops that read\n"
             "                     them, frozen or not) after canonicalisation and --freeze:\n"
             "                     the exporter's graph signature says which initializers are\n"
@@ -100,6 +107,9 @@ static void usage(FILE *f)
             "  --report           print the memory plan: peak bytes and their breakdown, the\n"
             "                     largest buffers with their lifetimes, and the same figures\n"
             "                     for every strategy side by side\n"
+            "  --ranks N          with --report: also the bytes one rank of mpirun -np N\n"
+            "                     sbp-train holds (the step is one rank's: --batch rows)\n"
+            "  --zero 0|1|2       with --ranks: AdamW's moments divided over the ranks (1, 2)\n"
             "  --memory-plot F    write an SVG plot of the workspace bytes live over the\n"
             "                     schedule, one line per strategy\n"
             "  --packed           packed documents: the step also takes one document id per\n"
@@ -218,6 +228,26 @@ static void summary(const ir_graph *g)
 }
 
 /* --lora: what was adapted, and what is left to train (the adapters; the base is frozen). */
+/* --base-precision bf16: what the program keeps as bf16 only (passes/precision.c) and what
+ * that saves against the fp32 master weight plus its bf16 copy. */
+static void base_bf16_summary(const sbp_train_program *p)
+{
+    int n = 0, frozen = 0;
+    size_t elems = 0;
+    for (int i = 0; i < p->n_params; i++) {
+        const tp_param *q = &p->params[i];
+        frozen += q->tied_to < 0 && q->value->frozen;
+        if (q->stored_bf16) {
+            n++;
+            elems += q->numel;
+        }
+    }
+    printf("  base precision bf16: %d of %d frozen weights (%zu elements) kept as bf16 only: "
+           "%zu bytes instead of %zu (fp32 and its bf16 copy); the others are read as fp32 "
+           "(embeddings, norms)\n",
+           n, frozen, elems, elems * 2, elems * 6);
+}
+
 static void lora_summary(const ir_graph *g, const sbp_lora_options *lora, int n_adapted)
 {
     int64_t trained = 0, total = 0;
@@ -327,12 +357,14 @@ static int memory_report(ir_graph *g, sbp_objective chosen, const sbp_train_opti
 typedef struct sbpc_target {
     const char *backend; /* "cpu" (default) or "cuda": codegen.h's target names */
     bool bf16;           /* --precision bf16 (passes/train.h, "Precision"); else fp32 */
+    bool base_bf16;      /* --base-precision bf16: frozen GEMM weights kept as bf16 only */
 } sbpc_target;
 
 enum { OPT_BATCH = 256, OPT_SEQ_LEN, OPT_NO_RETIE, OPT_DUMP_IR, OPT_DUMP_PARAMS, OPT_STRATEGY,
        OPT_TARGET, OPT_PRECISION, OPT_CHUNK, OPT_LOGITS_CHUNK, OPT_MEMORY_BUDGET, OPT_OBJECTIVE,
        OPT_BETA, OPT_EPSILON, OPT_GRPO_NORM, OPT_FREEZE, OPT_REPORT, OPT_MEMORY_PLOT,
-       OPT_VERSION, OPT_NO_EVAL, OPT_PACKED, OPT_DOC_LEN, OPT_LORA, OPT_LORA_ALPHA, OPT_LORA_TARGETS, OPT_LORA_SEED };
+       OPT_VERSION, OPT_NO_EVAL, OPT_PACKED, OPT_DOC_LEN, OPT_LORA, OPT_LORA_ALPHA, OPT_LORA_TARGETS, OPT_LORA_SEED,
+       OPT_RANKS, OPT_ZERO /* issue 14 */, OPT_BASE_PRECISION /* issue 16 */ };
 
 /* --target T or --precision P into t; 0, or -1 after a message. */
 static int target_parse(cli *c, int opt, const char *v, sbpc_target *t)
@@ -344,6 +376,10 @@ static int target_parse(cli *c, int opt, const char *v, sbpc_target *t)
         if (cli_choice(c, "--target", v, backends, &k))
             return -1;
         t->backend = backends[k];
+    } else if (opt == OPT_BASE_PRECISION) {
+        if (cli_choice(c, "--base-precision", v, precisions, &k))
+            return -1;
+        t->base_bf16 = k == 1;
     } else {
         if (cli_choice(c, "--precision", v, precisions, &k))
             return -1;
@@ -360,6 +396,9 @@ static int target_check(cli *c, const sbpc_target *t, sbp_objective objective, c
 {
     if (t->bf16 && strcmp(t->backend, "cuda") != 0)
         return cli_error(c, "--precision bf16 needs --target cuda");
+    if (t->base_bf16 && !t->bf16)
+        return cli_error(c, "--base-precision bf16 needs --precision bf16 (and --target cuda): "
+                         "the GEMMs of an fp32 step read fp32 weights");
     if (t->bf16 && (objective == SBP_OBJECTIVE_DPO || objective == SBP_OBJECTIVE_GRPO))
         return cli_error(c, "--precision bf16: the %s objective is fp32 only",
                          sbp_objective_name(objective));
@@ -384,6 +423,7 @@ int main(int argc, char **argv)
         {"strategy", required_argument, NULL, OPT_STRATEGY},
         {"target", required_argument, NULL, OPT_TARGET},
         {"precision", required_argument, NULL, OPT_PRECISION},
+        {"base-precision", required_argument, NULL, OPT_BASE_PRECISION}, /* issue 16 */
         {"chunk", required_argument, NULL, OPT_CHUNK},
         {"logits-chunk", required_argument, NULL, OPT_LOGITS_CHUNK},
         {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
@@ -403,6 +443,8 @@ int main(int argc, char **argv)
         {"lora-alpha", required_argument, NULL, OPT_LORA_ALPHA},
         {"lora-targets", required_argument, NULL, OPT_LORA_TARGETS},
         {"lora-seed", required_argument, NULL, OPT_LORA_SEED},
+        {"ranks", required_argument, NULL, OPT_RANKS}, /* issue 14 */
+        {"zero", required_argument, NULL, OPT_ZERO},   /* issue 14 */
         {0},
     };
     static const char *const strategy_words[] = {"stream", "store", "checkpoint", NULL};
@@ -433,6 +475,7 @@ int main(int argc, char **argv)
     sbp_lora_options lora = {.alpha = SBP_LORA_DEFAULT_ALPHA};
     const char *lora_given = NULL; /* a --lora-* flag seen */
     int64_t lora_seed = 0;
+    int64_t ranks = 0, zero = -1; /* issue 14: --ranks, --zero (0 / -1: not given) */
 
     cli c;
     cli_init(&c, prog, options, argc, argv);
@@ -463,6 +506,7 @@ int main(int argc, char **argv)
             break;
         case OPT_TARGET:
         case OPT_PRECISION:
+        case OPT_BASE_PRECISION: /* issue 16 */
             bad = target_parse(&c, o, v, &tgt);
             break;
         case OPT_CHUNK:
@@ -521,6 +565,12 @@ int main(int argc, char **argv)
             bad = cli_count(&c, "--lora-seed", v, 0, INT64_MAX, &lora_seed);
             lora.seed = (uint64_t)lora_seed;
             lora_given = "--lora-seed";
+            break;
+        case OPT_RANKS: /* issue 14 */
+            bad = cli_count(&c, "--ranks", v, 1, 1 << 20, &ranks);
+            break;
+        case OPT_ZERO: /* issue 14 */
+            bad = cli_count(&c, "--zero", v, 0, 2, &zero);
             break;
         case OPT_DUMP_PARAMS:
             want_params = true;
@@ -582,7 +632,13 @@ int main(int argc, char **argv)
     }
     if (target_check(&c, &tgt, objective, out))
         return 1;
+    char derr[256]; /* issue 14: --ranks / --zero describe --report's per-rank figures */
+    if (sbpc_dist_check(ranks, zero, report, derr, sizeof derr)) {
+        fprintf(stderr, "%s: error: %s\n", prog, derr);
+        return 1;
+    }
     topt.bf16 = tgt.bf16;
+    topt.base_bf16 = tgt.base_bf16; /* issue 16 */
     /* the evaluation program: written with the step (-o) and shown by --report */
     topt.eval = !no_eval && (out || report);
     const char *const target = tgt.backend; /* codegen's name for it, below */
@@ -653,9 +709,13 @@ int main(int argc, char **argv)
         else if (out && sbp_codegen_write_target(flow.program, out, model, NULL, target, &diag) !=
                             IR_OK)
             rc = 1;
+        if (rc == 0 && tgt.base_bf16) /* issue 16 */
+            base_bf16_summary(flow.program);
         if (rc == 0 && (report || plot) &&
             memory_report(g, flow.chosen, &topt, flow.program, report, plot, &diag) != 0)
             rc = 1;
+        if (rc == 0 && report && ranks > 0) /* issue 14: one rank's bytes under mpirun */
+            sbpc_dist_report(stdout, flow.program, ranks, zero);
     }
     ir_diag_print_from(&diag, printed, stderr, prog); /* what code generation added */
     ir_graph_free(g);

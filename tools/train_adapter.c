@@ -39,12 +39,14 @@ int train_adapter_parse(train_adapter_opts *o, cli *c, int val, int base, const 
     return 0;
 }
 
-int train_adapter_check_opts(train_adapter_opts *o, bool save, char *err, size_t errlen)
+int train_adapter_check_outputs(train_adapter_opts *o, bool save, bool save_safetensors,
+                                char *err, size_t errlen)
 {
     o->save_onnx = save;
-    if (o->merge && !save)
-        return cli_errf(err, errlen, "--merge-lora needs --save OUT.onnx (the merged weights are "
-                        "written into that copy of the model)");
+    o->save_safetensors = save_safetensors;
+    if (o->merge && !save && !save_safetensors)
+        return cli_errf(err, errlen, "--merge-lora needs --save OUT.onnx or --save-safetensors F "
+                        "(the merged weights are written there)");
     return 0;
 }
 
@@ -57,7 +59,11 @@ const char *train_adapter_usage(void)
            "                          .from_pretrained(model, DIR) loads them)\n"
            "  --merge-lora            with --save OUT.onnx: write W + (alpha/r)·B·A into every\n"
            "                          adapted weight of the copy (PEFT's merge_and_unload), no\n"
-           "                          adapters\n";
+           "                          adapters; with --save-safetensors F: the merged model\n"
+           "                          under its transformers names (load_state_dict on the\n"
+           "                          original model). Without it a LoRA step's --save and\n"
+           "                          --save-safetensors are errors: neither has a place for\n"
+           "                          the adapters (--save-adapter writes them)\n";
 }
 
 static int count_adapters(const sbp_step_info *in)
@@ -86,6 +92,11 @@ int train_adapter_init(ir_graph *g, const sbp_step_info *in, const train_adapter
         return cli_errf(err, errlen, "--save: the step trains LoRA adapters, which the ONNX model "
                         "has no place for: add --merge-lora to write W + (alpha/r)·B·A into the "
                         "copy, or use --save-adapter DIR");
+    if (o->save_safetensors && !o->merge)
+        return cli_errf(err, errlen, "--save-safetensors: the step trains LoRA adapters, which "
+                        "the model's state_dict has no place for: add --merge-lora to write the "
+                        "merged model (W + (alpha/r)·B·A) under its transformers names, or use "
+                        "--save-adapter DIR (PEFT's adapter files)");
     int added = 0;
     for (int i = 0; i < in->n_params; i++) {
         const sbp_step_param *p = &in->params[i];
@@ -408,6 +419,14 @@ train_adapter_merge_plan *train_adapter_merge_plan_make(const ir_graph *g,
 }
 
 int train_adapter_merge_count(const train_adapter_merge_plan *p) { return p ? p->n : 0; }
+
+bool train_adapter_merge_touches(const train_adapter_merge_plan *p, int param)
+{
+    for (int k = 0; p && k < p->n; k++)
+        if (p->e[k].target == param)
+            return true;
+    return false;
+}
 
 void train_adapter_merge(const train_adapter_merge_plan *p, const sbp_step_info *in,
                          const float *params, float *out)

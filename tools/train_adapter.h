@@ -20,8 +20,11 @@
  * (an exporter's transposed copy, such as TorchScript's `onnx::MatMul_N` = W^T or GPT-2's
  * Conv1D [in, out], gets the transposed update), no adapter. Which initializer an adapter
  * updates is planned before any training (train_adapter_merge_plan), from the PyTorch names
- * ir/torch.h recovers, as sbpc named the adapters. A LoRA step's --save without --merge-lora is
- * an error: the copy has no place for the adapters.
+ * ir/torch.h recovers, as sbpc named the adapters. --save-safetensors F --merge-lora writes the
+ * same merged weights under their transformers names (train_export.h): what
+ * `model.load_state_dict(load_file(F))` on the original model loads, PEFT's merge_and_unload().
+ * A LoRA step's --save or --save-safetensors without --merge-lora is an error: neither the ONNX
+ * copy nor the model's state_dict has a place for the adapters (--save-adapter writes them).
  *
  * Functions that can fail write a message (without the program's prefix) into err, return -1
  * (or NULL).
@@ -40,21 +43,24 @@
 typedef struct train_adapter_opts {
     const char *save_dir; /* --save-adapter DIR, or NULL */
     bool merge;           /* --merge-lora: --save writes the merged base weights */
-    bool save_onnx;       /* sbp-train's --save OUT.onnx was given (train_adapter_check_opts) */
+    bool save_onnx;       /* sbp-train's --save OUT.onnx was given (train_adapter_check_outputs) */
+    bool save_safetensors;/* sbp-train's --save-safetensors F was given (likewise) */
 } train_adapter_opts;
 
 /* The options, in this order, have consecutive getopt vals base .. base + 1 in the tool's
  * table: --save-adapter DIR, --merge-lora (no value). Call train_adapter_opts_init first. */
 void train_adapter_opts_init(train_adapter_opts *o);
 int train_adapter_parse(train_adapter_opts *o, cli *c, int val, int base, const char *v);
-/* After the parse: `save` says whether --save was given; --merge-lora needs it. */
-int train_adapter_check_opts(train_adapter_opts *o, bool save, char *err, size_t errlen);
+/* After the parse: whether --save and --save-safetensors were given; --merge-lora needs one. */
+int train_adapter_check_outputs(train_adapter_opts *o, bool save, bool save_safetensors,
+                                char *err, size_t errlen);
 /* The usage text of the options (ends in a newline). */
 const char *train_adapter_usage(void);
 
 /* Adds an initializer to g (the imported model) for every adapter of step `in` the model does
  * not hold, with its initial values (the step's lora_seed). For a step without adapters,
- * --save-adapter and --merge-lora are errors; for one with them, --save without --merge-lora.
+ * --save-adapter and --merge-lora are errors; for one with them, --save or --save-safetensors
+ * without --merge-lora.
  * Returns the number of adapters added, or -1. */
 int train_adapter_init(ir_graph *g, const sbp_step_info *in, const train_adapter_opts *o,
                        char *err, size_t errlen);
@@ -73,6 +79,8 @@ train_adapter_merge_plan *train_adapter_merge_plan_make(const ir_graph *g,
                                                         size_t errlen);
 /* The number of base weights (storage blocks) the plan updates. */
 int train_adapter_merge_count(const train_adapter_merge_plan *p);
+/* Whether the merge updates step parameter `param` (a parameter with storage); false for NULL. */
+bool train_adapter_merge_touches(const train_adapter_merge_plan *p, int param);
 /* out ([param_elems]) gets the parameter block params ([param_elems]) with every planned base
  * weight W replaced by W + (lora_alpha / lora_rank)·B·A (summed in double, rounded once), in W's
  * layout; a re-tied copy's update goes to its owner, so both views agree. out != params. */

@@ -490,7 +490,7 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
     else
         c->data_hash = fnv1a(fnv1a(FNV_SEED, r->ids, r->ntok_all * sizeof *r->ids), r->labels,
                              r->ntok_all * sizeof *r->labels);
-    if (!r->host_visible && r->adamw) {
+    if (!r->host_visible && r->adamw && !r->host_moments) { /* issue 14: host_moments */
         c->host_m = malloc(r->gbytes + 1);
         c->host_v = malloc(r->gbytes + 1);
         if (!c->host_m || !c->host_v)
@@ -545,9 +545,10 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
     float *tmp = r->host_params;
     if (load_block(c, "params", r->d_params, tmp, r->pbytes, err, errlen))
         return -1;
-    if (r->adamw && (load_block(c, "adamw.m", r->d_m, r->host_visible ? r->d_m : c->host_m,
+    const bool host_mv = r->host_visible || r->host_moments; /* issue 14 */
+    if (r->adamw && (load_block(c, "adamw.m", r->d_m, host_mv ? r->d_m : c->host_m,
                                 r->gbytes, err, errlen) ||
-                     load_block(c, "adamw.v", r->d_v, r->host_visible ? r->d_v : c->host_v,
+                     load_block(c, "adamw.v", r->d_v, host_mv ? r->d_v : c->host_v,
                                 r->gbytes, err, errlen)))
         return -1;
     if (r->shard) {
@@ -598,15 +599,18 @@ static int write_ckpt(train_ckpt *c, int64_t s, char *err, size_t errlen)
     if (!r->host_visible) {
         st = r->copy(r->copy_ctx, r->host_params, r->d_params, r->pbytes,
                      SBPRT_COPY_DEVICE_TO_HOST);
-        if (!st && r->adamw)
+        const bool copy_mv = r->adamw && !r->host_moments; /* issue 14: host_moments */
+        if (!st && copy_mv)
             st = r->copy(r->copy_ctx, c->host_m, r->d_m, r->gbytes, SBPRT_COPY_DEVICE_TO_HOST);
-        if (!st && r->adamw)
+        if (!st && copy_mv)
             st = r->copy(r->copy_ctx, c->host_v, r->d_v, r->gbytes, SBPRT_COPY_DEVICE_TO_HOST);
         if (st)
             return cli_errf(err, errlen, "checkpoint: copying from the device failed: %s",
                             sbprt_status_string(st));
-        m = c->host_m;
-        v = c->host_v;
+        if (copy_mv) {
+            m = c->host_m;
+            v = c->host_v;
+        }
     }
     ckpt_meta meta;
     if (build_meta(c, s, &meta))
@@ -665,6 +669,15 @@ int train_ckpt_after_step(train_ckpt *c, int64_t s, char *err, size_t errlen)
         }
     }
     return 0;
+}
+
+/* issue 14: data parallel (train_dist.h, "Signals"): the ranks pass their signals to rank 0 */
+int train_ckpt_stop_signal(void) { return stop_signal; }
+
+void train_ckpt_request_stop(int sig)
+{
+    if (sig && !stop_signal)
+        stop_signal = sig;
 }
 
 void train_ckpt_free(train_ckpt *c)

@@ -83,6 +83,8 @@ typedef struct train_ckpt_run {
     float *host_params;        /* host [param_elems]: the model's initial weights at start;
                                 * the same as d_params when host_visible */
     bool host_visible;         /* the backend's memory is the host's */
+    bool host_moments;         /* issue 14: d_m, d_v are host memory even when the backend's is
+                                * not (ZeRO's staging copies of a cuda step's moments) */
     int (*copy)(sbprt_ctx *, void *, const void *, size_t, int); /* sbprt_memcpy */
     sbprt_ctx *copy_ctx;
     void (*note)(const char *); /* prints "sbp-train: note: <msg>" */
@@ -120,5 +122,9 @@ int64_t train_ckpt_first_step(const train_ckpt *c);
  * last step, or a SIGINT/SIGTERM arrived (then c->stopped is set and the loop must end). */
 int train_ckpt_after_step(train_ckpt *c, int64_t s, char *err, size_t errlen);
 void train_ckpt_free(train_ckpt *c);
+/* issue 14: the SIGINT / SIGTERM this process received (0: none), and a signal another rank
+ * received, acted on here as if it had arrived here (nothing when one already did). */
+int train_ckpt_stop_signal(void);
+void train_ckpt_request_stop(int sig);
 
 #endif

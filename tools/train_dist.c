@@ -1,6 +1,7 @@
 /* train_dist.c — sbp-train's data parallelism over MPI (issue 14; train_dist.h says what is
  * split and why the sums are exact). All collectives are Open MPI's on host memory, in place
- * where MPI allows it, so a rank holds no second copy of the gradient block. Without MPI
+ * where MPI allows it, so a rank holds no second copy of the gradient block; a cuda step's
+ * gradients and parameters are NCCL's, on the device (SBP_WITH_NCCL). Without MPI
  * (SBP_WITH_MPI undefined) only the single-rank paths remain: the slices are the whole block
  * and every collective is the identity.
  */
@@ -39,7 +40,9 @@ const char *train_dist_usage(void)
            "of the G rows of each micro-batch; rank 0 prints and writes):\n"
            "  --zero 0|1|2            0: every rank keeps the whole optimizer state (default);\n"
            "                          1: AdamW's m and v split over the ranks; 2: the\n"
-           "                          gradients reduce-scattered too\n";
+           "                          gradients reduce-scattered too\n"
+           "  (SBP_TRAIN_DIST_ONE_RANK=1 with mpirun -np 1: one rank through the collectives,\n"
+           "  NCCL's for a cuda step; WORLD_SIZE > 1 without mpirun is refused)\n";
 }
 
 int train_dist_init(train_dist *d, int *argc, char ***argv, char *err, size_t errlen)
@@ -48,8 +51,19 @@ int train_dist_init(train_dist *d, int *argc, char ***argv, char *err, size_t er
     d->size = 1;
     snprintf(d->prog, sizeof d->prog, "sbp-train");
     const char *n = launcher_size();
-    if (!n)
+    if (!n) {
+        /* torchrun (and torch.distributed's other launchers) start N processes with RANK and
+         * WORLD_SIZE but no MPI job: MPI_Init would make N worlds of one rank each, every one
+         * training alone on the whole batch. Refused rather than done N times over. */
+        const char *ws = getenv("WORLD_SIZE");
+        if (ws && strtol(ws, NULL, 10) > 1)
+            return cli_errf(err, errlen,
+                            "WORLD_SIZE=%s is set (a torchrun-style launcher), but no MPI launcher "
+                            "started this process: sbp-train's ranks are an MPI job's, and "
+                            "alone each process would train on the whole batch; launch it with "
+                            "mpirun -np %s sbp-train ... (or srun with PMI/PMIx)", ws, ws);
         return 0; /* a plain run: MPI is never touched */
+    }
 #ifdef SBP_WITH_MPI
     if (MPI_Init(argc, argv) != MPI_SUCCESS)
         return cli_errf(err, errlen, "MPI_Init failed (launched with %s ranks)", n);
@@ -58,7 +72,9 @@ int train_dist_init(train_dist *d, int *argc, char ***argv, char *err, size_t er
     MPI_Comm_size(MPI_COMM_WORLD, &d->size);
     /* errors of collectives come back as codes; a rank that fails then aborts the job */
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    d->on = d->size > 1;
+    /* SBP_TRAIN_DIST_ONE_RANK=1 (train_dist.h): one rank still runs the collectives' paths */
+    const char *one = getenv("SBP_TRAIN_DIST_ONE_RANK");
+    d->on = d->size > 1 || (one && strcmp(one, "1") == 0);
     if (d->on)
         snprintf(d->prog, sizeof d->prog, "sbp-train: rank %d", d->rank);
     /* the rank on this node: its GPU for a cuda step, chosen before anything touches CUDA
@@ -150,6 +166,8 @@ void train_dist_end(train_dist *d, int rc)
     free(d->displs);
     free(d->stage_m);
     free(d->stage_v);
+    free(d->host_slice);
+    d->host_slice = NULL;
     d->counts = d->displs = NULL;
     d->stage_m = d->stage_v = NULL;
 #ifdef SBP_WITH_MPI
@@ -287,6 +305,72 @@ static int mpi_fail(char *err, size_t errlen, const char *what, int code)
 }
 #endif
 
+#ifdef SBP_WITH_NCCL
+/* Waits for the legacy default stream, where the NCCL calls and copies below go (the runtime's
+ * stream is a blocking one, so it is ordered with them), and turns a failure into err. */
+static int nccl_done(ncclResult_t nr, const char *what, char *err, size_t errlen)
+{
+    cudaError_t ce = nr == ncclSuccess ? cudaStreamSynchronize(NULL) : cudaSuccess;
+    if (nr != ncclSuccess || ce != cudaSuccess)
+        return cli_errf(err, errlen, "%s failed: %s", what,
+                        nr != ncclSuccess ? ncclGetErrorString(nr) : cudaGetErrorString(ce));
+    return 0;
+}
+
+/* The gradients summed on the GPUs: all of them (ncclAllReduce), or with `slice` (ZeRO 2) each
+ * rank's slice to that rank only: NCCL has no reduce-scatter of unequal counts, so one
+ * ncclReduce per rank, root r receiving slice r in place, grouped so that they run as one. */
+static int nccl_reduce(train_dist *d, float *grads, bool slice, char *err, size_t errlen)
+{
+    ncclComm_t comm = (ncclComm_t)d->nccl;
+    if (!slice)
+        return nccl_done(ncclAllReduce(grads, grads, d->grad_elems, ncclFloat, ncclSum, comm,
+                                       NULL),
+                         "ncclAllReduce of the gradients", err, errlen);
+    ncclResult_t nr = ncclGroupStart();
+    if (nr != ncclSuccess)
+        return nccl_done(nr, "ncclGroupStart", err, errlen);
+    for (int r = 0; r < d->size && nr == ncclSuccess; r++)
+        nr = ncclReduce(grads + d->displs[r], grads + d->displs[r], (size_t)d->counts[r],
+                        ncclFloat, ncclSum, r, comm, NULL);
+    ncclResult_t ne = ncclGroupEnd(); /* closes the group, also after a failed call */
+    return nccl_done(nr != ncclSuccess ? nr : ne, "ncclReduce of the gradients' slices", err,
+                     errlen);
+}
+
+/* ZeRO's all-gather on the GPUs: one ncclBroadcast per rank (root r sends slice r of the
+ * gradient block, where the caller put its updated parameters), grouped. */
+static int nccl_gather(train_dist *d, float *grads, char *err, size_t errlen)
+{
+    ncclComm_t comm = (ncclComm_t)d->nccl;
+    ncclResult_t nr = ncclGroupStart();
+    if (nr != ncclSuccess)
+        return nccl_done(nr, "ncclGroupStart", err, errlen);
+    for (int r = 0; r < d->size && nr == ncclSuccess; r++)
+        nr = ncclBroadcast(grads + d->displs[r], grads + d->displs[r], (size_t)d->counts[r],
+                           ncclFloat, r, comm, NULL);
+    ncclResult_t ne = ncclGroupEnd();
+    return nccl_done(nr != ncclSuccess ? nr : ne, "ncclBroadcast of the updated parameters", err,
+                     errlen);
+}
+#endif
+
+/* n floats from src to dst, both host memory or (d->nccl: a cuda step) both device memory */
+static int copy_floats(const train_dist *d, float *dst, const float *src, size_t n)
+{
+#ifdef SBP_WITH_NCCL
+    if (d->nccl) {
+        cudaError_t ce = cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice,
+                                         NULL);
+        return ce == cudaSuccess ? 0 : -1;
+    }
+#else
+    (void)d;
+#endif
+    memcpy(dst, src, n * sizeof(float));
+    return 0;
+}
+
 int train_dist_reduce(train_dist *d, float *grads, double *loss, bool full, char *err,
                       size_t errlen)
 {
@@ -297,15 +381,8 @@ int train_dist_reduce(train_dist *d, float *grads, double *loss, bool full, char
     if (st != MPI_SUCCESS)
         return mpi_fail(err, errlen, "MPI_Allreduce of the loss", st);
 #ifdef SBP_WITH_NCCL
-    if (d->nccl) { /* device memory: the step's sbp_step_run has synchronised its kernels */
-        ncclResult_t nr = ncclAllReduce(grads, grads, d->grad_elems, ncclFloat, ncclSum,
-                                        (ncclComm_t)d->nccl, NULL);
-        cudaError_t ce = nr == ncclSuccess ? cudaStreamSynchronize(NULL) : cudaSuccess;
-        if (nr != ncclSuccess || ce != cudaSuccess)
-            return cli_errf(err, errlen, "ncclAllReduce of the gradients failed: %s",
-                            nr != ncclSuccess ? ncclGetErrorString(nr) : cudaGetErrorString(ce));
-        return 0;
-    }
+    if (d->nccl) /* device memory: the step's sbp_step_run has synchronised its kernels */
+        return nccl_reduce(d, grads, d->zero >= 2 && !full, err, errlen);
 #endif
     if (d->zero >= 2 && !full) {
         /* in place, the sum of this rank's slice lands at the block's start */
@@ -382,22 +459,39 @@ int train_dist_gather_params(train_dist *d, const sbp_step_info *in, float *para
         return 0;
 #ifdef SBP_WITH_MPI
     size_t a, n;
+    int bad = 0;
     for (int i = 0; i < in->n_params; i++) { /* mine, in the gradient block's layout */
         const sbp_step_param *p = &in->params[i];
         if (p->tied_to >= 0 || !p->trainable || p->numel == 0 || !train_dist_owned(d, p, &a, &n))
             continue;
-        memcpy(grads + p->grad_offset + a, params + p->offset + a, n * sizeof(float));
+        bad |= copy_floats(d, grads + p->grad_offset + a, params + p->offset + a, n);
     }
-    int st = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, grads, d->counts, d->displs,
-                            MPI_FLOAT, MPI_COMM_WORLD);
-    if (st != MPI_SUCCESS)
-        return mpi_fail(err, errlen, "MPI_Allgatherv of the updated parameters", st);
+    if (bad)
+        return cli_errf(err, errlen, "copying the updated parameters on the device failed");
+#ifdef SBP_WITH_NCCL
+    if (d->nccl) {
+        if (nccl_gather(d, grads, err, errlen))
+            return -1;
+    } else
+#endif
+    {
+        int st = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, grads, d->counts, d->displs,
+                                MPI_FLOAT, MPI_COMM_WORLD);
+        if (st != MPI_SUCCESS)
+            return mpi_fail(err, errlen, "MPI_Allgatherv of the updated parameters", st);
+    }
     for (int i = 0; i < in->n_params; i++) { /* everyone's, back into the parameter block */
         const sbp_step_param *p = &in->params[i];
         if (p->tied_to >= 0 || !p->trainable || p->numel == 0)
             continue;
-        memcpy(params + p->offset, grads + p->grad_offset, p->numel * sizeof(float));
+        bad |= copy_floats(d, params + p->offset, grads + p->grad_offset, p->numel);
     }
+#ifdef SBP_WITH_NCCL
+    if (d->nccl && !bad)
+        bad = cudaStreamSynchronize(NULL) != cudaSuccess;
+#endif
+    if (bad)
+        return cli_errf(err, errlen, "copying the gathered parameters on the device failed");
     return 0;
 #else
     (void)in, (void)params, (void)grads;
@@ -411,10 +505,25 @@ int train_dist_gather_state(train_dist *d, const float *m, const float *v, char 
     if (!d->gather_state)
         return 0;
 #ifdef SBP_WITH_MPI
+    const size_t n = d->hi - d->lo;
     const float *src[2] = {m, v};
     float *dst[2] = {d->stage_m, d->stage_v};
+#ifdef SBP_WITH_NCCL
+    if (d->nccl) { /* MPI reads host memory: this rank's slices through a host copy */
+        if (!d->host_slice && !(d->host_slice = malloc(2 * n * sizeof(float) + 1)))
+            return cli_errf(err, errlen, "out of memory");
+        for (int i = 0; i < 2; i++) {
+            cudaError_t ce = cudaMemcpy(d->host_slice + i * n, src[i], n * sizeof(float),
+                                        cudaMemcpyDeviceToHost);
+            if (ce != cudaSuccess)
+                return cli_errf(err, errlen, "copying the AdamW moments to the host failed: %s",
+                                cudaGetErrorString(ce));
+            src[i] = d->host_slice + i * n;
+        }
+    }
+#endif
     for (int i = 0; i < 2; i++) {
-        int st = MPI_Gatherv(src[i], (int)(d->hi - d->lo), MPI_FLOAT, dst[i], d->counts,
+        int st = MPI_Gatherv(src[i], (int)n, MPI_FLOAT, dst[i], d->counts,
                              d->displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
         if (st != MPI_SUCCESS)
             return mpi_fail(err, errlen, "MPI_Gatherv of the AdamW moments", st);
@@ -426,11 +535,25 @@ int train_dist_gather_state(train_dist *d, const float *m, const float *v, char 
 #endif
 }
 
-void train_dist_scatter_state(const train_dist *d, const float *full_m, const float *full_v,
-                              float *m, float *v)
+int train_dist_scatter_state(const train_dist *d, const float *full_m, const float *full_v,
+                             float *m, float *v, char *err, size_t errlen)
 {
-    memcpy(m, full_m + d->lo, (d->hi - d->lo) * sizeof(float));
-    memcpy(v, full_v + d->lo, (d->hi - d->lo) * sizeof(float));
+    const size_t bytes = (d->hi - d->lo) * sizeof(float);
+#ifdef SBP_WITH_NCCL
+    if (d->nccl) { /* the staging copies are host memory, the moments the device's */
+        cudaError_t ce = cudaMemcpy(m, full_m + d->lo, bytes, cudaMemcpyHostToDevice);
+        if (ce == cudaSuccess)
+            ce = cudaMemcpy(v, full_v + d->lo, bytes, cudaMemcpyHostToDevice);
+        if (ce != cudaSuccess)
+            return cli_errf(err, errlen, "copying the restored AdamW moments to the device "
+                            "failed: %s", cudaGetErrorString(ce));
+        return 0;
+    }
+#endif
+    (void)err, (void)errlen;
+    memcpy(m, full_m + d->lo, bytes);
+    memcpy(v, full_v + d->lo, bytes);
+    return 0;
 }
 
 /* The tests' way to make one rank fail in the middle of a run (never set in real use): the
@@ -451,7 +574,7 @@ void train_dist_barrier(const train_dist *d)
 #endif
 }
 
-bool train_dist_any(const train_dist *d, bool mine)
+int train_dist_max(const train_dist *d, int mine)
 {
     int x = mine;
 #ifdef SBP_WITH_MPI
@@ -460,5 +583,7 @@ bool train_dist_any(const train_dist *d, bool mine)
 #else
     (void)d;
 #endif
-    return x != 0;
+    return x;
 }
+
+bool train_dist_any(const train_dist *d, bool mine) { return train_dist_max(d, mine) != 0; }

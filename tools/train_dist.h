@@ -43,8 +43,29 @@
  * the GPU of its rank on the node (it sets CUDA_VISIBLE_DEVICES before anything touches CUDA: the
  * local rank's entry of the list given, else the local rank itself), and the gradients are summed
  * in device memory by ncclAllReduce (NCCL's communicator set up over MPI); the loss, the
- * denominator and the rows are the host's as for cpu steps. ZeRO is not built for cuda steps
- * (refused). This path is built and linked where NCCL is found but has not run on a GPU yet.
+ * denominator and the rows are the host's as for cpu steps. ZeRO on the GPUs: NCCL has no
+ * allgatherv / reducescatterv for slices of unequal sizes, so --zero 2's reduce-scatter is one
+ * ncclReduce per rank (root r receives the sum of slice r, in place) and the parameters'
+ * all-gather one ncclBroadcast per rank (root r sends its updated slice), each set inside one
+ * ncclGroupStart / ncclGroupEnd; the slice copies between the parameter and gradient blocks are
+ * device-to-device. Checkpoints under ZeRO gather the moments through the host: each rank copies
+ * its slices to host memory and MPI_Gatherv collects them in rank 0's host staging buffers, which
+ * the checkpoint writes as host memory (train_ckpt_run.host_moments). This path is built and
+ * linked where NCCL is found but has not run on a GPU yet (tests/gpu/run.sh runs it there).
+ *
+ * One rank: a launcher's single rank normally runs as a plain process (no collective at all).
+ * SBP_TRAIN_DIST_ONE_RANK=1 under a launcher (mpirun -np 1) makes it a data-parallel run of one
+ * rank instead, so that the collectives' paths run on one machine with one device: MPI's on a
+ * cpu step, NCCL's on a cuda step (tests/gpu/run.sh compares those losses with a plain run's).
+ *
+ * Other launchers: torchrun and similar set RANK / WORLD_SIZE but start no MPI job, so the
+ * processes could not reach each other; WORLD_SIZE > 1 without an MPI launcher's environment is
+ * refused (each process would train alone on the whole batch), naming mpirun.
+ *
+ * Signals: SIGINT / SIGTERM stop a run after its step's checkpoint (train_ckpt.h). Rank 0 writes
+ * checkpoints, so a signal that reaches another rank only is handed to rank 0 after the step
+ * (train_dist_max of the ranks' pending signals), which then stops as if it had received it,
+ * and every rank stops with it.
  */
 #ifndef SBP_TRAIN_DIST_H
 #define SBP_TRAIN_DIST_H
@@ -72,12 +93,14 @@ typedef struct train_dist {
     char prog[48];      /* "sbp-train: rank R", or "sbp-train" */
     int local_rank;     /* the rank among those on this node (cuda steps: its GPU) */
     void *nccl;         /* ncclComm_t once train_dist_nccl_start ran (cuda steps), else NULL */
+    float *host_slice;  /* cuda steps under ZeRO with checkpoints: [2 * (hi - lo)] this rank's
+                         * moments on the host, for MPI_Gatherv (else NULL) */
 } train_dist;
 
 /* Before the command line: when launched by mpirun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
  * PMIX_RANK in the environment) initialises MPI and learns the rank and size; a plain run
  * never touches MPI. Returns -1 with err when the launcher started several ranks of a build
- * without MPI. */
+ * without MPI, or when WORLD_SIZE > 1 says another launcher (torchrun) started this process. */
 int train_dist_init(train_dist *d, int *argc, char ***argv, char *err, size_t errlen);
 /* Ends MPI normally (rc 0) or aborts every rank (rc != 0). */
 void train_dist_end(train_dist *d, int rc);
@@ -115,8 +138,8 @@ int train_dist_gather_params(train_dist *d, const sbp_step_info *in, float *para
  * and after a resume the restored full moments (stage) into this rank's slices. */
 int train_dist_gather_state(train_dist *d, const float *m, const float *v, char *err,
                             size_t errlen);
-void train_dist_scatter_state(const train_dist *d, const float *full_m, const float *full_v,
-                              float *m, float *v);
+int train_dist_scatter_state(const train_dist *d, const float *full_m, const float *full_v,
+                             float *m, float *v, char *err, size_t errlen);
 /* Tests only: SBP_TEST_FAIL_RANK=R makes rank R fail at optimizer step 2. */
 bool train_dist_injected_failure(const train_dist *d, int64_t s);
 /* cuda steps: true when this build sums device memory with NCCL; train_dist_nccl_start makes the
@@ -127,5 +150,7 @@ int train_dist_nccl_start(train_dist *d, char *err, size_t errlen);
 void train_dist_barrier(const train_dist *d);
 /* Every rank stops when one of them was asked to (a signal): MAX over the ranks. */
 bool train_dist_any(const train_dist *d, bool mine);
+/* The largest of the ranks' values (a pending signal's number, 0 when none). */
+int train_dist_max(const train_dist *d, int mine);
 
 #endif

@@ -28,6 +28,13 @@
  * not needed: its values are its owner's, written under the owner's name (a note says so).
  * Step 1's pieces (the signature, scopes, consumer roles, the prefix) live in ir/torch.c, where
  * sbpc's --lora pass names the layers it adapts with them too.
+ *
+ * LoRA steps (issue 16): the adapters are not the model's parameters, so they are left out of
+ * the naming altogether (they would otherwise count as initializers without a signature entry)
+ * and get no key; with --merge-lora the base weights are written merged. Without --merge-lora
+ * the plan refuses (as train_adapter_init does first): writing the base weights alone would
+ * quietly save the untrained model, and PEFT-named adapter keys next to them would make the
+ * file fail a strict load_state_dict on the model it came from.
  */
 #include "cli.h"
 #include "train_export.h"
@@ -156,6 +163,8 @@ static int plan_names(const ir_graph *g, const sbp_step_info *in, pname *pn,
     char line[1024], s1[64], s2[64];
     for (int i = 0; i < in->n_params; i++) {
         pn[i].tr_hint = -1;
+        if (ir_lora_kind(in->params[i].name))
+            continue; /* not the model's: merged, or refused by train_export_plan_lora */
         if (ir_torch_is_name(g, in->params[i].name) && !(pn[i].name = dup_n(in->params[i].name,
                                                                          strlen(in->params[i].name))))
             return cli_errf(err, errlen, "out of memory");
@@ -168,7 +177,7 @@ static int plan_names(const ir_graph *g, const sbp_step_info *in, pname *pn,
         return cli_errf(err, errlen, "out of memory");
     int rc = 0;
     for (int i = 0; i < in->n_params && !rc; i++)
-        if (!pn[i].name)
+        if (!pn[i].name && !ir_lora_kind(in->params[i].name))
             rc = recover_from_scopes(g, &u, in, i, prefix, &pn[i], err, errlen);
     free(prefix);
     if (rc)
@@ -177,7 +186,7 @@ static int plan_names(const ir_graph *g, const sbp_step_info *in, pname *pn,
     /* Step 2: the signature's one PARAMETER without an initializer, for the one unnamed. */
     int unnamed = 0, first = -1, second = -1;
     for (int i = 0; i < in->n_params; i++)
-        if (!pn[i].name) {
+        if (!pn[i].name && !ir_lora_kind(in->params[i].name)) {
             second = unnamed == 1 ? i : second;
             first = unnamed++ == 0 ? i : first;
         }
@@ -205,6 +214,8 @@ static int plan_names(const ir_graph *g, const sbp_step_info *in, pname *pn,
 
     for (int i = 0; i < in->n_params; i++) {
         const sbp_step_param *p = &in->params[i];
+        if (ir_lora_kind(p->name))
+            continue;
         if (!pn[i].name && p->tied_to >= 0) {
             snprintf(line, sizeof line, "--save-safetensors: '%s' is the transpose of '%s' "
                      "(tied) and has no PyTorch name of its own: written once, as '%s'",
@@ -244,9 +255,16 @@ static bool same_tensor(const sbp_step_info *in, const pname *pn, int i, int j)
     return oa == ob && ta == tb;
 }
 
-train_export *train_export_plan(const ir_graph *g, const sbp_step_info *in,
-                                void (*note)(const char *), char *err, size_t errlen)
+train_export *train_export_plan_lora(const ir_graph *g, const sbp_step_info *in, bool merge,
+                                     void (*note)(const char *), char *err, size_t errlen)
 {
+    for (int i = 0; i < in->n_params && !merge; i++)
+        if (ir_lora_kind(in->params[i].name)) {
+            cli_errf(err, errlen, "the step trains LoRA adapters, which the model's state_dict "
+                     "has no place for: add --merge-lora to write the merged model (W + "
+                     "(alpha/r)·B·A) under its transformers names, or use --save-adapter DIR");
+            return NULL;
+        }
     pname *pn = calloc((size_t)in->n_params + 1, sizeof *pn);
     train_export *x = calloc(1, sizeof *x);
     if (x)
@@ -306,13 +324,20 @@ static void gather_key(const sbp_step_info *in, const export_key *k, const float
             dst[b * r + a] = src[a * c + b];
 }
 
-int train_export_write(const train_export *x, const sbp_step_info *in, const float *params,
-                       const char *path, char *err, size_t errlen)
+int train_export_write_lora(const train_export *x, const sbp_step_info *in, const float *params,
+                            const train_adapter_merge_plan *merge, const char *path, char *err,
+                            size_t errlen)
 {
     sbpio_st_tensor *ts = calloc((size_t)x->n + 1, sizeof *ts);
     int64_t(*shapes)[SBP_STEP_MAX_RANK] = calloc((size_t)x->n + 1, sizeof *shapes);
     float **bufs = calloc((size_t)x->n + 1, sizeof *bufs);
-    int rc = !ts || !shapes || !bufs ? cli_errf(err, errlen, "out of memory") : 0;
+    float *merged = merge ? malloc(in->param_elems * sizeof(float) + 1) : NULL;
+    int rc = !ts || !shapes || !bufs || (merge && !merged) ? cli_errf(err, errlen, "out of memory")
+                                                          : 0;
+    if (!rc && merged) { /* the block as --save --merge-lora writes it; the adapters unread */
+        train_adapter_merge(merge, in, params, merged);
+        params = merged;
+    }
     for (int k = 0; k < x->n && !rc; k++) {
         const sbp_step_param *p = &in->params[x->keys[k].param];
         if (!(bufs[k] = malloc(p->numel * sizeof(float) + 1))) {
@@ -331,6 +356,7 @@ int train_export_write(const train_export *x, const sbp_step_info *in, const flo
         rc = -1;
     for (int k = 0; bufs && k < x->n; k++)
         free(bufs[k]);
+    free(merged);
     free(bufs);
     free(shapes);
     free(ts);

@@ -18,6 +18,13 @@
 #                                     as 6 steps at once; another -np is refused
 #   dist_case.sh abort NP             one rank fails at step 2: the job ends, naming the rank
 #   dist_case.sh mismatch NP          a step compiled for the wrong rows: refused
+#   dist_case.sh one_rank 1 ZERO      SBP_TRAIN_DIST_ONE_RANK=1 mpirun -np 1: the collectives'
+#                                     paths with one rank (NCCL's on a GPU, tests/gpu/run.sh)
+#                                     agree with the plain run as above
+#   dist_case.sh torchrun             WORLD_SIZE=2 with no MPI launcher: refused, naming mpirun;
+#                                     WORLD_SIZE=1 trains as a plain run
+#   dist_case.sh signal NP            SIGTERM to rank 1 only (not rank 0, not mpirun): rank 0
+#                                     writes the step's checkpoint and every rank stops, exit 0
 # Environment: SBP_TRAIN, MPIRUN, PY (python3), TRAIN_D (tests/train's compiled steps),
 # FX (tests/fixtures), WORK (a scratch folder).
 set -euo pipefail
@@ -137,7 +144,7 @@ case $case_ in
     # another number of ranks is refused, naming the field
     other=$((np == 2 ? 4 : 2))
     if timeout 120 "$MPIRUN" --allow-run-as-root --oversubscribe -np "$other" "$SBP_TRAIN" \
-         "$(step_for sft $(ceil 4 $other))" "${args[@]}" --steps 6 --resume "$work/part" \
+         "$(step_for sft "$(ceil 4 "$other")")" "${args[@]}" --steps 6 --resume "$work/part" \
          > /dev/null 2> "$work/refused.txt"; then
       fail "resuming with -np $other was accepted"
     fi
@@ -168,6 +175,74 @@ case $case_ in
     [ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "exit status $rc"
     grep -q "recompile it with sbpc --batch $(ceil 4 "$np")" "$work/err.txt" ||
       fail "no advice to recompile"
+    ;;
+  one_rank)
+    mkdir -p "$work/one" "$work/dist"
+    args=(--model "$LDYN" --input-ids "$REF/pref_input_ids.npy" --labels "$REF/pref_labels.npy"
+          "${TRAIN_FLAGS[@]}")
+    "$SBP_TRAIN" "$(step_for sft 4)" "${args[@]}" --dump-grads "$work/one/grads.st" \
+      --log "$work/one/log.jsonl" --checkpoint-dir "$work/one/ck" > "$work/one/out.txt"
+    SBP_TRAIN_DIST_ONE_RANK=1 mpi "$SBP_TRAIN" "$(step_for sft 4)" "${args[@]}" --zero "$zero" \
+      --dump-grads "$work/dist/grads.st" --log "$work/dist/log.jsonl" \
+      --checkpoint-dir "$work/dist/ck" > "$work/dist/out.txt"
+    grep -q "data parallel: 1 ranks, ZeRO $zero" "$work/dist/out.txt" ||
+      fail "SBP_TRAIN_DIST_ONE_RANK=1 did not run the data-parallel path"
+    compare_runs "$work/dist" "$work/one"
+    ;;
+  torchrun)
+    set +e
+    WORLD_SIZE=2 RANK=1 LOCAL_RANK=1 "$SBP_TRAIN" "$(step_for sft 4)" --model "$LDYN" \
+      --input-ids "$REF/pref_input_ids.npy" --labels "$REF/pref_labels.npy" --steps 1 \
+      > "$work/out.txt" 2> "$work/err.txt"
+    rc=$?
+    set -e
+    cat "$work/err.txt"
+    [ "$rc" = 1 ] || fail "WORLD_SIZE=2 without mpirun: exit status $rc, not 1"
+    grep -q "^sbp-train: error: WORLD_SIZE=2 .*mpirun -np 2" "$work/err.txt" ||
+      fail "no refusal naming mpirun"
+    grep -q "^step " "$work/out.txt" && fail "WORLD_SIZE=2: it trained anyway"
+    WORLD_SIZE=1 RANK=0 "$SBP_TRAIN" "$(step_for sft 4)" --model "$LDYN" \
+      --input-ids "$REF/pref_input_ids.npy" --labels "$REF/pref_labels.npy" --steps 1 \
+      > "$work/out1.txt" || fail "WORLD_SIZE=1 was refused"
+    grep -q "^step 1 " "$work/out1.txt" || fail "WORLD_SIZE=1 did not train"
+    ;;
+  signal)
+    # every rank carries this marker in its environment (mpirun passes it on): rank 1's pid is
+    # the sbp-train process with it and OMPI_COMM_WORLD_RANK=1
+    export SBP_DIST_CASE_MARK="$work"
+    mpi "$SBP_TRAIN" "$(step_for sft 2)" --model "$LDYN" --input-ids "$REF/pref_input_ids.npy" \
+      --labels "$REF/pref_labels.npy" --steps 1000000 --lr 0.001 \
+      --checkpoint-dir "$work/ck" > "$work/out.txt" 2> "$work/err.txt" &
+    job=$!
+    pid=""
+    for _ in $(seq 600); do # until step 1 is printed (every rank's handlers are in place)
+      if grep -q "^step 1 " "$work/out.txt" 2> /dev/null; then
+        for e in /proc/[0-9]*/environ; do
+          env_=$(tr '\0' '\n' 2> /dev/null < "$e") || continue
+          if grep -qx "SBP_DIST_CASE_MARK=$work" <<< "$env_" &&
+             grep -qx "OMPI_COMM_WORLD_RANK=1" <<< "$env_"; then
+            pid=${e#/proc/}; pid=${pid%/environ}
+          fi
+        done
+        [ -n "$pid" ] && break
+      fi
+      kill -0 "$job" 2> /dev/null || break
+      sleep 0.1
+    done
+    [ -n "$pid" ] || { kill "$job" 2> /dev/null; fail "rank 1 not found"; }
+    kill -TERM "$pid"
+    set +e
+    wait "$job"
+    rc=$?
+    set -e
+    cat "$work/err.txt"
+    [ "$rc" = 0 ] || fail "the job ended with status $rc after SIGTERM to rank 1 (124: it went on)"
+    grep -q "stopped by SIGTERM after step" "$work/err.txt" ||
+      fail "rank 0 did not stop for rank 1's signal"
+    last=$(grep -c "^step " "$work/out.txt")
+    [ -f "$work/ck/step-$(printf %08d "$last").safetensors" ] ||
+      fail "no checkpoint of the last step ($last)"
+    echo "dist_case: signal: rank 1's SIGTERM stopped the job after step $last, checkpointed"
     ;;
   *) fail "unknown case $case_" ;;
 esac

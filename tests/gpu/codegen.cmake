@@ -8,6 +8,13 @@
 #                         the CUDA runtime; step_info finds target "cuda" and every export.
 #   gpu.step_cuda_run     (CUDA enabled) sbp-train on that .so: without a GPU it must exit 1
 #                         saying "no CUDA device"; with one, it must train.
+#   gpu.step_emu_lora_{stream,store,bf16_stream} (emulator enabled) a LoRA step (--lora 4) of
+#                         the Llama export on the emulator: 10 AdamW steps, first gradients,
+#                         losses and trained adapters against float64 PEFT (emu_lora.cmake,
+#                         tests/lora's lora_check), bf16 at 5e-2
+#   gpu.step_emu_lora_base_bf16 (emulator enabled) sbpc --base-precision bf16: the same
+#                         training as the fp32 master weights' bf16 copy, smaller plan
+#                         (emu_base_bf16.cmake)
 #   gpu.step_emu_*        (emulator enabled) the generated CUDA step on the CPU, linked
 #                         against libsbprt_cuda_emu.a (emu_step.cmake): gradients of the
 #                         llama and gpt2 fixtures against the float64 PyTorch references, for
@@ -153,6 +160,43 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
                               --ref-logps ${_fx}/ref/llama_grpo_ref_logps.npy
                  SBPC_ARGS --objective grpo --grpo-norm token)
   endif()
+  # LoRA steps (sbpc --lora, issue 16) on the emulator against float64 PEFT (emu_lora.cmake,
+  # tests/lora's lora_check and tests/fixtures/lora/ref): 10 AdamW steps of the Llama export
+  # with dynamo scopes, fp32 stream with chunks that cut the sequence unevenly at lora_check's
+  # own tolerances, fp32 store, and --precision bf16 stream at 5e-2 (measured: gradients 1.1e-2,
+  # losses 1.3e-4, the trained adapters 3.6e-2: Adam divides by the gradient's own scale).
+  if(TARGET lora_check)
+    function(gpu_emu_lora name)
+      cmake_parse_arguments(E "" "TOL" "SBPC_ARGS" ${ARGN})
+      add_test(NAME gpu.step_emu_lora_${name}
+               COMMAND ${CMAKE_COMMAND} -DSBPC=$<TARGET_FILE:sbpc> -DTRAIN=$<TARGET_FILE:sbp-train>
+                       -DINFO=$<TARGET_FILE:sbp_step_info> -DCHECK=$<TARGET_FILE:lora_check>
+                       -DCC=${CMAKE_C_COMPILER} -DEMU_LIB=$<TARGET_FILE:sbprt_cuda_emu>
+                       "-DINCLUDES=${SBP_ROOT}/codegen;${SBP_ROOT}/runtime"
+                       "-DCFLAGS=${_emu_cflags}" -DMODEL=${_fx}/hf/llama_dynamo_scoped.onnx
+                       -DHFREF=${_fx}/hf/ref -DREF=${_fx}/lora/ref -DFAM=llama -DOUT=${_gen}
+                       -DNAME=emu_lora_${name} "-DSBPC_ARGS=${E_SBPC_ARGS}" -DTOL=${E_TOL}
+                       -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_lora.cmake")
+      set_tests_properties(gpu.step_emu_lora_${name} PROPERTIES LABELS "gpu;lora" TIMEOUT 900)
+    endfunction()
+    gpu_emu_lora(stream SBPC_ARGS --strategy stream --chunk 7 --logits-chunk 13)
+    if(NOT SBP_SANITIZE)
+      gpu_emu_lora(store SBPC_ARGS --strategy store)
+      gpu_emu_lora(bf16_stream TOL 5e-2
+                   SBPC_ARGS --strategy stream --chunk 7 --logits-chunk 13 --precision bf16)
+    endif()
+  endif()
+  # issue 16: --base-precision bf16 trains exactly as the fp32 master weights' bf16 copy does
+  # (losses, gradients, adapters, saved model identical), with the smaller plan it states
+  add_test(NAME gpu.step_emu_lora_base_bf16
+           COMMAND ${CMAKE_COMMAND} -DSBPC=$<TARGET_FILE:sbpc> -DTRAIN=$<TARGET_FILE:sbp-train>
+                   -DINFO=$<TARGET_FILE:sbp_step_info> -DCC=${CMAKE_C_COMPILER}
+                   -DEMU_LIB=$<TARGET_FILE:sbprt_cuda_emu>
+                   "-DINCLUDES=${SBP_ROOT}/codegen;${SBP_ROOT}/runtime" "-DCFLAGS=${_emu_cflags}"
+                   -DMODEL=${_fx}/hf/llama_dynamo_scoped.onnx -DREF=${_fx}/hf/ref -DFAM=llama
+                   -DOUT=${_gen}/base_bf16
+                   -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_base_bf16.cmake")
+  set_tests_properties(gpu.step_emu_lora_base_bf16 PROPERTIES LABELS gpu TIMEOUT 900)
   # A device too small for the store step: the error names the bytes, the note the budget,
   # and a stream step compiled for that budget fits and is exact (emu_oom.cmake).
   add_test(NAME gpu.step_emu_oom

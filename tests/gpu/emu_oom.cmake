@@ -20,7 +20,7 @@ function(build_step name)
     list(APPEND inc "-I${d}")
   endforeach()
   execute_process(COMMAND ${CC} -std=c11 -O2 -fPIC -shared -Wall -Wextra -Werror ${CFLAGS} ${inc}
-                          -o ${OUT}/${name}.so ${OUT}/${name}.c -Wl,--whole-archive ${EMU_LIB}
+                          -o ${OUT}/${name}.so ${OUT}/${name}.c -Wl,-Bsymbolic -Wl,--whole-archive ${EMU_LIB}
                           -Wl,--no-whole-archive -lstdc++ -lm RESULT_VARIABLE rc)
   if(NOT rc STREQUAL "0")
     message(FATAL_ERROR "compiling ${name}.c failed (${rc})")

@@ -22,14 +22,7 @@
 #   [-DHF_CHECK=hf_check -DHF_KEY=<export>: a real transformers export (tests/fixtures/hf): the
 #    gradients, loss (and with LOSSES the AdamW losses) checked by tests/hf/hf_check against
 #    ref/<family>.safetensors through ref/<export>.params.txt, at TOL when given]
-function(run what)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  message("${out}${err}")
-  if(NOT rc STREQUAL "0")
-    message(FATAL_ERROR "${what} failed (${rc}): ${ARGN}")
-  endif()
-  set(LAST_OUT "${out}" PARENT_SCOPE)
-endfunction()
+include("${CMAKE_CURRENT_LIST_DIR}/../run_checked.cmake") # run(what cmd...)
 
 set(c "${OUT}/${NAME}.c")
 set(so "${OUT}/${NAME}.so")
@@ -40,9 +33,11 @@ set(inc)
 foreach(d "${OUT}" ${INCLUDES})
   list(APPEND inc "-I${d}")
 endforeach()
+# -Bsymbolic: the step's cuda* calls bind to the emulator linked into it, even when sbp-train
+# links the real libcudart (its NCCL path, tools/CMakeLists.txt), which would interpose them
 run("compiling the step against the emulated CUDA runtime"
     ${CC} -std=c11 -O2 -fPIC -shared -Wall -Wextra -Werror ${CFLAGS} ${inc} -o ${so} ${c}
-    -Wl,--whole-archive ${EMU_LIB} -Wl,--no-whole-archive -lstdc++ -lm)
+    -Wl,-Bsymbolic -Wl,--whole-archive ${EMU_LIB} -Wl,--no-whole-archive -lstdc++ -lm)
 run("step_info" ${INFO} ${so} cuda)
 
 if(NOT TRAIN_INPUTS)

@@ -2,20 +2,13 @@
 # OUT.so, sbp-train OUT.so for 10 AdamW steps (its defaults) with --dump-grads and
 # --save-adapter OUT_adapter, lora_check against PEFT, then (when PEFT_CHECK is set and python
 # has torch and peft) the saved adapter through peft.PeftModel.from_pretrained.
-function(run what)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  message("${out}${err}")
-  set(last_out "${out}${err}" PARENT_SCOPE)
-  if(NOT rc STREQUAL "0")
-    message(FATAL_ERROR "${what} exited with '${rc}'")
-  endif()
-endfunction()
+include("${CMAKE_CURRENT_LIST_DIR}/../run_checked.cmake") # run(what cmd...)
 
 file(REMOVE_RECURSE ${OUT}_adapter)
 run(sbpc ${SBPC} ${MODEL} --batch 2 --seq-len 32 --lora 4 --lora-alpha 8 ${OPTS} -o ${OUT}.so)
 run(sbp-train ${TRAIN} ${OUT}.so --model ${MODEL}
     --input-ids ${HFREF}/${FAM}_input_ids.npy --labels ${HFREF}/${FAM}_labels.npy
     --steps 10 --threads 2 --dump-grads ${OUT}_grads.safetensors --save-adapter ${OUT}_adapter)
-file(WRITE ${OUT}.log "${last_out}")
+file(WRITE ${OUT}.log "${LAST_OUT}")
 run(lora_check ${CHECK} ${OUT}_adapter ${REF}/${FAM}.safetensors ${OUT}.log
     ${OUT}_grads.safetensors)

@@ -4,13 +4,7 @@
 # initial values (merge_verify --init); then 5 AdamW steps with --save-adapter OUT_adapter and
 # --save OUT_merged.onnx --merge-lora, and merge_verify against W + (alpha/r)·B·A computed from
 # those (LAYOUT: how the model stores the adapted weights, see merge_verify.c).
-function(run what)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  message("${out}${err}")
-  if(NOT rc STREQUAL "0")
-    message(FATAL_ERROR "${what} exited with '${rc}'")
-  endif()
-endfunction()
+include("${CMAKE_CURRENT_LIST_DIR}/../run_checked.cmake") # run(what cmd...)
 
 file(REMOVE_RECURSE ${OUT}_adapter ${OUT}_init)
 file(REMOVE ${OUT}_merged.onnx)

@@ -34,19 +34,21 @@
 #define TEST_B_SEED 12345
 
 /* The flow with --lora rank (alpha 8, default targets unless `targets`, seed 0), store or
- * stream; the caller frees f->g. */
-static int lora_flow(sbp_flow *f, ir_diag *d, const char *key, int64_t rank,
-                     const char *targets, sbp_strategy st, const char *freeze)
+ * stream, the SFT objective on LORA_B rows; the caller frees f->g. */
+static int lora_flow_opts(sbp_flow *f, ir_diag *d, const char *key, int64_t rank,
+                          const char *targets, sbp_strategy st, const char *freeze,
+                          int64_t batch, sbp_objective obj, const sbp_train_options *train)
 {
     static char path[1024];
     snprintf(path, sizeof path, "%s/hf/%s.onnx", SBP_FIXTURES_DIR, key);
     static sbp_flow_options o;
     static const char *fr[1];
     fr[0] = freeze;
-    o = (sbp_flow_options){.pass = {.batch = LORA_B, .seq_len = LORA_T, .verify = true},
-                           .objective = SBP_OBJECTIVE_SFT, .freeze = fr, .n_freeze = freeze != NULL,
+    o = (sbp_flow_options){.pass = {.batch = batch, .seq_len = LORA_T, .verify = true},
+                           .objective = obj, .freeze = fr, .n_freeze = freeze != NULL,
                            .lora = {.rank = rank, .alpha = 8.0, .targets = targets, .seed = 0},
-                           .train = {.strategy = st}};
+                           .train = *train};
+    o.train.strategy = st;
     if (st == SBP_STRATEGY_STREAM) {
         o.train.chunk = 7;
         o.train.logits_chunk = 13;
@@ -56,6 +58,13 @@ static int lora_flow(sbp_flow *f, ir_diag *d, const char *key, int64_t rank,
     return sbp_flow_run(f, &o, d, NULL);
 }
 
+static int lora_flow(sbp_flow *f, ir_diag *d, const char *key, int64_t rank,
+                     const char *targets, sbp_strategy st, const char *freeze)
+{
+    sbp_train_options t = {0};
+    return lora_flow_opts(f, d, key, rank, targets, st, freeze, LORA_B, SBP_OBJECTIVE_SFT, &t);
+}
+
 static bool diag_has(const ir_diag *d, const char *text)
 {
     for (int i = 0; i < d->n; i++)
@@ -63,6 +72,20 @@ static bool diag_has(const ir_diag *d, const char *text)
             return true;
     return false;
 }
+
+/* The reference tensor `name` as doubles (the files hold F64 or F32); the caller frees it. */
+static double *ref_data(const sbpio_st_file *ref, const char *name, int64_t n)
+{
+    char err[256];
+    double *d = malloc((size_t)(n + 1) * sizeof *d);
+    assert_non_null(d);
+    if (sbpio_st_copy_f64(ref, name, d, n, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    return d;
+}
+
+static double check_result(const e2e_step *s, sbp_step_args *a, const sbpio_st_file *ref,
+                           const char *prefix, double want, const char *loss_key);
 
 /* Runs the step at the current parameters; checks loss and adapter gradients against ref's
  * `prefix/<name>` and meta `loss_key`. Returns the worst gradient error. */
@@ -78,8 +101,20 @@ static double check_step(const e2e_step *s, float *params, const sbpio_st_file *
     e2e_read_i32(f1, ids, LORA_B * LORA_T);
     e2e_read_i32(f2, labels, LORA_B * LORA_T);
     sbp_step_args a = {.params = params, .grads = grads, .input_ids = ids, .labels = labels};
-    double loss = e2e_run(s, &a, true);
-    double want = strtod(sbpio_st_meta(ref, loss_key), NULL);
+    double worst = check_result(s, &a, ref, prefix, strtod(sbpio_st_meta(ref, loss_key), NULL),
+                                loss_key);
+    free(grads);
+    return worst;
+}
+
+/* Runs the step with args a (grads sized by the caller); checks its loss against want and
+ * every adapter gradient against ref's `prefix/<name>`. Returns the worst gradient error. */
+static double check_result(const e2e_step *s, sbp_step_args *a, const sbpio_st_file *ref,
+                           const char *prefix, double want, const char *loss_key)
+{
+    const sbp_step_info *in = s->info;
+    float *grads = a->grads;
+    double loss = e2e_run(s, a, true);
     double le = fabs(loss - want) / fabs(want);
     print_message("  %s: loss %.7f, PEFT float64 %.9f (relative %.2g)\n", loss_key, loss, want, le);
     assert_true(le <= 1e-5);
@@ -89,10 +124,11 @@ static double check_step(const e2e_step *s, float *params, const sbpio_st_file *
         const sbpio_st_info *r = sbpio_st_at(ref, i);
         if (strncmp(r->name, prefix, strlen(prefix)) != 0 || r->name[strlen(prefix)] != '/')
             continue;
-        double s2 = 0;
+        double *rd = ref_data(ref, r->name, r->numel), s2 = 0;
         for (int64_t k = 0; k < r->numel; k++)
-            s2 += ((const double *)r->data)[k] * ((const double *)r->data)[k];
+            s2 += rd[k] * rd[k];
         scale = fmax(scale, sqrt(s2));
+        free(rd);
     }
     double worst = 0;
     int n_adapters = 0;
@@ -115,7 +151,7 @@ static double check_step(const e2e_step *s, float *params, const sbpio_st_file *
             assert_int_equal(r->shape[d], p->dims[d]); /* PEFT's layout */
         double *g = malloc(p->numel * sizeof *g);
         e2e_grad_of(in, grads, i, g);
-        const double *rd = r->data;
+        double *rd = ref_data(ref, key, r->numel);
         double num = 0, den = 0;
         for (size_t k = 0; k < p->numel; k++) {
             num += (g[k] - rd[k]) * (g[k] - rd[k]);
@@ -128,6 +164,7 @@ static double check_step(const e2e_step *s, float *params, const sbpio_st_file *
         n_adapters++;
         adapter_elems += p->numel;
         free(g);
+        free(rd);
     }
     /* the frozen base model has no gradient block and so no optimizer state: the step's
      * gradient block is the adapters' */
@@ -136,8 +173,22 @@ static double check_step(const e2e_step *s, float *params, const sbpio_st_file *
                   worst);
     assert_true(n_adapters > 0);
     assert_true(worst <= 1e-4);
-    free(grads);
     return worst;
+}
+
+/* lora_B at its test values: ir_lora_init of the matching lora_A name, seed TEST_B_SEED, B's
+ * shape (gen_lora.py's test_b). */
+static void set_test_b(const sbp_step_info *in, float *params)
+{
+    for (int i = 0; i < in->n_params; i++) {
+        const sbp_step_param *p = &in->params[i];
+        if (ir_lora_kind(p->name) != 'B')
+            continue;
+        char a_name[512];
+        size_t n = strlen(p->name) - strlen(IR_LORA_B_SUFFIX);
+        snprintf(a_name, sizeof a_name, "%.*s%s", (int)n, p->name, IR_LORA_A_SUFFIX);
+        ir_lora_init(a_name, TEST_B_SEED, p->dims[0], p->dims[1], params + p->offset);
+    }
 }
 
 static void run_case(const char *key, const char *fam, sbp_strategy st)
@@ -159,16 +210,7 @@ static void run_case(const char *key, const char *fam, sbp_strategy st)
     float *params = e2e_param_block(s.info, f.g);
     print_message("%s (%s): %d adapted weights\n", key, sbp_strategy_name(st), f.n_adapted);
     check_step(&s, params, ref, "grad0", "loss0", fam);
-    /* lora_B at its test values: lora_A's gradient is no longer zero */
-    for (int i = 0; i < s.info->n_params; i++) {
-        const sbp_step_param *p = &s.info->params[i];
-        if (ir_lora_kind(p->name) != 'B')
-            continue;
-        char a_name[512];
-        size_t n = strlen(p->name) - strlen(IR_LORA_B_SUFFIX);
-        snprintf(a_name, sizeof a_name, "%.*s%s", (int)n, p->name, IR_LORA_A_SUFFIX);
-        ir_lora_init(a_name, TEST_B_SEED, p->dims[0], p->dims[1], params + p->offset);
-    }
+    set_test_b(s.info, params); /* lora_A's gradient is no longer zero */
     check_step(&s, params, ref, "grad", "loss", fam);
     free(params);
     e2e_free_step(&s); /* frees f.g */
@@ -182,6 +224,113 @@ static void test_qwen3_ts_store(void **st) { (void)st; run_case("qwen3_ts_eager"
 static void test_qwen3_ts_stream(void **st) { (void)st; run_case("qwen3_ts_eager", "qwen3", SBP_STRATEGY_STREAM); }
 static void test_gpt2_store(void **st) { (void)st; run_case("gpt2_dynamo_eager", "gpt2", SBP_STRATEGY_STORE); }
 static void test_gpt2_stream(void **st) { (void)st; run_case("gpt2_dynamo_eager", "gpt2", SBP_STRATEGY_STREAM); }
+
+/* ------------------------------------------------------------------ DPO, GRPO, --packed */
+
+/* The batches and objective inputs stored in the reference (F32; ids exact). */
+static void ref_i32(const sbpio_st_file *ref, const char *name, int32_t *dst, int64_t n)
+{
+    double *d = ref_data(ref, name, n);
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = (int32_t)d[i];
+    free(d);
+}
+
+static void ref_f32(const sbpio_st_file *ref, const char *name, float *dst, int64_t n)
+{
+    double *d = ref_data(ref, name, n);
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = (float)d[i];
+    free(d);
+}
+
+typedef struct obj_case {
+    const char *name; /* reference set <name>/<adapter> and metadata <name>_loss */
+    sbp_objective obj;
+    sbp_grpo_norm norm;
+    bool packed;
+} obj_case;
+
+static const obj_case obj_cases[] = {
+    {"dpo", SBP_OBJECTIVE_DPO, SBP_GRPO_NORM_SEQUENCE, false},
+    {"grpo_seq", SBP_OBJECTIVE_GRPO, SBP_GRPO_NORM_SEQUENCE, false},
+    {"grpo_token", SBP_OBJECTIVE_GRPO, SBP_GRPO_NORM_TOKEN, false},
+    {"packed", SBP_OBJECTIVE_SFT, SBP_GRPO_NORM_SEQUENCE, true},
+    {"packed_dpo", SBP_OBJECTIVE_DPO, SBP_GRPO_NORM_SEQUENCE, true},
+};
+
+/* One objective case: the step compiled with --lora 4 and the case's objective (--packed),
+ * at A0 and the test B, on the reference's batch and inputs; the loss and every adapter
+ * gradient against PEFT's (tests/fixtures/lora/gen_lora_obj.py). */
+static void run_obj_case(const char *key, const char *fam, const obj_case *c, sbp_strategy st)
+{
+    char ref_path[1024], err[256], tag[160], loss_key[64];
+    snprintf(ref_path, sizeof ref_path, "%s/lora/ref/%s_objectives.safetensors",
+             SBP_FIXTURES_DIR, fam);
+    sbpio_st_file *ref = NULL;
+    if (sbpio_st_open(ref_path, &ref, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    bool dpo = c->obj == SBP_OBJECTIVE_DPO, grpo = c->obj == SBP_OBJECTIVE_GRPO;
+    int64_t b = c->obj == SBP_OBJECTIVE_SFT ? 2 : 4, n = b * LORA_T;
+    sbp_train_options t = {.grpo_norm = c->norm, .packed = c->packed};
+    if (dpo)
+        t.beta = strtod(sbpio_st_meta(ref, "beta_dpo"), NULL);
+    if (grpo) {
+        t.beta = strtod(sbpio_st_meta(ref, "beta_grpo"), NULL);
+        t.epsilon = strtod(sbpio_st_meta(ref, "epsilon"), NULL);
+    }
+    sbp_flow f;
+    ir_diag d;
+    int rc = lora_flow_opts(&f, &d, key, 4, NULL, st, NULL, b, c->obj, &t);
+    if (rc != IR_OK)
+        e2e_print_diag(&d);
+    assert_int_equal(rc, IR_OK);
+    e2e_step s = {.g = f.g};
+    snprintf(tag, sizeof tag, "lora_%s_%s_%s", key, c->name, sbp_strategy_name(st));
+    e2e_load_so(&s, f.program, f.path, tag, &d);
+    assert_string_equal(s.info->objective, sbp_objective_name(c->obj));
+    assert_int_equal(s.info->packed, c->packed);
+    float *params = e2e_param_block(s.info, f.g);
+    set_test_b(s.info, params);
+    int32_t ids[4 * LORA_T], labels[4 * LORA_T], docs[4 * LORA_T];
+    float dpo_ref[4], adv[4], old[4 * LORA_T], gref[4 * LORA_T];
+    if (c->obj == SBP_OBJECTIVE_SFT) {
+        ref_i32(ref, "input/packed_ids", ids, n);
+        ref_i32(ref, "input/packed_labels", labels, n);
+        ref_i32(ref, "input/packed_docs", docs, n);
+    } else {
+        ref_i32(ref, "input/pref_ids", ids, n);
+        ref_i32(ref, c->packed ? "input/pref_packed_labels" : "input/pref_labels", labels, n);
+        ref_i32(ref, "input/pref_docs", docs, n);
+        ref_f32(ref, "input/dpo_ref", dpo_ref, 4);
+        ref_f32(ref, "input/grpo_adv", adv, 4);
+        ref_f32(ref, "input/grpo_old", old, n);
+        ref_f32(ref, "input/grpo_ref", gref, n);
+    }
+    float *grads = calloc(s.info->param_elems + 1, sizeof *grads);
+    sbp_step_args a = {.params = params, .grads = grads, .input_ids = ids, .labels = labels,
+                       .ref_logps = dpo ? dpo_ref : grpo ? gref : NULL,
+                       .old_logps = grpo ? old : NULL, .advantages = grpo ? adv : NULL,
+                       .doc_ids = c->packed ? docs : NULL};
+    print_message("%s (%s), %s: %d adapted weights\n", key, sbp_strategy_name(st), c->name,
+                  f.n_adapted);
+    snprintf(loss_key, sizeof loss_key, "%s_loss", c->name);
+    check_result(&s, &a, ref, c->name, strtod(sbpio_st_meta(ref, loss_key), NULL), loss_key);
+    free(grads);
+    free(params);
+    e2e_free_step(&s);
+    ir_diag_free(&d);
+    sbpio_st_close(ref);
+}
+
+static void run_obj_cases(const char *key, const char *fam, sbp_strategy st)
+{
+    for (size_t i = 0; i < sizeof obj_cases / sizeof obj_cases[0]; i++)
+        run_obj_case(key, fam, &obj_cases[i], st);
+}
+
+static void test_llama_objectives_store(void **st) { (void)st; run_obj_cases("llama_dynamo_scoped", "llama", SBP_STRATEGY_STORE); }
+static void test_llama_objectives_stream(void **st) { (void)st; run_obj_cases("llama_dynamo_scoped", "llama", SBP_STRATEGY_STREAM); }
 
 /* The adapters' initial values are the documented generator's: lora_A in PEFT's bound, the
  * same for the same name and seed, lora_B zeros. */
@@ -271,6 +420,8 @@ int main(void)
         cmocka_unit_test(test_qwen3_ts_stream),
         cmocka_unit_test(test_gpt2_store),
         cmocka_unit_test(test_gpt2_stream),
+        cmocka_unit_test(test_llama_objectives_store),
+        cmocka_unit_test(test_llama_objectives_stream),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     sbprt_ctx_destroy(e2e_ctx);

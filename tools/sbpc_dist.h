@@ -1,0 +1,32 @@
+/* sbpc_dist.h — `sbpc --report --ranks N [--zero 0|1|2]` (issue 14): what one rank of a
+ * data-parallel run (mpirun -np N sbp-train, tools/train_dist.h) holds, planned.
+ *
+ * The step sbpc compiles is one rank's: --batch is the rows each rank runs (the global batch of
+ * a micro-batch is N x --batch rows). Per rank, sbp-train allocates the parameter block, the
+ * whole gradient block (the step writes every element of it, also under ZeRO 2, whose
+ * reduce-scatter saves traffic, not memory), AdamW's m and v and the workspace. Under --zero 1|2
+ * the moments cover one contiguous slice of the gradient block: train_dist_plan_slices gives
+ * rank r the elements [E*r/N, E*(r+1)/N), so the largest rank holds ceil(E/N) of the E
+ * elements, and that is the figure printed (rank 0, which sbp-train's end report speaks for,
+ * holds floor(E/N)). Checkpoints under ZeRO also keep rank 0's full-size staging copy of the
+ * moments on the host; that is said, not counted.
+ */
+#ifndef SBPC_DIST_H
+#define SBPC_DIST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "train.h"
+
+/* The checks of --ranks / --zero against the rest of the command line: they describe --report's
+ * per-rank figures, so they need --report, and --zero needs --ranks. ranks == 0 / zero < 0:
+ * not given. Returns 0, or -1 with the message in err. */
+int sbpc_dist_check(int64_t ranks, int64_t zero, bool report, char *err, size_t errlen);
+
+/* The per-rank figures of program p for N = ranks ranks under ZeRO `zero` (0 when not given),
+ * printed after the memory report. */
+void sbpc_dist_report(FILE *out, const sbp_train_program *p, int64_t ranks, int64_t zero);
+
+#endif
