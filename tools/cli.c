@@ -293,3 +293,14 @@ int cli_path(cli *c, const char *flag, const char *s, const char **out)
     *out = s;
     return 0;
 }
+
+char *cli_human_bytes(char *buf, size_t n, double bytes)
+{
+    if (bytes >= 1024.0 * 1024 * 1024)
+        snprintf(buf, n, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+    else if (bytes >= 1024.0 * 1024)
+        snprintf(buf, n, "%.1f MiB", bytes / (1024.0 * 1024));
+    else
+        snprintf(buf, n, "%.1f KiB", bytes / 1024.0);
+    return buf;
+}

@@ -75,6 +75,9 @@ int cli_error(cli *c, const char *fmt, ...) __attribute__((format(printf, 2, 3))
  * NULL) and returns -1, so a failure reads `return cli_errf(err, errlen, "...", ...);`. */
 int cli_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* A byte count for people into buf: "1.25 GiB", "341.5 MiB", "80.6 KiB". Returns buf. */
+char *cli_human_bytes(char *buf, size_t n, double bytes);
+
 int cli_count(cli *c, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);
 int cli_real(cli *c, const char *flag, const char *s, double *out);
 int cli_bytes(cli *c, const char *flag, const char *s, size_t *out);

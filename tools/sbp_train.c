@@ -452,17 +452,6 @@ static char *shape_str(char *buf, size_t n, int rank, const int64_t *dims)
     return buf;
 }
 
-static char *bytes_str(char *buf, size_t n, double bytes)
-{
-    if (bytes >= 1024.0 * 1024 * 1024)
-        snprintf(buf, n, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
-    else if (bytes >= 1024.0 * 1024)
-        snprintf(buf, n, "%.1f MiB", bytes / (1024.0 * 1024));
-    else
-        snprintf(buf, n, "%.1f KiB", bytes / 1024.0);
-    return buf;
-}
-
 /* NumPy's name for an element type, for messages about .npy files. */
 static const char *numpy_name(sbpio_dtype t)
 {
@@ -1109,14 +1098,19 @@ out:
 /* issue 16: the parameter table and block with every parameter in fp32, for the writers
  * (--save, --merge-lora, --save-safetensors, --save-adapter), which index the block by
  * parameter offset. A step with a weight kept as bf16 (--base-precision bf16) gets a copy laid
- * out as an fp32 step's, the bf16 values widened (exactly); any other step is used as is. */
+ * out as an fp32 step's; its bf16 weights, frozen, get the model file's own fp32 values (read
+ * once more), which is what the step started from and what a step with fp32 base weights
+ * writes: the bf16 values are only the step's rounding of them. Any other step is used as is. */
 typedef struct f32_view {
     sbp_step_info info;      /* the step's, with params and param_elems of the copy */
     sbp_step_param *params;  /* [n_params], or NULL: the step's own table and block */
     float *block;            /* [info.param_elems], or NULL */
 } f32_view;
 
-static int f32_view_make(const sbp_step_info *in, const float *block, f32_view *v)
+static void f32_view_free(f32_view *v);
+
+static int f32_view_make(const options *o, const sbp_step_info *in, const float *block,
+                         f32_view *v)
 {
     v->info = *in;
     v->params = NULL;
@@ -1140,26 +1134,12 @@ static int f32_view_make(const sbp_step_info *in, const float *block, f32_view *
     for (int i = 0; i < in->n_params; i++)
         if (in->params[i].tied_to >= 0)
             v->params[i].offset = v->params[in->params[i].tied_to].offset;
-    if (!(v->block = malloc(off * sizeof(float) + 1))) {
-        free(v->params);
-        v->params = NULL;
-        return error("out of memory");
-    }
-    for (int i = 0; i < in->n_params; i++)
-        if (in->params[i].tied_to < 0)
-            sbp_step_param_fetch(&in->params[i], block, v->block + v->params[i].offset);
     v->info.params = v->params;
     v->info.param_elems = off;
-    return 0;
-}
-
-/* The view's weights kept as bf16 get the model file's own fp32 values back: they are frozen,
- * so these are what the step started from, and what a step with fp32 base weights would
- * write (the bf16 values are only the step's rounding of them). Reads the model once more. */
-static int f32_view_originals(const options *o, const sbp_step_info *in, f32_view *v)
-{
-    if (!v->block)
-        return 0;
+    if (!(v->block = malloc(off * sizeof(float) + 1))) {
+        f32_view_free(v);
+        return error("out of memory");
+    }
     ir_diag diag;
     ir_diag_init(&diag, o->model_path);
     ir_graph *g = ir_import_onnx(o->model_path, &diag, NULL);
@@ -1170,16 +1150,23 @@ static int f32_view_originals(const options *o, const sbp_step_info *in, f32_vie
                    o->model_path);
     }
     for (int i = 0; rc == 0 && i < in->n_params; i++) {
-        if (in->params[i].storage != SBP_STEP_PARAM_BF16)
+        const sbp_step_param *p = &in->params[i];
+        if (p->tied_to >= 0)
             continue;
-        const ir_value *x = match_param(g, &in->params[i], o->model_path, o->step_path, true);
+        if (p->storage == SBP_STEP_PARAM_F32) {
+            sbp_step_param_fetch(p, block, v->block + v->params[i].offset);
+            continue;
+        }
+        const ir_value *x = match_param(g, p, o->model_path, o->step_path, true);
         if (!x)
             rc = -1;
         else
-            memcpy(v->block + v->params[i].offset, x->data, in->params[i].numel * sizeof(float));
+            memcpy(v->block + v->params[i].offset, x->data, p->numel * sizeof(float));
     }
     ir_graph_free(g);
     ir_diag_free(&diag);
+    if (rc)
+        f32_view_free(v);
     return rc;
 }
 
@@ -1191,17 +1178,8 @@ static void f32_view_free(f32_view *v)
     v->block = NULL;
 }
 
-/* The parameter that holds i's values: its owner when i is a re-tied copy. */
-static int owner_of(const sbp_step_info *in, int i)
-{
-    return in->params[i].tied_to >= 0 ? in->params[i].tied_to : i;
-}
-
-/* --save: the ONNX copy with the block's weights (in: an fp32 view, f32_view). A weight the
- * step kept as bf16 (stored: the step's own table) is frozen and left as the file has it
- * unless --merge-lora changed it (merge; the view holds its full-precision value). */
-static int save_model(const options *o, const sbp_step_info *in, const float *params,
-                      const sbp_step_info *stored, const train_adapter_merge_plan *merge)
+/* --save: the ONNX copy with the block's weights (in, params: the fp32 view, f32_view). */
+static int save_model(const options *o, const sbp_step_info *in, const float *params)
 {
     int n = in->n_params, rc = 0;
     const float **data = calloc((size_t)n + 1, sizeof *data);
@@ -1215,9 +1193,7 @@ static int save_model(const options *o, const sbp_step_info *in, const float *pa
         goto out;
     int k = 0; /* issue 16: a LoRA step's adapters are not the model's (--merge-lora) */
     for (int i = 0; i < n; i++)
-        if (!train_adapter_is_adapter(in->params[i].name) &&
-            (stored->params[owner_of(stored, i)].storage != SBP_STEP_PARAM_BF16 ||
-             train_adapter_merge_touches(merge, owner_of(stored, i)))) {
+        if (!train_adapter_is_adapter(in->params[i].name)) {
             names[k] = in->params[i].name;
             data[k++] = data[i];
         }
@@ -1273,9 +1249,9 @@ static void fit_advice(const sbp_step_info *in, size_t asked, size_t free_bytes,
     char b1[32], b2[32], b3[32], b4[32];
     if (pgbytes + rest + headroom >= free_bytes) {
         message("note", "the device has %s free, and the parameters, gradients%s alone take %s: "
-                "this model does not fit on it%s", bytes_str(b1, sizeof b1, (double)free_bytes),
+                "this model does not fit on it%s", cli_human_bytes(b1, sizeof b1, (double)free_bytes),
                 adamw ? " and AdamW state" : "",
-                bytes_str(b2, sizeof b2, (double)(pgbytes + rest)),
+                cli_human_bytes(b2, sizeof b2, (double)(pgbytes + rest)),
                 adamw ? " with AdamW (--optimizer sgd keeps no optimizer state)" : "");
         return;
     }
@@ -1284,10 +1260,10 @@ static void fit_advice(const sbp_step_info *in, size_t asked, size_t free_bytes,
     message("note", "the device has %s free; the step plans %s (parameters, gradients and a "
             "workspace of %s) and needs %s more for %s: a step planned within %zu bytes would "
             "fit: recompile it with sbpc --memory-budget %zu%s (the stream strategy picks the "
-            "largest chunks that fit)", bytes_str(b1, sizeof b1, (double)free_bytes),
-            bytes_str(b2, sizeof b2, (double)in->planned_peak_bytes),
-            bytes_str(b3, sizeof b3, (double)in->workspace_bytes),
-            bytes_str(b4, sizeof b4, (double)rest),
+            "largest chunks that fit)", cli_human_bytes(b1, sizeof b1, (double)free_bytes),
+            cli_human_bytes(b2, sizeof b2, (double)in->planned_peak_bytes),
+            cli_human_bytes(b3, sizeof b3, (double)in->workspace_bytes),
+            cli_human_bytes(b4, sizeof b4, (double)rest),
             adamw ? "AdamW state, ids and labels" : "ids and labels", budget, budget >> shift,
             shift == 20 ? "M" : shift == 10 ? "K" : "");
 }
@@ -1594,7 +1570,7 @@ static int run_allocate(run *r)
     if (st) {
         char b1[32];
         error("cannot allocate %s for parameters, gradients, optimizer state and workspace: %s%s",
-              bytes_str(b1, sizeof b1, (double)arena_bytes), rt->status_string(st),
+              cli_human_bytes(b1, sizeof b1, (double)arena_bytes), rt->status_string(st),
               rt_why(rt, *rt->arena_ctx, why, sizeof why));
         if (r->dev_mem && st == SBPRT_ERR_NOMEM)
             fit_advice(in, arena_bytes, r->dev_total - r->dev_before, o->adamw);
@@ -1992,7 +1968,7 @@ static int run_saves(run *r, const sbp_step_info *in, const float *host32)
             return error("--merge-lora: out of memory");
         if (merged)
             train_adapter_merge(r->merge, in, host32, merged);
-        int bad = save_model(o, in, merged ? merged : host32, r->in, r->merge);
+        int bad = save_model(o, in, merged ? merged : host32);
         free(merged);
         if (bad)
             return -1;
@@ -2037,10 +2013,8 @@ static int run_report(run *r)
         if (!r->host_visible && (st = RT(r->rt, copy, copy_ctx, r->host_params, r->d_params,
                                          r->pbytes, SBPRT_COPY_DEVICE_TO_HOST)))
             return copy_failed(r, st);
-        if (f32_view_make(in, r->host_params, &view) || f32_view_originals(o, in, &view)) {
-            f32_view_free(&view);
+        if (f32_view_make(o, in, r->host_params, &view))
             return -1;
-        }
         if (view.block) {
             in = &view.info;
             host32 = view.block;
@@ -2070,25 +2044,25 @@ static int run_report(run *r)
     char b1[32], b2[32], b3[32], b4[32];
     if (r->host_visible) {
         printf("peak memory: planned %s (step %s + optimizer state %s), actual %s (peak RSS)%s\n",
-               bytes_str(b1, sizeof b1, (double)in->planned_peak_bytes + (double)opt_state),
-               bytes_str(b2, sizeof b2, (double)in->planned_peak_bytes),
-               bytes_str(b3, sizeof b3, (double)opt_state),
-               bytes_str(b4, sizeof b4, (double)ru.ru_maxrss * 1024.0),
+               cli_human_bytes(b1, sizeof b1, (double)in->planned_peak_bytes + (double)opt_state),
+               cli_human_bytes(b2, sizeof b2, (double)in->planned_peak_bytes),
+               cli_human_bytes(b3, sizeof b3, (double)opt_state),
+               cli_human_bytes(b4, sizeof b4, (double)ru.ru_maxrss * 1024.0),
                dist.on ? " per rank" : "");
     } else {
         printf("peak device memory: planned %s (step %s + optimizer state %s)",
-               bytes_str(b1, sizeof b1, (double)in->planned_peak_bytes + (double)opt_state),
-               bytes_str(b2, sizeof b2, (double)in->planned_peak_bytes),
-               bytes_str(b3, sizeof b3, (double)opt_state));
+               cli_human_bytes(b1, sizeof b1, (double)in->planned_peak_bytes + (double)opt_state),
+               cli_human_bytes(b2, sizeof b2, (double)in->planned_peak_bytes),
+               cli_human_bytes(b3, sizeof b3, (double)opt_state));
         if (r->dev_mem && r->dev_peak >= r->dev_before)
             printf(", actual %s more in use than before the arena (%zu bytes: arena, constants, "
                    "runtime scratch, cuBLAS workspace; at most %s of %s in use, sampled after "
                    "each step)",
-                   bytes_str(b4, sizeof b4, (double)(r->dev_peak - r->dev_before)),
-                   r->dev_peak - r->dev_before, bytes_str(b1, sizeof b1, (double)r->dev_peak),
-                   bytes_str(b2, sizeof b2, (double)r->dev_total));
+                   cli_human_bytes(b4, sizeof b4, (double)(r->dev_peak - r->dev_before)),
+                   r->dev_peak - r->dev_before, cli_human_bytes(b1, sizeof b1, (double)r->dev_peak),
+                   cli_human_bytes(b2, sizeof b2, (double)r->dev_total));
         printf("\npeak host memory: %s (peak RSS)\n",
-               bytes_str(b4, sizeof b4, (double)ru.ru_maxrss * 1024.0));
+               cli_human_bytes(b4, sizeof b4, (double)ru.ru_maxrss * 1024.0));
     }
     if (dist.on) /* issue 14: cpu and cuda steps alike */
         printf("data parallel: %d ranks, ZeRO %d: optimizer state %zu bytes per rank "

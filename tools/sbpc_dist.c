@@ -22,18 +22,6 @@ int sbpc_dist_check(int64_t ranks, int64_t zero, bool report, char *err, size_t 
 /* ceil(a / b) for b > 0, without overflow */
 static uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
 
-static const char *human(char *buf, size_t n, double x)
-{
-    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (x >= 1024 && u < 4) {
-        x /= 1024;
-        u++;
-    }
-    snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", x, unit[u]);
-    return buf;
-}
-
 void sbpc_dist_report(FILE *out, const sbp_train_program *p, int64_t ranks, int64_t zero)
 {
     if (zero < 0)
@@ -59,7 +47,7 @@ void sbpc_dist_report(FILE *out, const sbp_train_program *p, int64_t ranks, int6
             (unsigned long long)(zero > 0 ? ceil_div(E, N) : E), (unsigned long long)(8 * E));
     fprintf(out, "  per rank: workspace           %16llu\n", (unsigned long long)ws);
     fprintf(out, "  per rank: total               %16llu  (%s)\n", (unsigned long long)total,
-            human(h, sizeof h, (double)total));
+            cli_human_bytes(h, sizeof h, (double)total));
     if (zero > 0)
         fprintf(out, "  (with checkpoints, rank 0 also stages the whole moments on the host "
                      "to write them: %llu bytes)\n", (unsigned long long)(8 * E));

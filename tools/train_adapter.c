@@ -420,14 +420,6 @@ train_adapter_merge_plan *train_adapter_merge_plan_make(const ir_graph *g,
 
 int train_adapter_merge_count(const train_adapter_merge_plan *p) { return p ? p->n : 0; }
 
-bool train_adapter_merge_touches(const train_adapter_merge_plan *p, int param)
-{
-    for (int k = 0; p && k < p->n; k++)
-        if (p->e[k].target == param)
-            return true;
-    return false;
-}
-
 void train_adapter_merge(const train_adapter_merge_plan *p, const sbp_step_info *in,
                          const float *params, float *out)
 {

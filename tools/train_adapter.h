@@ -79,8 +79,6 @@ train_adapter_merge_plan *train_adapter_merge_plan_make(const ir_graph *g,
                                                         size_t errlen);
 /* The number of base weights (storage blocks) the plan updates. */
 int train_adapter_merge_count(const train_adapter_merge_plan *p);
-/* Whether the merge updates step parameter `param` (a parameter with storage); false for NULL. */
-bool train_adapter_merge_touches(const train_adapter_merge_plan *p, int param);
 /* out ([param_elems]) gets the parameter block params ([param_elems]) with every planned base
  * weight W replaced by W + (lora_alpha / lora_rank)·B·A (summed in double, rounded once), in W's
  * layout; a re-tied copy's update goes to its owner, so both views agree. out != params. */

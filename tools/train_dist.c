@@ -251,7 +251,7 @@ size_t train_dist_state_elems(const train_dist *d) { return d->hi - d->lo; }
 int64_t train_dist_micro(const train_dist *d, train_inputs *ti, const int32_t *ids,
                          const int32_t *labels, int64_t k)
 {
-    const int64_t B = d->B, G = d->G, T = ti->T, h = B / 2, P = G / 2, r = d->rank;
+    const int64_t B = d->B, G = d->G, h = B / 2, P = G / 2, r = d->rank;
     int64_t pad_pairs = 0;
     for (int64_t j = 0; j < B; j++) {
         int64_t g = -1; /* the files' row for local row j; -1: padding */
@@ -265,32 +265,7 @@ int64_t train_dist_micro(const train_dist *d, train_inputs *ti, const int32_t *i
             else if (j < h)
                 pad_pairs++;
         }
-        int32_t *mi = ti->mb_ids + j * T, *ml = ti->mb_labels + j * T;
-        if (g < 0) { /* a valid id, nothing scored, zero extras */
-            for (int64_t t = 0; t < T; t++) {
-                mi[t] = 0;
-                ml[t] = -100;
-            }
-            if (ti->mb_ref && ti->dpo)
-                ti->mb_ref[j] = 0;
-            else if (ti->mb_ref)
-                memset(ti->mb_ref + j * T, 0, sizeof(float) * (size_t)T);
-            if (ti->mb_old)
-                memset(ti->mb_old + j * T, 0, sizeof(float) * (size_t)T);
-            if (ti->mb_adv)
-                ti->mb_adv[j] = 0;
-            continue;
-        }
-        memcpy(mi, ids + g * T, sizeof(int32_t) * (size_t)T);
-        memcpy(ml, labels + g * T, sizeof(int32_t) * (size_t)T);
-        if (ti->mb_ref && ti->dpo)
-            ti->mb_ref[j] = ti->ref[g];
-        else if (ti->mb_ref)
-            memcpy(ti->mb_ref + j * T, ti->ref + g * T, sizeof(float) * (size_t)T);
-        if (ti->mb_old)
-            memcpy(ti->mb_old + j * T, ti->old + g * T, sizeof(float) * (size_t)T);
-        if (ti->mb_adv)
-            ti->mb_adv[j] = ti->adv[g];
+        ti_row(ti, j, ids, labels, g);
     }
     return pad_pairs;
 }

@@ -184,21 +184,37 @@ double ti_denominator(const train_inputs *ti, const int32_t *labels)
     return scored;
 }
 
+void ti_row(train_inputs *ti, int64_t j, const int32_t *ids, const int32_t *labels, int64_t r)
+{
+    const int64_t T = ti->T;
+    int32_t *mi = ti->mb_ids + j * T, *ml = ti->mb_labels + j * T;
+    if (r < 0) { /* a valid id, nothing scored, zero extras */
+        for (int64_t t = 0; t < T; t++) {
+            mi[t] = 0;
+            ml[t] = -100;
+        }
+    } else {
+        memcpy(mi, ids + r * T, sizeof(int32_t) * (size_t)T);
+        memcpy(ml, labels + r * T, sizeof(int32_t) * (size_t)T);
+    }
+    if (ti->mb_ref && ti->dpo)
+        ti->mb_ref[j] = r < 0 ? 0 : ti->ref[r];
+    else if (ti->mb_ref && r < 0)
+        memset(ti->mb_ref + j * T, 0, sizeof(float) * (size_t)T);
+    else if (ti->mb_ref)
+        memcpy(ti->mb_ref + j * T, ti->ref + r * T, sizeof(float) * (size_t)T);
+    if (ti->mb_old && r < 0)
+        memset(ti->mb_old + j * T, 0, sizeof(float) * (size_t)T);
+    else if (ti->mb_old)
+        memcpy(ti->mb_old + j * T, ti->old + r * T, sizeof(float) * (size_t)T);
+    if (ti->mb_adv)
+        ti->mb_adv[j] = r < 0 ? 0 : ti->adv[r];
+}
+
 void ti_micro(train_inputs *ti, const int32_t *ids, const int32_t *labels, int64_t k)
 {
-    const int64_t B = ti->B, T = ti->T, h = B / 2;
-    for (int64_t j = 0; j < B; j++) {
-        /* the files' row for the micro-batch's row j */
-        int64_t r = !ti->dpo ? k * B + j : j < h ? k * h + j : ti->N / 2 + k * h + (j - h);
-        memcpy(ti->mb_ids + j * T, ids + r * T, sizeof(int32_t) * (size_t)T);
-        memcpy(ti->mb_labels + j * T, labels + r * T, sizeof(int32_t) * (size_t)T);
-        if (ti->mb_ref && ti->dpo)
-            ti->mb_ref[j] = ti->ref[r];
-        else if (ti->mb_ref)
-            memcpy(ti->mb_ref + j * T, ti->ref + r * T, sizeof(float) * (size_t)T);
-        if (ti->mb_old)
-            memcpy(ti->mb_old + j * T, ti->old + r * T, sizeof(float) * (size_t)T);
-        if (ti->mb_adv)
-            ti->mb_adv[j] = ti->adv[r];
-    }
+    const int64_t B = ti->B, h = B / 2;
+    for (int64_t j = 0; j < B; j++) /* the files' row for the micro-batch's row j */
+        ti_row(ti, j, ids, labels,
+               !ti->dpo ? k * B + j : j < h ? k * h + j : ti->N / 2 + k * h + (j - h));
 }

@@ -48,6 +48,10 @@ int ti_check(const train_inputs *ti, const int32_t *labels, const char *labels_p
  * positions (SFT, graph-loss, GRPO token), rows (GRPO sequence) or pairs (DPO). */
 double ti_denominator(const train_inputs *ti, const int32_t *labels);
 
+/* Row j of mb_* from row r of the whole batch's ids and labels [N*T] and the inputs; r < 0: an
+ * unscored padding row (id 0, labels -100, zero reference / old logps and advantage). */
+void ti_row(train_inputs *ti, int64_t j, const int32_t *ids, const int32_t *labels, int64_t r);
+
 /* Fills mb_* with micro-batch k of the whole batch's ids and labels [N*T] and the inputs. */
 void ti_micro(train_inputs *ti, const int32_t *ids, const int32_t *labels, int64_t k);
 
