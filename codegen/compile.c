@@ -348,8 +348,12 @@ static int out_set_begin(out_set *s, const char *out_path, ir_diag *d)
         out_set_remove(s);
         return ir_diag_error(d, "out of memory");
     }
+    /* registered before it exists, as sbp_atomic_open does: no window for a signal to leave it */
+    s->dir_slot = sbp_tmp_register(s->dir, true);
     if (mkdir(s->dir, 0700) != 0) {
         snprintf(err, sizeof err, "%s", strerror(errno));
+        sbp_tmp_unregister(s->dir_slot);
+        s->dir_slot = 0;
         free(s->dir);
         s->dir = NULL;
         ir_diag_error(d, "cannot write %s: cannot create a temporary folder next to it: %s",
@@ -357,7 +361,6 @@ static int out_set_begin(out_set *s, const char *out_path, ir_diag *d)
         out_set_remove(s);
         return IR_ERR;
     }
-    s->dir_slot = sbp_tmp_register(s->dir, true);
     for (int k = 0; k < s->n; k++) {
         const char *base = strrchr(s->final[k], '/');
         base = base ? base + 1 : s->final[k];

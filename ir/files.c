@@ -5,7 +5,10 @@
  * is filled while its state is FREE, then published by setting its state, so the handler only
  * ever reads complete paths, and it calls nothing but unlink, rmdir, sigaction and raise (all
  * async-signal-safe). Handlers are installed only for signals whose action is still the default:
- * a signal the user ignored (nohup's SIGHUP, a test's SIGXFSZ) stays ignored.
+ * a signal the user ignored (nohup's SIGHUP, a test's SIGXFSZ) stays ignored. The cleanup runs
+ * on the main thread, the one that makes temporaries, and a temporary is registered before it is
+ * created: no window in which a signal can leave one behind (a worker thread that receives the
+ * signal passes it on to the main thread).
  */
 #define _GNU_SOURCE /* O_NOFOLLOW, dirfd */
 #include "files.h"
@@ -19,6 +22,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -213,9 +217,22 @@ static volatile sig_atomic_t tmp_state[TMP_SLOTS];
 static const int tmp_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGXFSZ};
 static int tmp_installed;
 
+bool sbp_signal_to_main_thread(int sig)
+{
+    pid_t pid = getpid();
+    if ((pid_t)syscall(SYS_gettid) == pid)
+        return false;
+    syscall(SYS_tgkill, pid, pid, sig);
+    return true;
+}
+
 static void tmp_on_signal(int sig)
 {
     int saved = errno;
+    if (sbp_signal_to_main_thread(sig)) {
+        errno = saved;
+        return;
+    }
     for (int i = TMP_SLOTS - 1; i >= 0; i--)
         if (tmp_state[i] == TMP_FILE)
             unlink(tmp_paths[i]);
@@ -391,9 +408,17 @@ int sbp_atomic_begin(sbp_atomic *a, const char *path, char *err, size_t errlen)
             e = ENOMEM;
             break;
         }
+        /* Registered before it exists: a signal between the open and a later registration
+         * would leave the file behind (seen under ASan in CI). Unlinking a name not yet
+         * created, or one of our own pid's stale files that made the open fail, is harmless. */
+        a->slot = sbp_tmp_register(tmp, false);
         /* 0666 & ~umask, like any newly created file; a replaced file's mode below. */
         fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         e = errno;
+        if (fd < 0) {
+            sbp_tmp_unregister(a->slot);
+            a->slot = 0;
+        }
         if (fd < 0 && e != EEXIST)
             break;
     }
@@ -404,7 +429,6 @@ int sbp_atomic_begin(sbp_atomic *a, const char *path, char *err, size_t errlen)
         return errf(err, errlen, "%s: cannot create a temporary file next to it: %s", path,
                     strerror(e));
     }
-    a->slot = sbp_tmp_register(tmp, false);
     a->tmp = tmp;
     /* The replacement keeps the permissions (and, where allowed, the owner) of the file it
      * replaces: a 0600 model must not become world-readable by being saved. */

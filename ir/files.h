@@ -88,6 +88,12 @@ int sbp_file_check_output(const char *path, const char *role, const sbp_file_set
  * handlers. */
 int sbp_tmp_register(const char *path, bool is_dir);
 void sbp_tmp_unregister(int handle); /* 0 is ignored */
+/* For a signal handler: when the calling thread is not the process's main thread (an OpenMP or
+ * MPI worker that the kernel picked because the main one already had a signal pending), sends
+ * sig to the main thread and returns true; the handler then returns without acting. The cleanup
+ * must run on the thread that creates the temporaries, or that thread can make a new one between
+ * the cleanup and the process's death. Async-signal-safe (gettid, tgkill). */
+bool sbp_signal_to_main_thread(int sig);
 /* Removes the stale temporaries of target: siblings ".<name>.tmp.<pid>.*" whose process is gone
  * (a directory with its files). Best effort, silent. */
 void sbp_tmp_clean_stale(const char *target);

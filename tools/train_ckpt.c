@@ -73,7 +73,8 @@ static void on_stop_signal(int sig)
     for (int k = 0; k < 2; k++)
         if (stop_signals[k] == sig)
             sigaction(sig, &prev_action[k], NULL);
-    raise(sig);
+    if (!sbp_signal_to_main_thread(sig)) /* files.c's cleanup must run on the main thread */
+        raise(sig);
 }
 
 static void install_stop_handlers(void)
