@@ -523,6 +523,7 @@ typedef struct runtime {
     /* the step's copy when it made the context (else ours): diagnostics and memory figures */
     const char *(*last_error)(const sbprt_ctx *);
     int (*device_memory)(sbprt_ctx *, size_t *, size_t *);
+    int (*ctx_nthreads)(const sbprt_ctx *); /* the step's copy, ours, or NULL (not exported) */
     /* the step's sbp_step_init / sbp_step_release (codegen/sbp_step.h), or NULL (older steps) */
     int (*step_init)(sbprt_ctx *);
     void (*step_release)(sbprt_ctx *);
@@ -589,6 +590,11 @@ static int runtime_load(runtime *rt, void *lib, const char *step_path, const cha
         *(void **)(&rt->last_error) = last;
     else
         rt->last_error = sbprt_ctx_last_error;
+    void *nth = rt->ctx_from_step ? dlsym(lib, "sbprt_ctx_nthreads") : NULL;
+    if (nth)
+        *(void **)(&rt->ctx_nthreads) = nth;
+    else if (!rt->ctx_from_step)
+        rt->ctx_nthreads = sbprt_ctx_nthreads;
     if (mem)
         *(void **)(&rt->device_memory) = mem;
     else if (!rt->ctx_from_step)
@@ -637,6 +643,16 @@ static int runtime_start(runtime *rt, int nthreads)
     if (need_own && (st = sbprt_ctx_create(&rt->own_ctx, nthreads)))
         return error("cannot create a runtime context: %s", sbprt_status_string(st));
     return 0;
+}
+
+/* The CPU threads a cpu step's reductions are split over (what makes its results bit for bit
+ * reproducible only at the same count), or 0 for another target or when the step does not say. */
+static int step_threads(const sbp_step_info *in, const runtime *rt, int64_t asked)
+{
+    if (!in->target || strcmp(in->target, "cpu") != 0)
+        return 0;
+    int n = rt->ctx_nthreads ? rt->ctx_nthreads(rt->step_ctx) : 0;
+    return n > 0 ? n : (int)asked;
 }
 
 /* "; <the runtime's diagnostic>" for a failure on ctx, or "" when it recorded none. */
@@ -1635,6 +1651,7 @@ static int run_allocate(run *r)
             .pbytes = pbytes, .gbytes = gbytes, .d_params = r->d_params,
             .d_m = stage ? dist.stage_m : r->d_m, .d_v = stage ? dist.stage_v : r->d_v,
             .host_params = r->host_params, .ranks = dist.size, /* issue 14 */
+            .threads = step_threads(in, rt, o->threads),
             .host_moments = stage, /* issue 14: the staging copies are host memory */
             .host_visible = r->host_visible, .copy = rt->copy, .copy_ctx = *rt->copy_ctx,
             .note = note_message, .packing = pack_id}, ckpt_err, sizeof ckpt_err))

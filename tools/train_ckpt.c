@@ -279,7 +279,7 @@ static void first_difference(const char *a, const char *b, char *out, size_t n)
     snprintf(out, n, "the parameter tables differ");
 }
 
-enum { META_MAX = 32 };
+enum { META_MAX = 40 };
 
 /* The metadata of a checkpoint at step s (values live in `buf`). */
 typedef struct ckpt_meta {
@@ -339,6 +339,8 @@ static int build_meta(const train_ckpt *c, int64_t s, ckpt_meta *m)
     meta_add(m, "data_hash", "%016" PRIx64, c->data_hash);
     meta_add(m, "packing", "%s", c->packing[0] ? c->packing : "none"); /* issue 13 */
     meta_add(m, "ranks", "%d", r->ranks > 1 ? r->ranks : 1); /* issue 14 */
+    if (r->threads > 0)
+        meta_add(m, "threads", "%d", r->threads);
     /* the state */
     meta_add(m, "step", "%" PRId64, s);
     meta_add(m, "adamw_step", "%" PRId64, r->adamw ? s : 0);
@@ -537,6 +539,17 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
                          now.kv[k].value);
                 r->note(msg);
             }
+    }
+    /* CPU reductions are split over the threads: another count changes the last bits */
+    const char *their_threads = sbpio_st_meta(c->from, "threads");
+    if (!rc && their_threads && r->threads > 0 && r->note &&
+        strtol(their_threads, NULL, 10) != r->threads) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "the checkpoint's run used %s CPU threads, this one %d: the "
+                 "steps from here on are exact, but not bit for bit the uninterrupted run's "
+                 "(resume with --threads %s for that)", their_threads, r->threads,
+                 their_threads);
+        r->note(msg);
     }
     free(now.table);
     if (rc)

@@ -90,6 +90,9 @@ typedef struct train_ckpt_run {
     void (*note)(const char *); /* prints "sbp-train: note: <msg>" */
     int ranks;                 /* issue 14: mpirun's ranks (0 or 1: one process), part of the
                                 * identity ("ranks"; a checkpoint without it: 1) */
+    int threads;               /* a cpu step's threads (0: another target, or unknown); kept as
+                                * "threads", and a resume with another count is told that it is
+                                * exact but not bit for bit the uninterrupted run */
 } train_ckpt_run;
 
 /* The state of one run (sbp-train's `run` holds one). Zero-initialised = checkpoints off. */

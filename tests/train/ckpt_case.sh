@@ -123,6 +123,21 @@ resume_log)
   b=$(grep -oE '"loss":[^,]+' part.jsonl)
   [ "$a" = "$b" ] || { diff <(echo "$a") <(echo "$b") >&2; fail "the resumed log's losses differ"; }
   ;;
+resume_threads)
+  # the thread count is recorded (CPU reductions are split over threads, so only the same count
+  # repeats a run bit for bit): a resume with the same count says nothing, another count is told
+  train p1.txt "${DATA[@]}" --steps 3 --checkpoint-dir part
+  head -c 4096 part/step-00000003.safetensors | grep -aq '"threads":"2"' ||
+    fail "the checkpoint does not record --threads 2"
+  cp -r part same
+  train p2.txt "${DATA[@]}" --steps 5 --resume same
+  ! grep -q 'threads' p2.txt || { cat p2.txt >&2; fail "a resume with the same --threads got a note"; }
+  train p3.txt --model data/bigram.onnx --data data/stream.bin --lr 0.05 --threads 1 --steps 5 \
+    --resume part
+  grep -q "note: the checkpoint's run used 2 CPU threads, this one 1" p3.txt ||
+    { cat p3.txt >&2; fail "no note on a resume with --threads 1"; }
+  [ "$(losses_from p3.txt 1 | wc -l)" = 2 ] || fail "the --threads 1 resume did not run steps 4-5"
+  ;;
 sigterm)
   # SIGTERM in a long run: a checkpoint at the end of the current step, exit 0, no temporary
   "$SBP_TRAIN" "$STEP" "${DATA[@]}" --steps 1000000000 --checkpoint-dir part \
