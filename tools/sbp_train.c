@@ -1633,13 +1633,12 @@ static int run_allocate(run *r)
             return copy_failed(r, st);
     }
     /* issue 12: checkpoints: --resume overwrites the weights, m, v and the data position */
-    /* issue 14: under ZeRO a checkpoint holds the whole moments: full-size buffers that a
-     * resume restores into (then each rank takes its slice) and rank 0 gathers into */
-    const bool stage = dist.on && dist.zero > 0 && o->adamw && r->ckpt.dir;
-    dist.gather_state = stage;
-    if (stage && (!(dist.stage_m = calloc(1, gbytes + 1)) ||
-                  !(dist.stage_v = calloc(1, gbytes + 1))))
-        return error("out of memory");
+    /* issue 14: under ZeRO a checkpoint still holds the whole moments: a resume reads this
+     * rank's slice of them, and rank 0 writes the ranks' slices as they arrive */
+    const bool sliced = dist.on && dist.zero > 0 && o->adamw && r->ckpt.dir;
+    dist.state_sliced = sliced;
+    dist.state_m = r->d_m;
+    dist.state_v = r->d_v;
     char ckpt_err[1024], pack_id[64]; /* issue 13: the packing is part of the run's identity */
     train_pack_identity(&o->pack, r->doc_ids, (size_t)r->K * ntok, pack_id, sizeof pack_id);
     if (train_ckpt_start(&r->ckpt, &(train_ckpt_run){
@@ -1649,26 +1648,16 @@ static int run_allocate(run *r)
             .shard = r->have_shard ? &r->shard : NULL, .ids = r->ids, .labels = r->labels,
             .ntok_all = (size_t)(r->ti.N * r->T) /* issue 14: the global batch */,
             .pbytes = pbytes, .gbytes = gbytes, .d_params = r->d_params,
-            .d_m = stage ? dist.stage_m : r->d_m, .d_v = stage ? dist.stage_v : r->d_v,
+            .d_m = r->d_m, .d_v = r->d_v,
             .host_params = r->host_params, .ranks = dist.size, /* issue 14 */
             .threads = step_threads(in, rt, o->threads),
-            .host_moments = stage, /* issue 14: the staging copies are host memory */
+            .state_fill = sliced ? train_dist_fill_state : NULL, .state_arg = &dist,
+            .state_lo = dist.lo, .state_n = dist.hi - dist.lo, /* issue 14: ZeRO's slice */
             .host_visible = r->host_visible, .copy = rt->copy, .copy_ctx = *rt->copy_ctx,
             .note = note_message, .packing = pack_id}, ckpt_err, sizeof ckpt_err))
         return error("%s", ckpt_err);
-    if (stage && /* issue 14: this rank's slice of the (restored or zero) moments */
-        train_dist_scatter_state(&dist, dist.stage_m, dist.stage_v, r->d_m, r->d_v, why,
-                                 sizeof why))
-        return error("%s", why);
-    if (dist.on && dist.rank != 0) { /* issue 14: rank 0 alone writes checkpoints */
+    if (dist.on && dist.rank != 0) /* issue 14: rank 0 alone writes checkpoints */
         r->ckpt.dir = NULL;
-        if (stage) {
-            r->ckpt.r.d_m = r->ckpt.r.d_v = NULL;
-            free(dist.stage_m);
-            free(dist.stage_v);
-            dist.stage_m = dist.stage_v = NULL;
-        }
-    }
 
     /* the step's own preparation (a cuda step uploads its constants), outside the timing */
     if (rt->step_init && (st = rt->step_init(rt->step_ctx)))
@@ -1909,8 +1898,7 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
                      rt_why(rt, *rt->sync_ctx, why, sizeof why));
     /* issue 14: ZeRO: every rank's updated slice to every rank; the moments to rank 0 for a
      * checkpoint */
-    if (train_dist_gather_params(&dist, in, r->d_params, r->d_grads, err, sizeof err) ||
-        train_dist_gather_state(&dist, r->d_m, r->d_v, err, sizeof err))
+    if (train_dist_gather_params(&dist, in, r->d_params, r->d_grads, err, sizeof err))
         return error("step %lld: %s", (long long)s, err);
     sample_device_memory(r);
     double dt = t_run + (now_seconds() - t0);
@@ -1961,11 +1949,20 @@ static int run_loop(run *r)
     for (int64_t s = first; s <= o->steps && !r->ckpt.stopped; s++) {
         if (run_step(r, s, epoch0, bar))
             return -1;
-        if (dist.on) /* issue 14: a signal to any rank is rank 0's, which writes checkpoints */
-            train_ckpt_request_stop(train_dist_max(&dist, train_ckpt_stop_signal()));
-        if ((train_ckpt_after_step(&r->ckpt, s, ckpt_err, sizeof ckpt_err) &&
+        /* the signal this step acts on, read once: issue 14: the ranks' combined one, so
+         * that every rank decides alike whether a checkpoint is due */
+        int sig = train_ckpt_stop_signal();
+        if (dist.on) {
+            sig = train_dist_max(&dist, sig);
+            train_ckpt_request_stop(sig);
+        }
+        if ((train_ckpt_after_step(&r->ckpt, s, sig, ckpt_err, sizeof ckpt_err) &&
              error("%s", ckpt_err)))
             return -1;
+        /* issue 14: ZeRO: the other ranks' moment slices go to rank 0 as it writes them */
+        if (dist.state_sliced && dist.rank != 0 && train_ckpt_due(&o->ckpt, s, o->steps, sig) &&
+            train_dist_send_state(&dist, ckpt_err, sizeof ckpt_err))
+            return error("step %lld: %s", (long long)s, ckpt_err);
         if (dist.on) /* issue 14: rank 0 stopped by a signal stops every rank */
             r->ckpt.stopped = train_dist_any(&dist, r->ckpt.stopped);
     }

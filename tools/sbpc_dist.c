@@ -48,7 +48,8 @@ void sbpc_dist_report(FILE *out, const sbp_train_program *p, int64_t ranks, int6
     fprintf(out, "  per rank: workspace           %16llu\n", (unsigned long long)ws);
     fprintf(out, "  per rank: total               %16llu  (%s)\n", (unsigned long long)total,
             cli_human_bytes(h, sizeof h, (double)total));
-    if (zero > 0)
-        fprintf(out, "  (with checkpoints, rank 0 also stages the whole moments on the host "
-                     "to write them: %llu bytes)\n", (unsigned long long)(8 * E));
+    if (zero > 0 && N > 1)
+        fprintf(out, "  (with checkpoints, rank 0 also buffers one other rank's moment slice on "
+                     "the host while it writes them: %llu bytes)\n",
+                (unsigned long long)(4 * ceil_div(E, N)));
 }

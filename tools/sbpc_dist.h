@@ -8,8 +8,8 @@
  * the moments cover one contiguous slice of the gradient block: train_dist_plan_slices gives
  * rank r the elements [E*r/N, E*(r+1)/N), so the largest rank holds ceil(E/N) of the E
  * elements, and that is the figure printed (rank 0, which sbp-train's end report speaks for,
- * holds floor(E/N)). Checkpoints under ZeRO also keep rank 0's full-size staging copy of the
- * moments on the host; that is said, not counted.
+ * holds floor(E/N)). Checkpoints under ZeRO have rank 0 buffer one other rank's slice of one
+ * moment on the host while it writes (train_dist_fill_state); that is said, not counted.
  */
 #ifndef SBPC_DIST_H
 #define SBPC_DIST_H

@@ -464,14 +464,16 @@ static int compare_key(const train_ckpt *c, const ckpt_meta *now, const char *ke
                     c->r.step_path);
 }
 
-/* Copies checkpoint tensor `name` into backend memory dst through the host buffer tmp. */
-static int load_block(train_ckpt *c, const char *name, float *dst, float *tmp, size_t bytes,
-                      char *err, size_t errlen)
+/* Copies elements [first, first + n) of checkpoint tensor `name`, which holds `total`, into
+ * backend memory dst through the host buffer tmp. */
+static int load_block(train_ckpt *c, const char *name, float *dst, float *tmp, size_t total,
+                      size_t first, size_t n, char *err, size_t errlen)
 {
     const train_ckpt_run *r = &c->r;
-    int64_t n = (int64_t)(bytes / sizeof(float));
-    if (sbpio_st_copy_f32(c->from, name, tmp, n, err, errlen) != SBPIO_OK)
+    if (sbpio_st_copy_f32_range(c->from, name, tmp, (int64_t)total, (int64_t)first, (int64_t)n,
+                                err, errlen) != SBPIO_OK)
         return -1;
+    const size_t bytes = n * sizeof(float);
     if (tmp != dst) {
         int st = r->copy(r->copy_ctx, dst, tmp, bytes, SBPRT_COPY_HOST_TO_DEVICE);
         if (st)
@@ -479,6 +481,12 @@ static int load_block(train_ckpt *c, const char *name, float *dst, float *tmp, s
                             sbprt_status_string(st));
     }
     return 0;
+}
+
+/* The moments' elements this process holds: a ZeRO slice, or all of them. */
+static size_t ckpt_state_elems(const train_ckpt_run *r)
+{
+    return r->state_fill ? r->state_n : r->gbytes / sizeof(float);
 }
 
 int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t errlen)
@@ -493,9 +501,9 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
     else
         c->data_hash = fnv1a(fnv1a(FNV_SEED, r->ids, r->ntok_all * sizeof *r->ids), r->labels,
                              r->ntok_all * sizeof *r->labels);
-    if (!r->host_visible && r->adamw && !r->host_moments) { /* issue 14: host_moments */
-        c->host_m = malloc(r->gbytes + 1);
-        c->host_v = malloc(r->gbytes + 1);
+    if (!r->host_visible && r->adamw) { /* issue 14: a ZeRO slice's worth */
+        c->host_m = malloc(ckpt_state_elems(r) * sizeof(float) + 1);
+        c->host_v = malloc(ckpt_state_elems(r) * sizeof(float) + 1);
         if (!c->host_m || !c->host_v)
             return cli_errf(err, errlen, "out of memory");
     }
@@ -557,13 +565,16 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
 
     /* the state: parameters, moments, data cursor */
     float *tmp = r->host_params;
-    if (load_block(c, "params", r->d_params, tmp, r->pbytes, err, errlen))
+    const size_t np = r->pbytes / sizeof(float), ng = r->gbytes / sizeof(float);
+    if (load_block(c, "params", r->d_params, tmp, np, 0, np, err, errlen))
         return -1;
-    const bool host_mv = r->host_visible || r->host_moments; /* issue 14 */
-    if (r->adamw && (load_block(c, "adamw.m", r->d_m, host_mv ? r->d_m : c->host_m,
-                                r->gbytes, err, errlen) ||
-                     load_block(c, "adamw.v", r->d_v, host_mv ? r->d_v : c->host_v,
-                                r->gbytes, err, errlen)))
+    /* issue 14: under ZeRO this rank's slice of the whole moments */
+    const size_t lo = r->state_fill ? r->state_lo : 0, n = ckpt_state_elems(r);
+    if (r->adamw &&
+        (load_block(c, "adamw.m", r->d_m, r->host_visible ? r->d_m : c->host_m, ng, lo, n, err,
+                    errlen) ||
+         load_block(c, "adamw.v", r->d_v, r->host_visible ? r->d_v : c->host_v, ng, lo, n, err,
+                    errlen)))
         return -1;
     if (r->shard) {
         const char *pos = sbpio_st_meta(c->from, "data_pos");
@@ -605,6 +616,20 @@ static void prune(const train_ckpt *c, int64_t s)
     free(steps);
 }
 
+/* issue 14: sbpio's fill for a moment tensor (bytes) on the run's state_fill (elements) */
+typedef struct ckpt_fill {
+    const train_ckpt_run *r;
+    int which; /* 0: m, 1: v */
+} ckpt_fill;
+
+static int fill_moment(void *arg, size_t offset, void *buf, size_t bytes, char *err,
+                       size_t errlen)
+{
+    const ckpt_fill *f = arg;
+    return f->r->state_fill(f->r->state_arg, f->which, offset / sizeof(float), buf,
+                            bytes / sizeof(float), err, errlen);
+}
+
 static int write_ckpt(train_ckpt *c, int64_t s, char *err, size_t errlen)
 {
     const train_ckpt_run *r = &c->r;
@@ -613,7 +638,7 @@ static int write_ckpt(train_ckpt *c, int64_t s, char *err, size_t errlen)
     if (!r->host_visible) {
         st = r->copy(r->copy_ctx, r->host_params, r->d_params, r->pbytes,
                      SBPRT_COPY_DEVICE_TO_HOST);
-        const bool copy_mv = r->adamw && !r->host_moments; /* issue 14: host_moments */
+        const bool copy_mv = r->adamw && !r->state_fill; /* issue 14: else filled */
         if (!st && copy_mv)
             st = r->copy(r->copy_ctx, c->host_m, r->d_m, r->gbytes, SBPRT_COPY_DEVICE_TO_HOST);
         if (!st && copy_mv)
@@ -631,10 +656,15 @@ static int write_ckpt(train_ckpt *c, int64_t s, char *err, size_t errlen)
         return cli_errf(err, errlen, "out of memory");
     int64_t shape[1] = {(int64_t)(r->pbytes / sizeof(float))};
     int64_t gshape[1] = {(int64_t)(r->gbytes / sizeof(float))}; /* the trained parameters' */
+    ckpt_fill fills[2] = {{r, 0}, {r, 1}}; /* issue 14: ZeRO: the ranks' slices, in order */
     sbpio_st_tensor ts[3] = {
         {.name = "params", .dtype = SBPIO_DT_F32, .rank = 1, .shape = shape, .data = params},
-        {.name = "adamw.m", .dtype = SBPIO_DT_F32, .rank = 1, .shape = gshape, .data = m},
-        {.name = "adamw.v", .dtype = SBPIO_DT_F32, .rank = 1, .shape = gshape, .data = v},
+        {.name = "adamw.m", .dtype = SBPIO_DT_F32, .rank = 1, .shape = gshape,
+         .data = r->state_fill ? NULL : m, .fill = r->state_fill ? fill_moment : NULL,
+         .fill_arg = &fills[0]},
+        {.name = "adamw.v", .dtype = SBPIO_DT_F32, .rank = 1, .shape = gshape,
+         .data = r->state_fill ? NULL : v, .fill = r->state_fill ? fill_moment : NULL,
+         .fill_arg = &fills[1]},
     };
     char *path = ckpt_path(c->dir, s);
     char why[600];
@@ -662,13 +692,16 @@ static int write_ckpt(train_ckpt *c, int64_t s, char *err, size_t errlen)
     return 0;
 }
 
-int train_ckpt_after_step(train_ckpt *c, int64_t s, char *err, size_t errlen)
+bool train_ckpt_due(const train_ckpt_opts *o, int64_t s, int64_t total, int sig)
 {
-    if (!c->dir)
-        return 0;
-    const int sig = stop_signal;
-    const bool due = (c->o->every > 0 && s % c->o->every == 0) || s == c->r.total_steps || sig;
-    if (!due)
+    if (!o || (!o->dir && !o->resume))
+        return false;
+    return (o->every > 0 && s % o->every == 0) || s == total || sig;
+}
+
+int train_ckpt_after_step(train_ckpt *c, int64_t s, int sig, char *err, size_t errlen)
+{
+    if (!c->dir || !train_ckpt_due(c->o, s, c->r.total_steps, sig))
         return 0;
     if (write_ckpt(c, s, err, errlen))
         return -1;

@@ -83,8 +83,14 @@ typedef struct train_ckpt_run {
     float *host_params;        /* host [param_elems]: the model's initial weights at start;
                                 * the same as d_params when host_visible */
     bool host_visible;         /* the backend's memory is the host's */
-    bool host_moments;         /* issue 14: d_m, d_v are host memory even when the backend's is
-                                * not (ZeRO's staging copies of a cuda step's moments) */
+    /* issue 14: ZeRO: d_m, d_v hold only elements [state_lo, state_lo + state_n) of the
+     * moments; a resume reads that slice of the checkpoint's, and a checkpoint's whole moments
+     * come from state_fill (rank 0's train_dist_fill_state: called in order, m then v, for
+     * consecutive element ranges). state_fill NULL: d_m, d_v are the whole moments. */
+    size_t state_lo, state_n;
+    int (*state_fill)(void *arg, int which, size_t first, float *dst, size_t n, char *err,
+                      size_t errlen);
+    void *state_arg;
     int (*copy)(sbprt_ctx *, void *, const void *, size_t, int); /* sbprt_memcpy */
     sbprt_ctx *copy_ctx;
     void (*note)(const char *); /* prints "sbp-train: note: <msg>" */
@@ -122,8 +128,13 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
 /* The first optimizer step to run: 1, or the checkpoint's step + 1. */
 int64_t train_ckpt_first_step(const train_ckpt *c);
 /* After optimizer step s: writes a checkpoint when s is a multiple of --checkpoint-every, the
- * last step, or a SIGINT/SIGTERM arrived (then c->stopped is set and the loop must end). */
-int train_ckpt_after_step(train_ckpt *c, int64_t s, char *err, size_t errlen);
+ * last step, or sig (the SIGINT/SIGTERM this run acts on, train_ckpt_stop_signal or the ranks'
+ * combined one) is set; then c->stopped is set and the loop must end. */
+int train_ckpt_after_step(train_ckpt *c, int64_t s, int sig, char *err, size_t errlen);
+/* Whether a checkpoint is due after step s of `total` given the stop signal sig (0: none); every
+ * rank of a data-parallel run decides alike from the ranks' combined signal (issue 14). False
+ * when checkpoints are off. */
+bool train_ckpt_due(const train_ckpt_opts *o, int64_t s, int64_t total, int sig);
 void train_ckpt_free(train_ckpt *c);
 /* issue 14: the SIGINT / SIGTERM this process received (0: none), and a signal another rank
  * received, acted on here as if it had arrived here (nothing when one already did). */

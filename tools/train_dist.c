@@ -164,12 +164,10 @@ void train_dist_end(train_dist *d, int rc)
 #endif
     free(d->counts);
     free(d->displs);
-    free(d->stage_m);
-    free(d->stage_v);
+    free(d->recv);
     free(d->host_slice);
-    d->host_slice = NULL;
+    d->host_slice = d->recv = NULL;
     d->counts = d->displs = NULL;
-    d->stage_m = d->stage_v = NULL;
 #ifdef SBP_WITH_MPI
     if (d->mpi_inited) {
         if (rc && d->size > 1) {
@@ -474,15 +472,70 @@ int train_dist_gather_params(train_dist *d, const sbp_step_info *in, float *para
 #endif
 }
 
-int train_dist_gather_state(train_dist *d, const float *m, const float *v, char *err,
-                            size_t errlen)
+enum { TAG_STATE = 1400 }; /* + which: a rank's m slice, then its v slice, for a checkpoint */
+
+int train_dist_fill_state(void *arg, int which, size_t first, float *dst, size_t n, char *err,
+                          size_t errlen)
 {
-    if (!d->gather_state)
-        return 0;
+    train_dist *d = arg;
+#ifdef SBP_WITH_MPI
+    if (first == 0 && which == 0)
+        d->recv_rank = -1; /* a new checkpoint */
+    const float *own = which ? d->state_v : d->state_m;
+    while (n > 0) {
+        int k = 0; /* the rank whose slice holds element `first` (slices ascend by rank) */
+        while (k + 1 < d->size && first >= (size_t)d->displs[k] + (size_t)d->counts[k])
+            k++;
+        const size_t lo = (size_t)d->displs[k], hi = lo + (size_t)d->counts[k];
+        if (first < lo || first >= hi)
+            return cli_errf(err, errlen, "moment element %zu is in no rank's slice", first);
+        const size_t len = hi - first < n ? hi - first : n;
+        if (k == d->rank) {
+#ifdef SBP_WITH_NCCL
+            if (d->nccl) {
+                cudaError_t ce = cudaMemcpy(dst, own + (first - lo), len * sizeof(float),
+                                            cudaMemcpyDeviceToHost);
+                if (ce != cudaSuccess)
+                    return cli_errf(err, errlen, "copying the AdamW moments to the host failed: "
+                                    "%s", cudaGetErrorString(ce));
+            } else
+#endif
+                memcpy(dst, own + (first - lo), len * sizeof(float));
+        } else {
+            if (d->recv_rank != k || d->recv_which != which) {
+                if (!d->recv) {
+                    size_t most = 1;
+                    for (int r = 0; r < d->size; r++)
+                        if (r != d->rank && (size_t)d->counts[r] > most)
+                            most = (size_t)d->counts[r];
+                    if (!(d->recv = malloc(most * sizeof(float))))
+                        return cli_errf(err, errlen, "out of memory");
+                }
+                int st = MPI_Recv(d->recv, d->counts[k], MPI_FLOAT, k, TAG_STATE + which,
+                                  MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                if (st != MPI_SUCCESS)
+                    return mpi_fail(err, errlen, "MPI_Recv of a rank's AdamW moments", st);
+                d->recv_rank = k;
+                d->recv_which = which;
+            }
+            memcpy(dst, d->recv + (first - lo), len * sizeof(float));
+        }
+        first += len;
+        dst += len;
+        n -= len;
+    }
+    return 0;
+#else
+    (void)d, (void)which, (void)first, (void)dst, (void)n;
+    return cli_errf(err, errlen, "built without MPI");
+#endif
+}
+
+int train_dist_send_state(train_dist *d, char *err, size_t errlen)
+{
 #ifdef SBP_WITH_MPI
     const size_t n = d->hi - d->lo;
-    const float *src[2] = {m, v};
-    float *dst[2] = {d->stage_m, d->stage_v};
+    const float *src[2] = {d->state_m, d->state_v};
 #ifdef SBP_WITH_NCCL
     if (d->nccl) { /* MPI reads host memory: this rank's slices through a host copy */
         if (!d->host_slice && !(d->host_slice = malloc(2 * n * sizeof(float) + 1)))
@@ -498,37 +551,15 @@ int train_dist_gather_state(train_dist *d, const float *m, const float *v, char 
     }
 #endif
     for (int i = 0; i < 2; i++) {
-        int st = MPI_Gatherv(src[i], (int)n, MPI_FLOAT, dst[i], d->counts,
-                             d->displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
+        int st = MPI_Send(src[i], (int)n, MPI_FLOAT, 0, TAG_STATE + i, MPI_COMM_WORLD);
         if (st != MPI_SUCCESS)
-            return mpi_fail(err, errlen, "MPI_Gatherv of the AdamW moments", st);
+            return mpi_fail(err, errlen, "MPI_Send of the AdamW moments", st);
     }
     return 0;
 #else
-    (void)m, (void)v;
+    (void)d;
     return cli_errf(err, errlen, "built without MPI");
 #endif
-}
-
-int train_dist_scatter_state(const train_dist *d, const float *full_m, const float *full_v,
-                             float *m, float *v, char *err, size_t errlen)
-{
-    const size_t bytes = (d->hi - d->lo) * sizeof(float);
-#ifdef SBP_WITH_NCCL
-    if (d->nccl) { /* the staging copies are host memory, the moments the device's */
-        cudaError_t ce = cudaMemcpy(m, full_m + d->lo, bytes, cudaMemcpyHostToDevice);
-        if (ce == cudaSuccess)
-            ce = cudaMemcpy(v, full_v + d->lo, bytes, cudaMemcpyHostToDevice);
-        if (ce != cudaSuccess)
-            return cli_errf(err, errlen, "copying the restored AdamW moments to the device "
-                            "failed: %s", cudaGetErrorString(ce));
-        return 0;
-    }
-#endif
-    (void)err, (void)errlen;
-    memcpy(m, full_m + d->lo, bytes);
-    memcpy(v, full_v + d->lo, bytes);
-    return 0;
 }
 
 /* The tests' way to make one rank fail in the middle of a run (never set in real use): the

@@ -28,10 +28,14 @@
  * its slice only); the gradient norm for clipping is the sum of the slices' squared sums. The
  * step still writes a whole gradient block, so ZeRO 2 saves communication, not gradient memory.
  *
- * Checkpoints: rank 0 alone writes them; under ZeRO the moments are gathered to rank 0 each
- * step into full-size buffers (so a checkpoint is the same file whatever --zero, and resuming
- * with another --zero is allowed); every rank reads the checkpoint on --resume. The number of
- * ranks is part of the run's identity ("ranks"): another N is refused.
+ * Checkpoints: rank 0 alone writes them, and a checkpoint holds the whole moments whatever
+ * --zero (so resuming with another --zero is allowed). Under ZeRO no rank holds the whole
+ * moments: when a checkpoint is due (a decision every rank makes alike, from the options and
+ * the ranks' combined signal), each other rank sends its slices to rank 0, which writes them
+ * into the file as they arrive, one slice at a time (train_dist_fill_state, through sbpio's
+ * filled tensors); on --resume every rank reads its own slice of the file. Nothing moves in a
+ * step without a checkpoint. The number of ranks is part of the run's identity ("ranks"):
+ * another N is refused.
  *
  * Output: rank 0 prints; the other ranks print errors only, named "sbp-train: rank R". A rank
  * that fails calls MPI_Abort, which ends every rank (never a hang in a collective).
@@ -48,9 +52,9 @@
  * ncclReduce per rank (root r receives the sum of slice r, in place) and the parameters'
  * all-gather one ncclBroadcast per rank (root r sends its updated slice), each set inside one
  * ncclGroupStart / ncclGroupEnd; the slice copies between the parameter and gradient blocks are
- * device-to-device. Checkpoints under ZeRO gather the moments through the host: each rank copies
- * its slices to host memory and MPI_Gatherv collects them in rank 0's host staging buffers, which
- * the checkpoint writes as host memory (train_ckpt_run.host_moments). This path is built and
+ * device-to-device. Checkpoints under ZeRO move the moments through the host: each other rank
+ * copies its slices to host memory and sends them; rank 0 copies its own from the device piece
+ * by piece as the file is written. This path is built and
  * linked where NCCL is found but has not run on a GPU yet (tests/gpu/run.sh runs it there).
  *
  * One rank: a launcher's single rank normally runs as a plain process (no collective at all).
@@ -87,14 +91,16 @@ typedef struct train_dist {
     size_t grad_elems;  /* the gradient block's floats */
     size_t lo, hi;      /* this rank's slice of the gradient block [lo, hi) (ZeRO; else all) */
     int *counts, *displs; /* [size] every rank's slice, for the collectives */
-    bool gather_state;  /* ZeRO with AdamW and checkpoints: gather the moments every step */
-    float *stage_m, *stage_v; /* [grad_elems] rank 0 under ZeRO with checkpoints: the full
-                               * moments, gathered for writing (else NULL) */
+    bool state_sliced;  /* ZeRO with AdamW and checkpoints: the moments go to rank 0 by slice
+                         * when a checkpoint is due */
+    const float *state_m, *state_v; /* this rank's moment slices [hi - lo] (backend memory) */
+    float *recv;        /* rank 0: [the largest other slice] the slice being written, else NULL */
+    int recv_rank, recv_which; /* whose slice recv holds (-1: none) and which moment (0 m, 1 v) */
     char prog[48];      /* "sbp-train: rank R", or "sbp-train" */
     int local_rank;     /* the rank among those on this node (cuda steps: its GPU) */
     void *nccl;         /* ncclComm_t once train_dist_nccl_start ran (cuda steps), else NULL */
-    float *host_slice;  /* cuda steps under ZeRO with checkpoints: [2 * (hi - lo)] this rank's
-                         * moments on the host, for MPI_Gatherv (else NULL) */
+    float *host_slice;  /* cuda steps under ZeRO with checkpoints, ranks but 0: [2 * (hi - lo)]
+                         * this rank's moments on the host, to send (else NULL) */
 } train_dist;
 
 /* Before the command line: when launched by mpirun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
@@ -134,12 +140,15 @@ int train_dist_clip(const train_dist *d, const train_grad_rt *rt, const sbp_step
  * is the transfer buffer). */
 int train_dist_gather_params(train_dist *d, const sbp_step_info *in, float *params,
                              float *grads, char *err, size_t errlen);
-/* ZeRO with checkpoints: this rank's moments m, v [state] to rank 0's stage_m/v (every step),
- * and after a resume the restored full moments (stage) into this rank's slices. */
-int train_dist_gather_state(train_dist *d, const float *m, const float *v, char *err,
-                            size_t errlen);
-int train_dist_scatter_state(const train_dist *d, const float *full_m, const float *full_v,
-                             float *m, float *v, char *err, size_t errlen);
+/* ZeRO with checkpoints, rank 0 (sbpio's fill for the checkpoint's moments, through train_ckpt):
+ * elements [first, first + n) of the whole moment `which` (0: m, 1: v) into host memory dst, from
+ * this rank's slice or from the slice its owner sends (train_dist_send_state). Called in order,
+ * m then v, from element 0; each other rank's slice is received once into d->recv. */
+int train_dist_fill_state(void *d, int which, size_t first, float *dst, size_t n, char *err,
+                          size_t errlen);
+/* ZeRO with checkpoints, every rank but 0, after a step whose checkpoint is due: this rank's m
+ * slice, then its v slice, to rank 0. */
+int train_dist_send_state(train_dist *d, char *err, size_t errlen);
 /* Tests only: SBP_TEST_FAIL_RANK=R makes rank R fail at optimizer step 2. */
 bool train_dist_injected_failure(const train_dist *d, int64_t s);
 /* cuda steps: true when this build sums device memory with NCCL; train_dist_nccl_start makes the

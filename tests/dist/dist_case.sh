@@ -211,7 +211,7 @@ case $case_ in
     # the sbp-train process with it and OMPI_COMM_WORLD_RANK=1
     export SBP_DIST_CASE_MARK="$work"
     mpi "$SBP_TRAIN" "$(step_for sft 2)" --model "$LDYN" --input-ids "$REF/pref_input_ids.npy" \
-      --labels "$REF/pref_labels.npy" --steps 1000000 --lr 0.001 \
+      --labels "$REF/pref_labels.npy" --steps 1000000 --lr 0.001 --zero "$zero" \
       --checkpoint-dir "$work/ck" > "$work/out.txt" 2> "$work/err.txt" &
     job=$!
     pid=""
@@ -242,6 +242,14 @@ case $case_ in
     last=$(grep -c "^step " "$work/out.txt")
     [ -f "$work/ck/step-$(printf %08d "$last").safetensors" ] ||
       fail "no checkpoint of the last step ($last)"
+    # the checkpoint the signal made is whole (under ZeRO: every rank's moment slices, sent to
+    # rank 0 for a checkpoint that only the signal made due): one more step resumes from it
+    mpi "$SBP_TRAIN" "$(step_for sft 2)" --model "$LDYN" --input-ids "$REF/pref_input_ids.npy" \
+      --labels "$REF/pref_labels.npy" --steps $((last + 1)) --lr 0.001 --zero "$zero" \
+      --resume "$work/ck" > "$work/resumed.txt" 2> "$work/resumed_err.txt" ||
+      { cat "$work/resumed_err.txt" >&2; fail "resuming from the signal's checkpoint failed"; }
+    grep -q "^step $((last + 1)) " "$work/resumed.txt" || fail "the resumed run ran no step"
+    unset SBP_DIST_CASE_MARK
     echo "dist_case: signal: rank 1's SIGTERM stopped the job after step $last, checkpointed"
     ;;
   *) fail "unknown case $case_" ;;

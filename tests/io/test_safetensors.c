@@ -55,14 +55,14 @@ static void test_roundtrip(void **state)
     double scalar = 42.0;
     int64_t sw[] = {2, 3}, sg[] = {3}, sid[] = {2, 2}, s2[] = {2}, s3[] = {3}, s0[] = {0, 5};
     sbpio_st_tensor t[] = {
-        {"w \"quoted\" \\ back\nline", SBPIO_DT_F32, 2, sw, w},
-        {"grad.\xc3\xa9", SBPIO_DT_F64, 1, sg, g},
-        {"ids", SBPIO_DT_I64, 2, sid, ids},
-        {"i32", SBPIO_DT_I32, 1, s2, i32},
-        {"u8", SBPIO_DT_U8, 1, s3, u8},
-        {"bf", SBPIO_DT_BF16, 1, s2, bf},
-        {"scalar", SBPIO_DT_F64, 0, NULL, &scalar},
-        {"empty", SBPIO_DT_F32, 2, s0, NULL},
+        {"w \"quoted\" \\ back\nline", SBPIO_DT_F32, 2, sw, w, NULL, NULL},
+        {"grad.\xc3\xa9", SBPIO_DT_F64, 1, sg, g, NULL, NULL},
+        {"ids", SBPIO_DT_I64, 2, sid, ids, NULL, NULL},
+        {"i32", SBPIO_DT_I32, 1, s2, i32, NULL, NULL},
+        {"u8", SBPIO_DT_U8, 1, s3, u8, NULL, NULL},
+        {"bf", SBPIO_DT_BF16, 1, s2, bf, NULL, NULL},
+        {"scalar", SBPIO_DT_F64, 0, NULL, &scalar, NULL, NULL},
+        {"empty", SBPIO_DT_F32, 2, s0, NULL, NULL, NULL},
     };
     int n = (int)(sizeof t / sizeof t[0]);
     sbpio_kv meta[] = {{"loss", "4.1674"}, {"note", "tab\there \"q\" \x01"}};
@@ -157,19 +157,19 @@ static void test_write_errors(void **state)
     float w[2] = {1, 2};
     int64_t s[] = {2}, neg[] = {-2};
     const char *p = io_path("err.safetensors");
-    sbpio_st_tensor dup[] = {{"a", SBPIO_DT_F32, 1, s, w}, {"a", SBPIO_DT_F32, 1, s, w}};
+    sbpio_st_tensor dup[] = {{"a", SBPIO_DT_F32, 1, s, w, NULL, NULL}, {"a", SBPIO_DT_F32, 1, s, w, NULL, NULL}};
     assert_int_equal(sbpio_st_write(p, 2, dup, 0, NULL, false, err, sizeof err), SBPIO_ERR);
     IO_ASSERT_MSG(err, "err.safetensors", "duplicate tensor name 'a'");
-    sbpio_st_tensor meta_name[] = {{"__metadata__", SBPIO_DT_F32, 1, s, w}};
+    sbpio_st_tensor meta_name[] = {{"__metadata__", SBPIO_DT_F32, 1, s, w, NULL, NULL}};
     assert_int_equal(sbpio_st_write(p, 1, meta_name, 0, NULL, false, err, sizeof err), SBPIO_ERR);
-    sbpio_st_tensor bad_utf8[] = {{"a\xff", SBPIO_DT_F32, 1, s, w}};
+    sbpio_st_tensor bad_utf8[] = {{"a\xff", SBPIO_DT_F32, 1, s, w, NULL, NULL}};
     assert_int_equal(sbpio_st_write(p, 1, bad_utf8, 0, NULL, false, err, sizeof err), SBPIO_ERR);
     IO_ASSERT_MSG(err, "UTF-8");
-    sbpio_st_tensor negdim[] = {{"a", SBPIO_DT_F32, 1, neg, w}};
+    sbpio_st_tensor negdim[] = {{"a", SBPIO_DT_F32, 1, neg, w, NULL, NULL}};
     assert_int_equal(sbpio_st_write(p, 1, negdim, 0, NULL, false, err, sizeof err), SBPIO_ERR);
-    sbpio_st_tensor nodata[] = {{"a", SBPIO_DT_F32, 1, s, NULL}};
+    sbpio_st_tensor nodata[] = {{"a", SBPIO_DT_F32, 1, s, NULL, NULL, NULL}};
     assert_int_equal(sbpio_st_write(p, 1, nodata, 0, NULL, false, err, sizeof err), SBPIO_ERR);
-    sbpio_st_tensor badtype[] = {{"a", SBPIO_DT_INVALID, 1, s, w}};
+    sbpio_st_tensor badtype[] = {{"a", SBPIO_DT_INVALID, 1, s, w, NULL, NULL}};
     assert_int_equal(sbpio_st_write(p, 1, badtype, 0, NULL, false, err, sizeof err), SBPIO_ERR);
     sbpio_kv dupmeta[] = {{"k", "1"}, {"k", "2"}};
     assert_int_equal(sbpio_st_write(p, 0, NULL, 2, dupmeta, false, err, sizeof err), SBPIO_ERR);
@@ -180,6 +180,90 @@ static void test_write_errors(void **state)
         sbpio_st_write(io_path("no/such/dir.st"), 0, NULL, 0, NULL, false, err, sizeof err),
         SBPIO_ERR);
     assert_false(io_exists(p));
+    assert_int_equal(io_count_entries(".tmp."), 0);
+}
+
+/* ---------------------------------------------------------------- filled tensors, ranges */
+
+/* A fill callback's state: the pieces it was asked for, in order, and where it fails. */
+typedef struct fill_probe {
+    size_t next;    /* the offset the next call must ask for */
+    int calls;
+    size_t fail_at; /* fail the piece at this offset (SIZE_MAX: never) */
+} fill_probe;
+
+/* element i of the filled tensor is i * 0.5 - 7 (exact in float up to 2^24) */
+static int fill_pattern(void *arg, size_t offset, void *buf, size_t bytes, char *e, size_t elen)
+{
+    fill_probe *p = arg;
+    assert_int_equal(offset, p->next); /* consecutive, from 0 */
+    assert_int_equal(offset % 4, 0);
+    assert_int_equal(bytes % 4, 0);
+    assert_true(bytes <= ((size_t)4 << 20));
+    p->next = offset + bytes;
+    p->calls++;
+    if (offset == p->fail_at) {
+        snprintf(e, elen, "rank 2 sent nothing");
+        return -1;
+    }
+    float *f = buf;
+    for (size_t k = 0; k < bytes / 4; k++)
+        f[k] = (float)(offset / 4 + k) * 0.5f - 7.0f;
+    return 0;
+}
+
+static void test_fill_and_range(void **state)
+{
+    (void)state;
+    /* 2.5 M floats = 10 MB: three pieces of at most 4 MiB, the last one partial */
+    const int64_t n = 2500000;
+    float small[3] = {1, 2, 3};
+    int64_t sn[] = {n}, s3[] = {3};
+    fill_probe probe = {0, 0, SIZE_MAX};
+    sbpio_st_tensor t[] = {
+        {.name = "before", .dtype = SBPIO_DT_F32, .rank = 1, .shape = s3, .data = small},
+        {.name = "big", .dtype = SBPIO_DT_F32, .rank = 1, .shape = sn, .fill = fill_pattern,
+         .fill_arg = &probe},
+        {.name = "after", .dtype = SBPIO_DT_F32, .rank = 1, .shape = s3, .data = small},
+    };
+    const char *p = io_path("filled.safetensors");
+    assert_int_equal(sbpio_st_write(p, 3, t, 0, NULL, false, err, sizeof err), SBPIO_OK);
+    assert_int_equal(probe.calls, 3);
+    assert_int_equal(probe.next, (size_t)n * 4);
+    sbpio_st_file *f = NULL;
+    assert_int_equal(sbpio_st_open(p, &f, err, sizeof err), SBPIO_OK);
+    float *all = malloc((size_t)n * sizeof *all);
+    assert_int_equal(sbpio_st_copy_f32(f, "big", all, n, err, sizeof err), SBPIO_OK);
+    for (int64_t i = 0; i < n; i++)
+        if (all[i] != (float)i * 0.5f - 7.0f)
+            fail_msg("element %lld is %g", (long long)i, all[i]);
+    float back[3];
+    assert_int_equal(sbpio_st_copy_f32(f, "after", back, 3, err, sizeof err), SBPIO_OK);
+    assert_memory_equal(back, small, sizeof small);
+    /* a range across the first piece boundary (element 1 Mi), and the last element */
+    float part[10];
+    assert_int_equal(sbpio_st_copy_f32_range(f, "big", part, n, 1048570, 10, err, sizeof err),
+                     SBPIO_OK);
+    for (int k = 0; k < 10; k++)
+        assert_true(part[k] == (float)(1048570 + k) * 0.5f - 7.0f);
+    assert_int_equal(sbpio_st_copy_f32_range(f, "big", part, n, n - 1, 1, err, sizeof err),
+                     SBPIO_OK);
+    assert_true(part[0] == (float)(n - 1) * 0.5f - 7.0f);
+    assert_int_equal(sbpio_st_copy_f32_range(f, "big", part, n, n - 1, 2, err, sizeof err),
+                     SBPIO_ERR);
+    IO_ASSERT_MSG(err, "filled.safetensors", "'big'", "outside");
+    assert_int_equal(sbpio_st_copy_f32_range(f, "big", part, n + 1, 0, 1, err, sizeof err),
+                     SBPIO_ERR);
+    IO_ASSERT_MSG(err, "has 2500000 elements");
+    sbpio_st_close(f);
+    free(all);
+    /* a failing fill: no file, no temporary, the callback's message */
+    const char *q = io_path("failed.safetensors");
+    probe = (fill_probe){0, 0, (size_t)4 << 20};
+    assert_int_equal(sbpio_st_write(q, 3, t, 0, NULL, false, err, sizeof err), SBPIO_ERR);
+    IO_ASSERT_MSG(err, "failed.safetensors", "rank 2 sent nothing");
+    assert_int_equal(probe.calls, 2);
+    assert_false(io_exists(q));
     assert_int_equal(io_count_entries(".tmp."), 0);
 }
 
@@ -289,8 +373,8 @@ static void test_python_reads_ours(void **state)
     double g[3] = {0.5, -1.25, 3};
     int64_t ids[2] = {-100, 7};
     int64_t s3[] = {3}, s12[] = {1, 2};
-    sbpio_st_tensor t[] = {{"b.weight", SBPIO_DT_F64, 1, s3, g},
-                           {"a \"odd\"\\name\t\xc3\xa9", SBPIO_DT_I64, 2, s12, ids}};
+    sbpio_st_tensor t[] = {{"b.weight", SBPIO_DT_F64, 1, s3, g, NULL, NULL},
+                           {"a \"odd\"\\name\t\xc3\xa9", SBPIO_DT_I64, 2, s12, ids, NULL, NULL}};
     sbpio_kv meta[] = {{"loss", "1.5"}, {"q", "\"\\\n"}};
     const char *p = io_path("py.safetensors");
     assert_int_equal(sbpio_st_write(p, 2, t, 2, meta, true, err, sizeof err), SBPIO_OK);
@@ -579,6 +663,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_write_errors),
+        cmocka_unit_test(test_fill_and_range),
         cmocka_unit_test(test_fixture_llama_grads),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_mutations),

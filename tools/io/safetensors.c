@@ -63,6 +63,34 @@ static int cmp_rec_offset(const void *a, const void *b)
     return (x->end > y->end) - (x->end < y->end);
 }
 
+/* A tensor whose bytes come from its fill callback, in pieces of at most 4 MiB (whole elements):
+ * the caller's memory holds a piece, never the tensor (sbp-train's rank 0 writes the moments of
+ * all ranks this way). why: the callback's message, or "" for a write error (errno). */
+static bool write_filled(FILE *out, const sbpio_st_tensor *t, size_t nbytes, char *why,
+                         size_t whylen)
+{
+    const size_t sz = sbpio_dtype_size(t->dtype);
+    const size_t piece = (size_t)4 << 20;
+    unsigned char *buf = malloc(nbytes < piece ? nbytes : piece);
+    if (!buf) {
+        snprintf(why, whylen, "tensor '%s': out of memory", t->name);
+        return false;
+    }
+    bool ok = true;
+    for (size_t off = 0; ok && off < nbytes; off += piece) {
+        const size_t len = nbytes - off < piece ? nbytes - off : piece;
+        if (t->fill(t->fill_arg, off, buf, len, why, whylen) != 0) {
+            if (!why[0])
+                snprintf(why, whylen, "tensor '%s': its data could not be produced", t->name);
+            ok = false;
+        } else {
+            ok = sbpio_write_le(out, buf, len / sz, sz);
+        }
+    }
+    free(buf);
+    return ok;
+}
+
 int sbpio_st_write(const char *path, int n, const sbpio_st_tensor *tensors, int nmeta,
                    const sbpio_kv *meta, bool sorted, char *err, size_t errlen)
 {
@@ -95,7 +123,7 @@ int sbpio_st_write(const char *path, int n, const sbpio_st_tensor *tensors, int 
                        t->name);
             goto done;
         }
-        if (nbytes[i] && !t->data) {
+        if (nbytes[i] && !t->data && !t->fill) {
             sbpio_errf(err, errlen, "%s: tensor '%s': no data", path, t->name);
             goto done;
         }
@@ -171,15 +199,23 @@ int sbpio_st_write(const char *path, int n, const sbpio_st_tensor *tensors, int 
     unsigned char len8[8];
     sbpio_put_le64(len8, h.len);
     bool ok = fwrite(len8, 1, 8, a.f) == 8 && fwrite(h.s, 1, h.len, a.f) == h.len;
+    char why[400] = "";
     for (int k = 0; ok && k < n; k++) {
         const sbpio_st_tensor *t = &tensors[order[k]];
         size_t sz = sbpio_dtype_size(t->dtype);
-        ok = sbpio_write_le(a.f, t->data, nbytes[order[k]] / sz, sz);
+        if (t->data || !nbytes[order[k]]) {
+            ok = sbpio_write_le(a.f, t->data, nbytes[order[k]] / sz, sz);
+            continue;
+        }
+        ok = write_filled(a.f, t, nbytes[order[k]], why, sizeof why);
     }
     if (!ok) {
         int e = errno;
         sbpio_atomic_abort(&a);
-        sbpio_errf(err, errlen, "%s: write error: %s", path, strerror(e));
+        if (why[0])
+            sbpio_errf(err, errlen, "%s: %s", path, why);
+        else
+            sbpio_errf(err, errlen, "%s: write error: %s", path, strerror(e));
         goto done;
     }
     rc = sbpio_atomic_commit(&a, err, errlen);
@@ -472,8 +508,9 @@ int sbpio_st_get(const sbpio_st_file *f, const char *name, const sbpio_st_info *
     return SBPIO_OK;
 }
 
-static int st_copy(const sbpio_st_file *f, const char *name, void *dst, int64_t n, bool f64,
-                   char *err, size_t errlen)
+/* Elements [first, first + n) of the named tensor, which must hold `total`, into dst. */
+static int st_copy(const sbpio_st_file *f, const char *name, void *dst, int64_t total,
+                   int64_t first, int64_t n, bool f64, char *err, size_t errlen)
 {
     const sbpio_st_info *t;
     if (sbpio_st_get(f, name, &t, err, errlen) != SBPIO_OK)
@@ -481,12 +518,16 @@ static int st_copy(const sbpio_st_file *f, const char *name, void *dst, int64_t 
     if (!sbpio_dtype_is_float(t->dtype))
         return sbpio_errf(err, errlen, "%s: tensor '%s' is %s, not floating point", f->path, name,
                           sbpio_dtype_name(t->dtype));
-    if (n != t->numel)
+    if (total != t->numel)
         return sbpio_errf(err, errlen,
                           "%s: tensor '%s' has %" PRId64 " elements, caller expects %" PRId64,
-                          f->path, name, t->numel, n);
+                          f->path, name, t->numel, total);
+    if (first < 0 || n < 0 || first > total || n > total - first)
+        return sbpio_errf(err, errlen, "%s: tensor '%s': elements [%" PRId64 ", %" PRId64
+                          ") are outside its %" PRId64, f->path, name, first, first + n, total);
     const unsigned char *p = t->data;
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t k = 0; k < n; k++) {
+        const int64_t i = first + k;
         double v;
         switch (t->dtype) {
         case SBPIO_DT_F16: v = sbpio_f16_to_f32(sbpio_le16(p + 2 * i)); break;
@@ -505,9 +546,9 @@ static int st_copy(const sbpio_st_file *f, const char *name, void *dst, int64_t 
         }
         }
         if (f64)
-            ((double *)dst)[i] = v;
+            ((double *)dst)[k] = v;
         else
-            ((float *)dst)[i] = (float)v;
+            ((float *)dst)[k] = (float)v;
     }
     return SBPIO_OK;
 }
@@ -515,13 +556,19 @@ static int st_copy(const sbpio_st_file *f, const char *name, void *dst, int64_t 
 int sbpio_st_copy_f64(const sbpio_st_file *f, const char *name, double *dst, int64_t n, char *err,
                       size_t errlen)
 {
-    return st_copy(f, name, dst, n, true, err, errlen);
+    return st_copy(f, name, dst, n, 0, n, true, err, errlen);
 }
 
 int sbpio_st_copy_f32(const sbpio_st_file *f, const char *name, float *dst, int64_t n, char *err,
                       size_t errlen)
 {
-    return st_copy(f, name, dst, n, false, err, errlen);
+    return st_copy(f, name, dst, n, 0, n, false, err, errlen);
+}
+
+int sbpio_st_copy_f32_range(const sbpio_st_file *f, const char *name, float *dst, int64_t total,
+                            int64_t first, int64_t n, char *err, size_t errlen)
+{
+    return st_copy(f, name, dst, total, first, n, false, err, errlen);
 }
 
 const char *sbpio_st_meta(const sbpio_st_file *f, const char *key)

@@ -157,13 +157,18 @@ int sbpio_shard_seek(sbpio_shard *s, int64_t pos, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- safetensors (safetensors.c) */
 
-/* One tensor to write. data: numel * dtype_size bytes in host order (may be NULL if numel 0). */
+/* One tensor to write. data: numel * dtype_size bytes in host order (may be NULL if numel 0).
+ * Or, with data NULL, fill: called in order for consecutive pieces of the tensor's bytes
+ * [offset, offset + bytes) (whole elements, at most 4 MiB), which it writes to buf in host
+ * order; a nonzero return fails the write (the file is not created), with its message in err. */
 typedef struct sbpio_st_tensor {
     const char *name; /* any UTF-8 string except "__metadata__"; JSON-escaped on output */
     sbpio_dtype dtype;
     int rank;             /* 0..SBPIO_MAX_RANK */
     const int64_t *shape; /* [rank] */
     const void *data;
+    int (*fill)(void *arg, size_t offset, void *buf, size_t bytes, char *err, size_t errlen);
+    void *fill_arg;
 } sbpio_st_tensor;
 
 typedef struct sbpio_kv {
@@ -217,6 +222,9 @@ int sbpio_st_copy_f64(const sbpio_st_file *f, const char *name, double *dst, int
                       size_t errlen);
 int sbpio_st_copy_f32(const sbpio_st_file *f, const char *name, float *dst, int64_t n, char *err,
                       size_t errlen);
+/* Elements [first, first + n) of the named tensor, which must hold `total` elements. */
+int sbpio_st_copy_f32_range(const sbpio_st_file *f, const char *name, float *dst, int64_t total,
+                            int64_t first, int64_t n, char *err, size_t errlen);
 /* Metadata: value of key, or NULL when absent; and the entries in header order. */
 const char *sbpio_st_meta(const sbpio_st_file *f, const char *key);
 int sbpio_st_meta_count(const sbpio_st_file *f);
