@@ -399,7 +399,7 @@ int train_ckpt_prepare(train_ckpt *c, const train_ckpt_opts *o, char *err, size_
         sbpio_st_file *f = NULL;
         if (!path)
             break;
-        if (sbpio_st_open(path, &f, why, sizeof why) == SBPIO_OK) {
+        if (sbpio_st_open_header(path, &f, why, sizeof why) == SBPIO_OK) {
             const char *fmt = sbpio_st_meta(f, "format"), *ver = sbpio_st_meta(f, "version");
             const char *st = sbpio_st_meta(f, "step");
             if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0 || !ver ||

@@ -256,6 +256,28 @@ static void test_fill_and_range(void **state)
                      SBPIO_ERR);
     IO_ASSERT_MSG(err, "has 2500000 elements");
     sbpio_st_close(f);
+    /* opened header only: the same checks, the same values, read from the file on demand */
+    assert_int_equal(sbpio_st_open_header(p, &f, err, sizeof err), SBPIO_OK);
+    assert_null(sbpio_st_find(f, "big")->data);
+    float *again = malloc((size_t)n * sizeof *again);
+    assert_int_equal(sbpio_st_copy_f32(f, "big", again, n, err, sizeof err), SBPIO_OK);
+    assert_memory_equal(again, all, (size_t)n * sizeof *all);
+    assert_int_equal(sbpio_st_copy_f32_range(f, "big", part, n, 1048570, 10, err, sizeof err),
+                     SBPIO_OK);
+    for (int k = 0; k < 10; k++)
+        assert_true(part[k] == (float)(1048570 + k) * 0.5f - 7.0f);
+    assert_int_equal(sbpio_st_copy_f32(f, "after", back, 3, err, sizeof err), SBPIO_OK);
+    assert_memory_equal(back, small, sizeof small);
+    /* the file cut short after the open: a read error, not garbage */
+    assert_int_equal(truncate(p, 8 + 100), 0);
+    assert_int_equal(sbpio_st_copy_f32(f, "after", back, 3, err, sizeof err), SBPIO_ERR);
+    IO_ASSERT_MSG(err, "filled.safetensors", "'after'", "shrank");
+    sbpio_st_close(f);
+    /* and a file cut short before: refused at the open, as sbpio_st_open refuses it */
+    f = (sbpio_st_file *)1;
+    assert_int_equal(sbpio_st_open_header(p, &f, err, sizeof err), SBPIO_ERR);
+    assert_null(f);
+    free(again);
     free(all);
     /* a failing fill: no file, no temporary, the callback's message */
     const char *q = io_path("failed.safetensors");

@@ -13,14 +13,16 @@
  * non-negative and its byte size free of overflow, offsets ordered, inside the data section (whose
  * size the file size gives) and matching the byte size, names unique, and, after sorting by
  * offset, no two byte ranges overlapping — before the data section is read into its own
- * allocation (16-byte aligned whatever the header length). Lookup by name is a binary search over
- * a sorted index.
+ * allocation (16-byte aligned whatever the header length), or, opened header only, left in the
+ * file and read range by range when copied (sbp-train's checkpoints, larger than a rank needs).
+ * Lookup by name is a binary search over a sorted index.
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "io_internal.h"
 
@@ -30,8 +32,10 @@
 struct sbpio_st_file {
     char *path;
     sbpio_json_doc *doc; /* owns the names, metadata keys and values */
-    unsigned char *data; /* the data section, [data_size] */
+    unsigned char *data; /* the data section, [data_size]; NULL when opened header only */
     uint64_t data_size;
+    FILE *fp;            /* header only (sbpio_st_open_header): the open file, else NULL */
+    uint64_t data_start; /* header only: the data section's offset in the file */
     sbpio_st_info *t; /* [n] in header order */
     int n;
     int *by_name;   /* [n] indices into t, sorted by name */
@@ -233,6 +237,8 @@ void sbpio_st_close(sbpio_st_file *f)
     if (!f)
         return;
     free(f->path);
+    if (f->fp)
+        fclose(f->fp);
     sbpio_json_free(f->doc);
     free(f->data);
     free(f->t);
@@ -378,8 +384,8 @@ static int st_parse(sbpio_st_file *f, const char *text, size_t hlen, char *err, 
 }
 
 /* Loads the data section and parses the header; shared by the file and memory readers. */
-static int st_load(sbpio_st_file *f, FILE *fp, const unsigned char *mem, uint64_t size, char *err,
-                   size_t errlen)
+static int st_load(sbpio_st_file *f, FILE *fp, const unsigned char *mem, uint64_t size,
+                   bool header_only, char *err, size_t errlen)
 {
     const char *path = f->path;
     unsigned char len8[8];
@@ -424,6 +430,11 @@ static int st_load(sbpio_st_file *f, FILE *fp, const unsigned char *mem, uint64_
     free(text); /* the parsed document holds copies of every string */
     if (rc != SBPIO_OK)
         return rc;
+    if (header_only) { /* the offsets are checked against the file's size; data on demand */
+        f->fp = fp;
+        f->data_start = 8 + hlen;
+        return SBPIO_OK;
+    }
     if (!(f->data = malloc(f->data_size ? (size_t)f->data_size : 1)))
         return sbpio_errf(err, errlen, "%s: out of memory (%" PRIu64 " bytes)", path, f->data_size);
     if (!fp)
@@ -436,14 +447,15 @@ static int st_load(sbpio_st_file *f, FILE *fp, const unsigned char *mem, uint64_
 }
 
 static int st_open_common(const char *name, FILE *fp, const unsigned char *mem, uint64_t size,
-                          sbpio_st_file **out, char *err, size_t errlen)
+                          bool header_only, sbpio_st_file **out, char *err, size_t errlen)
 {
     sbpio_st_file *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(name))) {
         free(f);
         return sbpio_errf(err, errlen, "%s: out of memory", name);
     }
-    if (st_load(f, fp, mem, size, err, errlen) != SBPIO_OK) {
+    if (st_load(f, fp, mem, size, header_only, err, errlen) != SBPIO_OK) {
+        f->fp = NULL; /* the caller closes it */
         sbpio_st_close(f);
         return SBPIO_ERR;
     }
@@ -451,7 +463,8 @@ static int st_open_common(const char *name, FILE *fp, const unsigned char *mem, 
     return SBPIO_OK;
 }
 
-int sbpio_st_open(const char *path, sbpio_st_file **out, char *err, size_t errlen)
+static int st_open_path(const char *path, bool header_only, sbpio_st_file **out, char *err,
+                        size_t errlen)
 {
     *out = NULL;
     FILE *fp = sbp_file_fopen_input(path, NULL, err, errlen); /* never blocks on a FIFO */
@@ -463,16 +476,27 @@ int sbpio_st_open(const char *path, sbpio_st_file **out, char *err, size_t errle
         rc = sbpio_errf(err, errlen, "%s: %s", path,
                         errno == EINVAL ? "not a regular file" : strerror(errno));
     else
-        rc = st_open_common(path, fp, NULL, (uint64_t)size, out, err, errlen);
-    fclose(fp);
+        rc = st_open_common(path, fp, NULL, (uint64_t)size, header_only, out, err, errlen);
+    if (rc != SBPIO_OK || !header_only)
+        fclose(fp);
     return rc;
+}
+
+int sbpio_st_open(const char *path, sbpio_st_file **out, char *err, size_t errlen)
+{
+    return st_open_path(path, false, out, err, errlen);
+}
+
+int sbpio_st_open_header(const char *path, sbpio_st_file **out, char *err, size_t errlen)
+{
+    return st_open_path(path, true, out, err, errlen);
 }
 
 int sbpio_st_open_mem(const void *buf, size_t len, const char *name, sbpio_st_file **out, char *err,
                       size_t errlen)
 {
     *out = NULL;
-    return st_open_common(name, NULL, buf, len, out, err, errlen);
+    return st_open_common(name, NULL, buf, len, false, out, err, errlen);
 }
 
 const char *sbpio_st_path(const sbpio_st_file *f) { return f->path; }
@@ -508,6 +532,9 @@ int sbpio_st_get(const sbpio_st_file *f, const char *name, const sbpio_st_info *
     return SBPIO_OK;
 }
 
+static void st_convert(sbpio_dtype dtype, const unsigned char *p, int64_t first, int64_t n,
+                       void *dst, bool f64);
+
 /* Elements [first, first + n) of the named tensor, which must hold `total`, into dst. */
 static int st_copy(const sbpio_st_file *f, const char *name, void *dst, int64_t total,
                    int64_t first, int64_t n, bool f64, char *err, size_t errlen)
@@ -525,11 +552,47 @@ static int st_copy(const sbpio_st_file *f, const char *name, void *dst, int64_t 
     if (first < 0 || n < 0 || first > total || n > total - first)
         return sbpio_errf(err, errlen, "%s: tensor '%s': elements [%" PRId64 ", %" PRId64
                           ") are outside its %" PRId64, f->path, name, first, first + n, total);
-    const unsigned char *p = t->data;
+    if (!f->data) { /* opened header only: the range is read in pieces of at most 1 MiB */
+        const size_t esz = sbpio_dtype_size(t->dtype);
+        const int64_t per = (int64_t)(((size_t)1 << 20) / esz);
+        unsigned char *buf = malloc((size_t)(n < per ? (n ? n : 1) : per) * esz);
+        if (!buf)
+            return sbpio_errf(err, errlen, "%s: out of memory", f->path);
+        int rc = SBPIO_OK;
+        for (int64_t k = 0; k < n && rc == SBPIO_OK; k += per) {
+            const int64_t m = n - k < per ? n - k : per;
+            const uint64_t at = f->data_start + t->begin + (uint64_t)(first + k) * esz;
+            const size_t want = (size_t)m * esz;
+            size_t got = 0;
+            ssize_t r = 1;
+            /* pread, not stdio: no buffer that could serve bytes the file no longer holds */
+            while (got < want && at + got <= (uint64_t)INT64_MAX &&
+                   ((r = pread(fileno(f->fp), buf + got, want - got, (off_t)(at + got))) > 0 ||
+                    (r < 0 && errno == EINTR)))
+                got += r > 0 ? (size_t)r : 0;
+            if (got < want)
+                rc = sbpio_errf(err, errlen, "%s: tensor '%s': read error%s%s", f->path, name,
+                                r < 0 ? ": " : " (the file shrank since it was opened)",
+                                r < 0 ? strerror(errno) : "");
+            else
+                st_convert(t->dtype, buf, 0, m, f64 ? (void *)((double *)dst + k)
+                                                    : (void *)((float *)dst + k), f64);
+        }
+        free(buf);
+        return rc;
+    }
+    st_convert(t->dtype, t->data, first, n, dst, f64);
+    return SBPIO_OK;
+}
+
+/* Elements [first, first + n) of little-endian float data p of dtype into dst (double or float). */
+static void st_convert(sbpio_dtype dtype, const unsigned char *p, int64_t first, int64_t n,
+                       void *dst, bool f64)
+{
     for (int64_t k = 0; k < n; k++) {
         const int64_t i = first + k;
         double v;
-        switch (t->dtype) {
+        switch (dtype) {
         case SBPIO_DT_F16: v = sbpio_f16_to_f32(sbpio_le16(p + 2 * i)); break;
         case SBPIO_DT_BF16: v = sbpio_bf16_to_f32(sbpio_le16(p + 2 * i)); break;
         case SBPIO_DT_F32: {
@@ -550,7 +613,6 @@ static int st_copy(const sbpio_st_file *f, const char *name, void *dst, int64_t 
         else
             ((float *)dst)[k] = (float)v;
     }
-    return SBPIO_OK;
 }
 
 int sbpio_st_copy_f64(const sbpio_st_file *f, const char *name, double *dst, int64_t n, char *err,

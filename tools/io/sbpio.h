@@ -206,6 +206,11 @@ typedef struct sbpio_st_file sbpio_st_file; /* opaque */
  * end - begin == numel * dtype size; no two tensors' byte ranges overlap; "__metadata__", when
  * present, maps strings to strings. On error *out is NULL. */
 int sbpio_st_open(const char *path, sbpio_st_file **out, char *err, size_t errlen);
+/* Like sbpio_st_open, with the same checks (the offsets against the file's size), but reads only
+ * the header and keeps the file open: the tensors' `data` are NULL, and sbpio_st_copy_* read the
+ * elements asked for from the file. For files larger than what a caller wants in memory at once
+ * (sbp-train's checkpoints: under ZeRO each rank reads its own slice of the moments). */
+int sbpio_st_open_header(const char *path, sbpio_st_file **out, char *err, size_t errlen);
 void sbpio_st_close(sbpio_st_file *f); /* NULL-safe */
 const char *sbpio_st_path(const sbpio_st_file *f);
 int sbpio_st_count(const sbpio_st_file *f);
