@@ -18,8 +18,9 @@ is not in it.
 
 --bf16 adds the CUDA mixed-precision plans of the same LoRA step (--target cuda --precision
 bf16: activations bf16, the weights fp32 with a bf16 copy for the GEMMs), and the same with
---base-precision bf16 (the frozen projections kept as bf16 only: 2 bytes an element instead of
-4 + 2; the tied embedding, read by the gather too, and the norms stay fp32).
+--base-precision bf16 (the frozen projections and the tied embedding / LM head, which the
+gather reads as bf16 too, kept as bf16 only: 2 bytes an element instead of 4 + 2; the norms
+stay fp32).
 """
 import argparse
 import os

@@ -422,11 +422,19 @@ static void emit_offsets(const sbp_train_program *p, FILE *f)
 }
 
 /* An operand as C: the buffer, or inside a chunk loop its slice at the chunk. */
-/* A bf16 program's GEMM reads a parameter through its bf16 copy (bf16_name). */
+/* A bf16 program's GEMM reads a parameter through its bf16 copy (bf16_name); so does the
+ * embedding lookup a table kept as bf16 only (base_bf16), in the parameter block. */
+static bool reads_bf16_table(const sbp_train_program *p, const tp_inst *in, int j)
+{
+    return p->bf16 && in->k == TP_K_EMBEDDING_FWD && j == 1 && in->buf[j] >= 0 &&
+           p->bufs[in->buf[j]]->kind == TP_BUF_PARAM && p->bufs[in->buf[j]]->stored_bf16;
+}
+
 static bool reads_shadow(const sbp_train_program *p, const tp_inst *in, int j)
 {
-    return p->bf16 && in->k == TP_K_GEMM && j > 0 && in->buf[j] >= 0 &&
-           p->bufs[in->buf[j]]->kind == TP_BUF_PARAM;
+    return (p->bf16 && in->k == TP_K_GEMM && j > 0 && in->buf[j] >= 0 &&
+            p->bufs[in->buf[j]]->kind == TP_BUF_PARAM) ||
+           reads_bf16_table(p, in, j);
 }
 
 static void put_operand(const sbp_train_program *p, FILE *f, const tp_inst *in, int j)
@@ -495,6 +503,8 @@ static const char *bf16_suffix(const sbp_train_program *p, const tp_inst *in)
         return "";
     if (in->k == TP_K_GEMM && in->buf[0] >= 0 && !p->bufs[in->buf[0]]->bf16)
         return "_bf16_f32"; /* a weight gradient: fp32 C */
+    if (reads_bf16_table(p, in, 1))
+        return "_bf16_table"; /* a frozen embedding kept as bf16 only */
     return "_bf16";
 }
 

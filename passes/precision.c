@@ -12,9 +12,11 @@
  * after the memory plan, so the plan's peak includes it); the emitted step fills it from the
  * fp32 parameters once per step. Byte counts in the program (MEMSET_ZERO, COPY) stay in fp32
  * units, which keeps the planner's full-write test consistent; the emitter halves them.
- * With base_bf16 (sbpc --base-precision bf16) the frozen parameters that only GEMMs read are
- * kept in the parameter block as bf16 and have no fp32 value and no copy
- * (sbp_train_place_base_bf16, before the plan: the copy's size depends on it).
+ * With base_bf16 (sbpc --base-precision bf16) the frozen parameters that only GEMMs and the
+ * embedding lookup's table operand read are kept in the parameter block as bf16 and have no
+ * fp32 value and no copy (sbp_train_place_base_bf16, before the plan: the copy's size depends
+ * on it); the lookup then reads the bf16 table (sbprt_embedding_forward_bf16_table), which
+ * gives the rows the fp32 table's lookup rounds to, and what a GEMM reading it sees.
  */
 #include "train_internal.h"
 
@@ -116,9 +118,12 @@ void sbp_train_place_bf16_shadow(sbp_train_program *p)
 
 int sbp_train_place_base_bf16(sbp_train_program *p, ir_diag *d)
 {
-    /* a frozen parameter qualifies when every read of it is a GEMM operand (its bf16 copy);
-     * the frozen flag is the graph's, so the evaluation program (where nothing trains)
-     * decides the same and keeps the training step's layout */
+    /* a frozen parameter qualifies when every read of it is a GEMM operand (its bf16 copy) or
+     * the table of an embedding lookup, whose bf16 output is the table's bf16 rounding either
+     * way (a tied embedding and LM head: one parameter, read by both; a re-tied copy reads its
+     * owner's buffer, so the owner qualifies as the two together); the frozen flag is the
+     * graph's, so the evaluation program (where nothing trains) decides the same and keeps
+     * the training step's layout */
     bool *other = calloc((size_t)p->n_bufs + 1, sizeof *other);
     if (!other)
         return ir_diag_error(d, "out of memory");
@@ -127,7 +132,8 @@ int sbp_train_place_base_bf16(sbp_train_program *p, ir_diag *d)
             const tp_inst *in = &p->blocks[bi]->insts[i];
             for (int j = 0; j < TP_MAX_BUFS; j++) {
                 int b = in->buf[j];
-                if (b >= 0 && p->bufs[b]->kind == TP_BUF_PARAM && !(in->k == TP_K_GEMM && j > 0))
+                if (b >= 0 && p->bufs[b]->kind == TP_BUF_PARAM &&
+                    !(in->k == TP_K_GEMM && j > 0) && !(in->k == TP_K_EMBEDDING_FWD && j == 1))
                     other[b] = true;
             }
         }
@@ -140,8 +146,8 @@ int sbp_train_place_base_bf16(sbp_train_program *p, ir_diag *d)
     free(other);
     if (!n)
         return ir_diag_error(d, "--base-precision bf16: no frozen parameter is read by matrix "
-                                "products alone (freeze the base model with --lora or "
-                                "--freeze; embeddings and norms stay fp32)");
+                                "products and embedding lookups alone (freeze the base model "
+                                "with --lora or --freeze; norms stay fp32)");
     /* fp32 parameters first (the bf16 copy covers them as one range), then the bf16 ones,
      * each at a 16-byte boundary as cuBLAS prefers its operands */
     size_t off = 0;

@@ -69,11 +69,14 @@
  * parameter through its bf16 copy in the workspace (bf16_shadow_offset), which the step fills
  * from the fp32 parameters at its start. A DPO / GRPO objective has no bf16 form: an error.
  * With base_bf16 (sbpc --base-precision bf16: LoRA's frozen base model, or --freeze), a frozen
- * parameter whose every use is a GEMM operand has no fp32 copy at all: the parameter block
- * holds its bf16 values (laid out after the fp32 parameters, each at a 16-byte boundary), the
- * GEMMs read them there, and the workspace's copy covers the fp32 parameters only. Such a
+ * parameter whose every use is a GEMM operand or the table of an embedding lookup has no fp32
+ * copy at all: the parameter block holds its bf16 values (laid out after the fp32 parameters,
+ * each at a 16-byte boundary), the GEMMs and the lookup (sbprt_embedding_forward_bf16_table)
+ * read them there, and the workspace's copy covers the fp32 parameters only. A tied embedding
+ * and LM head is one such parameter (a re-tied copy reads its owner's buffer). Such a
  * parameter costs 2 bytes an element instead of 4 + 2. Nothing trains it, so nothing rounds it
- * again: the step computes exactly what the bf16 copy of its fp32 value would give.
+ * again: the step computes exactly what the bf16 copy of its fp32 value would give (the bf16
+ * lookup of an fp32 table rounds each element as that copy does).
  *
  * Evaluation (sbp_train_options.eval; the step's sbp_step_eval). The same graph built once
  * more with no gradient anywhere (forward_only: every parameter treated as frozen): the
@@ -417,8 +420,9 @@ typedef struct sbp_train_options {
     double epsilon;          /* GRPO: the ratio is clipped to [1 - ε, 1 + ε] */
     sbp_grpo_norm grpo_norm; /* GRPO */
     bool bf16;               /* mixed precision (CUDA target): see "Precision" above */
-    bool base_bf16;          /* with bf16: a frozen parameter that only GEMMs read is kept as
-                              * bf16 alone (sbpc --base-precision bf16; "Precision" above) */
+    bool base_bf16;          /* with bf16: a frozen parameter that only GEMMs and embedding
+                              * lookups (its table) read is kept as bf16 alone (sbpc
+                              * --base-precision bf16; "Precision" above) */
     bool forward_only;       /* build the evaluation program itself (no gradients) */
     bool packed;             /* packed documents: see "Packed documents" above */
     bool eval;               /* sbp_train_build: also build the evaluation program (p->eval) */

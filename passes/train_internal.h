@@ -247,8 +247,9 @@ int stream_emit(tctx *t, ir_node **nodes, int nn, const ir_value *loss);
 int sbp_train_mark_bf16(sbp_train_program *p, ir_diag *d);
 /* bf16 program, after the memory plan: the parameters' bf16 copy at the end of the workspace. */
 void sbp_train_place_bf16_shadow(sbp_train_program *p);
-/* base_bf16: marks the frozen parameters only GEMMs read as stored_bf16 and lays the parameter
- * block out again (fp32 ones first, then the bf16 ones); sets shadow_elems. */
+/* base_bf16: marks the frozen parameters only GEMMs and embedding lookups' tables read as
+ * stored_bf16 and lays the parameter block out again (fp32 ones first, then the bf16 ones);
+ * sets shadow_elems. */
 int sbp_train_place_base_bf16(sbp_train_program *p, ir_diag *d);
 
 #endif

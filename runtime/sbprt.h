@@ -574,6 +574,12 @@ int sbprt_div_scalar_accumulate_bf16(sbprt_ctx *ctx, sbprt_bf16 *dx, const sbprt
 /* out: [n, c] bf16    table: [v, c] fp32 */
 int sbprt_embedding_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const float *table,
                                  const int32_t *ids, int n, int v, int c);
+/* The same lookup from a table kept as bf16 (a frozen embedding, sbpc --base-precision bf16):
+ * out[r, :] = table[ids[r], :] copied exactly (the bf16 value, as a GEMM reads the same table),
+ * so it equals sbprt_embedding_forward_bf16 on the fp32 table those bf16 values widen to.
+ *   out: [n, c] bf16    table: [v, c] bf16 */
+int sbprt_embedding_forward_bf16_table(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *table,
+                                       const int32_t *ids, int n, int v, int c);
 /* dtable: [v, c] fp32    dout: [n, c] bf16 */
 int sbprt_embedding_backward_bf16(sbprt_ctx *ctx, float *dtable, const sbprt_bf16 *dout,
                                   const int32_t *ids, int n, int v, int c);

@@ -62,10 +62,11 @@ static void usage(FILE *f)
             "                     a bf16 copy of the weights and accumulate in fp32; the\n"
             "                     workspace is planned at 2 bytes per activation element\n"
             "  --base-precision P fp32 (default) or bf16 (with --precision bf16): the frozen\n"
-            "                     weights that only matrix products read (LoRA's base model,\n"
-            "                     --freeze) are kept as bf16 alone, 2 bytes an element instead\n"
-            "                     of 4 + 2 (no fp32 master, no copy); embeddings and norms\n"
-            "                     stay fp32; the plan counts it\n"
+            "                     weights that only matrix products and embedding lookups\n"
+            "                     read (LoRA's base model, --freeze; a tied embedding and LM\n"
+            "                     head too) are kept as bf16 alone, 2 bytes an element instead\n"
+            "                     of 4 + 2 (no fp32 master, no copy); norms stay fp32; the\n"
+            "                     plan counts it\n"
             "  --strategy S       stream (default: StreamBP, each layer and the LM head run\n"
             "                     chunk by chunk over the sequence in the forward and the\n"
             "                     backward; exact gradients), store (keep every activation) or\n"
@@ -232,20 +233,29 @@ static void summary(const ir_graph *g)
  * that saves against the fp32 master weight plus its bf16 copy. */
 static void base_bf16_summary(const sbp_train_program *p)
 {
-    int n = 0, frozen = 0;
+    int n = 0, frozen = 0, tables = 0;
     size_t elems = 0;
+    bool *table = calloc((size_t)p->n_bufs + 1, sizeof *table);
+    for (int bi = 0; table && bi < p->n_blocks; bi++) /* the embedding lookups' tables */
+        for (int i = 0; i < p->blocks[bi]->n_insts; i++) {
+            const tp_inst *in = &p->blocks[bi]->insts[i];
+            if (in->k == TP_K_EMBEDDING_FWD && in->buf[1] >= 0)
+                table[in->buf[1]] = true;
+        }
     for (int i = 0; i < p->n_params; i++) {
         const tp_param *q = &p->params[i];
         frozen += q->tied_to < 0 && q->value->frozen;
         if (q->stored_bf16) {
             n++;
             elems += q->numel;
+            tables += table && q->buf >= 0 && table[q->buf];
         }
     }
-    printf("  base precision bf16: %d of %d frozen weights (%zu elements) kept as bf16 only: "
-           "%zu bytes instead of %zu (fp32 and its bf16 copy); the others are read as fp32 "
-           "(embeddings, norms)\n",
-           n, frozen, elems, elems * 2, elems * 6);
+    free(table);
+    printf("  base precision bf16: %d of %d frozen weights (%zu elements) kept as bf16 only "
+           "(%d embedding table%s among them): %zu bytes instead of %zu (fp32 and its bf16 "
+           "copy); the others are read as fp32 (norms, biases)\n",
+           n, frozen, elems, tables, tables == 1 ? "" : "s", elems * 2, elems * 6);
 }
 
 static void lora_summary(const ir_graph *g, const sbp_lora_options *lora, int n_adapted)
@@ -357,7 +367,8 @@ static int memory_report(ir_graph *g, sbp_objective chosen, const sbp_train_opti
 typedef struct sbpc_target {
     const char *backend; /* "cpu" (default) or "cuda": codegen.h's target names */
     bool bf16;           /* --precision bf16 (passes/train.h, "Precision"); else fp32 */
-    bool base_bf16;      /* --base-precision bf16: frozen GEMM weights kept as bf16 only */
+    bool base_bf16;      /* --base-precision bf16: frozen GEMM weights and embedding tables
+                          * kept as bf16 only */
 } sbpc_target;
 
 enum { OPT_BATCH = 256, OPT_SEQ_LEN, OPT_NO_RETIE, OPT_DUMP_IR, OPT_DUMP_PARAMS, OPT_STRATEGY,

@@ -321,6 +321,14 @@ int sbprt_embedding_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, const float *t
     CALL(sbprt_embedding_forward(ctx, OUT(out, nz(n) * nz(c)), table, ids, n, v, c));
 }
 
+int sbprt_embedding_forward_bf16_table(sbprt_ctx *ctx, sbprt_bf16 *out, const sbprt_bf16 *table,
+                                       const int32_t *ids, int n, int v, int c)
+{
+    BEGIN;
+    CALL(sbprt_embedding_forward(ctx, OUT(out, nz(n) * nz(c)), IN(table, nz(v) * nz(c)), ids, n,
+                                 v, c));
+}
+
 int sbprt_embedding_backward_bf16(sbprt_ctx *ctx, float *dtable, const sbprt_bf16 *dout,
                                   const int32_t *ids, int n, int v, int c)
 {

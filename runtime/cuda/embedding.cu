@@ -15,17 +15,29 @@
  * so the results are bitwise equal to it.  The sort costs log²(n)/2 small launches, which is
  * nothing next to a step; rows with a bad id sort to the end as "no id" and are skipped.
  * The bf16 entry points read the table (fp32) into bf16 rows, and add bf16 rows of dout into
- * the fp32 table gradient, summing in fp32 (templates over the activation element type).
+ * the fp32 table gradient, summing in fp32 (templates over the activation element type);
+ * sbprt_embedding_forward_bf16_table reads a table kept as bf16 (a frozen embedding under
+ * sbpc --base-precision bf16) and copies its rows bit for bit.
  */
 #include "cuda.h"
 
 #define EMB_THREADS 256
 #define EMB_NO_KEY 0xffffffffffffffffull /* padding and bad ids; sorts last */
 
-template <class T>
-__global__ void emb_forward_kernel(T *out, const float *table, const int32_t *ids, int v, int c,
-                                   int *flag)
+/* The forward's element types: T of out, S of the table (fp32, or bf16 for a table kept as
+ * bf16). One template argument, since CU_LAUNCH takes the kernel as a macro argument. */
+template <class T, class S>
+struct emb_types {
+    typedef T out_t;
+    typedef S table_t;
+};
+
+template <class K>
+__global__ void emb_forward_kernel(typename K::out_t *out, const typename K::table_t *table,
+                                   const int32_t *ids, int v, int c, int *flag)
 {
+    typedef typename K::out_t T;
+    typedef typename K::table_t S;
     const size_t r = blockIdx.x;
     const int id = ids[r];
     if (id < 0 || id >= v) {
@@ -33,7 +45,7 @@ __global__ void emb_forward_kernel(T *out, const float *table, const int32_t *id
             cu_flag_range(flag);
         return;
     }
-    const float *src = table + (size_t)id * c;
+    const S *src = table + (size_t)id * c;
     T *dst = out + r * c;
     for (int j = threadIdx.x; j < c; j += blockDim.x)
         dst[j] = src[j];
@@ -100,15 +112,16 @@ __global__ void emb_backward_kernel(float *dtable, const T *dout,
     }
 }
 
-template <class T>
-static int embedding_forward(sbprt_ctx *ctx, T *out, const float *table, const int32_t *ids, int n,
+template <class T, class S>
+static int embedding_forward(sbprt_ctx *ctx, T *out, const S *table, const int32_t *ids, int n,
                              int v, int c)
 {
     CU_CHECK(ctx && n >= 0 && v >= 0 && c >= 0);
     if (n == 0)
         return SBPRT_OK;
     CU_CHECK(out && table && ids);
-    CU_LAUNCH(ctx, emb_forward_kernel<T>, (unsigned)n, EMB_THREADS, 0, out, table, ids, v, c,
+    typedef emb_types<T, S> K;
+    CU_LAUNCH(ctx, emb_forward_kernel<K>, (unsigned)n, EMB_THREADS, 0, out, table, ids, v, c,
               ctx->dev_flag);
     return SBPRT_OK;
 }
@@ -152,6 +165,14 @@ extern "C" int sbprt_embedding_forward_bf16(sbprt_ctx *ctx, sbprt_bf16 *out, con
                                             const int32_t *ids, int n, int v, int c)
 {
     return embedding_forward(ctx, cu_bf(out), table, ids, n, v, c);
+}
+
+/* a table kept as bf16: each element copied as is (cu_bf16 to cu_bf16 copies the bits) */
+extern "C" int sbprt_embedding_forward_bf16_table(sbprt_ctx *ctx, sbprt_bf16 *out,
+                                                  const sbprt_bf16 *table, const int32_t *ids,
+                                                  int n, int v, int c)
+{
+    return embedding_forward(ctx, cu_bf(out), cu_bf(table), ids, n, v, c);
 }
 
 extern "C" int sbprt_embedding_backward_bf16(sbprt_ctx *ctx, float *dtable,

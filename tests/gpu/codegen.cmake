@@ -14,7 +14,10 @@
 #                         tests/lora's lora_check), bf16 at 5e-2
 #   gpu.step_emu_lora_base_bf16 (emulator enabled) sbpc --base-precision bf16: the same
 #                         training as the fp32 master weights' bf16 copy, smaller plan
-#                         (emu_base_bf16.cmake)
+#                         (emu_base_bf16.cmake), the frozen token embedding kept as bf16 too;
+#                         gpu.step_emu_lora_base_bf16_tied: the same for GPT-2's TorchScript
+#                         export, its token embedding re-tied to the LM head and its position
+#                         embedding both kept as bf16
 #   gpu.step_emu_*        (emulator enabled) the generated CUDA step on the CPU, linked
 #                         against libsbprt_cuda_emu.a (emu_step.cmake): gradients of the
 #                         llama and gpt2 fixtures against the float64 PyTorch references, for
@@ -197,6 +200,15 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
                    -DOUT=${_gen}/base_bf16
                    -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_base_bf16.cmake")
   set_tests_properties(gpu.step_emu_lora_base_bf16 PROPERTIES LABELS gpu TIMEOUT 900)
+  add_test(NAME gpu.step_emu_lora_base_bf16_tied
+           COMMAND ${CMAKE_COMMAND} -DSBPC=$<TARGET_FILE:sbpc> -DTRAIN=$<TARGET_FILE:sbp-train>
+                   -DINFO=$<TARGET_FILE:sbp_step_info> -DCC=${CMAKE_C_COMPILER}
+                   -DEMU_LIB=$<TARGET_FILE:sbprt_cuda_emu>
+                   "-DINCLUDES=${SBP_ROOT}/codegen;${SBP_ROOT}/runtime" "-DCFLAGS=${_emu_cflags}"
+                   -DMODEL=${_fx}/hf/gpt2_ts_eager.onnx -DREF=${_fx}/hf/ref -DFAM=gpt2
+                   -DTABLES=2 -DOUT=${_gen}/base_bf16_tied
+                   -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_base_bf16.cmake")
+  set_tests_properties(gpu.step_emu_lora_base_bf16_tied PROPERTIES LABELS gpu TIMEOUT 900)
   # A device too small for the store step: the error names the bytes, the note the budget,
   # and a stream step compiled for that budget fits and is exact (emu_oom.cmake).
   add_test(NAME gpu.step_emu_oom

@@ -11,11 +11,19 @@
 # model file's own full-precision W, not its bf16 rounding. And the bf16-only step's
 # parameter block and workspace must be smaller, by what the plan says: each weight kept as bf16
 # costs 2 bytes instead of 4 in the block and no 2-byte copy in the workspace.
+# The frozen embedding tables are among them: the lookup reads the bf16 table
+# (sbprt_embedding_forward_bf16_table), whose rows are the fp32 table's lookup rounded to bf16,
+# so they too train identically; TABLES is how many tables the model has (Llama: the token
+# embedding; GPT-2: the token embedding, tied to the LM head, whose TorchScript export sbpc
+# re-ties, and the learned position embedding).
 #
 #   -DSBPC= -DTRAIN= -DINFO= -DCC= -DEMU_LIB= -DINCLUDES=a;b -DCFLAGS=... -DMODEL= -DREF=
-#   -DFAM= -DOUT=
+#   -DFAM= -DOUT= [-DTABLES=1]
 include("${CMAKE_CURRENT_LIST_DIR}/../run_checked.cmake") # run(what cmd...)
 
+if(NOT DEFINED TABLES)
+  set(TABLES 1)
+endif()
 set(inc)
 foreach(d "${OUT}" ${INCLUDES})
   list(APPEND inc "-I${d}")
@@ -29,6 +37,9 @@ foreach(base fp32 bf16)
       --lora-seed 5 --target cuda --precision bf16 --base-precision ${base}
       --strategy stream --chunk 7 --logits-chunk 5 -o ${n}.c)
   set(summary_${base} "${LAST_OUT}")
+  file(READ "${n}.c" src)
+  string(REGEX MATCHALL "sbprt_embedding_forward_bf16_table\\(" bf16_lookups_${base} "${src}")
+  string(REGEX MATCHALL "sbprt_embedding_forward_bf16\\(" fp32_lookups_${base} "${src}")
   # -Bsymbolic: the step's cuda* calls bind to the emulator inside it (emu_step.cmake says why)
   run("compiling the step against the emulated CUDA runtime"
       ${CC} -std=c11 -O2 -fPIC -shared -Wall -Wextra -Werror ${CFLAGS} ${inc} -o ${n}.so ${n}.c
@@ -56,6 +67,21 @@ set(n_bf16 "${CMAKE_MATCH_1}")
 set(elems "${CMAKE_MATCH_2}")
 if(n_bf16 LESS 1)
   message(FATAL_ERROR "no weight kept as bf16")
+endif()
+# the embedding tables are among them, and every lookup of the bf16-only step reads one as
+# bf16 (the fp32-master step: none)
+if(NOT summary_bf16 MATCHES "kept as bf16 only \\(([0-9]+) embedding tables? among them\\)")
+  message(FATAL_ERROR "sbpc --base-precision bf16 did not say how many embedding tables it keeps as bf16")
+endif()
+if(NOT CMAKE_MATCH_1 EQUAL TABLES)
+  message(FATAL_ERROR "${CMAKE_MATCH_1} embedding tables kept as bf16, expected ${TABLES}")
+endif()
+list(LENGTH bf16_lookups_bf16 nb)
+list(LENGTH fp32_lookups_bf16 nf)
+list(LENGTH bf16_lookups_fp32 nb0)
+if(nb LESS TABLES OR NOT nf EQUAL 0 OR NOT nb0 EQUAL 0)
+  message(FATAL_ERROR "lookups of a bf16 table: ${nb} in the bf16-only step (and ${nf} of an fp32 "
+                      "one), ${nb0} in the fp32-master step")
 endif()
 # each weight kept as bf16 takes ceil(numel / 2) floats after a 16-byte boundary: the block
 # shrinks by at least elems/2 - 4 per weight, and at most elems/2

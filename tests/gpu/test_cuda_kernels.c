@@ -1584,6 +1584,14 @@ static void t_bf16_rows(void)
     obuf *o = kc_out_bf_rand(&K, "out", (size_t)n * c, 0);
     REF(cpuref_sbprt_embedding_forward_bf16(C, BREF(o), table, ids, n, v, c));
     KC_RUN(K, sbprt_embedding_forward_bf16(G, BDEV(o), dt, di, n, v, c));
+    /* a table kept as bf16 (sbpc --base-precision bf16): its rows copied, bit for bit */
+    const sbprt_bf16 *btable = hrand_bf((size_t)v * c, -1, 1);
+    kc_begin(&K, "embedding_forward_bf16_table (exact)", 0, "n=%d v=%d c=%d", n, v, c);
+    sbprt_bf16 *dbtab = KC_IN_B(&K, btable, (size_t)v * c);
+    di = KC_IN_I(&K, ids, n);
+    o = kc_out_bf_rand(&K, "out", (size_t)n * c, 0);
+    REF(cpuref_sbprt_embedding_forward_bf16_table(C, BREF(o), btable, ids, n, v, c));
+    KC_RUN(K, sbprt_embedding_forward_bf16_table(G, BDEV(o), dbtab, di, n, v, c));
     kc_begin(&K, "embedding_backward_bf16", TOL_BF16, "n=%d v=%d c=%d", n, v, c);
     sbprt_bf16 *ddo = KC_IN_B(&K, dout, (size_t)n * c);
     di = KC_IN_I(&K, ids, n);
@@ -1898,7 +1906,7 @@ static void t_range_errors(void)
     upload(d_neg, neg, sizeof neg);
     upload(d_lab, labels, sizeof labels);
     check_status("sync before", sbprt_sync(G), SBPRT_OK);
-    for (int which = 0; which < 13; which++) {
+    for (int which = 0; which < 14; which++) {
         int st = -1;
         const char *name = "";
         switch (which) {
@@ -1915,6 +1923,7 @@ static void t_range_errors(void)
         case 10: name = "attention_forward_packed"; st = sbprt_attention_forward_packed(G, buf2, buf2 + 64, buf, buf, buf, d_starts, 1, 2, n, 1, 1, c, 2, 1.0f, 0, 0); break;
         case 11: name = "attention_backward_packed"; st = sbprt_attention_backward_packed(G, buf2, buf2 + 64, buf2 + 128, buf, buf, buf, buf, buf, buf, d_starts, 1, 2, n, 1, 1, c, 2, 1.0f, 0, 0); break;
         case 12: name = "attention_forward_packed (negative)"; st = sbprt_attention_forward_packed(G, buf2, buf2 + 64, buf, buf, buf, d_neg, 1, 2, n, 1, 1, c, 0, 1.0f, 0, 0); break;
+        case 13: name = "embedding_forward_bf16_table"; st = sbprt_embedding_forward_bf16_table(G, (sbprt_bf16 *)buf2, (const sbprt_bf16 *)buf, d_ids, n, v, c); break;
         }
         s->cases++;
         int st1 = sbprt_sync(G), st2 = sbprt_sync(G);
