@@ -82,6 +82,21 @@ wait_for_checkpoint() {
   fail "no checkpoint appeared in $1"
 }
 
+# Waits (up to 60 s) until the run PID has printed its first step to OUT: its SIGINT/SIGTERM
+# handlers are installed before step 1 (train_ckpt_prepare), so a signal sent after that tests them;
+# one sent at a fixed delay from the start can land before them on a slow machine (under ASan
+# with the other cores busy) and kill the run by the default action (exit 143).
+wait_for_step() {
+  local i
+  for ((i = 0; i < 600; i++)); do
+    grep -q '^step ' "$1" 2>/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || break
+    sleep 0.1
+  done
+  cat err.txt >&2
+  fail "the run printed no step"
+}
+
 # The step of DIR's newest checkpoint file, or "" when there is none.
 newest() {
   find "$1" -maxdepth 1 -name 'step-*.safetensors' -printf '%f\n' | sort | tail -1 |
@@ -141,11 +156,12 @@ resume_threads)
 sigterm)
   # SIGTERM in a long run: a checkpoint at the end of the current step, exit 0, no temporary
   "$SBP_TRAIN" "$STEP" "${DATA[@]}" --steps 1000000000 --checkpoint-dir part \
-    >/dev/null 2>err.txt &
+    >out.txt 2>err.txt &
   pid=$!
   # a run that ignores SIGTERM fails instead of hanging (the watchdog holds none of ctest's pipes)
   (sleep 60 && kill -KILL "$pid") >/dev/null 2>&1 &
   watchdog=$!
+  wait_for_step out.txt "$pid"
   sleep 0.5
   kill -TERM "$pid"
   wait "$pid"
