@@ -198,24 +198,21 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
   endif()
   # issue 16: --base-precision bf16 trains exactly as the fp32 master weights' bf16 copy does
   # (losses, gradients, adapters, saved model identical), with the smaller plan it states
-  add_test(NAME gpu.step_emu_lora_base_bf16
-           COMMAND ${CMAKE_COMMAND} -DSBPC=$<TARGET_FILE:sbpc> -DTRAIN=$<TARGET_FILE:sbp-train>
-                   -DINFO=$<TARGET_FILE:sbp_step_info> -DCC=${CMAKE_C_COMPILER}
-                   -DEMU_LIB=$<TARGET_FILE:sbprt_cuda_emu>
-                   "-DINCLUDES=${SBP_ROOT}/codegen;${SBP_ROOT}/runtime" "-DCFLAGS=${_emu_cflags}"
-                   -DMODEL=${_fx}/hf/llama_dynamo_scoped.onnx -DREF=${_fx}/hf/ref -DFAM=llama
-                   -DOUT=${_gen}/base_bf16
-                   -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_base_bf16.cmake")
-  set_tests_properties(gpu.step_emu_lora_base_bf16 PROPERTIES LABELS gpu TIMEOUT ${SBP_EMU_STEP_TIMEOUT})
-  add_test(NAME gpu.step_emu_lora_base_bf16_tied
-           COMMAND ${CMAKE_COMMAND} -DSBPC=$<TARGET_FILE:sbpc> -DTRAIN=$<TARGET_FILE:sbp-train>
-                   -DINFO=$<TARGET_FILE:sbp_step_info> -DCC=${CMAKE_C_COMPILER}
-                   -DEMU_LIB=$<TARGET_FILE:sbprt_cuda_emu>
-                   "-DINCLUDES=${SBP_ROOT}/codegen;${SBP_ROOT}/runtime" "-DCFLAGS=${_emu_cflags}"
-                   -DMODEL=${_fx}/hf/gpt2_ts_eager.onnx -DREF=${_fx}/hf/ref -DFAM=gpt2
-                   -DTABLES=2 -DOUT=${_gen}/base_bf16_tied
-                   -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_base_bf16.cmake")
-  set_tests_properties(gpu.step_emu_lora_base_bf16_tied PROPERTIES LABELS gpu TIMEOUT ${SBP_EMU_STEP_TIMEOUT})
+  # (Llama: its untied embedding kept as bf16 too; GPT-2: the tied wte and wpe, 2 tables)
+  function(gpu_emu_base_bf16 name model fam tables)
+    add_test(NAME gpu.step_emu_lora_${name}
+             COMMAND ${CMAKE_COMMAND} -DSBPC=$<TARGET_FILE:sbpc> -DTRAIN=$<TARGET_FILE:sbp-train>
+                     -DINFO=$<TARGET_FILE:sbp_step_info> -DCC=${CMAKE_C_COMPILER}
+                     -DEMU_LIB=$<TARGET_FILE:sbprt_cuda_emu>
+                     "-DINCLUDES=${SBP_ROOT}/codegen;${SBP_ROOT}/runtime" "-DCFLAGS=${_emu_cflags}"
+                     -DMODEL=${_fx}/hf/${model}.onnx -DREF=${_fx}/hf/ref -DFAM=${fam}
+                     -DTABLES=${tables} -DOUT=${_gen}/${name}
+                     -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_base_bf16.cmake")
+    set_tests_properties(gpu.step_emu_lora_${name} PROPERTIES LABELS gpu
+                         TIMEOUT ${SBP_EMU_STEP_TIMEOUT})
+  endfunction()
+  gpu_emu_base_bf16(base_bf16 llama_dynamo_scoped llama 1)
+  gpu_emu_base_bf16(base_bf16_tied gpt2_ts_eager gpt2 2)
   # A device too small for the store step: the error names the bytes, the note the budget,
   # and a stream step compiled for that budget fits and is exact (emu_oom.cmake).
   add_test(NAME gpu.step_emu_oom
