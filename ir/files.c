@@ -3,8 +3,8 @@
  *
  * The signal registry is a fixed table of path buffers with a sig_atomic_t state per slot: a slot
  * is filled while its state is FREE, then published by setting its state, so the handler only
- * ever reads complete paths, and it calls nothing but unlink, rmdir, sigaction and raise (all
- * async-signal-safe). Handlers are installed only for signals whose action is still the default:
+ * ever reads complete paths, and it calls nothing but unlink, rmdir, sigaction, raise, gettid
+ * and tgkill (all async-signal-safe). Handlers are installed only for signals whose action is still the default:
  * a signal the user ignored (nohup's SIGHUP, a test's SIGXFSZ) stays ignored. The cleanup runs
  * on the main thread, the one that makes temporaries, and a temporary is registered before it is
  * created: no window in which a signal can leave one behind (a worker thread that receives the

@@ -1913,8 +1913,8 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
     if ((st = rt->sync(*rt->sync_ctx)))
         return error("step %lld: %s%s", (long long)s, rt->status_string(st),
                      rt_why(rt, *rt->sync_ctx, why, sizeof why));
-    /* issue 14: ZeRO: every rank's updated slice to every rank; the moments to rank 0 for a
-     * checkpoint */
+    /* issue 14: ZeRO: every rank's updated slice to every rank (the moments move only for a
+     * checkpoint, in run_loop) */
     if (train_dist_gather_params(&dist, in, r->d_params, r->d_grads, err, sizeof err))
         return error("step %lld: %s", (long long)s, err);
     sample_device_memory(r);
