@@ -92,6 +92,8 @@
 #include "train_adapter.h" /* issue 16: LoRA adapters */
 #include "train_eval.h" /* issue 12: held-out evaluation */
 #include "train_dist.h" /* issue 14: data parallel under mpirun */
+#include "train_finite.h"
+#include "train_outputs.h"
 
 #include <dlfcn.h>
 #include <elf.h>
@@ -819,27 +821,38 @@ static int collect_inputs(const options *o, sbp_file_set *inputs)
     return 0;
 }
 
-/* --dump-grads and --save must not replace an input, a special file, or each other. */
+/* Every file the run will write (train_outputs.h): none may replace an input, a special file
+ * or another output, and each must be writable, all before step 1 (a run that cannot write
+ * its result finds out now, not after training). */
 static int check_outputs(const options *o, const sbp_file_set *inputs)
 {
-    sbp_file_set outs = {0};
+    static const char *const adapter_files[] = {"adapter_model.safetensors",
+                                                "adapter_config.json"};
+    const struct {
+        const char *path, *role;
+    } files[] = {{o->dump_grads, "--dump-grads"},
+                 {o->save, "--save"},
+                 {o->save_safetensors, "--save-safetensors"},
+                 {o->sched.log_path, "--log"}};
+    train_outputs reg;
     char err[1024];
     int rc = 0;
-    if (o->dump_grads &&
-        sbp_file_check_output(o->dump_grads, "--dump-grads", inputs, &outs, err, sizeof err))
-        rc = error("%s", err);
-    else if (o->save && sbp_file_check_output(o->save, "--save", inputs, &outs, err, sizeof err))
-        rc = error("%s", err);
-    /* issue 12: safetensors export */
-    else if (o->save_safetensors &&
-             sbp_file_check_output(o->save_safetensors, "--save-safetensors", inputs, &outs, err,
-                                   sizeof err))
-        rc = error("%s", err);
-    else if (o->sched.log_path && /* issue 12 */
-             sbp_file_check_output(o->sched.log_path, "--log", inputs, &outs, err, sizeof err))
-        rc = error("%s", err);
-    sbp_file_set_free(&outs);
-    return rc;
+    train_outputs_init(&reg, inputs);
+    for (size_t i = 0; i < sizeof files / sizeof files[0] && !rc; i++)
+        if (files[i].path && train_outputs_file(&reg, files[i].path, files[i].role, err,
+                                                sizeof err))
+            rc = -1;
+    if (!rc && o->adapter.save_dir &&
+        train_outputs_dir(&reg, o->adapter.save_dir, "--save-adapter", adapter_files,
+                          (int)(sizeof adapter_files / sizeof adapter_files[0]), err, sizeof err))
+        rc = -1;
+    const char *ckpt_dir = o->ckpt.dir ? o->ckpt.dir : o->ckpt.resume;
+    if (!rc && ckpt_dir &&
+        train_outputs_ckpt_dir(&reg, ckpt_dir, o->ckpt.dir ? "--checkpoint-dir" : "--resume",
+                               err, sizeof err))
+        rc = -1;
+    train_outputs_free(&reg);
+    return rc ? error("%s", err) : 0;
 }
 
 /* A shared object whose program headers or segments reach past its end (a truncated copy, a
@@ -1537,6 +1550,10 @@ static int run_load(run *r)
         if (o->pack.doc_ids && train_pack_load_doc_ids(o->pack.doc_ids, K * B, T, r->doc_ids,
                                                        err, sizeof err))
             return error("%s", err);
+        if (o->pack.pack && !train_pack_shard_scores(&r->shard, (uint32_t)o->pack.eos))
+            return error("%s: every document is one token long (the shard is --eos %lld tokens "
+                         "only): packed, no position is scored, there is nothing to train",
+                         o->data_path, (long long)o->pack.eos);
         if (o->pack.pack && !train_pack_shard_has(&r->shard, (uint32_t)o->pack.eos))
             message("note", "%s holds no --eos %lld token: it is one document, cut into rows "
                     "of %lld tokens", o->data_path, (long long)o->pack.eos, (long long)T);
@@ -1917,6 +1934,14 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
      * checkpoint, in run_loop) */
     if (train_dist_gather_params(&dist, in, r->d_params, r->d_grads, err, sizeof err))
         return error("step %lld: %s", (long long)s, err);
+    /* An update that overflowed (a huge --lr or --weight-decay) stops the run here, naming the
+     * tensor; the next loss would only say NaN, and a last step's update has no next loss. A
+     * device's weights are checked when they come back to be written (run_report, checkpoints). */
+    if (r->host_visible &&
+        train_finite_check(in, TRAIN_BLOCK_PARAMS, r->d_params, 0, in->param_elems, false,
+                           "the update made a weight non-finite", err, sizeof err))
+        return error("step %lld: %s: stopping (nothing of this step is saved; a smaller --lr "
+                     "or --weight-decay?)", (long long)s, err);
     sample_device_memory(r);
     double dt = t_run + (now_seconds() - t0);
     /* the global batch's tokens (issue 14: all ranks'; ti->N = K*G) */
@@ -2051,7 +2076,15 @@ static int run_report(run *r)
             host32 = view.block;
         }
     }
-    int rc = run_saves(r, in, host32);
+    /* nothing non-finite leaves the run (a cuda step's weights are checked only here) */
+    char err[1024];
+    int rc = 0;
+    if ((o->save || o->save_safetensors || o->adapter.save_dir) &&
+        train_finite_check(in, TRAIN_BLOCK_PARAMS, host32, 0, in->param_elems, false,
+                           "the trained weights", err, sizeof err))
+        rc = error("%s: nothing saved", err);
+    if (!rc)
+        rc = run_saves(r, in, host32);
     f32_view_free(&view);
     if (rc)
         return rc;

@@ -103,6 +103,16 @@ bool train_pack_shard_has(const sbpio_shard *s, uint32_t eos)
     return false;
 }
 
+bool train_pack_shard_scores(const sbpio_shard *s, uint32_t eos)
+{
+    /* a token that is not EOS, with a token after it, continues its document: that next token
+     * is its label; the stream's last token has no next token in its document */
+    for (int64_t i = 0; i + 1 < s->ntok; i++)
+        if (sbpio_shard_token(s, i) != eos)
+            return true;
+    return false;
+}
+
 int train_pack_load_doc_ids(const char *path, int64_t N, int64_t T, int32_t *out, char *err,
                             size_t errlen)
 {

@@ -98,6 +98,10 @@ int train_pack_shard(sbpio_shard *s, uint32_t eos, int64_t T, int64_t rows, int3
 
 /* Whether token `eos` occurs in the shard (a shard without it is one long document: a note). */
 bool train_pack_shard_has(const sbpio_shard *s, uint32_t eos);
+/* Whether packing the shard can score any token: not when every document is one token long
+ * (the shard is EOS tokens only, but for its last token), as each document's last label is
+ * -100. */
+bool train_pack_shard_scores(const sbpio_shard *s, uint32_t eos);
 
 /* --doc-ids D.npy: reads document ids [N,T] (int32 or int64) into out [N*T], checking the shape
  * and that each row is non-decreasing and within int32. */

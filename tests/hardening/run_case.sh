@@ -25,11 +25,11 @@ fail() {
   exit 1
 }
 
-# The state of the folder: one line per entry, "name type mode size sha256" (FIFOs and links are
-# not read: reading a FIFO would block).
+# The state of the folder, its subfolders included: one line per entry, "path type mode size
+# sha256" (FIFOs and links are not read: reading a FIFO would block).
 snapshot() {
   local f
-  for f in $(ls -A | sort); do
+  for f in $(find . -mindepth 1 | sort); do
     if [ -L "$f" ]; then
       printf '%s link %s\n' "$f" "$(readlink "$f")"
     elif [ -p "$f" ]; then
@@ -59,6 +59,10 @@ expect_fail() {
   n=$(grep -c 'error:' "$dir.err")
   [ "$n" = "${ERRLINES:-1}" ] || fail "expected ${ERRLINES:-1} 'error:' line(s) on stderr, got $n"
   grep -Eq -- "$regex" "$dir.err" || fail "stderr does not match '$regex'"
+  # NO_STEP=1: the refusal must come before training (a step's line would be on stdout)
+  if [ "${NO_STEP:-0}" = 1 ] && grep -q '^step [0-9]' "$dir.out"; then
+    fail "a step ran before the refusal"
+  fi
   after=$(snapshot)
   if [ "$before" != "$after" ]; then
     diff <(echo "$before") <(echo "$after") >&2
@@ -92,6 +96,13 @@ dead_pid() {
 model() { "$FIXTURE" all data >/dev/null && mv data/bigram.onnx m.onnx && mv data/i32_ids.npy ids.npy &&
   mv data/i32_labels.npy labels.npy && mv data/stream.bin stream.bin && rm -rf data; }
 NPY=(--input-ids ids.npy --labels labels.npy)
+HF="$FX/hf"
+LORA_ARGS=(--model "$HF/llama_dynamo_scoped.onnx" --input-ids "$HF/ref/llama_input_ids.npy"
+           --labels "$HF/ref/llama_labels.npy")
+# lora: a LoRA step (rank 4) of the Llama fixture as ./lora.so, outside the folder's snapshot
+# only in that it is made before it
+lora() { "$SBPC" "$HF/llama_dynamo_scoped.onnx" --batch 2 --seq-len 32 --lora 4 -o lora.so >/dev/null 2>&1 ||
+  fail "sbpc --lora failed"; rm -f lora.c lora.h lora.consts.bin; }
 LLAMA="$FX/llama_op17_static.onnx"
 
 case "$case_name" in
@@ -222,6 +233,91 @@ train_stale_temp_removed)
   [ -e "$live" ] || fail "the temporary of a live process was removed"
   rm -f "$live"
   no_temps
+  ;;
+# ---------------------------------------------------------------- sbp-train: every output
+# The LoRA cases compile a LoRA step of the Llama fixture (--save-adapter needs one).
+train_adapter_over_input)
+  # the adapter folder's weights file is the run's --input-ids
+  lora && mkdir AD && cp "$HF/ref/llama_input_ids.npy" AD/adapter_model.safetensors
+  NO_STEP=1 expect_fail "--save-adapter: AD/adapter_model.safetensors would overwrite --input-ids" \
+    "$SBP_TRAIN" ./lora.so --model "$HF/llama_dynamo_scoped.onnx" \
+    --input-ids AD/adapter_model.safetensors --labels "$HF/ref/llama_labels.npy" --steps 1 \
+    --save-adapter AD
+  ;;
+train_adapter_over_outputs)
+  # the adapter folder's two files are also --save-safetensors and --log
+  lora && mkdir AD && printf 'weights' >AD/adapter_model.safetensors && printf '{}' >AD/adapter_config.json
+  NO_STEP=1 expect_fail "--save-adapter: AD/adapter_(model.safetensors|config.json) is also the output of --(save-safetensors|log)" \
+    "$SBP_TRAIN" ./lora.so "${LORA_ARGS[@]}" --steps 1 \
+    --save-safetensors AD/adapter_model.safetensors --log AD/adapter_config.json --save-adapter AD
+  ;;
+train_adapter_is_a_file)
+  lora && printf 'not a folder' >AD
+  NO_STEP=1 expect_fail "--save-adapter: AD is a regular file, not a directory" \
+    "$SBP_TRAIN" ./lora.so "${LORA_ARGS[@]}" --steps 2 --save-adapter AD
+  ;;
+train_adapter_missing_parent)
+  lora
+  NO_STEP=1 expect_fail "--save-adapter: cannot write nowhere/AD: the directory nowhere does not exist" \
+    "$SBP_TRAIN" ./lora.so "${LORA_ARGS[@]}" --steps 2 --save-adapter nowhere/AD
+  ;;
+train_save_missing_dir)
+  model && cp "$STEP" step.so
+  NO_STEP=1 expect_fail "--save: cannot write nowhere/x.onnx: the directory nowhere does not exist" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --steps 2 --save nowhere/x.onnx
+  ;;
+train_safetensors_missing_dir)
+  model && cp "$STEP" step.so
+  NO_STEP=1 expect_fail "--save-safetensors: cannot write nowhere/x.safetensors: the directory nowhere does not exist" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --steps 2 --save-safetensors nowhere/x.safetensors
+  ;;
+train_log_parent_is_file)
+  model && cp "$STEP" step.so && printf 'a file' >f
+  NO_STEP=1 expect_fail "--log: cannot write f/log.jsonl: f is a regular file, not a directory" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --steps 2 --log f/log.jsonl
+  ;;
+train_ckpt_dir_holds_input)
+  # pruning deletes old step-*.safetensors files of the checkpoint folder: none may be an input
+  model && cp "$STEP" step.so && mkdir CK && mv stream.bin CK/step-00000001.safetensors
+  NO_STEP=1 expect_fail "--checkpoint-dir: CK/step-00000001.safetensors \(--data\) is named like a checkpoint of CK" \
+    "$SBP_TRAIN" ./step.so --model m.onnx --data CK/step-00000001.safetensors --steps 3 \
+    --checkpoint-dir CK --checkpoint-every 1 --keep-checkpoints 1
+  ;;
+train_ckpt_dir_holds_output)
+  model && cp "$STEP" step.so && mkdir CK
+  NO_STEP=1 expect_fail "--checkpoint-dir: CK/step-00000002.safetensors \(--save-safetensors\) is named like a checkpoint of CK" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --steps 3 \
+    --checkpoint-dir CK --save-safetensors CK/step-00000002.safetensors
+  ;;
+# ---------------------------------------------------------------- sbp-train: non-finite weights
+train_nonfinite_lr)
+  # the last step's update overflows: there is no next loss to be NaN, so the weights are checked
+  model && cp "$STEP" step.so && mkdir CK
+  expect_fail "step 1: the update made a weight non-finite: tensor 'W' holds -?inf" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --steps 1 --lr 1e300 --save out.onnx \
+    --save-safetensors out.safetensors --checkpoint-dir CK
+  ;;
+train_nonfinite_weight_decay)
+  model && cp "$STEP" step.so
+  expect_fail "step 1: the update made a weight non-finite: tensor 'W' holds -?inf" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --steps 1 --weight-decay 1e308 --save out.onnx
+  ;;
+train_nonfinite_sgd)
+  model && cp "$STEP" step.so
+  expect_fail "step 1: the update made a weight non-finite: tensor 'W' holds" \
+    "$SBP_TRAIN" ./step.so --model m.onnx "${NPY[@]}" --steps 1 --optimizer sgd --lr 1e300 \
+    --save out.onnx
+  ;;
+# ---------------------------------------------------------------- sbp-train: packing
+train_pack_only_eos)
+  # every document is one EOS token: packed, no label is ever scored
+  model && python3 -c '
+import struct, sys
+n = 200
+hdr = struct.pack("<3i", 20240520, 1, n) + bytes(4 * 253)
+sys.stdout.buffer.write(hdr + struct.pack("<%dH" % n, *([3] * n)))' >eos.bin || fail "no shard"
+  NO_STEP=1 expect_fail "eos.bin: every document is one token long .*nothing to train" \
+    "$SBP_TRAIN" "$PACKED" --model m.onnx --data eos.bin --pack --eos 3 --steps 2 --save out.onnx
   ;;
 # ---------------------------------------------------------------- sbp-shard
 shard_output_is_input)
