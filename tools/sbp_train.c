@@ -94,6 +94,7 @@
 #include "train_dist.h" /* issue 14: data parallel under mpirun */
 #include "train_finite.h"
 #include "train_outputs.h"
+#include "train_dataset.h"
 
 #include <dlfcn.h>
 #include <elf.h>
@@ -282,6 +283,7 @@ typedef struct options {
     train_adapter_opts adapter; /* issue 16: --save-adapter, --merge-lora */
     train_eval_opts eval;    /* issue 12: --eval-data, --eval-every, --eval-batches */
     int64_t zero;            /* issue 14: --zero 0|1|2 (train_dist.h) */
+    train_dataset_opts dataset; /* --dataset, --epochs, --shuffle-seed (train_dataset.h) */
 } options;
 
 enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT_SAVE,
@@ -289,7 +291,7 @@ enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT
        OPT_LR, OPT_WEIGHT_DECAY, OPT_OPTIMIZER, OPT_VERSION,
        /* issue 12: safetensors export */
        OPT_SAVE_SAFETENSORS,
-       OPT_ZERO /* issue 14 */ };
+       OPT_ZERO /* issue 14 */, OPT_DATASET, OPT_EPOCHS, OPT_SHUFFLE_SEED };
 
 /* issue 12: schedule, clipping, log (consecutive, in train_sched_parse's order) */
 enum { OPT_LR_SCHEDULE = 1200, OPT_WARMUP_STEPS, OPT_MIN_LR, OPT_CLIP_GRAD_NORM, OPT_LOG };
@@ -349,10 +351,14 @@ static int parse_args(int argc, char **argv, options *o)
         {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
         {"eval-batches", required_argument, NULL, OPT_EVAL_BATCHES},
         {"zero", required_argument, NULL, OPT_ZERO}, /* issue 14 */
+        {"dataset", required_argument, NULL, OPT_DATASET},
+        {"epochs", required_argument, NULL, OPT_EPOCHS},
+        {"shuffle-seed", required_argument, NULL, OPT_SHUFFLE_SEED},
         {0},
     };
     static const char *const optimizers[] = {"adamw", "sgd", NULL};
     *o = (options){.steps = 1, .lr = 1e-3, .adamw = true, .grad_accum = 1};
+    bool steps_given = false;
     train_pack_opts_init(&o->pack); /* issue 13 */
     train_adapter_opts_init(&o->adapter); /* issue 16 */
     cli c;
@@ -387,7 +393,20 @@ static int parse_args(int argc, char **argv, options *o)
             break;
         case OPT_STEPS:
             bad = cli_count(&c, "--steps", v, 1, (int64_t)1 << 30, &o->steps);
+            steps_given = true;
             break;
+        case OPT_DATASET: bad = cli_path(&c, "--dataset", v, &o->dataset.path); break;
+        case OPT_EPOCHS:
+            bad = cli_count(&c, "--epochs", v, 1, 1 << 20, &o->dataset.epochs);
+            break;
+        case OPT_SHUFFLE_SEED: {
+            int64_t seed = 0;
+            if (!(bad = cli_count(&c, "--shuffle-seed", v, 0, INT64_MAX, &seed))) {
+                o->dataset.shuffle = true;
+                o->dataset.seed = (uint64_t)seed;
+            }
+            break;
+        }
         case OPT_THREADS:
             bad = cli_count(&c, "--threads", v, 1, 4096, &o->threads);
             break;
@@ -444,16 +463,29 @@ static int parse_args(int argc, char **argv, options *o)
     }
     if (!o->model_path)
         return error("--model MODEL.onnx is required (the model the step was compiled from)");
+    if (o->dataset.path && (o->data_path || o->ids_path || o->labels_path))
+        return error("give one source of training data: --dataset, --data, or --input-ids with "
+                     "--labels");
+    if (!o->dataset.path && (o->dataset.epochs || o->dataset.shuffle))
+        return error("%s is read with --dataset FILE", o->dataset.epochs ? "--epochs"
+                                                                         : "--shuffle-seed");
+    if (o->dataset.epochs && steps_given)
+        return error("give --epochs or --steps, not both: --epochs sets the steps");
     if (o->data_path && (o->ids_path || o->labels_path))
         return error("give either --data or --input-ids with --labels, not both");
-    if (!o->data_path && !o->ids_path && !o->labels_path)
-        return error("no training data: give --input-ids X.npy --labels Y.npy, or --data "
-                     "SHARD.bin");
-    if (!o->data_path && (!o->ids_path || !o->labels_path))
+    if (!o->dataset.path && !o->data_path && !o->ids_path && !o->labels_path)
+        return error("no training data: give --dataset DATA.safetensors, --input-ids X.npy "
+                     "--labels Y.npy, or --data SHARD.bin");
+    if (!o->dataset.path && !o->data_path && (!o->ids_path || !o->labels_path))
         return error("%s needs %s too", o->ids_path ? "--input-ids" : "--labels",
                      o->ids_path ? "--labels" : "--input-ids");
     char pack_err[256]; /* issue 13: --pack / --eos / --doc-ids against the data flags */
-    if (train_pack_check_opts(&o->pack, o->data_path != NULL, o->ids_path != NULL, pack_err,
+    if (o->dataset.path && (o->pack.eos >= 0 || o->pack.doc_ids))
+        return error("%s is read with --data or --input-ids; a dataset's examples are its "
+                     "documents (--dataset with --pack needs no more)",
+                     o->pack.eos >= 0 ? "--eos" : "--doc-ids");
+    if (!o->dataset.path &&
+        train_pack_check_opts(&o->pack, o->data_path != NULL, o->ids_path != NULL, pack_err,
                               sizeof pack_err))
         return error("%s", pack_err);
     return 0;
@@ -814,7 +846,8 @@ static int collect_inputs(const options *o, sbp_file_set *inputs)
               {o->data_path, "--data"},          {o->ref_logps, "--ref-logps"},
               {o->old_logps, "--old-logps"},     {o->advantages, "--advantages"},
               {o->pack.doc_ids, "--doc-ids"} /* issue 13 */,
-              {o->eval.data, "--eval-data"} /* issue 12 */};
+              {o->eval.data, "--eval-data"} /* issue 12 */,
+              {o->dataset.path, "--dataset"}};
     for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
         if (in[i].path && sbp_file_set_add(inputs, in[i].path, in[i].role, NULL) != SBP_FILE_OK)
             return error("out of memory");
@@ -1336,6 +1369,8 @@ typedef struct run {
     train_inputs ti;          /* micro-batches, DPO / GRPO inputs (train_inputs.h) */
     sbpio_shard shard;        /* --data */
     bool have_shard;          /* shard is open */
+    train_dataset ds;         /* --dataset (train_dataset.h) */
+    bool have_ds;             /* ds is open */
     model mdl;                /* the model, until its weights are copied into the arena */
     train_export *export;     /* issue 12: --save-safetensors's keys, planned at load */
     train_adapter_merge_plan *merge; /* issue 16: --merge-lora's base weights, planned at load */
@@ -1489,7 +1524,7 @@ static int run_load(run *r)
         if (in->packed || o->pack.pack || o->pack.doc_ids)
             return error("packed documents (--pack, --doc-ids) do not run under mpirun yet");
         int64_t rows_all = -1;
-        if (!o->data_path) { /* the files' rows; a bad file is load_tokens's to report */
+        if (o->ids_path) { /* the files' rows; a bad file is load_tokens's to report */
             sbpio_array a;
             rows_all = K * B * dist.size;
             if (sbpio_npy_read(o->ids_path, &a, err, sizeof err) == SBPIO_OK) {
@@ -1515,7 +1550,22 @@ static int run_load(run *r)
     if (o->data_path && in->objective && (pairs || strcmp(in->objective, "grpo") == 0))
         return error("--data: %s is a %s step, which trains on --input-ids and --labels with "
                      "its own inputs (see --help)", o->step_path, in->objective);
-    if (o->data_path) {
+    if (o->dataset.path) {
+        if (train_dataset_open(&r->ds, &o->dataset, in, in->packed, err, sizeof err))
+            return error("%s", err);
+        r->have_ds = true;
+        if (o->dataset.epochs) { /* --epochs: the steps that many passes take */
+            int64_t steps = train_dataset_steps(&r->ds, o->dataset.epochs, K * G);
+            if (steps < 1)
+                return error("out of memory");
+            r->o.steps = steps;
+        }
+        message("note", "%s: %lld examples, %lld tokens (%lld scored), the longest %lld; %s%s",
+                o->dataset.path, (long long)r->ds.d.n_ex, (long long)r->ds.d.n_tok,
+                (long long)r->ds.d.scored, (long long)r->ds.d.longest,
+                in->packed ? "packed next-fit into rows" : "one example a row",
+                o->dataset.shuffle ? ", shuffled each pass" : ", in file order");
+    } else if (o->data_path) {
         if (sbpio_shard_open(o->data_path, &r->shard, err, sizeof err) != SBPIO_OK)
             return error("%s", err);
         r->have_shard = true;
@@ -1540,7 +1590,7 @@ static int run_load(run *r)
     }
     if (ti_open(&r->ti, bin, K, o->ref_logps, o->old_logps, o->advantages, note_message, err,
                 sizeof err) ||
-        (!o->data_path && ti_check(&r->ti, r->labels, o->labels_path, err, sizeof err)))
+        (o->ids_path && ti_check(&r->ti, r->labels, o->labels_path, err, sizeof err)))
         return error("%s", err);
     if (in->packed) { /* issue 13: the batch's document ids (--pack packs them each step) */
         r->doc_ids = malloc((size_t)K * ntok * sizeof *r->doc_ids);
@@ -1550,11 +1600,13 @@ static int run_load(run *r)
         if (o->pack.doc_ids && train_pack_load_doc_ids(o->pack.doc_ids, K * B, T, r->doc_ids,
                                                        err, sizeof err))
             return error("%s", err);
-        if (o->pack.pack && !train_pack_shard_scores(&r->shard, (uint32_t)o->pack.eos))
+        if (o->pack.pack && r->have_shard &&
+            !train_pack_shard_scores(&r->shard, (uint32_t)o->pack.eos))
             return error("%s: every document is one token long (the shard is --eos %lld tokens "
                          "only): packed, no position is scored, there is nothing to train",
                          o->data_path, (long long)o->pack.eos);
-        if (o->pack.pack && !train_pack_shard_has(&r->shard, (uint32_t)o->pack.eos))
+        if (o->pack.pack && r->have_shard &&
+            !train_pack_shard_has(&r->shard, (uint32_t)o->pack.eos))
             message("note", "%s holds no --eos %lld token: it is one document, cut into rows "
                     "of %lld tokens", o->data_path, (long long)o->pack.eos, (long long)T);
     }
@@ -1785,6 +1837,17 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
     const size_t gtok = (size_t)(G * T);
     char err[512], why[400];
     int st;
+    for (int64_t k = 0; r->have_ds && k < K; k++) { /* the next examples, K*G rows */
+        const int64_t epoch = r->ds.epoch;
+        if (train_dataset_next(&r->ds, G, r->ids + (size_t)k * gtok, r->labels + (size_t)k * gtok,
+                               r->doc_ids ? r->doc_ids + (size_t)k * ntok : NULL, NULL, err,
+                               sizeof err))
+            return error("step %lld: %s", (long long)s, err);
+        if (r->ds.epoch != epoch)
+            message("note", "step %lld: pass %lld over %s is done; pass %lld begins",
+                    (long long)s, (long long)epoch + 1, o->dataset.path,
+                    (long long)r->ds.epoch + 1);
+    }
     for (int64_t k = 0; r->have_shard && k < K; k++) {
         int64_t epoch = r->shard.epoch;
         if (o->pack.pack /* issue 13: rows of whole documents, the same shard cursor */
@@ -2156,6 +2219,8 @@ static void run_free(run *r)
     ti_free(&r->ti);
     if (r->have_shard)
         sbpio_shard_close(&r->shard);
+    if (r->have_ds)
+        train_dataset_close(&r->ds);
     model_free(&r->mdl);
     train_export_free(r->export); /* issue 12 */
     train_adapter_merge_plan_free(r->merge); /* issue 16 */

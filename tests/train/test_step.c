@@ -16,9 +16,10 @@
  *
  * TEST_STEP_PACKED 1 (issue 13) makes a step that says it was compiled with sbpc --packed: it
  * requires args->doc_ids (SBPRT_ERR_INVALID without them, or when they decrease along a row or
- * a label crosses a document boundary) and, when the environment names a file in
- * SBP_TEST_PACK_TRACE, appends to it the ids, labels and doc ids of every call, so that
- * tests/train/pack_ref.py can compare what sbp-train gave the step with its reference packing.
+ * a label crosses a document boundary). Every kind, when the environment names a file in
+ * SBP_TEST_PACK_TRACE, appends to it the ids, labels and doc ids (-1s without them) of every
+ * call, so that tests/train/pack_ref.py and dataset_ref.py can compare what sbp-train gave the
+ * step with their reference rows.
  * The model itself is the bigram's (it has no attention for the documents to restrict).
  */
 #include "sbp_step.h"
@@ -45,10 +46,8 @@
 #define TEST_STEP_PACKED 0
 #endif
 
-#if TEST_STEP_PACKED
 #include <stdio.h>
 #include <stdlib.h>
-#endif
 
 enum { B = TEST_STEP_B, T = TEST_STEP_T, V = TEST_STEP_V, D = TEST_STEP_D, N = B * T };
 
@@ -120,20 +119,20 @@ int sbp_step_run(sbprt_ctx *ctx, const sbp_step_args *args)
                           (args->doc_ids[i] != args->doc_ids[i - 1] &&
                            args->labels[i - 1] != SBPRT_IGNORE_INDEX)))
             return SBPRT_ERR_INVALID;
+#endif
     const char *trace = getenv("SBP_TEST_PACK_TRACE");
     FILE *tf = trace && *trace ? fopen(trace, "a") : NULL;
-    if (tf) {
+    if (tf) { /* an unpacked step has no doc ids: its "docs" line holds -1s */
         const int32_t *arr[3] = {args->input_ids, args->labels, args->doc_ids};
         const char *key[3] = {"ids", "labels", "docs"};
         for (int k = 0; k < 3; k++) {
             fputs(key[k], tf);
             for (int i = 0; i < N; i++)
-                fprintf(tf, " %d", (int)arr[k][i]);
+                fprintf(tf, " %d", arr[k] ? (int)arr[k][i] : -1);
             fputc('\n', tf);
         }
         fclose(tf);
     }
-#endif
     float *ws = args->workspace;
     float *loss_sum = ws + WS_LOSS, *logits = ws + WS_LOGITS;
     const float *p = args->params;

@@ -536,6 +536,25 @@ static void st_convert(sbpio_dtype dtype, const unsigned char *p, int64_t first,
                        void *dst, bool f64);
 
 /* Elements [first, first + n) of the named tensor, which must hold `total`, into dst. */
+/* Bytes [at, at + want) of tensor t's data, from a file opened header only. pread, not stdio:
+ * no buffer that could serve bytes the file no longer holds. */
+static int st_pread(const sbpio_st_file *f, const sbpio_st_info *t, uint64_t at, void *buf,
+                    size_t want, char *err, size_t errlen)
+{
+    at += f->data_start + t->begin;
+    size_t got = 0;
+    ssize_t r = 1;
+    while (got < want && at + got <= (uint64_t)INT64_MAX &&
+           ((r = pread(fileno(f->fp), (char *)buf + got, want - got, (off_t)(at + got))) > 0 ||
+            (r < 0 && errno == EINTR)))
+        got += r > 0 ? (size_t)r : 0;
+    if (got < want)
+        return sbpio_errf(err, errlen, "%s: tensor '%s': read error%s%s", f->path, t->name,
+                          r < 0 ? ": " : " (the file shrank since it was opened)",
+                          r < 0 ? strerror(errno) : "");
+    return SBPIO_OK;
+}
+
 static int st_copy(const sbpio_st_file *f, const char *name, void *dst, int64_t total,
                    int64_t first, int64_t n, bool f64, char *err, size_t errlen)
 {
@@ -561,20 +580,8 @@ static int st_copy(const sbpio_st_file *f, const char *name, void *dst, int64_t 
         int rc = SBPIO_OK;
         for (int64_t k = 0; k < n && rc == SBPIO_OK; k += per) {
             const int64_t m = n - k < per ? n - k : per;
-            const uint64_t at = f->data_start + t->begin + (uint64_t)(first + k) * esz;
-            const size_t want = (size_t)m * esz;
-            size_t got = 0;
-            ssize_t r = 1;
-            /* pread, not stdio: no buffer that could serve bytes the file no longer holds */
-            while (got < want && at + got <= (uint64_t)INT64_MAX &&
-                   ((r = pread(fileno(f->fp), buf + got, want - got, (off_t)(at + got))) > 0 ||
-                    (r < 0 && errno == EINTR)))
-                got += r > 0 ? (size_t)r : 0;
-            if (got < want)
-                rc = sbpio_errf(err, errlen, "%s: tensor '%s': read error%s%s", f->path, name,
-                                r < 0 ? ": " : " (the file shrank since it was opened)",
-                                r < 0 ? strerror(errno) : "");
-            else
+            rc = st_pread(f, t, (uint64_t)(first + k) * esz, buf, (size_t)m * esz, err, errlen);
+            if (rc == SBPIO_OK)
                 st_convert(t->dtype, buf, 0, m, f64 ? (void *)((double *)dst + k)
                                                     : (void *)((float *)dst + k), f64);
         }
@@ -631,6 +638,21 @@ int sbpio_st_copy_f32_range(const sbpio_st_file *f, const char *name, float *dst
                             int64_t first, int64_t n, char *err, size_t errlen)
 {
     return st_copy(f, name, dst, total, first, n, false, err, errlen);
+}
+
+int sbpio_st_read_range(const sbpio_st_file *f, const sbpio_st_info *t, int64_t first, int64_t n,
+                        void *dst, char *err, size_t errlen)
+{
+    const size_t esz = sbpio_dtype_size(t->dtype);
+    if (first < 0 || n < 0 || first > t->numel || n > t->numel - first)
+        return sbpio_errf(err, errlen, "%s: tensor '%s': elements [%" PRId64 ", %" PRId64
+                          ") are outside its %" PRId64, f->path, t->name, first, first + n,
+                          t->numel);
+    if (f->data) {
+        memcpy(dst, (const unsigned char *)t->data + (size_t)first * esz, (size_t)n * esz);
+        return SBPIO_OK;
+    }
+    return st_pread(f, t, (uint64_t)first * esz, dst, (size_t)n * esz, err, errlen);
 }
 
 const char *sbpio_st_meta(const sbpio_st_file *f, const char *key)

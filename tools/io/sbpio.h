@@ -230,6 +230,10 @@ int sbpio_st_copy_f32(const sbpio_st_file *f, const char *name, float *dst, int6
 /* Elements [first, first + n) of the named tensor, which must hold `total` elements. */
 int sbpio_st_copy_f32_range(const sbpio_st_file *f, const char *name, float *dst, int64_t total,
                             int64_t first, int64_t n, char *err, size_t errlen);
+/* Elements [first, first + n) of tensor t of f, as stored (little-endian bytes, any dtype),
+ * into dst (n * dtype size bytes); from memory or, for a header-only open, from the file. */
+int sbpio_st_read_range(const sbpio_st_file *f, const sbpio_st_info *t, int64_t first, int64_t n,
+                        void *dst, char *err, size_t errlen);
 /* Metadata: value of key, or NULL when absent; and the entries in header order. */
 const char *sbpio_st_meta(const sbpio_st_file *f, const char *key);
 int sbpio_st_meta_count(const sbpio_st_file *f);
@@ -238,6 +242,44 @@ const sbpio_kv *sbpio_st_meta_at(const sbpio_st_file *f, int i);
  * messages. The buffer is copied. */
 int sbpio_st_open_mem(const void *buf, size_t len, const char *name, sbpio_st_file **out, char *err,
                       size_t errlen);
+
+/* ---------------------------------------------------------------- datasets (dataset.c) */
+
+/* A tokenised dataset as sbp-prepare writes it (docs/dataset-format.md): one safetensors file
+ * with input_ids and labels (int32, every example back to back, labels already shifted: the
+ * target of each position, -100 where not scored), offsets (int64 [n_ex + 1]) and, for grpo,
+ * advantages (float32 [n_ex]). The open reads the header, the offsets and the per-example
+ * fields, and checks every token and label in pieces (memory stays flat: a dataset is not
+ * held in memory); examples are then read on demand. */
+typedef struct sbpio_dataset {
+    sbpio_st_file *f;     /* opened header only */
+    const sbpio_st_info *ids, *labels; /* the two token tensors of f */
+    char task[8];         /* "sft" | "dpo" | "grpo" */
+    int64_t n_ex;         /* examples */
+    int64_t n_tok;        /* tokens of all examples */
+    int64_t scored;       /* labels that are not -100 */
+    int64_t max_len;      /* the longest example allowed (metadata max_len) */
+    int64_t longest;      /* the longest example there is */
+    int64_t vocab;        /* metadata vocab_size: every id is below it */
+    int64_t eos_id, pad_id;
+    int64_t *offsets;     /* [n_ex + 1] */
+    float *advantages;    /* [n_ex], grpo; else NULL */
+    uint64_t hash;        /* FNV-1a over ids, labels, offsets (and advantages): the data's identity */
+} sbpio_dataset;
+
+/* Opens and validates path: the format and version, the tensors' dtypes and shapes, the
+ * offsets (from 0, strictly increasing, ending at n_tok, no example longer than max_len),
+ * every id in [0, vocab), every label -100 or the next token of its example (the last
+ * position's -100), a scored label in every example, the metadata's counts against the data,
+ * dpo's even count, grpo's finite
+ * advantages. vocab > 0: the step's vocabulary, which the dataset's must not exceed. */
+int sbpio_dataset_open(const char *path, int64_t vocab, sbpio_dataset *d, char *err,
+                       size_t errlen);
+void sbpio_dataset_close(sbpio_dataset *d); /* NULL-safe; zeroes *d */
+/* Example i's length, and its ids and labels into ids / labels [length]. */
+int64_t sbpio_dataset_len(const sbpio_dataset *d, int64_t i);
+int sbpio_dataset_example(const sbpio_dataset *d, int64_t i, int32_t *ids, int32_t *labels,
+                          char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- ONNX (onnx_save.c) */
 
