@@ -97,7 +97,7 @@ FILE *sbp_file_fopen_input(const char *path, struct stat *st, char *err, size_t 
 
 /* ---------------------------------------------------------------- identities */
 
-static char *dup_dir(const char *path)
+char *sbp_path_dir(const char *path)
 {
     const char *slash = strrchr(path, '/');
     if (!slash)
@@ -107,7 +107,7 @@ static char *dup_dir(const char *path)
     return strndup(path, (size_t)(slash - path));
 }
 
-static const char *base_name(const char *path)
+const char *sbp_path_base(const char *path)
 {
     const char *slash = strrchr(path, '/');
     return slash ? slash + 1 : path;
@@ -186,7 +186,7 @@ int sbp_file_check_output(const char *path, const char *role, const sbp_file_set
         ino = st.st_ino;
     } else {
         /* Not there yet: known by its directory and name (two flags naming one new file). */
-        char *dir = dup_dir(path);
+        char *dir = sbp_path_dir(path);
         struct stat ds;
         bool ok = dir && stat(dir, &ds) == 0;
         free(dir);
@@ -194,7 +194,7 @@ int sbp_file_check_output(const char *path, const char *role, const sbp_file_set
             return SBP_FILE_OK; /* the writer reports the missing directory */
         dev = ds.st_dev;
         ino = ds.st_ino;
-        name = base_name(path);
+        name = sbp_path_base(path);
     }
     for (int i = 0; outputs && i < outputs->n; i++) {
         const sbp_file_id *o = &outputs->v[i];
@@ -317,8 +317,8 @@ static void remove_entry(int dfd, const char *name)
 
 void sbp_tmp_clean_stale(const char *target)
 {
-    char *dir = dup_dir(target);
-    const char *base = base_name(target);
+    char *dir = sbp_path_dir(target);
+    const char *base = sbp_path_base(target);
     size_t pl = strlen(base) + 6;
     char *prefix = malloc(pl + 1);
     DIR *d = dir && prefix ? opendir(dir) : NULL;
@@ -349,14 +349,14 @@ static unsigned tmp_counter;
 
 char *sbp_tmp_name(const char *target)
 {
-    char *dir = dup_dir(target);
+    char *dir = sbp_path_dir(target);
     size_t cap = strlen(target) + 64;
     char *tmp = dir ? malloc(cap) : NULL;
     if (tmp) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         unsigned n = __atomic_fetch_add(&tmp_counter, 1, __ATOMIC_RELAXED);
-        snprintf(tmp, cap, "%s/.%s.tmp.%ld.%u%05ld", dir, base_name(target), (long)getpid(), n,
+        snprintf(tmp, cap, "%s/.%s.tmp.%ld.%u%05ld", dir, sbp_path_base(target), (long)getpid(), n,
                  (long)(ts.tv_nsec % 100000));
     }
     free(dir);
@@ -368,7 +368,7 @@ char *sbp_tmp_name(const char *target)
 int sbp_atomic_begin(sbp_atomic *a, const char *path, char *err, size_t errlen)
 {
     memset(a, 0, sizeof *a);
-    if (!*base_name(path))
+    if (!*sbp_path_base(path))
         return errf(err, errlen, "%s: not a file name", path);
     struct stat st;
     bool exists = stat(path, &st) == 0;

@@ -48,6 +48,14 @@ FILE *sbp_file_fopen_input(const char *path, struct stat *st, char *err, size_t 
  * link", "a regular file" for a st_mode. */
 const char *sbp_file_kind(mode_t mode);
 
+/* ---------------------------------------------------------------- paths */
+
+/* The directory part of path, malloc'd: "." for a bare name, "/" for "/x"; NULL when out of
+ * memory. */
+char *sbp_path_dir(const char *path);
+/* The last component of path (a pointer into it). */
+const char *sbp_path_base(const char *path);
+
 /* ---------------------------------------------------------------- identities */
 
 /* One file of a run: an existing file is known by (dev, ino); an output that does not exist yet

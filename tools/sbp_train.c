@@ -291,7 +291,7 @@ enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT
        OPT_LR, OPT_WEIGHT_DECAY, OPT_OPTIMIZER, OPT_VERSION,
        /* issue 12: safetensors export */
        OPT_SAVE_SAFETENSORS,
-       OPT_ZERO /* issue 14 */, OPT_DATASET, OPT_EPOCHS, OPT_SHUFFLE_SEED };
+       OPT_ZERO /* issue 14 */, OPT_DATASET, OPT_EPOCHS, OPT_SHUFFLE_SEED, OPT_EVAL_DATASET };
 
 /* issue 12: schedule, clipping, log (consecutive, in train_sched_parse's order) */
 enum { OPT_LR_SCHEDULE = 1200, OPT_WARMUP_STEPS, OPT_MIN_LR, OPT_CLIP_GRAD_NORM, OPT_LOG };
@@ -354,6 +354,7 @@ static int parse_args(int argc, char **argv, options *o)
         {"dataset", required_argument, NULL, OPT_DATASET},
         {"epochs", required_argument, NULL, OPT_EPOCHS},
         {"shuffle-seed", required_argument, NULL, OPT_SHUFFLE_SEED},
+        {"eval-dataset", required_argument, NULL, OPT_EVAL_DATASET},
         {0},
     };
     static const char *const optimizers[] = {"adamw", "sgd", NULL};
@@ -396,6 +397,9 @@ static int parse_args(int argc, char **argv, options *o)
             steps_given = true;
             break;
         case OPT_DATASET: bad = cli_path(&c, "--dataset", v, &o->dataset.path); break;
+        case OPT_EVAL_DATASET:
+            bad = cli_path(&c, "--eval-dataset", v, &o->eval.dataset);
+            break;
         case OPT_EPOCHS:
             bad = cli_count(&c, "--epochs", v, 1, 1 << 20, &o->dataset.epochs);
             break;
@@ -847,7 +851,7 @@ static int collect_inputs(const options *o, sbp_file_set *inputs)
               {o->old_logps, "--old-logps"},     {o->advantages, "--advantages"},
               {o->pack.doc_ids, "--doc-ids"} /* issue 13 */,
               {o->eval.data, "--eval-data"} /* issue 12 */,
-              {o->dataset.path, "--dataset"}};
+              {o->dataset.path, "--dataset"},    {o->eval.dataset, "--eval-dataset"}};
     for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
         if (in[i].path && sbp_file_set_add(inputs, in[i].path, in[i].role, NULL) != SBP_FILE_OK)
             return error("out of memory");
@@ -1434,13 +1438,19 @@ static int load_eval(run *r, char *err, size_t errlen)
     const sbp_step_info *in = r->in;
     *(void **)(&r->step_eval) = dlsym(r->lib, "sbp_step_eval");
     if (!r->step_eval || in->eval_workspace_bytes == 0)
-        return error("--eval-data: %s has no evaluation entry point (sbp_step_eval): a %s step "
-                     "has none%s", o->step_path, in->objective ? in->objective : "?",
+        return error("%s: %s has no evaluation entry point (sbp_step_eval): a %s step "
+                     "has none%s", o->eval.dataset ? "--eval-dataset" : "--eval-data",
+                     o->step_path, in->objective ? in->objective : "?",
                      in->objective && (strcmp(in->objective, "sft") == 0 ||
                                        strcmp(in->objective, "graph-loss") == 0)
                          ? " when compiled with sbpc --no-eval; recompile it without"
                          : " (evaluation is the language-modelling loss of sft and graph-loss "
                            "steps)");
+    if (o->eval.dataset) {
+        if (train_eval_open_dataset(&r->ev, &o->eval, in, err, errlen))
+            return error("%s", err);
+        return 0;
+    }
     if (in->packed && !o->pack.pack)
         return error("--eval-data: %s is a packed step, and the held-out text is packed as "
                      "--data is: give --pack --eos ID", o->step_path);
@@ -1509,7 +1519,7 @@ static int run_load(run *r)
     /* issue 13: a packed step takes document ids, and only a packed step does */
     if (train_pack_check_step(&o->pack, in, o->step_path, err, sizeof err))
         return error("%s", err);
-    if (o->eval.data && load_eval(r, err, sizeof err)) /* issue 12: held-out evaluation */
+    if ((o->eval.data || o->eval.dataset) && load_eval(r, err, sizeof err))
         return -1;
 
     /* issue 14: under mpirun the files (or each --data read) hold the global batch of G rows

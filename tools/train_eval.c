@@ -25,7 +25,10 @@ const char *train_eval_usage(void)
            "  --eval-every N          evaluate after every N-th optimizer step (and after the\n"
            "                          last); default: after the last step only\n"
            "  --eval-batches K        batches per evaluation (default: every whole batch of\n"
-           "                          the shard)\n";
+           "                          the shard or dataset)\n"
+           "  --eval-dataset FILE     instead of --eval-data: a dataset of sbp-prepare's, its\n"
+           "                          examples in file order laid into rows as --dataset lays\n"
+           "                          them (one a row; next-fit for a packed step)\n";
 }
 
 int train_eval_parse(train_eval_opts *o, cli *c, int val, int base, const char *v)
@@ -39,9 +42,13 @@ int train_eval_parse(train_eval_opts *o, cli *c, int val, int base, const char *
 
 int train_eval_check_opts(const train_eval_opts *o, char *err, size_t errlen)
 {
-    if (!o->data && (o->every || o->batches)) {
-        snprintf(err, errlen, "%s needs --eval-data SHARD.bin (the held-out text)",
-                 o->every ? "--eval-every" : "--eval-batches");
+    if (o->data && o->dataset) {
+        snprintf(err, errlen, "give --eval-data or --eval-dataset, not both");
+        return -1;
+    }
+    if (!o->data && !o->dataset && (o->every || o->batches)) {
+        snprintf(err, errlen, "%s needs --eval-data SHARD.bin or --eval-dataset FILE (the "
+                 "held-out data)", o->every ? "--eval-every" : "--eval-batches");
         return -1;
     }
     return 0;
@@ -49,13 +56,15 @@ int train_eval_check_opts(const train_eval_opts *o, char *err, size_t errlen)
 
 bool train_eval_due(const train_eval_opts *o, int64_t s, int64_t steps)
 {
-    return o->data && (s == steps || (o->every > 0 && s % o->every == 0));
+    return (o->data || o->dataset) && (s == steps || (o->every > 0 && s % o->every == 0));
 }
 
-/* The next batch at the shard's cursor into ids / labels / doc_ids. */
+/* The next batch at the shard's (or dataset's) cursor into ids / labels / doc_ids. */
 static int next_into(train_eval *e, int32_t *ids, int32_t *labels, int32_t *doc_ids, char *err,
                      size_t errlen)
 {
+    if (e->is_ds)
+        return train_dataset_next(&e->ds, e->B, ids, labels, doc_ids, NULL, err, errlen);
     if (e->pack)
         return train_pack_shard(&e->shard, e->eos, e->T, e->B, ids, labels, doc_ids, err,
                                 errlen);
@@ -135,8 +144,60 @@ int train_eval_open(train_eval *e, const train_eval_opts *o, int64_t B, int64_t 
     return 0;
 }
 
+int train_eval_open_dataset(train_eval *e, const train_eval_opts *o, const sbp_step_info *in,
+                            char *err, size_t errlen)
+{
+    memset(e, 0, sizeof *e);
+    const train_dataset_opts dso = {.path = o->dataset};
+    char why[700];
+    if (train_dataset_open(&e->ds, &dso, in, in->packed, why, sizeof why)) {
+        /* its messages name --dataset: this one is the held-out file */
+        snprintf(err, errlen, "--eval-dataset: %s",
+                 strncmp(why, "--dataset: ", 11) == 0 ? why + 11 : why);
+        return -1;
+    }
+    e->is_ds = true;
+    e->B = in->batch;
+    e->T = in->seq_len;
+    size_t n = (size_t)(e->B * e->T);
+    e->ids = malloc(n * sizeof *e->ids);
+    e->labels = malloc(n * sizeof *e->labels);
+    e->doc_ids = malloc(n * sizeof *e->doc_ids);
+    if (!e->ids || !e->labels || !e->doc_ids) {
+        snprintf(err, errlen, "out of memory for the evaluation batch");
+        return -1;
+    }
+    /* whole batches before the file's end: a dry pass through its examples */
+    int64_t have = 0;
+    while (e->ds.epoch == 0) {
+        if (next_into(e, e->ids, e->labels, e->doc_ids, why, sizeof why)) {
+            snprintf(err, errlen, "--eval-dataset: %s", why);
+            return -1;
+        }
+        have += e->ds.epoch == 0 || e->ds.pos == 0;
+    }
+    train_eval_rewind(e);
+    if (have < 1) {
+        snprintf(err, errlen, "--eval-dataset %s holds fewer examples than one batch of %lld "
+                 "rows", o->dataset, (long long)e->B);
+        return -1;
+    }
+    if (o->batches > have) {
+        snprintf(err, errlen, "--eval-batches %lld: --eval-dataset %s holds %lld whole batch%s "
+                 "of %lld rows", (long long)o->batches, o->dataset, (long long)have,
+                 have == 1 ? "" : "es", (long long)e->B);
+        return -1;
+    }
+    e->K = o->batches ? o->batches : have;
+    return 0;
+}
+
 void train_eval_rewind(train_eval *e)
 {
+    if (e->is_ds) {
+        (void)train_dataset_seek(&e->ds, 0, 0, NULL, 0);
+        return;
+    }
     e->shard.pos = 0;
     e->shard.epoch = 0;
 }
@@ -158,6 +219,8 @@ void train_eval_close(train_eval *e)
 {
     if (e->open)
         sbpio_shard_close(&e->shard);
+    if (e->is_ds)
+        train_dataset_close(&e->ds);
     free(e->ids);
     free(e->labels);
     free(e->doc_ids);

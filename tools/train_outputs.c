@@ -31,23 +31,6 @@ void train_outputs_free(train_outputs *o)
     memset(o, 0, sizeof *o);
 }
 
-/* The directory part of path ("." for a bare name), malloc'd. */
-static char *dir_of(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        return strdup(".");
-    if (slash == path)
-        return strdup("/");
-    return strndup(path, (size_t)(slash - path));
-}
-
-static const char *name_of(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    return slash ? slash + 1 : path;
-}
-
 /* Creates and removes a temporary for target (a file in an existing directory). */
 static int probe(const char *target, const char *role, const char *dir, char *err,
                  size_t errlen)
@@ -76,7 +59,7 @@ static int probe_file(const char *target, const char *role, char *err, size_t er
     struct stat st;
     if (stat(target, &st) == 0 && S_ISCHR(st.st_mode))
         return 0; /* a sink, written in place */
-    char *dir = dir_of(target);
+    char *dir = sbp_path_dir(target);
     if (!dir)
         return cli_errf(err, errlen, "out of memory");
     int rc = 0;
@@ -103,9 +86,9 @@ static bool ckpt_like(const char *name)
 /* Is path a checkpoint-named entry of the folder known by ds? */
 static bool in_ckpt_dir(const char *path, const struct stat *ds)
 {
-    if (!ckpt_like(name_of(path)))
+    if (!ckpt_like(sbp_path_base(path)))
         return false;
-    char *dir = dir_of(path);
+    char *dir = sbp_path_dir(path);
     struct stat st;
     bool same = dir && stat(dir, &st) == 0 && st.st_dev == ds->st_dev && st.st_ino == ds->st_ino;
     free(dir);

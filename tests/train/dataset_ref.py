@@ -15,7 +15,10 @@ what the fake step (tests/train/test_step.c) traced of every call.
       losses and the same final checkpoint, byte for byte; a checkpoint of another dataset or
       order is refused;
   dataset_ref.py hostile SBP_TRAIN PLAIN_STEP PACKED_STEP MODEL WORK
-      damaged or lying files and wrong options: exit status 1, one error line, no step run.
+      damaged or lying files and wrong options: exit status 1, one error line, no step run;
+  dataset_ref.py eval SBP_TRAIN SBPC MODEL WORK
+      --eval-dataset with real steps of MODEL: the held-out loss before any update is the
+      training loss on the same rows.
 The fake steps are B = 2 rows of T = 8 tokens over a vocabulary of 16.
 """
 import json
@@ -235,6 +238,66 @@ def rows_mode(sbp_train, plain, packed_step, model, work):
           "--epochs counts" % n)
 
 
+def whole_batches(exs, packed):
+    """Batches of B rows that one pass over exs (file order) fills before it ends: a batch that
+    ends exactly with the last example counts, one that takes any example of the next pass
+    does not."""
+    lens = [len(e[0]) for e in exs]
+    n, taken, batches = len(lens), 0, 0
+    while True:
+        for _ in range(B):
+            used = 0
+            while True:
+                ln = lens[taken % n]
+                if used and (not packed or used + ln > T):
+                    break
+                used += ln
+                taken += 1
+                if used == T:
+                    break
+        if taken <= n:
+            batches += 1
+        if taken >= n:
+            return batches
+
+
+def eval_mode(sbp_train, sbpc, model, work):
+    """--eval-dataset with steps sbpc compiles (B = 2, T = 8; the fake steps have no
+    sbp_step_eval): before any update (--lr 0) the held-out loss of the file's first batch is
+    step 1's training loss on the same rows, over the scored tokens the reference counts."""
+    exs = examples()
+    data = os.path.join(work, "data.safetensors")
+    write_dataset(data, exs)
+    for packed in (False, True):
+        step = os.path.join(work, "packed.so" if packed else "plain.so")
+        run([sbpc, model, "--batch", str(B), "--seq-len", str(T), "-o", step]
+            + (["--packed"] if packed else []))
+        extra = ["--pack"] if packed else []
+        out, _ = train(sbp_train, step, model, data, ["--steps", "1", "--lr", "0",
+                                                      "--eval-dataset", data, "--eval-batches",
+                                                      "1"] + extra)
+        tr = re.search(r"^step 1 loss ([0-9.]+)", out, re.M)
+        ev = re.search(r"^eval step 1 loss ([0-9.]+) .*\(1 batches, (\d+) scored tokens", out,
+                       re.M)
+        want = sum(1 for r in rows(exs, None, packed, B) for l in r[1] if l != IGNORE)
+        if not tr or not ev or tr.group(1) != ev.group(1) or int(ev.group(2)) != want:
+            sys.exit("FAIL: packed=%s: --eval-dataset's loss is not step 1's on the same rows "
+                     "(%d scored tokens):\n%s" % (packed, want, out))
+        # by default every whole batch before the file's end
+        out, _ = train(sbp_train, step, model, data, ["--steps", "1", "--eval-dataset", data]
+                       + extra)
+        m = re.search(r"^eval step 1 loss [0-9.]+ .*\((\d+) batches", out, re.M)
+        if not m or int(m.group(1)) != whole_batches(exs, packed):
+            sys.exit("FAIL: packed=%s: expected %d batches per evaluation:\n%s"
+                     % (packed, whole_batches(exs, packed), out))
+    refused([sbp_train, os.path.join(work, "plain.so"), "--model", model, "--dataset", data,
+             "--eval-dataset", data, "--eval-batches", "6"],
+            r"--eval-batches 6: --eval-dataset .* holds 5 whole batches of 2 rows")
+    refused([sbp_train, os.path.join(work, "plain.so"), "--model", model, "--dataset", data,
+             "--eval-dataset", data, "--eval-data", data], r"give --eval-data or --eval-dataset")
+    print("PASS: --eval-dataset's loss is the training loss on the same rows (plain, packed)")
+
+
 def losses(out, first):
     return [l.split()[:4] for l in out.splitlines()
             if l.startswith("step ") and int(l.split()[1]) >= first and " loss " in l]
@@ -353,6 +416,10 @@ def hostile_mode(sbp_train, plain, packed_step, model, work):
 
 
 def main():
+    if len(sys.argv) == 6 and sys.argv[1] == "eval":
+        os.makedirs(sys.argv[5], exist_ok=True)
+        eval_mode(*sys.argv[2:])
+        return
     if len(sys.argv) != 7 or sys.argv[1] not in ("rows", "resume", "hostile"):
         sys.exit(__doc__)
     mode, sbp_train, plain, packed, model, work = sys.argv[1:]

@@ -175,27 +175,9 @@ bool sbpio_write_le(FILE *f, const void *data, size_t n, size_t size)
     return true;
 }
 
-char *sbpio_dirname(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        return strdup(".");
-    if (slash == path)
-        return strdup("/");
-    size_t n = (size_t)(slash - path);
-    char *d = malloc(n + 1);
-    if (d) {
-        memcpy(d, path, n);
-        d[n] = '\0';
-    }
-    return d;
-}
+char *sbpio_dirname(const char *path) { return sbp_path_dir(path); }
 
-const char *sbpio_basename(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    return slash ? slash + 1 : path;
-}
+const char *sbpio_basename(const char *path) { return sbp_path_base(path); }
 
 /* ---------------------------------------------------------------- atomic files */
 
