@@ -495,6 +495,68 @@ static int parse_args(int argc, char **argv, options *o)
     return 0;
 }
 
+/* Under mpirun: this rank's options and files against rank 0's (train_dist_agree), before
+ * anything depends on them; 0, or -1 after the one rank that differs has printed which.
+ * Every field is one that, differing, would hang a collective or train another run than rank
+ * 0's. Left out, as local to a rank or to what rank 0 alone writes: --threads and
+ * OMP_NUM_THREADS (this machine's cores; another count changes only the last bits of this
+ * rank's share), and the outputs that only rank 0 writes and main drops on the others: --save,
+ * --save-safetensors, --merge-lora (what --save holds), --save-adapter, --log,
+ * --keep-checkpoints (rank 0's pruning). --dump-grads is rank 0's file too, but whether it is
+ * given changes step 1's sum under ZeRO 2 on every rank. Files are compared by size and
+ * content, not by path (a model's external data files are known only once it is imported, and
+ * are not among them); the checkpoint folders by path, as every rank reads --resume's and
+ * bases its checkpoint decisions on --checkpoint-dir. */
+static int dist_agree(const options *o)
+{
+    static const char *const scheds[] = {"constant", "linear", "cosine"};
+    train_dist_digest g;
+    char err[1024];
+    train_dist_digest_init(&g);
+    train_dist_digest_file(&g, "the step library", o->step_path);
+    train_dist_digest_file(&g, "--model", o->model_path);
+    train_dist_digest_file(&g, "--input-ids", o->ids_path);
+    train_dist_digest_file(&g, "--labels", o->labels_path);
+    train_dist_digest_file(&g, "--data", o->data_path);
+    train_dist_digest_file(&g, "--dataset", o->dataset.path);
+    train_dist_digest_file(&g, "--ref-logps", o->ref_logps);
+    train_dist_digest_file(&g, "--old-logps", o->old_logps);
+    train_dist_digest_file(&g, "--advantages", o->advantages);
+    train_dist_digest_file(&g, "--doc-ids", o->pack.doc_ids);
+    train_dist_digest_file(&g, "--eval-data", o->eval.data);
+    train_dist_digest_file(&g, "--eval-dataset", o->eval.dataset);
+    train_dist_digest_int(&g, "--steps", o->steps);
+    train_dist_digest_int(&g, "--epochs", o->dataset.epochs);
+    if (o->dataset.shuffle)
+        train_dist_digest_int(&g, "--shuffle-seed", (int64_t)o->dataset.seed);
+    else
+        train_dist_digest_str(&g, "--shuffle-seed", NULL);
+    train_dist_digest_real(&g, "--lr", o->lr);
+    train_dist_digest_str(&g, "--optimizer", o->adamw ? "adamw" : "sgd");
+    train_dist_digest_real(&g, "--weight-decay", o->weight_decay);
+    train_dist_digest_int(&g, "--grad-accum", o->grad_accum);
+    train_dist_digest_int(&g, "--zero", o->zero);
+    train_dist_digest_str(&g, "--lr-schedule", o->sched.kind >= 0 && o->sched.kind < 3
+                                                   ? scheds[o->sched.kind] : "?");
+    train_dist_digest_int(&g, "--warmup-steps", o->sched.warmup);
+    if (o->sched.min_lr_set)
+        train_dist_digest_real(&g, "--min-lr", o->sched.min_lr);
+    else
+        train_dist_digest_str(&g, "--min-lr", NULL);
+    train_dist_digest_real(&g, "--clip-grad-norm", o->sched.clip);
+    train_dist_digest_str(&g, "--checkpoint-dir", o->ckpt.dir);
+    train_dist_digest_int(&g, "--checkpoint-every", o->ckpt.every);
+    train_dist_digest_str(&g, "--resume", o->ckpt.resume);
+    train_dist_digest_str(&g, "--pack", o->pack.pack ? "given" : NULL);
+    train_dist_digest_int(&g, "--eos", o->pack.eos);
+    train_dist_digest_int(&g, "--eval-every", o->eval.every);
+    train_dist_digest_int(&g, "--eval-batches", o->eval.batches);
+    train_dist_digest_str(&g, "--dump-grads", o->dump_grads ? "given" : NULL);
+    if (train_dist_agree(&dist, &g, err, sizeof err))
+        return error("%s", err);
+    return 0;
+}
+
 /* ------------------------------------------------------------------ formatting helpers */
 
 static char *shape_str(char *buf, size_t n, int rank, const int64_t *dims)
@@ -1737,11 +1799,14 @@ static int run_allocate(run *r)
     dist.state_v = r->d_v;
     char ckpt_err[1024], pack_id[64]; /* issue 13: the packing is part of the run's identity */
     train_pack_identity(&o->pack, r->doc_ids, (size_t)r->K * ntok, pack_id, sizeof pack_id);
+    if (r->have_ds && r->ds.packed) /* a dataset's examples, packed next-fit */
+        snprintf(pack_id, sizeof pack_id, "next-fit");
     if (train_ckpt_start(&r->ckpt, &(train_ckpt_run){
             .in = in, .step_path = o->step_path, .adamw = o->adamw, .grad_accum = o->grad_accum,
             .total_steps = o->steps, .lr = o->lr, .weight_decay = o->weight_decay,
             .sched = &o->sched, .dump_grads = o->dump_grads != NULL,
             .shard = r->have_shard ? &r->shard : NULL, .ids = r->ids, .labels = r->labels,
+            .dataset = r->have_ds ? &r->ds : NULL,
             .ntok_all = (size_t)(r->ti.N * r->T) /* issue 14: the global batch */,
             .pbytes = pbytes, .gbytes = gbytes, .d_params = r->d_params,
             .d_m = r->d_m, .d_v = r->d_v,
@@ -2253,6 +2318,10 @@ int main(int argc, char **argv)
     if (prc) {
         train_dist_end(&dist, prc > 0 ? 0 : 1);
         return prc > 0 ? 0 : 1;
+    }
+    if (dist.on && dist_agree(&r.o)) { /* before anything that could wait on another rank */
+        train_dist_end(&dist, 1);
+        return 1;
     }
     if (dist.on && dist.rank != 0) {
         /* issue 14: rank 0 prints and writes the outputs; the others only report errors

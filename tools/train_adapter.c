@@ -45,8 +45,8 @@ int train_adapter_check_outputs(train_adapter_opts *o, bool save, bool save_safe
     o->save_onnx = save;
     o->save_safetensors = save_safetensors;
     if (o->merge && !save && !save_safetensors)
-        return cli_errf(err, errlen, "--merge-lora needs --save OUT.onnx or --save-safetensors F "
-                        "(the merged weights are written there)");
+        return cli_errf(err, errlen, "--merge-lora needs --save OUT.onnx, --save-safetensors F "
+                        "or --save-pretrained DIR (the merged weights are written there)");
     return 0;
 }
 
@@ -93,8 +93,9 @@ int train_adapter_init(ir_graph *g, const sbp_step_info *in, const train_adapter
                         "has no place for: add --merge-lora to write W + (alpha/r)·B·A into the "
                         "copy, or use --save-adapter DIR");
     if (o->save_safetensors && !o->merge)
-        return cli_errf(err, errlen, "--save-safetensors: the step trains LoRA adapters, which "
-                        "the model's state_dict has no place for: add --merge-lora to write the "
+        return cli_errf(err, errlen, "--save-safetensors / --save-pretrained: the step trains "
+                        "LoRA adapters, which the model's state_dict has no place for: add "
+                        "--merge-lora to write the "
                         "merged model (W + (alpha/r)·B·A) under its transformers names, or use "
                         "--save-adapter DIR (PEFT's adapter files)");
     int added = 0;

@@ -44,7 +44,8 @@ typedef struct train_adapter_opts {
     const char *save_dir; /* --save-adapter DIR, or NULL */
     bool merge;           /* --merge-lora: --save writes the merged base weights */
     bool save_onnx;       /* sbp-train's --save OUT.onnx was given (train_adapter_check_outputs) */
-    bool save_safetensors;/* sbp-train's --save-safetensors F was given (likewise) */
+    bool save_safetensors;/* sbp-train's --save-safetensors F or --save-pretrained DIR was
+                           * given (likewise) */
 } train_adapter_opts;
 
 /* The options, in this order, have consecutive getopt vals base .. base + 1 in the tool's

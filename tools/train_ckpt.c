@@ -11,11 +11,13 @@
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
 #include "train_ckpt.h"
+#include "train_finite.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -106,17 +108,23 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
 }
 #define FNV_SEED 0xcbf29ce484222325ULL
 
-/* "step-NNNNNNNN.safetensors" -> N; -1 for anything else (temporaries start with a dot). */
+/* "step-NNNNNNNN.safetensors" -> N; -1 for anything else (temporaries start with a dot). The
+ * name must be exactly what ckpt_path writes for N ("%08": 8 digits, zero-padded; past 99999999
+ * as many as N has, none of them a leading zero), so every file that counts as a checkpoint is
+ * the one ckpt_path opens and prunes: "step-5.safetensors" or "step-+3.safetensors" is someone
+ * else's file, never read, never removed. */
 static int64_t ckpt_step_of(const char *name)
 {
     if (strncmp(name, "step-", 5) != 0)
         return -1;
-    char *end;
-    errno = 0;
-    long long n = strtoll(name + 5, &end, 10);
-    if (errno || end == name + 5 || n < 0 || strcmp(end, ".safetensors") != 0)
-        return -1;
-    return (int64_t)n;
+    const char *d = name + 5;
+    const size_t nd = strspn(d, "0123456789");
+    if (nd < 8 || nd > 18 || (nd > 8 && d[0] == '0') || strcmp(d + nd, ".safetensors") != 0)
+        return -1; /* 18 digits: no overflow below */
+    int64_t n = 0;
+    for (size_t i = 0; i < nd; i++)
+        n = n * 10 + (d[i] - '0');
+    return n;
 }
 
 static char *ckpt_path(const char *dir, int64_t step)
@@ -258,6 +266,27 @@ static char *param_table(const sbp_step_info *in)
     return s;
 }
 
+/* The first len bytes of a checkpoint's string for a message, as much as fits buf[n] (then
+ * "..."), each unprintable byte as \xNN: a damaged value neither floods the line nor breaks it
+ * in two. Returns buf. */
+static const char *shown_n(const char *v, size_t len, char *buf, size_t n)
+{
+    size_t k = 0, i = 0;
+    for (; i < len && v[i] && k + 8 < n; i++) {
+        const unsigned char ch = (unsigned char)v[i];
+        k += (size_t)snprintf(buf + k, n - k, ch >= 0x20 && ch < 0x7f ? "%c" : "\\x%02x", ch);
+    }
+    if (i < len && v[i])
+        k += (size_t)snprintf(buf + k, n - k, "...");
+    buf[k] = 0;
+    return buf;
+}
+
+static const char *shown(const char *v, char *buf, size_t n)
+{
+    return shown_n(v, SIZE_MAX, buf, n);
+}
+
 /* The first ';'-separated entries where a and b differ, for the message. */
 static void first_difference(const char *a, const char *b, char *out, size_t n)
 {
@@ -265,9 +294,10 @@ static void first_difference(const char *a, const char *b, char *out, size_t n)
     for (;;) {
         size_t la = strcspn(a, ";"), lb = strcspn(b, ";");
         if (la != lb || memcmp(a, b, la) != 0) {
-            snprintf(out, n, "parameter %d is '%.*s' in the checkpoint but '%.*s' in the step", i,
-                     (int)(la > 120 ? 120 : la), la ? a : "(none)", (int)(lb > 120 ? 120 : lb),
-                     lb ? b : "(none)");
+            char sa[160], sb[160];
+            snprintf(out, n, "parameter %d is '%s' in the checkpoint but '%s' in the step", i,
+                     la ? shown_n(a, la, sa, sizeof sa) : "(none)",
+                     lb ? shown_n(b, lb, sb, sizeof sb) : "(none)");
             return;
         }
         if (!a[la] || !b[lb])
@@ -335,7 +365,7 @@ static int build_meta(const train_ckpt *c, int64_t s, ckpt_meta *m)
     meta_add(m, "grad_accum", "%" PRId64, r->grad_accum);
     meta_add(m, "param_elems", "%zu", in->param_elems);
     meta_add(m, "model_hash", "%016" PRIx64, c->model_hash);
-    meta_add(m, "data", "%s", r->shard ? "shard" : "arrays");
+    meta_add(m, "data", "%s", r->shard ? "shard" : r->dataset ? "dataset" : "arrays");
     meta_add(m, "data_hash", "%016" PRIx64, c->data_hash);
     meta_add(m, "packing", "%s", c->packing[0] ? c->packing : "none"); /* issue 13 */
     meta_add(m, "ranks", "%d", r->ranks > 1 ? r->ranks : 1); /* issue 14 */
@@ -344,8 +374,9 @@ static int build_meta(const train_ckpt *c, int64_t s, ckpt_meta *m)
     /* the state */
     meta_add(m, "step", "%" PRId64, s);
     meta_add(m, "adamw_step", "%" PRId64, r->adamw ? s : 0);
-    meta_add(m, "data_pos", "%" PRId64, r->shard ? r->shard->pos : s);
-    meta_add(m, "data_epoch", "%" PRId64, r->shard ? r->shard->epoch : 0);
+    meta_add(m, "data_pos", "%" PRId64, r->shard ? r->shard->pos : r->dataset ? r->dataset->pos : s);
+    meta_add(m, "data_epoch", "%" PRId64,
+             r->shard ? r->shard->epoch : r->dataset ? r->dataset->epoch : 0);
     /* the schedule (recorded; a resumed run may change it, with a note) */
     meta_add(m, "total_steps", "%" PRId64, r->total_steps);
     meta_add(m, "lr", "%.17g", r->lr);
@@ -359,6 +390,132 @@ static int build_meta(const train_ckpt *c, int64_t s, ckpt_meta *m)
         return -1;
     m->kv[m->n++] = (sbpio_kv){"param_table", m->table};
     return 0;
+}
+
+/* ------------------------------------------------------------------ reading the metadata */
+
+/* Parses v as build_meta writes an integer: decimal digits, the whole string, no sign, space or
+ * leading zero, so a value that reads back is one that could have been written; in [lo, hi]. */
+static bool parse_count(const char *v, int64_t lo, int64_t hi, int64_t *out)
+{
+    if (!v || !*v || (v[0] == '0' && v[1]))
+        return false;
+    int64_t n = 0;
+    for (const char *p = v; *p; p++) {
+        if (*p < '0' || *p > '9' || n > (INT64_MAX - (*p - '0')) / 10)
+            return false;
+        n = n * 10 + (*p - '0');
+    }
+    if (n < lo || n > hi)
+        return false;
+    *out = n;
+    return true;
+}
+
+/* The metadata integer `key` of checkpoint f (at path), in [lo, hi]; an absent key reads as
+ * `absent`, or is an error when absent < 0 (a key every version writes). why: what the range
+ * is, for the message (may be ""). */
+static int meta_count(sbpio_st_file *f, const char *path, const char *key, int64_t lo,
+                      int64_t hi, int64_t absent, const char *why, int64_t *out, char *err,
+                      size_t errlen)
+{
+    const char *v = sbpio_st_meta(f, key);
+    if (!v && absent >= 0) {
+        *out = absent;
+        return 0;
+    }
+    if (!v)
+        return cli_errf(err, errlen, "--resume: %s has no \"%s\" in its metadata: a damaged "
+                        "checkpoint", path, key);
+    if (parse_count(v, lo, hi, out))
+        return 0;
+    char b[80];
+    if (lo == hi)
+        return cli_errf(err, errlen, "--resume: %s: metadata \"%s\" is '%s', not %" PRId64 "%s",
+                        path, key, shown(v, b, sizeof b), lo, why);
+    return cli_errf(err, errlen, "--resume: %s: metadata \"%s\" is '%s', not an integer from %"
+                    PRId64 " to %" PRId64 "%s", path, key, shown(v, b, sizeof b), lo, hi, why);
+}
+
+/* A metadata number of the schedule (recorded for the notes only, but a value no run could
+ * have had marks a damaged file): absent, or a finite decimal >= 0, the whole string. */
+static int meta_real(sbpio_st_file *f, const char *path, const char *key, char *err,
+                     size_t errlen)
+{
+    const char *v = sbpio_st_meta(f, key);
+    if (!v)
+        return 0;
+    /* the characters of "%.17g" only: no space, sign first, hex float, "nan" or "inf" */
+    char *end;
+    errno = 0;
+    double x = v[0] >= '0' && v[0] <= '9' && !v[strspn(v, "0123456789.e+-")] ? strtod(v, &end)
+                                                                             : -1;
+    if (x >= 0 && !errno && !*end && isfinite(x))
+        return 0;
+    char b[80];
+    return cli_errf(err, errlen, "--resume: %s: metadata \"%s\" is '%s', not a finite number "
+                    ">= 0", path, key, shown(v, b, sizeof b));
+}
+
+/* The state a resume takes from the metadata, each value checked against what this run can
+ * continue from. */
+typedef struct ckpt_state {
+    int64_t data_pos, data_epoch; /* the shard's cursor (--data) */
+    int64_t threads;              /* the writer's CPU threads, 0 if not recorded */
+} ckpt_state;
+
+/* Passes a data_epoch can still add during this run stay far from overflowing its int64 (the
+ * shard's and the packer's pass counters count on from it). */
+#define CKPT_EPOCH_MAX (INT64_MAX / 2)
+
+static int read_state(const train_ckpt *c, ckpt_state *st, char *err, size_t errlen)
+{
+    sbpio_st_file *f = c->from;
+    const char *p = c->from_path;
+    const train_ckpt_run *r = &c->r;
+    int64_t step, adamw_step, unused;
+    if (meta_count(f, p, "step", c->start, c->start, -1, " (the step in its name)", &step, err,
+                   errlen) ||
+        meta_count(f, p, "adamw_step", r->adamw ? step : 0, r->adamw ? step : 0, -1,
+                   r->adamw ? " (AdamW's bias correction counts the steps)"
+                            : " (an sgd run has no AdamW steps)",
+                   &adamw_step, err, errlen))
+        return -1;
+    if (r->shard) {
+        char why[64];
+        snprintf(why, sizeof why, " (a position in --data's %" PRId64 " tokens)", r->shard->ntok);
+        if (meta_count(f, p, "data_pos", 0, r->shard->ntok - 1, -1, why, &st->data_pos, err,
+                       errlen) ||
+            meta_count(f, p, "data_epoch", 0, CKPT_EPOCH_MAX, -1, "", &st->data_epoch, err,
+                       errlen))
+            return -1;
+    } else if (r->dataset) {
+        char why[64];
+        snprintf(why, sizeof why, " (an example of --dataset's %" PRId64 ")", r->dataset->d.n_ex);
+        if (meta_count(f, p, "data_pos", 0, r->dataset->d.n_ex - 1, -1, why, &st->data_pos, err,
+                       errlen) ||
+            meta_count(f, p, "data_epoch", 0, CKPT_EPOCH_MAX, -1, "", &st->data_epoch, err,
+                       errlen))
+            return -1;
+    } else if (meta_count(f, p, "data_pos", step, step, -1, " (without --data the step is the "
+                          "cursor)", &st->data_pos, err, errlen) ||
+               meta_count(f, p, "data_epoch", 0, 0, -1, " (without --data there are no "
+                          "passes)", &st->data_epoch, err, errlen)) {
+        return -1;
+    }
+    /* recorded for the notes; checked all the same: a value no run writes is a damaged file */
+    static const char *const reals[] = {"lr", "weight_decay", "min_lr", "clip_grad_norm"};
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++)
+        if (meta_real(f, p, reals[i], err, errlen))
+            return -1;
+    return meta_count(f, p, "threads", 1, INT32_MAX, 0, " (CPU threads)", &st->threads, err,
+                      errlen) ||
+                   meta_count(f, p, "total_steps", 1, (int64_t)1 << 30, 0, " (--steps)",
+                              &unused, err, errlen) ||
+                   meta_count(f, p, "warmup_steps", 0, (int64_t)1 << 30, 0, " (--warmup-steps)",
+                              &unused, err, errlen)
+               ? -1
+               : 0;
 }
 
 /* ------------------------------------------------------------------ prepare, start */
@@ -402,9 +559,21 @@ int train_ckpt_prepare(train_ckpt *c, const train_ckpt_opts *o, char *err, size_
         if (sbpio_st_open_header(path, &f, why, sizeof why) == SBPIO_OK) {
             const char *fmt = sbpio_st_meta(f, "format"), *ver = sbpio_st_meta(f, "version");
             const char *st = sbpio_st_meta(f, "step");
+            int64_t step = -1;
+            if (st && !parse_count(st, 0, INT64_MAX, &step)) {
+                /* not a torn write (those never reach the name): a value no run writes, so
+                 * the run stops here rather than quietly resume from an older step */
+                char b[80];
+                cli_errf(err, errlen, "--resume: %s: metadata \"step\" is '%s', not an integer "
+                         "from 0 to %" PRId64, path, shown(st, b, sizeof b), INT64_MAX);
+                sbpio_st_close(f);
+                free(path);
+                free(steps);
+                return -1;
+            }
             if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0 || !ver ||
                 (strcmp(ver, CKPT_VERSION) != 0 && strcmp(ver, CKPT_VERSION_OLDEST) != 0) ||
-                !st || strtoll(st, NULL, 10) != steps[i] || !sbpio_st_find(f, "params")) {
+                step != steps[i] || !sbpio_st_find(f, "params")) {
                 snprintf(why, sizeof why, "%s: not an sbp-train checkpoint (version %s or %s) "
                          "of step %" PRId64, path, CKPT_VERSION_OLDEST, CKPT_VERSION, steps[i]);
                 sbpio_st_close(f);
@@ -458,20 +627,27 @@ static int compare_key(const train_ckpt *c, const ckpt_meta *now, const char *ke
                        : strcmp(key, "ranks") == 0 /* issue 14 */
                            ? "another number of ranks (mpirun -np; resume with the same N)"
                                                         : "a step of another shape";
+    char b[80];
     return cli_errf(err, errlen, "--resume: %s was written for %s: %s is %s there but %s here "
                     "(%s); resume with the run's own model, step, data and options",
-                    c->from_path, what, key, theirs ? theirs : "(missing)", mine ? mine : "?",
-                    c->r.step_path);
+                    c->from_path, what, key, theirs ? shown(theirs, b, sizeof b) : "(missing)",
+                    mine ? mine : "?", c->r.step_path);
 }
 
-/* Copies elements [first, first + n) of checkpoint tensor `name`, which holds `total`, into
- * backend memory dst through the host buffer tmp. */
-static int load_block(train_ckpt *c, const char *name, float *dst, float *tmp, size_t total,
-                      size_t first, size_t n, char *err, size_t errlen)
+/* Copies elements [first, first + n) of checkpoint tensor `name`, which holds `total` in the
+ * layout of `block`, into backend memory dst through the host buffer tmp; every value must be
+ * finite (and >= 0 when nonneg: AdamW's v) before it goes to the device. */
+static int load_block(train_ckpt *c, const char *name, train_block block, bool nonneg,
+                      float *dst, float *tmp, size_t total, size_t first, size_t n, char *err,
+                      size_t errlen)
 {
     const train_ckpt_run *r = &c->r;
+    char what[4200];
     if (sbpio_st_copy_f32_range(c->from, name, tmp, (int64_t)total, (int64_t)first, (int64_t)n,
-                                err, errlen) != SBPIO_OK)
+                                what, sizeof what) != SBPIO_OK)
+        return cli_errf(err, errlen, "--resume: %s", what); /* sbpio's message names the file */
+    snprintf(what, sizeof what, "--resume: %s: %s", c->from_path, name);
+    if (train_finite_check(r->in, block, tmp, first, n, nonneg, what, err, errlen))
         return -1;
     const size_t bytes = n * sizeof(float);
     if (tmp != dst) {
@@ -496,9 +672,13 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
     c->r = *r;
     snprintf(c->packing, sizeof c->packing, "%s", r->packing ? r->packing : "none"); /* 13 */
     c->model_hash = fnv1a(FNV_SEED, r->host_params, r->pbytes);
-    if (r->shard)
+    if (r->shard) {
         c->data_hash = fnv1a(FNV_SEED, r->shard->raw, (size_t)r->shard->ntok * r->shard->token_size);
-    else
+    } else if (r->dataset) { /* the file's contents, and the order and rows made of them */
+        const uint64_t how[3] = {r->dataset->shuffle, r->dataset->shuffle ? r->dataset->seed : 0,
+                                 r->dataset->packed};
+        c->data_hash = fnv1a(r->dataset->d.hash, how, sizeof how);
+    } else
         c->data_hash = fnv1a(fnv1a(FNV_SEED, r->ids, r->ntok_all * sizeof *r->ids), r->labels,
                              r->ntok_all * sizeof *r->labels);
     if (!r->host_visible && r->adamw) { /* issue 14: a ZeRO slice's worth */
@@ -523,6 +703,9 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
     }
     for (int i = 0; i < N_IDENTITY && !rc; i++)
         rc = compare_key(c, &now, identity_keys[i], err, errlen);
+    ckpt_state state = {0};
+    if (!rc)
+        rc = read_state(c, &state, err, errlen);
     if (!rc && c->start >= r->total_steps)
         rc = cli_errf(err, errlen, "--resume: %s is at step %" PRId64 " and --steps is %" PRId64
                       ": nothing left to run (--steps is the run's total: give a larger one)",
@@ -541,22 +724,20 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
                 /* --steps only shapes a decaying schedule; raising it is how a run goes on */
                 (strcmp(sched_keys[i], "total_steps") != 0 ||
                  strcmp(sched_name(r->sched), "constant") != 0)) {
-                char msg[300];
+                char msg[300], b[80];
                 snprintf(msg, sizeof msg, "the checkpoint's run had %s %s, this one has %s: the "
-                         "steps from here on follow this run's value", sched_keys[i], theirs,
-                         now.kv[k].value);
+                         "steps from here on follow this run's value", sched_keys[i],
+                         shown(theirs, b, sizeof b), now.kv[k].value);
                 r->note(msg);
             }
     }
     /* CPU reductions are split over the threads: another count changes the last bits */
-    const char *their_threads = sbpio_st_meta(c->from, "threads");
-    if (!rc && their_threads && r->threads > 0 && r->note &&
-        strtol(their_threads, NULL, 10) != r->threads) {
+    if (!rc && state.threads > 0 && r->threads > 0 && r->note && state.threads != r->threads) {
         char msg[300];
-        snprintf(msg, sizeof msg, "the checkpoint's run used %s CPU threads, this one %d: the "
-                 "steps from here on are exact, but not bit for bit the uninterrupted run's "
-                 "(resume with --threads %s for that)", their_threads, r->threads,
-                 their_threads);
+        snprintf(msg, sizeof msg, "the checkpoint's run used %" PRId64 " CPU threads, this one "
+                 "%d: the steps from here on are exact, but not bit for bit the uninterrupted "
+                 "run's (resume with --threads %" PRId64 " for that)", state.threads, r->threads,
+                 state.threads);
         r->note(msg);
     }
     free(now.table);
@@ -566,25 +747,25 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
     /* the state: parameters, moments, data cursor */
     float *tmp = r->host_params;
     const size_t np = r->pbytes / sizeof(float), ng = r->gbytes / sizeof(float);
-    if (load_block(c, "params", r->d_params, tmp, np, 0, np, err, errlen))
+    if (load_block(c, "params", TRAIN_BLOCK_PARAMS, false, r->d_params, tmp, np, 0, np, err,
+                   errlen))
         return -1;
     /* issue 14: under ZeRO this rank's slice of the whole moments */
     const size_t lo = r->state_fill ? r->state_lo : 0, n = ckpt_state_elems(r);
     if (r->adamw &&
-        (load_block(c, "adamw.m", r->d_m, r->host_visible ? r->d_m : c->host_m, ng, lo, n, err,
-                    errlen) ||
-         load_block(c, "adamw.v", r->d_v, r->host_visible ? r->d_v : c->host_v, ng, lo, n, err,
-                    errlen)))
+        (load_block(c, "adamw.m", TRAIN_BLOCK_MOMENTS, false, r->d_m,
+                    r->host_visible ? r->d_m : c->host_m, ng, lo, n, err, errlen) ||
+         load_block(c, "adamw.v", TRAIN_BLOCK_MOMENTS, true, r->d_v,
+                    r->host_visible ? r->d_v : c->host_v, ng, lo, n, err, errlen)))
         return -1;
-    if (r->shard) {
-        const char *pos = sbpio_st_meta(c->from, "data_pos");
-        const char *epoch = sbpio_st_meta(c->from, "data_epoch");
-        if (!pos || !epoch ||
-            sbpio_shard_seek(r->shard, strtoll(pos, NULL, 10), err, errlen) != SBPIO_OK)
-            return cli_errf(err, errlen, "--resume: %s has no usable data position",
-                            c->from_path);
-        r->shard->epoch = strtoll(epoch, NULL, 10);
+    if (r->shard) { /* read_state checked both against the shard */
+        if (sbpio_shard_seek(r->shard, state.data_pos, err, errlen) != SBPIO_OK)
+            return -1;
+        r->shard->epoch = state.data_epoch;
     }
+    if (r->dataset && train_dataset_seek(r->dataset, state.data_epoch, state.data_pos, err,
+                                         errlen)) /* read_state checked both */
+        return -1;
     if (r->note) {
         char msg[4200];
         snprintf(msg, sizeof msg, "resuming from %s (step %" PRId64 ")", c->from_path, c->start);
@@ -622,12 +803,26 @@ typedef struct ckpt_fill {
     int which; /* 0: m, 1: v */
 } ckpt_fill;
 
+/* Each piece is checked as it arrives: a bad one fails the write, and sbpio then removes the
+ * temporary, so the file never exists. */
 static int fill_moment(void *arg, size_t offset, void *buf, size_t bytes, char *err,
                        size_t errlen)
 {
     const ckpt_fill *f = arg;
-    return f->r->state_fill(f->r->state_arg, f->which, offset / sizeof(float), buf,
-                            bytes / sizeof(float), err, errlen);
+    const size_t first = offset / sizeof(float), n = bytes / sizeof(float);
+    if (f->r->state_fill(f->r->state_arg, f->which, first, buf, n, err, errlen))
+        return -1;
+    return train_finite_check(f->r->in, TRAIN_BLOCK_MOMENTS, buf, first, n, f->which == 1,
+                              f->which ? "adamw.v" : "adamw.m", err, errlen);
+}
+
+/* The message of a checkpoint that was not written, and why. */
+static int not_written(const train_ckpt *c, int64_t s, const char *why, char *err, size_t errlen)
+{
+    if (c->last_written > 0)
+        return cli_errf(err, errlen, "checkpoint of step %" PRId64 " not written (%s); the "
+                        "previous one, of step %" PRId64 ", is intact", s, why, c->last_written);
+    return cli_errf(err, errlen, "checkpoint of step %" PRId64 " not written (%s)", s, why);
 }
 
 static int write_ckpt(train_ckpt *c, int64_t s, char *err, size_t errlen)
@@ -651,6 +846,17 @@ static int write_ckpt(train_ckpt *c, int64_t s, char *err, size_t errlen)
             v = c->host_v;
         }
     }
+    /* nothing non-finite is written (a filled moment is checked piece by piece, fill_moment) */
+    char why[600];
+    const size_t np = r->pbytes / sizeof(float), ng = r->gbytes / sizeof(float);
+    if (train_finite_check(r->in, TRAIN_BLOCK_PARAMS, params, 0, np, false, "params", why,
+                           sizeof why) ||
+        (r->adamw && !r->state_fill &&
+         (train_finite_check(r->in, TRAIN_BLOCK_MOMENTS, m, 0, ng, false, "adamw.m", why,
+                             sizeof why) ||
+          train_finite_check(r->in, TRAIN_BLOCK_MOMENTS, v, 0, ng, true, "adamw.v", why,
+                             sizeof why))))
+        return not_written(c, s, why, err, errlen);
     ckpt_meta meta;
     if (build_meta(c, s, &meta))
         return cli_errf(err, errlen, "out of memory");
@@ -667,18 +873,12 @@ static int write_ckpt(train_ckpt *c, int64_t s, char *err, size_t errlen)
          .fill_arg = &fills[1]},
     };
     char *path = ckpt_path(c->dir, s);
-    char why[600];
     int rc = 0;
     if (!path)
         rc = cli_errf(err, errlen, "out of memory");
     else if (sbpio_st_write(path, r->adamw ? 3 : 1, ts, meta.n, meta.kv, false, why,
                             sizeof why) != SBPIO_OK) {
-        if (c->last_written > 0)
-            rc = cli_errf(err, errlen, "checkpoint of step %" PRId64 " not written (%s); the "
-                          "previous one, of step %" PRId64 ", is intact", s, why,
-                          c->last_written);
-        else
-            rc = cli_errf(err, errlen, "checkpoint of step %" PRId64 " not written (%s)", s, why);
+        rc = not_written(c, s, why, err, errlen);
     } else if (fsync_dir(c->dir) != 0) {
         rc = cli_errf(err, errlen, "checkpoint %s: fsync of the directory: %s", path,
                       strerror(errno));

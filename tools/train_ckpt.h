@@ -1,10 +1,12 @@
 /* train_ckpt.h — sbp-train's checkpoints and resume (issue 12).
  *
  * A checkpoint is one safetensors file DIR/step-NNNNNNNN.safetensors (N = the optimizer steps
- * done), written by sbpio's atomic writer: a temporary beside it, fsync, rename, then an fsync of
- * the directory. The previous checkpoint is never touched before the new one is complete, so a
- * crash, kill -9 or full disk in the middle of a write leaves it as the newest complete one; the
- * oldest are removed only after a write succeeded, keeping --keep-checkpoints K.
+ * done; exactly 8 digits, zero-padded, and past 99999999 N's own digits: any other name, such
+ * as step-5.safetensors, is not a checkpoint, never read and never pruned), written by sbpio's
+ * atomic writer: a temporary beside it, fsync, rename, then an fsync of the directory. The
+ * previous checkpoint is never touched before the new one is complete, so a crash, kill -9 or
+ * full disk in the middle of a write leaves it as the newest complete one; the oldest are
+ * removed only after a write succeeded, keeping --keep-checkpoints K.
  *   tensors:  "params" F32 [param_elems]: the parameter block as the step lays it out;
  *             "adamw.m", "adamw.v" F32 [grad_elems]: AdamW's moments (absent for SGD), laid out
  *             as the gradient block (the trained parameters only).
@@ -19,12 +21,20 @@
  *             line naming the field: resuming into another model, step or optimizer would
  *             silently be a different run. Version 2 added "packing"; a version-1 checkpoint
  *             (from before packing) still loads, as an unpacked run's.
+ * Nothing non-finite is written: the weights (after the copy back from a device), m and v (as
+ * they arrive, under ZeRO) must be finite and v >= 0, else the write fails naming the tensor
+ * and leaves no file (the previous checkpoint stays the newest).
  * Nothing written depends on the time, the process or the path, so two runs that reach the same
  * step write byte-identical checkpoints (the tests compare them with cmp).
  *
  * Resume (--resume DIR) takes the newest step-*.safetensors that opens and validates; a broken
- * newer one is skipped with a note. Temporaries left by a killed writer (".step-...tmp.PID.N")
- * are removed when their process is gone.
+ * newer one is skipped with a note. Its values are then held to what a run writes, each failure
+ * one line naming the file and the key or tensor, before step 1: every integer of the metadata
+ * whole and in range (step as in the name, adamw_step = step, data_pos inside the shard,
+ * data_epoch >= 0 and far from overflowing, threads >= 1, ...), the schedule's numbers finite,
+ * and the parameters and moments finite with v >= 0 (under ZeRO, the slice this rank reads).
+ * Temporaries left by a killed writer (".step-...tmp.PID.N") are removed when their process is
+ * gone.
  *
  * Signals: with checkpoints on, SIGINT and SIGTERM (unless ignored) set a flag; the run writes a
  * checkpoint at the end of the current step and exits 0. ir/files.c's temporary registry is
@@ -43,6 +53,7 @@
 #include "cli.h"
 #include "sbp_step.h"
 #include "sbpio.h"
+#include "train_dataset.h"
 #include "sbprt.h"
 #include "train_sched.h"
 
@@ -72,6 +83,9 @@ typedef struct train_ckpt_run {
     const train_sched_opts *sched; /* --lr-schedule and friends, or NULL */
     bool dump_grads;           /* --dump-grads given: only meaningful from step 1 */
     sbpio_shard *shard;        /* --data, or NULL (--input-ids: the step is the cursor) */
+    train_dataset *dataset;    /* --dataset, or NULL: its cursor (pass, example) is kept as
+                                * data_epoch / data_pos, and its identity is the file's hash
+                                * with the shuffle and the packing */
     const int32_t *ids, *labels; /* [ntok_all] --input-ids / --labels, hashed as the data's id */
     const char *packing;       /* issue 13: how the data is packed, part of the run's identity:
                                 * "eos ID" (--pack), "doc-ids HASH" (--doc-ids); NULL: "none".

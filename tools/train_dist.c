@@ -3,16 +3,22 @@
  * where MPI allows it, so a rank holds no second copy of the gradient block; a cuda step's
  * gradients and parameters are NCCL's, on the device (SBP_WITH_NCCL). Without MPI
  * (SBP_WITH_MPI undefined) only the single-rank paths remain: the slices are the whole block
- * and every collective is the identity.
+ * and every collective is the identity. The ranks' agreement on the run (train_dist_agree)
+ * comes first of all, before any collective whose shape depends on the options.
  */
 #include "cli.h"
+#include "files.h"
 #include "train_dist.h"
 
+#include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #ifdef SBP_WITH_MPI
 #include <mpi.h>
@@ -568,6 +574,215 @@ bool train_dist_injected_failure(const train_dist *d, int64_t s)
 {
     const char *v = getenv("SBP_TEST_FAIL_RANK");
     return d->on && s == 2 && v && atoi(v) == d->rank;
+}
+
+/* ------------------------------------------------------------------ agreement */
+
+/* FNV-1a, 64 bits, as the checkpoints' identities: it tells files apart, it is no defence
+ * against anyone crafting a collision. */
+#define DIGEST_FNV_SEED 0xcbf29ce484222325ULL
+#define DIGEST_FNV_PRIME 0x100000001b3ULL
+static uint64_t digest_fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * DIGEST_FNV_PRIME;
+    return h;
+}
+
+/* A file's bytes: FNV-1a's step on 64-bit words in four independent lanes (a shift folds each
+ * lane's high bits down, which a multiply alone never does), about six times byte-wise FNV-1a's
+ * speed, so that a model or a shard of gigabytes costs about a second per 3 GB; `lane` carries
+ * the lanes from one piece to the next (pieces but the last are whole 32-byte blocks). Words
+ * are read in this machine's byte order: ranks of another order differ, and cannot sum floats
+ * with these anyway. */
+static void digest_blocks(uint64_t lane[4], const unsigned char *b, size_t n)
+{
+    for (size_t i = 0; i + 32 <= n; i += 32)
+        for (int k = 0; k < 4; k++) {
+            uint64_t w;
+            memcpy(&w, b + i + 8 * (size_t)k, 8);
+            lane[k] = (lane[k] ^ w) * DIGEST_FNV_PRIME;
+            lane[k] ^= lane[k] >> 29;
+        }
+}
+
+/* The next free field, or NULL (and the digest marked) when all are taken. */
+static train_dist_field *digest_add(train_dist_digest *g, const char *name, bool file)
+{
+    if (g->n >= TRAIN_DIST_FIELDS) {
+        g->overflow = 1;
+        return NULL;
+    }
+    train_dist_field *f = &g->f[g->n++];
+    snprintf(f->name, sizeof f->name, "%s", name);
+    f->file = file;
+    return f;
+}
+
+static void digest_value(train_dist_digest *g, const char *name, const char *v)
+{
+    train_dist_field *f = digest_add(g, name, false);
+    if (!f)
+        return;
+    snprintf(f->value, sizeof f->value, "%s", v);
+    f->hash = digest_fnv(DIGEST_FNV_SEED, v, strlen(v) + 1);
+}
+
+void train_dist_digest_init(train_dist_digest *g)
+{
+    memset(g, 0, sizeof *g);
+    digest_value(g, "the sbp-train version", SBP_VERSION);
+}
+
+void train_dist_digest_int(train_dist_digest *g, const char *name, int64_t v)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%" PRId64, v);
+    digest_value(g, name, b);
+}
+
+void train_dist_digest_real(train_dist_digest *g, const char *name, double v)
+{
+    char b[40];
+    for (int prec = 6; prec <= 17; prec++) { /* the shortest text that reads back as v */
+        snprintf(b, sizeof b, "%.*g", prec, v);
+        if (strtod(b, NULL) == v)
+            break;
+    }
+    digest_value(g, name, b);
+}
+
+void train_dist_digest_str(train_dist_digest *g, const char *name, const char *s)
+{
+    digest_value(g, name, s ? s : "not given");
+}
+
+void train_dist_digest_file(train_dist_digest *g, const char *name, const char *path)
+{
+    if (!path) {
+        train_dist_digest_str(g, name, NULL);
+        return;
+    }
+    train_dist_field *f = digest_add(g, name, true);
+    if (!f)
+        return;
+    char why[512];
+    struct stat st;
+    int fd = sbp_file_open_input(path, &st, why, sizeof why);
+    if (fd >= 0 && !S_ISREG(st.st_mode)) {
+        snprintf(why, sizeof why, "%s: %s, not a regular file", path, sbp_file_kind(st.st_mode));
+        close(fd);
+        fd = -1;
+    }
+    if (fd < 0) { /* the same failure on every rank agrees; its reader reports it */
+        snprintf(f->value, sizeof f->value, "unreadable (%.200s)", why);
+        const char *what = strstr(why, ": ") ? strstr(why, ": ") + 2 : why; /* not the path */
+        f->hash = digest_fnv(DIGEST_FNV_SEED ^ 1, what, strlen(what));
+        return;
+    }
+    static unsigned char buf[1 << 20];
+    uint64_t size = (uint64_t)st.st_size, got = 0;
+    uint64_t lane[4] = {DIGEST_FNV_SEED, DIGEST_FNV_SEED ^ 1, DIGEST_FNV_SEED ^ 2,
+                        DIGEST_FNV_SEED ^ 3};
+    size_t fill = 0; /* bytes in buf: a piece is hashed once buf is full, or at the end */
+    ssize_t k;
+    while ((k = read(fd, buf + fill, sizeof buf - fill)) != 0) {
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            break; /* k < 0 and errno say why, below */
+        got += (uint64_t)k;
+        if ((fill += (size_t)k) == sizeof buf) {
+            digest_blocks(lane, buf, fill);
+            fill = 0;
+        }
+    }
+    const int read_errno = k < 0 ? errno : 0;
+    digest_blocks(lane, buf, fill);
+    uint64_t h = digest_fnv(digest_fnv(DIGEST_FNV_SEED, &size, sizeof size), lane, sizeof lane);
+    h = digest_fnv(h, buf + fill / 32 * 32, fill % 32); /* the last bytes, past whole blocks */
+    close(fd);
+    f->hash = h;
+    if (read_errno || got != size) { /* a read error, or changed while read: matches nothing */
+        f->hash = ~h;
+        snprintf(f->value, sizeof f->value, "%.150s (%" PRIu64 " bytes, %s)", path, size,
+                 read_errno ? strerror(read_errno) : "it changed size while read");
+        return;
+    }
+    snprintf(f->value, sizeof f->value, "%.150s (%" PRIu64 " bytes, content %016" PRIx64 ")", path,
+             size, h);
+}
+
+int train_dist_agree(train_dist *d, const train_dist_digest *g, char *err, size_t errlen)
+{
+    if (g->overflow) /* the same on every rank: each one stops alike */
+        return cli_errf(err, errlen, "the options' digest holds more than %d fields "
+                        "(TRAIN_DIST_FIELDS)", TRAIN_DIST_FIELDS);
+    if (!d->on)
+        return 0;
+#ifdef SBP_WITH_MPI
+    /* rank 0's size first, so that the bytes' broadcast has one count on every rank even when
+     * another build (another layout) runs on some */
+    int64_t bytes = (int64_t)sizeof *g;
+    if (MPI_Bcast(&bytes, 1, MPI_INT64_T, 0, MPI_COMM_WORLD) != MPI_SUCCESS || bytes < 0 ||
+        bytes > (1 << 24))
+        return cli_errf(err, errlen, "broadcasting the options' digest failed");
+    unsigned char *raw = d->rank == 0 ? (unsigned char *)(uintptr_t)g : malloc((size_t)bytes + 1);
+    if (!raw)
+        return cli_errf(err, errlen, "out of memory");
+    int st = MPI_Bcast(raw, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD);
+    /* my verdict: 0 agree; else the message, kept until the ranks know who reports */
+    char mine[1024] = "";
+    if (st != MPI_SUCCESS) {
+        mpi_fail(mine, sizeof mine, "MPI_Bcast of the options' digest", st);
+    } else if (d->rank != 0 && bytes != (int64_t)sizeof *g) {
+        snprintf(mine, sizeof mine, "rank 0 runs another sbp-train build (its options' digest "
+                 "is %" PRId64 " bytes, here %zu): every rank must run the same sbp-train",
+                 bytes, sizeof *g);
+    } else if (d->rank != 0) {
+        const train_dist_digest *z = (const train_dist_digest *)raw;
+        const int zn = z->n < 0 || z->n > TRAIN_DIST_FIELDS ? TRAIN_DIST_FIELDS : z->n;
+        for (int i = 0; i < g->n || i < zn; i++) {
+            const train_dist_field *a = &g->f[i], *b = &z->f[i];
+            if (i >= g->n || i >= zn || strncmp(a->name, b->name, sizeof a->name) != 0) {
+                snprintf(mine, sizeof mine, "rank 0 runs another sbp-train build (its option "
+                         "%d is %.*s, here %.*s): every rank must run the same sbp-train", i,
+                         TRAIN_DIST_NAME, i < zn ? b->name : "none", TRAIN_DIST_NAME,
+                         i < g->n ? a->name : "none");
+                break;
+            }
+            if (a->hash != b->hash || a->file != b->file) {
+                snprintf(mine, sizeof mine, "%.*s is %.*s here but %.*s on rank 0: every rank "
+                         "must %s", TRAIN_DIST_NAME, a->name, TRAIN_DIST_VALUE, a->value,
+                         TRAIN_DIST_VALUE, b->value,
+                         a->file ? "read the same files (compared by size and content)"
+                                 : "be started with the same options");
+                break;
+            }
+        }
+    }
+    if (d->rank != 0)
+        free(raw);
+    /* the lowest rank that differs reports: one line for the job, however many differ */
+    int first = mine[0] ? d->rank : d->size;
+    st = MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (st != MPI_SUCCESS)
+        return mine[0] ? cli_errf(err, errlen, "%s", mine)
+                       : mpi_fail(err, errlen, "MPI_Allreduce of the options' verdicts", st);
+    if (first == d->size)
+        return 0;
+    if (first == d->rank)
+        return cli_errf(err, errlen, "%s", mine);
+    /* Another rank reports and aborts the job, which ends this rank here. Aborting from here
+     * too could end the job before that rank's line is out; a barrier it never enters waits. */
+    MPI_Barrier(MPI_COMM_WORLD);
+    return cli_errf(err, errlen, "rank %d was started with other options or files than rank 0",
+                    first);
+#else
+    (void)err, (void)errlen;
+    return 0;
+#endif
 }
 
 void train_dist_barrier(const train_dist *d)

@@ -62,6 +62,18 @@
  * rank instead, so that the collectives' paths run on one machine with one device: MPI's on a
  * cpu step, NCCL's on a cuda step (tests/gpu/run.sh compares those losses with a plain run's).
  *
+ * Agreement. Nothing above works unless every rank runs the same step on the same files with
+ * the same options: a rank with another --steps leaves the others waiting in a collective after
+ * it ends, another --zero makes the ranks call different collectives, another --data file makes
+ * each rank train on rows of a different batch (exit 0, losses no single process gives). So
+ * before anything depends on them, rank 0 broadcasts the run's digest (train_dist_digest: one
+ * field per option that must agree, each a printable value and a 64-bit hash of the whole
+ * value; a file's hash is of its size and bytes, FNV-1a-style, its path only printed) and
+ * every rank compares it with its own field by field (train_dist_agree). The collectives'
+ * sizes never depend on the digests (rank 0's size goes first), so a difference cannot hang
+ * them; the lowest rank that differs names the first field that does, and the others wait for
+ * its MPI_Abort.
+ *
  * Other launchers: torchrun and similar set RANK / WORLD_SIZE but start no MPI job, so the
  * processes could not reach each other; WORLD_SIZE > 1 without an MPI launcher's environment is
  * refused (each process would train alone on the whole batch), naming mpirun.
@@ -155,6 +167,37 @@ bool train_dist_injected_failure(const train_dist *d, int64_t s);
  * communicator (after the step's runtime context exists, on this rank's GPU). */
 bool train_dist_have_nccl(void);
 int train_dist_nccl_start(train_dist *d, char *err, size_t errlen);
+/* The run's identity that every rank must share (see Agreement above). Fixed-size, so that it
+ * travels as bytes; a field's value may be cut short for printing, its hash never is. */
+enum { TRAIN_DIST_FIELDS = 64, TRAIN_DIST_NAME = 32, TRAIN_DIST_VALUE = 224 };
+typedef struct train_dist_field {
+    char name[TRAIN_DIST_NAME];   /* "--steps", "the step library" */
+    char value[TRAIN_DIST_VALUE]; /* "5", "PATH (N bytes, content H)", "not given" */
+    uint64_t hash;                /* FNV-1a of the whole value; a file's of its size and bytes */
+    int32_t file;                 /* 1: compared by content (the path is only printed) */
+    int32_t pad;                  /* zero: the bytes travel as they are */
+} train_dist_field;
+typedef struct train_dist_digest {
+    int32_t n;                    /* fields in use */
+    int32_t overflow;             /* more were added than fit (a programming error) */
+    train_dist_field f[TRAIN_DIST_FIELDS];
+} train_dist_digest;
+
+/* An empty digest (every byte zero); its first field is this sbp-train's version. */
+void train_dist_digest_init(train_dist_digest *g);
+/* One field each: an integer, a real (printed so that it reads back exactly), a string or NULL
+ * ("not given"), and a file by content (NULL: "not given"; one that cannot be read is its
+ * error's text, for its reader to report later). */
+void train_dist_digest_int(train_dist_digest *g, const char *name, int64_t v);
+void train_dist_digest_real(train_dist_digest *g, const char *name, double v);
+void train_dist_digest_str(train_dist_digest *g, const char *name, const char *s);
+void train_dist_digest_file(train_dist_digest *g, const char *name, const char *path);
+/* Every rank's digest against rank 0's, before anything that depends on the options (a
+ * collective included). 0 when all agree (or not distributed). Otherwise -1 on the lowest rank
+ * that differs, err = "NAME is X here but Y on rank 0: ..." (the caller prints it and aborts
+ * the job, train_dist_end); the other ranks do not return: they wait for that abort. */
+int train_dist_agree(train_dist *d, const train_dist_digest *g, char *err, size_t errlen);
+
 /* Waits for every rank (rank 0 prepares shared folders before the others look at them). */
 void train_dist_barrier(const train_dist *d);
 /* Every rank stops when one of them was asked to (a signal): MAX over the ranks. */

@@ -57,14 +57,14 @@ def examples():
     return out
 
 
-def write_dataset(path, exs, task="sft", meta=None, tensors=None, vocab=V):
+def write_dataset(path, exs, task="sft", meta=None, tensors=None, vocab=V, max_len=T):
     """A dataset file; meta / tensors override entries (for the hostile cases)."""
     ids = [t for e in exs for t in e[0]]
     labels = [t for e in exs for t in e[1]]
     offsets = [0]
     for e in exs:
         offsets.append(offsets[-1] + len(e[0]))
-    md = {"format": "sbp-dataset", "version": "1", "task": task, "max_len": str(T),
+    md = {"format": "sbp-dataset", "version": "1", "task": task, "max_len": str(max_len),
           "eos_id": str(EOS), "pad_id": str(PAD), "vocab_size": str(vocab),
           "tokenizer": "dataset_ref", "truncate": "none", "mask": "none",
           "examples": str(len(exs)), "tokens": str(len(ids)),
@@ -118,8 +118,8 @@ def stream(exs, seed):
         epoch += 1
 
 
-def rows(exs, seed, packed, n_rows):
-    """The first n_rows rows (ids, labels, docs): docs -1 for an unpacked step."""
+def rows(exs, seed, packed, n_rows, T=T):
+    """The first n_rows rows (ids, labels, docs) of T tokens: docs -1 for an unpacked step."""
     it = stream(exs, seed)
     nxt = next(it)
     out = []

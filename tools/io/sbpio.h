@@ -149,7 +149,8 @@ uint32_t sbpio_shard_token(const sbpio_shard *s, int64_t i);
 /* Checks every token < vocab; the error names the first offending position and value. */
 int sbpio_shard_check_vocab(const sbpio_shard *s, int64_t vocab, char *err, size_t errlen);
 /* Fills input_ids [B,T] and labels [B,T] (row-major int32) with the next batch and advances.
- * Errors: B or T < 1, B*T+1 > ntok (the shard is too short for one batch), a token > INT32_MAX. */
+ * Errors: B or T < 1, B*T+1 > ntok (the shard is too short for one batch), a token > INT32_MAX,
+ * pos outside [0, ntok], a wrap when epoch is negative or INT64_MAX (it would overflow). */
 int sbpio_shard_next_batch(sbpio_shard *s, int B, int T, int32_t *input_ids, int32_t *labels,
                            char *err, size_t errlen);
 /* Sets the position of the next batch (0 <= pos < ntok). */
@@ -242,6 +243,16 @@ const sbpio_kv *sbpio_st_meta_at(const sbpio_st_file *f, int i);
  * messages. The buffer is copied. */
 int sbpio_st_open_mem(const void *buf, size_t len, const char *name, sbpio_st_file **out, char *err,
                       size_t errlen);
+
+/* ---------------------------------------------------------------- ONNX metadata (onnx_meta.c) */
+
+/* The model's metadata_props (ModelProto field 14, e.g. sbp-export's "sbp.config.json"), read
+ * without unpacking the graph: *out gets *n entries (keys and values malloc'd; free with
+ * sbpio_onnx_meta_free). */
+int sbpio_onnx_meta_read(const char *path, sbpio_kv **out, int *n, char *err, size_t errlen);
+void sbpio_onnx_meta_free(sbpio_kv *kv, int n);
+/* The value of key among kv[0..n), or NULL. */
+const char *sbpio_onnx_meta_get(const sbpio_kv *kv, int n, const char *key);
 
 /* ---------------------------------------------------------------- datasets (dataset.c) */
 

@@ -157,7 +157,15 @@ int sbpio_shard_next_batch(sbpio_shard *s, int B, int T, int32_t *input_ids, int
                           "%s: shard has %" PRId64 " tokens, fewer than the %" PRId64
                           " one batch of B=%d T=%d needs (B*T+1)",
                           s->path, s->ntok, need, B, T);
-    if (s->pos + need > s->ntok) { /* wrap: start the next pass over the shard */
+    /* pos and epoch may come from a checkpoint (sbpio_shard_seek checks pos; the caller sets
+     * epoch): checked here too, so that no value makes the arithmetic below overflow */
+    if (s->pos < 0 || s->pos > s->ntok)
+        return sbpio_errf(err, errlen, "%s: position %" PRId64 " outside the shard's %" PRId64
+                          " tokens", s->path, s->pos, s->ntok);
+    if (s->pos > s->ntok - need) { /* wrap: start the next pass over the shard */
+        if (s->epoch < 0 || s->epoch == INT64_MAX)
+            return sbpio_errf(err, errlen, "%s: pass %" PRId64 " over the shard cannot be "
+                              "counted (the pass counter is out of range)", s->path, s->epoch);
         s->pos = 0;
         s->epoch++;
     }
