@@ -95,6 +95,7 @@
 #include "train_finite.h"
 #include "train_outputs.h"
 #include "train_dataset.h"
+#include "train_pretrained.h"
 
 #include <dlfcn.h>
 #include <elf.h>
@@ -230,6 +231,7 @@ static void usage(FILE *f)
             "%s"
             /* issue 16: LoRA adapters */
             "%s"
+            "%s"
             /* issue 14: data parallel */
             "%s"
             "DPO and GRPO steps (sbpc --objective dpo|grpo), N = K*B rows:\n"
@@ -250,7 +252,8 @@ static void usage(FILE *f)
             "and the peak memory at the end.\n",
             train_sched_usage(), train_ckpt_usage() /* issue 12: checkpoints */,
             train_pack_usage() /* issue 13 */, train_eval_usage() /* issue 12 */,
-            train_adapter_usage() /* issue 16 */, train_dist_usage() /* issue 14 */);
+            train_adapter_usage() /* issue 16 */, train_pretrained_usage(),
+            train_dist_usage() /* issue 14 */);
 }
 
 /* ------------------------------------------------------------------ command line */
@@ -284,6 +287,7 @@ typedef struct options {
     train_eval_opts eval;    /* issue 12: --eval-data, --eval-every, --eval-batches */
     int64_t zero;            /* issue 14: --zero 0|1|2 (train_dist.h) */
     train_dataset_opts dataset; /* --dataset, --epochs, --shuffle-seed (train_dataset.h) */
+    train_pretrained_opts pretrained; /* --save-pretrained, --tokenizer (train_pretrained.h) */
 } options;
 
 enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT_SAVE,
@@ -291,7 +295,8 @@ enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT
        OPT_LR, OPT_WEIGHT_DECAY, OPT_OPTIMIZER, OPT_VERSION,
        /* issue 12: safetensors export */
        OPT_SAVE_SAFETENSORS,
-       OPT_ZERO /* issue 14 */, OPT_DATASET, OPT_EPOCHS, OPT_SHUFFLE_SEED, OPT_EVAL_DATASET };
+       OPT_ZERO /* issue 14 */, OPT_DATASET, OPT_EPOCHS, OPT_SHUFFLE_SEED, OPT_EVAL_DATASET,
+       OPT_SAVE_PRETRAINED, OPT_TOKENIZER };
 
 /* issue 12: schedule, clipping, log (consecutive, in train_sched_parse's order) */
 enum { OPT_LR_SCHEDULE = 1200, OPT_WARMUP_STEPS, OPT_MIN_LR, OPT_CLIP_GRAD_NORM, OPT_LOG };
@@ -355,6 +360,8 @@ static int parse_args(int argc, char **argv, options *o)
         {"epochs", required_argument, NULL, OPT_EPOCHS},
         {"shuffle-seed", required_argument, NULL, OPT_SHUFFLE_SEED},
         {"eval-dataset", required_argument, NULL, OPT_EVAL_DATASET},
+        {"save-pretrained", required_argument, NULL, OPT_SAVE_PRETRAINED},
+        {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
         {0},
     };
     static const char *const optimizers[] = {"adamw", "sgd", NULL};
@@ -397,6 +404,10 @@ static int parse_args(int argc, char **argv, options *o)
             steps_given = true;
             break;
         case OPT_DATASET: bad = cli_path(&c, "--dataset", v, &o->dataset.path); break;
+        case OPT_SAVE_PRETRAINED:
+            bad = cli_path(&c, "--save-pretrained", v, &o->pretrained.dir);
+            break;
+        case OPT_TOKENIZER: bad = cli_path(&c, "--tokenizer", v, &o->pretrained.tokenizer); break;
         case OPT_EVAL_DATASET:
             bad = cli_path(&c, "--eval-dataset", v, &o->eval.dataset);
             break;
@@ -457,7 +468,12 @@ static int parse_args(int argc, char **argv, options *o)
     if (train_sched_check(&o->sched, o->lr, sched_err, sizeof sched_err) ||
         train_eval_check_opts(&o->eval, sched_err, sizeof sched_err)) /* and evaluation's */
         return error("%s", sched_err);
-    if (train_adapter_check_outputs(&o->adapter, o->save != NULL, o->save_safetensors != NULL,
+    if (o->pretrained.tokenizer && !o->pretrained.dir)
+        return error("--tokenizer TOKDIR is read with --save-pretrained DIR (its files are "
+                     "copied there)");
+    o->adapter.save_pretrained = o->pretrained.dir != NULL;
+    if (train_adapter_check_outputs(&o->adapter, o->save != NULL,
+                                    o->save_safetensors != NULL || o->pretrained.dir != NULL,
                                     sched_err, sizeof sched_err))
         return error("%s", sched_err); /* issue 16: --merge-lora needs --save or -safetensors */
     if (!o->step_path) {
@@ -923,7 +939,8 @@ static int collect_inputs(const options *o, sbp_file_set *inputs)
 /* Every file the run will write (train_outputs.h): none may replace an input, a special file
  * or another output, and each must be writable, all before step 1 (a run that cannot write
  * its result finds out now, not after training). */
-static int check_outputs(const options *o, const sbp_file_set *inputs)
+static int check_outputs(const options *o, const train_pretrained *pre,
+                         const sbp_file_set *inputs)
 {
     static const char *const adapter_files[] = {"adapter_model.safetensors",
                                                 "adapter_config.json"};
@@ -944,6 +961,10 @@ static int check_outputs(const options *o, const sbp_file_set *inputs)
     if (!rc && o->adapter.save_dir &&
         train_outputs_dir(&reg, o->adapter.save_dir, "--save-adapter", adapter_files,
                           (int)(sizeof adapter_files / sizeof adapter_files[0]), err, sizeof err))
+        rc = -1;
+    if (!rc && o->pretrained.dir &&
+        train_outputs_dir(&reg, o->pretrained.dir, "--save-pretrained", pre->names, pre->n_names,
+                          err, sizeof err))
         rc = -1;
     const char *ckpt_dir = o->ckpt.dir ? o->ckpt.dir : o->ckpt.resume;
     if (!rc && ckpt_dir &&
@@ -1036,7 +1057,8 @@ static void model_free(model *m)
 /* Imports the model and checks it against the step. Every mismatch is reported, not only the
  * first. The files the import read (the model's external data) join `inputs`, and the outputs
  * are checked against them before any training. */
-static int model_open(model *m, const options *o, const sbp_step_info *in, sbp_file_set *inputs)
+static int model_open(model *m, const options *o, const sbp_step_info *in,
+                      const train_pretrained *pre, sbp_file_set *inputs)
 {
     memset(m, 0, sizeof *m);
     ir_diag_init(&m->diag, o->model_path);
@@ -1044,7 +1066,7 @@ static int model_open(model *m, const options *o, const sbp_step_info *in, sbp_f
     ir_diag_print(&m->diag, stderr, prog); /* errors, or warnings if any */
     if (!m->g || m->diag.n_errors)
         return error("cannot read the model %s", o->model_path);
-    if (check_outputs(o, inputs))
+    if (check_outputs(o, pre, inputs))
         return -1;
     char lora_err[512]; /* issue 16: a LoRA step's adapters join the model's weights */
     if (train_adapter_init(m->g, in, &o->adapter, lora_err, sizeof lora_err) < 0)
@@ -1436,6 +1458,7 @@ typedef struct run {
     sbpio_shard shard;        /* --data */
     bool have_shard;          /* shard is open */
     train_dataset ds;         /* --dataset (train_dataset.h) */
+    train_pretrained pre;     /* --save-pretrained: what it will write (train_pretrained.h) */
     bool have_ds;             /* ds is open */
     model mdl;                /* the model, until its weights are copied into the arena */
     train_export *export;     /* issue 12: --save-safetensors's keys, planned at load */
@@ -1530,7 +1553,11 @@ static int run_load(run *r)
 {
     const options *o = &r->o;
     char err[512];
-    if (collect_inputs(o, &r->inputs) || check_outputs(o, &r->inputs))
+    /* --save-pretrained: the export's recorded config, and so the folder's files, first */
+    if (o->pretrained.dir &&
+        train_pretrained_plan(&r->pre, &o->pretrained, o->model_path, err, sizeof err))
+        return error("%s", err);
+    if (collect_inputs(o, &r->inputs) || check_outputs(o, &r->pre, &r->inputs))
         return -1;
     /* issue 12: checkpoints: an unwritable directory is found now, not after hours (issue 14:
      * rank 0 first, which creates it, then the others; a failing rank 0 aborts them all) */
@@ -1684,16 +1711,17 @@ static int run_load(run *r)
     }
 
     /* the context first: no device is quicker to find than a large model is to read */
-    if (runtime_start(&r->rt, (int)o->threads) || model_open(&r->mdl, o, in, &r->inputs))
+    if (runtime_start(&r->rt, (int)o->threads) || model_open(&r->mdl, o, in, &r->pre, &r->inputs))
         return -1;
     /* issue 14: a cuda step's gradients are summed on the GPUs (NCCL), once its context exists */
     if (dist.on && !r->host_visible && train_dist_nccl_start(&dist, err, sizeof err))
         return error("%s", err);
     /* issue 12: safetensors export: the PyTorch names, before any training (train_export.c) */
-    if (o->save_safetensors &&
+    if ((o->save_safetensors || o->pretrained.dir) &&
         !(r->export = train_export_plan_lora(r->mdl.g, in, o->adapter.merge, note_message,
                                              err, sizeof err)))
-        return error("--save-safetensors: %s", err);
+        return error("%s: %s", o->save_safetensors ? "--save-safetensors" : "--save-pretrained",
+                     err);
     /* issue 16: --merge-lora: which initializer each adapter updates, before any training */
     if (o->adapter.merge &&
         !(r->merge = train_adapter_merge_plan_make(r->mdl.g, in, err, sizeof err)))
@@ -2180,6 +2208,15 @@ static int run_saves(run *r, const sbp_step_info *in, const float *host32)
         printf("saved the trained weights as %d PyTorch tensors to %s\n",
                train_export_count(r->export), o->save_safetensors);
     }
+    if (o->pretrained.dir) { /* a model folder for from_pretrained */
+        char err[1024];
+        if (train_pretrained_write(&r->pre, &o->pretrained, r->export, in, host32, r->merge, err,
+                                   sizeof err))
+            return error("%s", err);
+        printf("saved the trained model (%d files: config, %d weights%s) to %s\n",
+               r->pre.n_names, train_export_count(r->export),
+               r->pre.n_tok ? ", tokenizer" : "", o->pretrained.dir);
+    }
     if (o->adapter.save_dir) { /* issue 16: PEFT's adapter directory */
         char err[1024];
         int n_saved = 0;
@@ -2203,7 +2240,7 @@ static int run_report(run *r)
     /* issue 16: the writers see every parameter in fp32 (f32_view) */
     f32_view view = {.info = *in};
     const float *host32 = r->host_params;
-    if (o->save || o->save_safetensors || o->adapter.save_dir) {
+    if (o->save || o->save_safetensors || o->adapter.save_dir || o->pretrained.dir) {
         if (!r->host_visible && (st = RT(r->rt, copy, copy_ctx, r->host_params, r->d_params,
                                          r->pbytes, SBPRT_COPY_DEVICE_TO_HOST)))
             return copy_failed(r, st);
@@ -2217,7 +2254,7 @@ static int run_report(run *r)
     /* nothing non-finite leaves the run (a cuda step's weights are checked only here) */
     char err[1024];
     int rc = 0;
-    if ((o->save || o->save_safetensors || o->adapter.save_dir) &&
+    if ((o->save || o->save_safetensors || o->adapter.save_dir || o->pretrained.dir) &&
         train_finite_check(in, TRAIN_BLOCK_PARAMS, host32, 0, in->param_elems, false,
                            "the trained weights", err, sizeof err))
         rc = error("%s: nothing saved", err);
@@ -2298,6 +2335,7 @@ static void run_free(run *r)
         train_dataset_close(&r->ds);
     model_free(&r->mdl);
     train_export_free(r->export); /* issue 12 */
+    train_pretrained_free(&r->pre);
     train_adapter_merge_plan_free(r->merge); /* issue 16 */
     sbp_file_set_free(&r->inputs);
     /* The step library stays loaded until the process ends: a cuda step's libraries (the CUDA
@@ -2331,6 +2369,7 @@ int main(int argc, char **argv)
             return error("cannot silence rank %d's output: /dev/null", dist.rank), 1;
         r.o.save = r.o.save_safetensors = r.o.sched.log_path = NULL;
         r.o.adapter.save_dir = NULL;
+        r.o.pretrained.dir = NULL;
     }
     int rc = run_load(&r) || run_allocate(&r) || run_loop(&r) || run_report(&r) ? 1 : 0;
     run_free(&r);

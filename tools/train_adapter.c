@@ -93,11 +93,11 @@ int train_adapter_init(ir_graph *g, const sbp_step_info *in, const train_adapter
                         "has no place for: add --merge-lora to write W + (alpha/r)·B·A into the "
                         "copy, or use --save-adapter DIR");
     if (o->save_safetensors && !o->merge)
-        return cli_errf(err, errlen, "--save-safetensors / --save-pretrained: the step trains "
-                        "LoRA adapters, which the model's state_dict has no place for: add "
-                        "--merge-lora to write the "
+        return cli_errf(err, errlen, "%s: the step trains LoRA adapters, which the model's "
+                        "state_dict has no place for: add --merge-lora to write the "
                         "merged model (W + (alpha/r)·B·A) under its transformers names, or use "
-                        "--save-adapter DIR (PEFT's adapter files)");
+                        "--save-adapter DIR (PEFT's adapter files)",
+                        o->save_pretrained ? "--save-pretrained" : "--save-safetensors");
     int added = 0;
     for (int i = 0; i < in->n_params; i++) {
         const sbp_step_param *p = &in->params[i];

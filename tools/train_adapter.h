@@ -46,6 +46,7 @@ typedef struct train_adapter_opts {
     bool save_onnx;       /* sbp-train's --save OUT.onnx was given (train_adapter_check_outputs) */
     bool save_safetensors;/* sbp-train's --save-safetensors F or --save-pretrained DIR was
                            * given (likewise) */
+    bool save_pretrained; /* --save-pretrained DIR was (for the messages) */
 } train_adapter_opts;
 
 /* The options, in this order, have consecutive getopt vals base .. base + 1 in the tool's

@@ -62,6 +62,9 @@ int train_pack_rows(const train_pack_src *src, uint32_t eos, int64_t T, int64_t 
             d++;
             cur->pos += n;
             if (cur->pos == ntok) { /* the stream is done: the next pass, maybe in this row */
+                if (cur->epoch < 0 || cur->epoch == INT64_MAX)
+                    return cli_errf(err, errlen, "packing: pass %" PRId64 " cannot be followed "
+                                    "by another", cur->epoch);
                 cur->pos = 0;
                 cur->epoch++;
             }
