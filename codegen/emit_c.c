@@ -24,17 +24,23 @@
 
 /* ------------------------------------------------------------------ small printers */
 
-/* Text inside a C comment: no comment terminator, no control characters. */
+/* Text inside a C comment (node and weight names come from the model): neither a comment
+ * terminator nor a comment opener, since C compilers warn about every "/" "*" inside a comment
+ * (-Wcomment); no control characters. A space goes between the two characters of either pair.
+ * Every caller prints a space, ',' '.' or '(' on both sides of the text, so it cannot pair with
+ * what surrounds it. */
 static void put_comment_text(FILE *f, const char *s)
 {
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
-        if (c == '*' && s[1] == '/')
-            fputs("* ", f);
-        else if (c < 0x20 || c == 0x7f)
-            fputc('?', f);
-        else
+        if ((c == '*' && s[1] == '/') || (c == '/' && s[1] == '*')) {
             fputc(c, f);
+            fputc(' ', f);
+        } else if (c < 0x20 || c == 0x7f) {
+            fputc('?', f);
+        } else {
+            fputc(c, f);
+        }
     }
 }
 

@@ -76,14 +76,17 @@ static int categorize(figures *f)
     bool *cross = calloc((size_t)nb + 1, sizeof *cross);
     bool *logits = calloc((size_t)nb + 1, sizeof *logits);
     bool *kv = calloc((size_t)nb + 1, sizeof *kv);
-    const ir_value **lv = calloc((size_t)nb + 1, sizeof *lv); /* values of logits/KV buffers */
-    if (!f->cat || !seg || !wseg || !cross || !logits || !kv || !lv) {
+    /* by value id: a non-gradient buffer of that value holds logits (1) or K/V (2), so that a
+     * gradient buffer finds its value's category at once (a chain has thousands of them) */
+    const int nv = p->g->n_values;
+    unsigned char *vcat = calloc((size_t)nv + 1, 1);
+    if (!f->cat || !seg || !wseg || !cross || !logits || !kv || !vcat) {
         free(seg);
         free(wseg);
         free(cross);
         free(logits);
         free(kv);
-        free(lv);
+        free(vcat);
         return IR_ERR;
     }
     for (int i = 0; i < nb; i++)
@@ -128,20 +131,20 @@ static int categorize(figures *f)
         }
     }
     /* gradients of the logits / K/V values are in the same category */
-    for (int i = 0; i < nb; i++)
-        if ((logits[i] || kv[i]) && !p->bufs[i]->is_grad)
-            lv[i] = p->bufs[i]->value;
+    for (int i = 0; i < nb; i++) {
+        const ir_value *v = p->bufs[i]->value;
+        if ((logits[i] || kv[i]) && !p->bufs[i]->is_grad && v && v->id >= 0 && v->id < nv)
+            vcat[v->id] |= (unsigned char)((logits[i] ? 1 : 0) | (kv[i] ? 2 : 0));
+    }
     for (int i = 0; i < nb; i++) {
         const tp_buf *b = p->bufs[i];
         if (b->kind != TP_BUF_WS || b->span)
             continue;
         bool lg = logits[i], k = kv[i];
-        if (b->is_grad && b->value)
-            for (int j = 0; j < nb; j++)
-                if (lv[j] == b->value) {
-                    lg = lg || logits[j];
-                    k = k || kv[j];
-                }
+        if (b->is_grad && b->value && b->value->id >= 0 && b->value->id < nv) {
+            lg = lg || (vcat[b->value->id] & 1);
+            k = k || (vcat[b->value->id] & 2);
+        }
         if (lg)
             f->cat[i] = CAT_LOGITS;
         else if (k)
@@ -160,7 +163,7 @@ static int categorize(figures *f)
     free(cross);
     free(logits);
     free(kv);
-    free(lv);
+    free(vcat);
     return IR_OK;
 }
 

@@ -338,6 +338,10 @@ int ir_graph_count_op(const ir_graph *g, ir_op op);
 int ir_infer_node(ir_graph *g, ir_node *n);
 /* Runs inference over all nodes in order. */
 int ir_infer_graph(ir_graph *g);
+/* ONNX Slice clamping of one axis of extent d (step != 0; a step below -INT64_MAX counts as
+ * -INT64_MAX): the number of elements taken; *start_out (may be NULL) the first one's index.
+ * Shape inference and the constant folder (passes/fold.c) both use it, so they agree. */
+int64_t ir_slice_axis(int64_t d, int64_t start, int64_t end, int64_t step, int64_t *start_out);
 
 /* ---------------------------------------------------------------- printer and verifier */
 

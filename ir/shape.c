@@ -17,6 +17,7 @@
  * ever sharpens shapes.
  */
 #include "ir.h"
+#include "checked.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -581,6 +582,9 @@ static int infer_gather(ir_graph *g, ir_node *n)
         return IR_ERR;
     if (x->rank - 1 + idx->rank > IR_MAX_RANK)
         return node_err(g, n, "result rank exceeds %d", IR_MAX_RANK);
+    if (idx->dtype != IR_DT_UNDEFINED && !ir_dtype_is_int(idx->dtype))
+        return node_err(g, n, "input 1 ('%s'): indices must be integers, not %s", idx->name,
+                        ir_dtype_name(idx->dtype));
     /* Constant indices must lie in [-d, d). */
     if (ir_value_is_const(idx) && dk(x->dims[axis])) {
         int64_t d = x->dims[axis].value, cnt = ir_value_numel(idx);
@@ -635,7 +639,7 @@ static int infer_gather_nd(ir_graph *g, ir_node *n)
     if (!dk(idx->dims[idx->rank - 1]))
         return set_out(g, n, 0, dt, NULL);
     int64_t k = idx->dims[idx->rank - 1].value;
-    if (k < 1 || b + k > x->rank)
+    if (k < 1 || k > x->rank - b)
         return node_err(g, n, "input 1 ('%s'): the last dim of the indices (%lld) plus batch_dims "
                         "exceeds the rank of the data (%d)", idx->name, (long long)k, x->rank);
     shp out = {.rank = 0};
@@ -828,7 +832,12 @@ static int infer_concat(ir_graph *g, ir_node *n)
         }
         ir_dim d = v->dims[axis];
         if (dk(d)) {
-            sum += d.value;
+            if (!ck_add_i64(sum, d.value, &sum)) {
+                char nb[128];
+                return node_err(g, n, "the extents along axis %d add up to more than 64 bits "
+                                "at %s (%lld)", axis, in_desc(n, i, nb, sizeof nb),
+                                (long long)d.value);
+            }
         } else {
             n_unknown++;
             lone = d;
@@ -994,9 +1003,12 @@ static int infer_transpose(ir_graph *g, ir_node *n)
     return set_out(g, n, 0, dt, &out);
 }
 
-/* ONNX Slice clamping of one axis of extent d; returns the resulting length. */
-static int64_t slice_len(int64_t d, int64_t start, int64_t end, int64_t step, int64_t *start_out)
+/* (ir.h) start and end are clamped into [-1, d] before any difference is taken, and the step
+ * is at least -INT64_MAX, so nothing here wraps whatever the model's numbers. */
+int64_t ir_slice_axis(int64_t d, int64_t start, int64_t end, int64_t step, int64_t *start_out)
 {
+    if (step < -INT64_MAX)
+        step = -INT64_MAX;
     if (start < 0)
         start += d;
     if (end < 0)
@@ -1103,7 +1115,7 @@ static int infer_slice(ir_graph *g, ir_node *n)
             continue;
         ir_dim d = x->dims[i];
         if (dk(d))
-            out.d[i] = dim_known(slice_len(d.value, st[i], en[i], sp[i], NULL));
+            out.d[i] = dim_known(ir_slice_axis(d.value, st[i], en[i], sp[i], NULL));
         else if (!(sp[i] == 1 && st[i] == 0 && en[i] >= INT32_MAX))
             out.d[i] = DIM_UNKNOWN; /* a whole symbolic axis keeps its symbol */
     }
@@ -1139,6 +1151,9 @@ static int infer_split(ir_graph *g, ir_node *n)
             if (cnt != nout)
                 return node_err(g, n, "input 1 ('%s') has %lld sizes for %d outputs", sv->name,
                                 (long long)cnt, nout);
+            if (!ir_dtype_is_int(sv->dtype))
+                return node_err(g, n, "input 1 ('%s'): split sizes must be integers, not %s",
+                                sv->name, ir_dtype_name(sv->dtype));
             for (int i = 0; i < nout; i++)
                 sizes[i] = ir_const_i64(sv, i);
             have = true;
@@ -1154,7 +1169,7 @@ static int infer_split(ir_graph *g, ir_node *n)
         if (parts != nout)
             return node_err(g, n, "num_outputs is %lld but the node has %d outputs",
                             (long long)parts, nout);
-        int64_t chunk = (d.value + nout - 1) / nout;
+        int64_t chunk = d.value / nout + (d.value % nout != 0); /* ceil, without d + nout */
         if (!ir_attr_get(n, "num_outputs") && d.value % nout != 0)
             return node_err(g, n,
                             "input 0 ('%s'): dim %d (%lld) does not split into %d equal parts",
@@ -1170,7 +1185,9 @@ static int infer_split(ir_graph *g, ir_node *n)
         for (int i = 0; i < nout; i++) {
             if (sizes[i] < 0)
                 return node_err(g, n, "split size %d is negative (%lld)", i, (long long)sizes[i]);
-            sum += sizes[i];
+            if (!ck_add_i64(sum, sizes[i], &sum))
+                return node_err(g, n, "split sizes add up to more than 64 bits (size %d is %lld)",
+                                i, (long long)sizes[i]);
         }
         if (dk(d) && sum != d.value)
             return node_err(g, n, "split sizes add up to %lld but dim %d of input 0 ('%s') is %lld",
@@ -1321,12 +1338,16 @@ static int infer_range(ir_graph *g, ir_node *n)
             if (st == 0)
                 return node_err(g, n, "input 2 ('%s'): delta is 0", d->name);
             double c = ceil((double)((b - a) / st));
+            if (c != c)
+                return node_err(g, n, "start, limit and delta give no length (NaN)");
             cnt = c < 0 ? 0 : c > 1e15 ? -1 : (int64_t)c;
         } else {
             double a = ir_const_f64(s, 0), b = ir_const_f64(l, 0), st = ir_const_f64(d, 0);
             if (st == 0)
                 return node_err(g, n, "input 2 ('%s'): delta is 0", d->name);
             double c = ceil((b - a) / st);
+            if (c != c)
+                return node_err(g, n, "start, limit and delta give no length (NaN)");
             cnt = c < 0 ? 0 : c > 1e15 ? -1 : (int64_t)c;
         }
         if (cnt >= 0)

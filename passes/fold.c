@@ -61,6 +61,19 @@ static int ev_err(ir_graph *g, const ir_node *n, const char *fmt, ...)
 
 /* ------------------------------------------------------------------ element access */
 
+/* Float to integer the way a C runtime would, but without undefined behaviour: NaN gives 0 and
+ * out-of-range values saturate to int64 before wrapping to the target width. */
+static int64_t f2i(double x)
+{
+    if (x != x)
+        return 0;
+    if (x >= 9223372036854775807.0)
+        return INT64_MAX;
+    if (x <= -9223372036854775808.0)
+        return INT64_MIN;
+    return (int64_t)x;
+}
+
 static int64_t ld_i(const tens *t, int64_t i)
 {
     const void *p = t->data;
@@ -74,8 +87,8 @@ static int64_t ld_i(const tens *t, int64_t i)
     case IR_DT_UINT16: return ((const uint16_t *)p)[i];
     case IR_DT_UINT8: return ((const uint8_t *)p)[i];
     case IR_DT_BOOL: return ((const uint8_t *)p)[i] != 0;
-    case IR_DT_FLOAT: return (int64_t)((const float *)p)[i];
-    case IR_DT_DOUBLE: return (int64_t)((const double *)p)[i];
+    case IR_DT_FLOAT: return f2i(((const float *)p)[i]); /* a NaN condition, axis, ... */
+    case IR_DT_DOUBLE: return f2i(((const double *)p)[i]);
     default: return 0;
     }
 }
@@ -113,19 +126,6 @@ static void st_i(tens *t, int64_t i, int64_t v)
     case IR_DT_DOUBLE: ((double *)p)[i] = (double)v; break;
     default: break;
     }
-}
-
-/* Float to integer the way a C runtime would, but without undefined behaviour: NaN gives 0 and
- * out-of-range values saturate to int64 before wrapping to the target width. */
-static int64_t f2i(double x)
-{
-    if (x != x)
-        return 0;
-    if (x >= 9223372036854775807.0)
-        return INT64_MAX;
-    if (x <= -9223372036854775808.0)
-        return INT64_MIN;
-    return (int64_t)x;
 }
 
 /* Stores a double into any dtype (floats round, ints truncate, bool tests nonzero). */
@@ -310,7 +310,7 @@ static int ev_gather_nd(ir_graph *g, ir_node *n, tens *in, tens *out)
     if (!is_int_dt(ix->dt) || ix->rank < 1)
         return EV_SKIP;
     int64_t b = ir_attr_int(n, "batch_dims", 0), k = ix->dims[ix->rank - 1];
-    if (b < 0 || b + k > x->rank || b >= ix->rank)
+    if (b < 0 || b >= ix->rank || k > x->rank - b) /* b is the model's: no b + k */
         return EV_SKIP;
     int64_t nbatch = 1, slice = 1;
     for (int i = 0; i < b; i++)
@@ -422,24 +422,6 @@ static int ev_transpose(ir_node *n, tens *in, tens *out)
     return EV_OK;
 }
 
-static int64_t slice_clamp(int64_t d, int64_t start, int64_t end, int64_t step, int64_t *len)
-{
-    if (start < 0)
-        start += d;
-    if (end < 0)
-        end += d;
-    if (step > 0) {
-        start = start < 0 ? 0 : start > d ? d : start;
-        end = end < 0 ? 0 : end > d ? d : end;
-        *len = end > start ? (end - start - 1) / step + 1 : 0;
-    } else {
-        start = start < 0 ? 0 : start > d - 1 ? d - 1 : start;
-        end = end < -1 ? -1 : end > d - 1 ? d - 1 : end;
-        *len = start > end ? (start - end - 1) / (-step) + 1 : 0;
-    }
-    return start;
-}
-
 static int ev_slice(tens *in, tens *out)
 {
     const tens *x = &in[0];
@@ -455,25 +437,37 @@ static int ev_slice(tens *in, tens *out)
     for (int64_t j = 0; j < in[1].numel; j++) {
         int64_t ax = in[3].data ? ld_i(&in[3], j) : j;
         int a = norm_axis(ax, x->rank);
-        int64_t step = in[4].data ? ld_i(&in[4], j) : 1, len;
+        int64_t step = in[4].data ? ld_i(&in[4], j) : 1;
         if (step < -INT64_MAX)
             step = -INT64_MAX;
         if (a < 0 || a >= x->rank || step == 0)
             return EV_SKIP;
-        st[a] = slice_clamp(x->dims[a], ld_i(&in[1], j), ld_i(&in[2], j), step, &len);
+        int64_t len = ir_slice_axis(x->dims[a], ld_i(&in[1], j), ld_i(&in[2], j), step, &st[a]);
         sp[a] = step;
         if (len != o->dims[a])
             return EV_SKIP; /* inference disagrees: leave it to the verifier */
     }
+    if (o->numel == 0)
+        return EV_OK;
+    /* Offsets in checked arithmetic: a step is the model's number, and INT64_MAX is valid ONNX.
+     * On an axis whose output has one element the step is never taken, so it is not used; on a
+     * longer axis |step| is below the axis' extent and every offset lies inside x, which the
+     * checks confirm rather than assume (an offset that does not fit leaves the node as it is). */
     strides_of(x, xs);
     int64_t base = 0;
-    for (int i = 0; i < x->rank; i++)
-        base += st[i] * xs[i];
     const tens *vs[1] = {o};
     bcast_it it;
     bc_init(&it, o, vs, 1);
-    for (int i = 0; i < o->rank; i++)
-        it.str[0][i] = sp[i] * xs[i];
+    for (int i = 0; i < x->rank; i++) {
+        int64_t t;
+        if (!ck_mul_i64(st[i], xs[i], &t) || !ck_add_i64(base, t, &base))
+            return EV_SKIP;
+        if (o->dims[i] <= 1)
+            it.str[0][i] = 0;
+        else if (!ck_mul_i64(sp[i], xs[i], &it.str[0][i]) ||
+                 !ck_mul_i64(it.str[0][i], o->dims[i], &t))
+            return EV_SKIP; /* bc_next steps back by stride x length */
+    }
     for (int64_t i = 0; i < o->numel; i++, bc_next(&it))
         memcpy((char *)o->data + i * o->es, (const char *)x->data + (base + it.off[0]) * x->es,
                o->es);

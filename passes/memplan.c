@@ -12,7 +12,9 @@
  *                 loops where a value crosses iterations;
  *   5. offsets    a heap simulation (best fit / first fit, several placement orders; the
  *                 smallest peak wins), 64-byte aligned;
- *   6. check      in builds without NDEBUG: a brute-force overlap test and a simulated run.
+ *   6. check      in builds without NDEBUG: an overlap test (a sweep over positions, each
+ *                 buffer against its neighbours in offset order) and a simulated run, both
+ *                 O(n log n) so that long programs stay checkable.
  * The abstract part (liveness, offsets, simulation on an mp_schedule) does not know about
  * training programs, so tests can hand it schedules with loops of any shape.
  */
@@ -946,7 +948,17 @@ out:
     return best;
 }
 
-/* ---------------------------------------------------------------- 6. simulation */
+/* ---------------------------------------------------------------- 6. simulation
+ *
+ * The schedule is run on buffer states (unset, valid, garbage, clobbered): a read of anything
+ * but a valid buffer is an error. Whether a valid buffer was clobbered (another buffer that
+ * shares some of its bytes written since) is found when it is read, not pushed to every
+ * overlapping buffer at each write, which would cost O(writes x buffers): a segment tree over the
+ * workspace's byte ranges (the distinct buffer boundaries) holds, for every range, the key of
+ * its latest write (a running count of writes times (n_bufs + 1), plus the buffer written). A
+ * buffer is clobbered exactly when the latest write anywhere in its bytes is newer than its own
+ * latest write; that buffer is the one the diagnostic names. O((writes + reads) log buffers).
+ */
 
 enum { SIM_UNSET = 0, SIM_VALID, SIM_GARBAGE, SIM_CLOBBERED };
 
@@ -955,11 +967,58 @@ typedef struct sim {
     const size_t *offset;
     const char *const *names;
     ir_diag *d;
-    unsigned char *state; /* [n_bufs] */
-    int *by;              /* [n_bufs] the buffer that clobbered it */
+    unsigned char *state; /* [n_bufs] as its own writes left it (valid: unless clobbered) */
+    uint64_t *own;        /* [n_bufs] key of its latest write, 0 before the first */
+    int *lo, *hi;         /* [n_bufs] its bytes as elementary ranges [lo, hi) of the tree */
+    int n_seg;            /* elementary byte ranges: distinct boundaries - 1 */
+    uint64_t *mx;         /* [4 n_seg] latest write key anywhere in a node's ranges */
+    uint64_t *tag;        /* [4 n_seg] latest write key that covered a node's ranges whole */
+    uint64_t stamp;       /* writes so far */
     int *pos_acc;         /* [n_pos + 1] first access of each position */
     int errors;
 } sim;
+
+/* Writes are stamped in increasing order, so "assign" is "max" and no tag is ever pushed. */
+static void seg_write(sim *st, int node, int l, int r, int ql, int qr, uint64_t key)
+{
+    if (qr <= l || r <= ql)
+        return;
+    st->mx[node] = key;
+    if (ql <= l && r <= qr) {
+        st->tag[node] = key;
+        return;
+    }
+    int mid = l + (r - l) / 2;
+    seg_write(st, 2 * node, l, mid, ql, qr, key);
+    seg_write(st, 2 * node + 1, mid, r, ql, qr, key);
+}
+
+static uint64_t seg_latest(const sim *st, int node, int l, int r, int ql, int qr)
+{
+    if (qr <= l || r <= ql)
+        return 0;
+    if (ql <= l && r <= qr)
+        return st->mx[node];
+    int mid = l + (r - l) / 2;
+    uint64_t a = seg_latest(st, 2 * node, l, mid, ql, qr);
+    uint64_t b = seg_latest(st, 2 * node + 1, mid, r, ql, qr);
+    uint64_t m = st->tag[node]; /* covers all of [l, r), which meets [ql, qr) */
+    m = a > m ? a : m;
+    return b > m ? b : m;
+}
+
+/* Buffer b's state now; *by the buffer that clobbered it. */
+static int sim_state(const sim *st, int b, int *by)
+{
+    if (st->state[b] != SIM_VALID)
+        return st->state[b];
+    uint64_t latest = seg_latest(st, 1, 0, st->n_seg, st->lo[b], st->hi[b]);
+    if (latest > st->own[b]) {
+        *by = (int)(latest % ((uint64_t)st->s->n_bufs + 1));
+        return SIM_CLOBBERED;
+    }
+    return SIM_VALID;
+}
 
 static const char *sim_name(const sim *st, int b, char *buf, size_t n)
 {
@@ -971,15 +1030,16 @@ static const char *sim_name(const sim *st, int b, char *buf, size_t n)
 
 static void sim_read(sim *st, int b, int pos)
 {
-    if (st->state[b] == SIM_VALID)
+    int by = -1, state = sim_state(st, b, &by);
+    if (state == SIM_VALID)
         return;
     if (st->errors++ >= 8)
         return;
     char n1[32], n2[32];
-    if (st->state[b] == SIM_CLOBBERED)
+    if (state == SIM_CLOBBERED)
         ir_diag_error(st->d, "memory plan: buffer %s is read at position %d, but %s, planned at "
                              "bytes that overlap it, was written since",
-                      sim_name(st, b, n1, sizeof n1), pos, sim_name(st, st->by[b], n2, sizeof n2));
+                      sim_name(st, b, n1, sizeof n1), pos, sim_name(st, by, n2, sizeof n2));
     else
         ir_diag_error(st->d, "memory plan: buffer %s is read at position %d before anything "
                              "writes it",
@@ -991,42 +1051,40 @@ static void sim_step(sim *st, int pos)
     const mp_schedule *s = st->s;
     for (int i = st->pos_acc[pos]; i < st->pos_acc[pos + 1]; i++) {
         const mp_access *a = &s->acc[i];
+        int by;
         if (!s->bytes[a->buf])
             continue;
-        if (a->role == MP_R || (a->role == MP_A && st->state[a->buf] == SIM_CLOBBERED))
+        if (a->role == MP_R || (a->role == MP_A && sim_state(st, a->buf, &by) == SIM_CLOBBERED))
             sim_read(st, a->buf, pos);
     }
     for (int i = st->pos_acc[pos]; i < st->pos_acc[pos + 1]; i++) {
         const mp_access *a = &s->acc[i];
-        int b = a->buf;
+        int b = a->buf, by;
         if (!s->bytes[b] || a->role == MP_R)
             continue;
         if (a->role == MP_A)
             /* accumulating into garbage is harmless until something reads the result */
-            st->state[b] = st->state[b] == SIM_VALID ? SIM_VALID : SIM_GARBAGE;
+            st->state[b] = sim_state(st, b, &by) == SIM_VALID ? SIM_VALID : SIM_GARBAGE;
         else
             st->state[b] = SIM_VALID;
-        size_t lo = st->offset[b], hi = lo + s->bytes[b];
-        for (int c = 0; c < s->n_bufs; c++) {
-            if (c == b || !s->bytes[c])
-                continue;
-            /* garbage stays garbage; only a value can be lost */
-            if (st->offset[c] < hi && lo < st->offset[c] + s->bytes[c] &&
-                st->state[c] == SIM_VALID) {
-                st->state[c] = SIM_CLOBBERED;
-                st->by[c] = b;
-            }
-        }
+        /* garbage stays garbage; only a value can be lost, and that is seen when it is read */
+        st->own[b] = ++st->stamp * ((uint64_t)s->n_bufs + 1) + (uint64_t)b;
+        seg_write(st, 1, 0, st->n_seg, st->lo[b], st->hi[b], st->own[b]);
     }
 }
 
+/* Runs positions lo..hi, each loop among loops[from..) (sorted by first, outer first) twice. The
+ * cursor k passes every loop once per call: loops starting before pos can no longer start. */
 static void sim_range(sim *st, const mp_loop *loops, int n_loops, int lo, int hi, int from)
 {
+    int k = from;
     for (int pos = lo; pos <= hi;) {
         int j = -1;
-        for (int k = from; k < n_loops; k++)
-            if (loops[k].first == pos && loops[k].last <= hi) {
-                j = k;
+        while (k < n_loops && loops[k].first < pos)
+            k++;
+        for (int q = k; q < n_loops && loops[q].first == pos; q++)
+            if (loops[q].last <= hi) {
+                j = q;
                 break;
             }
         if (j < 0) {
@@ -1048,22 +1106,67 @@ static int cmp_loop(const void *pa, const void *pb)
     return a->last > b->last ? -1 : a->last < b->last; /* outer first */
 }
 
+static int cmp_size(const void *pa, const void *pb)
+{
+    size_t a = *(const size_t *)pa, b = *(const size_t *)pb;
+    return a < b ? -1 : a > b;
+}
+
+/* The index of x in the sorted xs[0..n). */
+static int find_size(const size_t *xs, int n, size_t x)
+{
+    int l = 0, r = n - 1;
+    while (l < r) {
+        int mid = l + (r - l) / 2;
+        if (xs[mid] < x)
+            l = mid + 1;
+        else
+            r = mid;
+    }
+    return l;
+}
+
 int memplan_simulate(const mp_schedule *s, const size_t *offset, const char *const *names,
                      ir_diag *d)
 {
     if (check_loops(s) != IR_OK)
         return ir_diag_error(d, "memory plan: malformed loops in the schedule");
     sim st = {.s = s, .offset = offset, .names = names, .d = d};
-    st.state = calloc((size_t)s->n_bufs + 1, 1);
-    st.by = calloc((size_t)s->n_bufs + 1, sizeof *st.by);
+    size_t nb = (size_t)s->n_bufs + 1;
+    st.state = calloc(nb, 1);
+    st.own = calloc(nb, sizeof *st.own);
+    st.lo = calloc(nb, sizeof *st.lo);
+    st.hi = calloc(nb, sizeof *st.hi);
+    size_t *xs = malloc(2 * nb * sizeof *xs);
     st.pos_acc = calloc((size_t)s->n_pos + 2, sizeof *st.pos_acc);
     mp_loop *loops = malloc(sizeof *loops * (size_t)(s->n_loops + 1));
-    if (!st.state || !st.by || !st.pos_acc || !loops) {
-        free(st.state);
-        free(st.by);
-        free(st.pos_acc);
-        free(loops);
-        return ir_diag_error(d, "out of memory");
+    int nx = 0;
+    if (st.state && st.own && st.lo && st.hi && xs) {
+        for (int b = 0; b < s->n_bufs; b++)
+            if (s->bytes[b]) {
+                xs[nx++] = offset[b];
+                xs[nx++] = offset[b] + s->bytes[b];
+            }
+        qsort(xs, (size_t)nx, sizeof *xs, cmp_size);
+        int u = 0;
+        for (int k = 0; k < nx; k++)
+            if (u == 0 || xs[k] != xs[u - 1])
+                xs[u++] = xs[k];
+        nx = u;
+        for (int b = 0; b < s->n_bufs; b++)
+            if (s->bytes[b]) {
+                st.lo[b] = find_size(xs, nx, offset[b]);
+                st.hi[b] = find_size(xs, nx, offset[b] + s->bytes[b]);
+            }
+    }
+    st.n_seg = nx > 1 ? nx - 1 : 1;
+    st.mx = calloc(4 * (size_t)st.n_seg, sizeof *st.mx);
+    st.tag = calloc(4 * (size_t)st.n_seg, sizeof *st.tag);
+    int rc = IR_OK;
+    if (!st.state || !st.own || !st.lo || !st.hi || !xs || !st.pos_acc || !loops || !st.mx ||
+        !st.tag) {
+        rc = ir_diag_error(d, "out of memory");
+        goto out;
     }
     for (int i = 0; i < s->n_acc; i++)
         st.pos_acc[s->acc[i].pos + 1]++;
@@ -1077,11 +1180,18 @@ int memplan_simulate(const mp_schedule *s, const size_t *offset, const char *con
         for (int b = 0; b < s->n_bufs; b++)
             if (s->live_out[b] && s->bytes[b] && st.state[b] != SIM_UNSET)
                 sim_read(&st, b, s->n_pos);
+    rc = st.errors ? IR_ERR : IR_OK;
+out:
     free(st.state);
-    free(st.by);
+    free(st.own);
+    free(st.lo);
+    free(st.hi);
+    free(xs);
+    free(st.mx);
+    free(st.tag);
     free(st.pos_acc);
     free(loops);
-    return st.errors ? IR_ERR : IR_OK;
+    return rc;
 }
 
 /* ---------------------------------------------------------------- 2. linearise */
@@ -1480,6 +1590,128 @@ static const char *ranges_str(const memplan *m, int b)
     return s;
 }
 
+/* The pairwise check of memplan_verify without the n^2 pairs (a long chain keeps thousands of
+ * buffers live at once): a sweep over positions keeps the buffers live there in a Fenwick tree
+ * indexed by their rank in offset order. While the plan is sound they lie apart, so a buffer
+ * that becomes live overlaps one of them exactly when it overlaps its neighbour below or above
+ * in offset order. After a first overlap later ones may go unreported; the error stands.
+ * O(ranges log buffers). */
+typedef struct apart_ev {
+    int pos;   /* a range's first position, or its last + 1 */
+    int enter; /* 0: leaves (sorted first at a position), 1: becomes live */
+    int buf;
+} apart_ev;
+
+typedef struct apart_buf {
+    size_t off;
+    int buf;
+} apart_buf;
+
+static int cmp_apart_buf(const void *pa, const void *pb)
+{
+    const apart_buf *a = pa, *b = pb;
+    if (a->off != b->off)
+        return a->off < b->off ? -1 : 1;
+    return a->buf < b->buf ? -1 : a->buf > b->buf;
+}
+
+static int cmp_apart_ev(const void *pa, const void *pb)
+{
+    const apart_ev *a = pa, *b = pb;
+    if (a->pos != b->pos)
+        return a->pos < b->pos ? -1 : 1;
+    if (a->enter != b->enter)
+        return a->enter < b->enter ? -1 : 1;
+    return a->buf < b->buf ? -1 : a->buf > b->buf;
+}
+
+static void fw_add(int *t, int n, int i, int v)
+{
+    for (i++; i <= n; i += i & -i)
+        t[i] += v;
+}
+
+/* How many of ranks 0..i-1 are set. */
+static int fw_count(const int *t, int i)
+{
+    int c = 0;
+    for (; i > 0; i -= i & -i)
+        c += t[i];
+    return c;
+}
+
+/* The rank of the k-th (1-based) set rank. */
+static int fw_kth(const int *t, int n, int k)
+{
+    int pos = 0, pw = 1;
+    while (pw * 2 <= n)
+        pw *= 2;
+    for (; pw; pw /= 2)
+        if (pos + pw <= n && t[pos + pw] < k) {
+            pos += pw;
+            k -= t[pos];
+        }
+    return pos;
+}
+
+static int check_apart(const memplan *m, int nb, const size_t *off, const char **names,
+                       ir_diag *d, int *shown)
+{
+    const mp_liveness *lv = &m->lv;
+    apart_buf *by_rank = malloc(((size_t)nb + 1) * sizeof *by_rank);
+    int *rank = malloc(((size_t)nb + 1) * sizeof *rank);
+    int *fw = calloc((size_t)nb + 2, sizeof *fw);
+    apart_ev *ev = malloc(2 * ((size_t)lv->n_ranges + 1) * sizeof *ev);
+    if (!by_rank || !rank || !fw || !ev) {
+        free(by_rank);
+        free(rank);
+        free(fw);
+        free(ev);
+        return ir_diag_error(d, "out of memory");
+    }
+    int n = 0, ne = 0, rc = IR_OK;
+    for (int i = 0; i < nb; i++) {
+        if (!m->bytes[i] || lv->hull[i].first < 0)
+            continue;
+        by_rank[n++] = (apart_buf){off[i], i};
+        for (int r = lv->start[i]; r < lv->start[i + 1]; r++) {
+            ev[ne++] = (apart_ev){lv->range[r].first, 1, i};
+            ev[ne++] = (apart_ev){lv->range[r].last + 1, 0, i};
+        }
+    }
+    qsort(by_rank, (size_t)n, sizeof *by_rank, cmp_apart_buf);
+    for (int k = 0; k < n; k++)
+        rank[by_rank[k].buf] = k;
+    qsort(ev, (size_t)ne, sizeof *ev, cmp_apart_ev);
+    for (int e = 0; e < ne; e++) {
+        int i = ev[e].buf, ri = rank[i];
+        if (!ev[e].enter) {
+            fw_add(fw, n, ri, -1);
+            continue;
+        }
+        int below = fw_count(fw, ri), live = fw_count(fw, n);
+        int nbr[2] = {below > 0 ? by_rank[fw_kth(fw, n, below)].buf : -1,
+                      below < live ? by_rank[fw_kth(fw, n, below + 1)].buf : -1};
+        for (int k = 0; k < 2; k++) {
+            int j = nbr[k];
+            if (j < 0 || !(off[i] < off[j] + m->bytes[j] && off[j] < off[i] + m->bytes[i]))
+                continue;
+            int a = i < j ? i : j, b = i < j ? j : i;
+            if ((*shown)++ < 8)
+                ir_diag_error(d, "memory plan: '%s' (live %s) and '%s' (live %s) are live "
+                                 "together and overlap in the workspace",
+                              names[a], ranges_str(m, a), names[b], ranges_str(m, b));
+            rc = IR_ERR;
+        }
+        fw_add(fw, n, ri, 1);
+    }
+    free(by_rank);
+    free(rank);
+    free(fw);
+    free(ev);
+    return rc;
+}
+
 int memplan_verify(const sbp_train_program *p, ir_diag *d)
 {
     memplan *m = memplan_analyze(p);
@@ -1503,22 +1735,8 @@ int memplan_verify(const sbp_train_program *p, ir_diag *d)
                                names[i], off[i], m->bytes[i], p->workspace_bytes);
         }
     }
-    /* brute force: every pair */
-    for (int i = 0; i < p->n_bufs; i++) {
-        if (!m->bytes[i] || m->lv.hull[i].first < 0)
-            continue;
-        for (int j = i + 1; j < p->n_bufs; j++) {
-            if (!m->bytes[j] || m->lv.hull[j].first < 0 || !memplan_live_together(&m->lv, i, j))
-                continue;
-            if (off[i] < off[j] + m->bytes[j] && off[j] < off[i] + m->bytes[i]) {
-                if (shown++ < 8)
-                    ir_diag_error(d, "memory plan: '%s' (live %s) and '%s' (live %s) are live "
-                                     "together and overlap in the workspace",
-                                  names[i], ranges_str(m, i), names[j], ranges_str(m, j));
-                rc = IR_ERR;
-            }
-        }
-    }
+    if (check_apart(m, p->n_bufs, off, names, d, &shown) != IR_OK)
+        rc = IR_ERR;
     if (memplan_simulate(&m->s, off, names, d) != IR_OK)
         rc = IR_ERR;
     free(off);

@@ -486,8 +486,9 @@ static void big_free(big *s)
 
 /* The pairwise check of plan_and_check in O(sum of lifetimes): at each position the buffers
  * live there, sorted by offset, must lie apart. Two buffers are live together exactly when some
- * position has both live, so this is the same check without the n^2 pairs (and without
- * memplan_simulate, which is O(writes x buffers)); fine for schedules whose lifetimes are short. */
+ * position has both live, so this is the same check without the n^2 pairs, written apart from
+ * memplan.c's own verifier (a sweep in offset order) so that the two check each other; fine for
+ * schedules whose lifetimes are short. */
 static void check_apart_by_position(const mp_schedule *s, const mp_liveness *lv,
                                     const size_t *off, size_t peak)
 {
