@@ -517,18 +517,22 @@ static int parse_args(int argc, char **argv, options *o)
  * 0's. Left out, as local to a rank or to what rank 0 alone writes: --threads and
  * OMP_NUM_THREADS (this machine's cores; another count changes only the last bits of this
  * rank's share), and the outputs that only rank 0 writes and main drops on the others: --save,
- * --save-safetensors, --merge-lora (what --save holds), --save-adapter, --log,
- * --keep-checkpoints (rank 0's pruning). --dump-grads is rank 0's file too, but whether it is
+ * --save-safetensors, --merge-lora (what --save holds), --save-adapter, --save-pretrained and
+ * its --tokenizer, --log, --keep-checkpoints (rank 0's pruning). --dump-grads is rank 0's file too, but whether it is
  * given changes step 1's sum under ZeRO 2 on every rank. Files are compared by size and
  * content, not by path (a model's external data files are known only once it is imported, and
  * are not among them); the checkpoint folders by path, as every rank reads --resume's and
  * bases its checkpoint decisions on --checkpoint-dir. */
-static int dist_agree(const options *o)
+static int dist_agree(const options *o, bool leaving)
 {
     static const char *const scheds[] = {"constant", "linear", "cosine"};
     train_dist_digest g;
     char err[1024];
     train_dist_digest_init(&g);
+    /* a rank that only prints --help or --version must not leave the others waiting */
+    train_dist_digest_str(&g, "--help or --version", leaving ? "given" : NULL);
+    if (leaving)
+        return train_dist_agree(&dist, &g, err, sizeof err) ? error("%s", err) : 0;
     train_dist_digest_file(&g, "the step library", o->step_path);
     train_dist_digest_file(&g, "--model", o->model_path);
     train_dist_digest_file(&g, "--input-ids", o->ids_path);
@@ -2353,11 +2357,13 @@ int main(int argc, char **argv)
     }
     prog = dist.prog;
     int prc = parse_args(argc, argv, &r.o);
+    if (prc > 0 && dist.on && dist_agree(&r.o, true))
+        prc = -1;
     if (prc) {
         train_dist_end(&dist, prc > 0 ? 0 : 1);
         return prc > 0 ? 0 : 1;
     }
-    if (dist.on && dist_agree(&r.o)) { /* before anything that could wait on another rank */
+    if (dist.on && dist_agree(&r.o, false)) { /* before anything that could wait on another rank */
         train_dist_end(&dist, 1);
         return 1;
     }

@@ -14,6 +14,7 @@
 #   dist_case.sh partial NP ZERO      SFT on 5 rows (the 4 and the first again): over 3 ranks
 #                                     of 2 rows the last holds one row and one of padding
 #   dist_case.sh data NP ZERO         --data: one process with N*B rows per step
+#   dist_case.sh dataset NP ZERO      --dataset (shuffled): one process with N*B rows per step
 #   dist_case.sh resume NP ZERO       stop after 3 steps, resume to 6: the same checkpoint bytes
 #                                     as 6 steps at once; another -np is refused
 #   dist_case.sh abort NP             one rank fails at step 2: the job ends, naming the rank
@@ -23,6 +24,16 @@
 #                                     agree with the plain run as above
 #   dist_case.sh torchrun             WORLD_SIZE=2 with no MPI launcher: refused, naming mpirun;
 #                                     WORLD_SIZE=1 trains as a plain run
+#   dist_case.sh refuse OPT           one rank started differently (an MPMD launch, rank 1
+#                                     with OPT = steps: --steps 5 not 3; zero: --zero 1 not 0;
+#                                     data: another --data file of the same size): the job
+#                                     aborts at once (mpirun's status 1, MPI_Abort's code) with
+#                                     one error line, rank 1's, naming the option; no step runs
+#                                     and nothing is written (unchecked, steps and zero would
+#                                     hang and data would train on a mixed batch, exit 0)
+#   dist_case.sh agree                the same MPMD launch with every option alike and --data
+#                                     through another path to the same bytes: it trains as one
+#                                     process does (files are compared by content, not by path)
 #   dist_case.sh signal NP            SIGTERM to rank 1 only (not rank 0, not mpirun): rank 0
 #                                     writes the step's checkpoint and every rank stops, exit 0
 # Environment: SBP_TRAIN, MPIRUN, PY (python3), TRAIN_D (tests/train's compiled steps),
@@ -34,6 +45,7 @@ zero=${3:-0}
 accum=${4:-1}
 here=$(cd "$(dirname "$0")" && pwd)
 work="$WORK/$case_-np$np-z$zero-k$accum"
+[ "$case_" = refuse ] && work="$WORK/refuse-$2" # its second argument is an option's name
 rm -rf "$work"
 mkdir -p "$work"
 REF="$FX/ref"
@@ -68,7 +80,7 @@ inputs_of() { # OBJ
 lr=0.01
 [ "$case_" = dpo ] && lr=0.002
 # random tokens leave many gradient elements at rounding-noise level, which AdamW normalises
-[ "$case_" = data ] && lr=0.003
+[ "$case_" = data ] || [ "$case_" = agree ] || [ "$case_" = dataset ] && lr=0.003
 TRAIN_FLAGS=(--steps 10 --lr "$lr" --weight-decay 0.01 --clip-grad-norm 0.3)
 
 compare_runs() { # A-dir B-dir (each: grads.st, log.jsonl, ck/step-00000010.safetensors)
@@ -127,6 +139,30 @@ case $case_ in
       --checkpoint-dir "$work/one/ck" > "$work/one/out.txt"
     mpi "$SBP_TRAIN" "$(step_for sft $b)" --model "$LDYN" --data "$work/tokens.bin" \
       "${TRAIN_FLAGS[@]}" --zero "$zero" --dump-grads "$work/dist/grads.st" \
+      --log "$work/dist/log.jsonl" --checkpoint-dir "$work/dist/ck" > "$work/dist/out.txt"
+    compare_runs "$work/dist" "$work/one"
+    ;;
+  dataset)
+    # a dataset of sbp-prepare's format (dataset_ref.py's writer), shuffled over passes: the
+    # ranks take disjoint rows of each global batch, as with --data
+    "$PY" - "$here/../train" "$work/data.safetensors" <<'PYEOF'
+import random, sys
+sys.path.insert(0, sys.argv[1])
+import dataset_ref as d
+r = random.Random(5)
+exs = []
+for _ in range(13):
+    n = r.randint(8, 64)
+    exs.append(d.example([r.randrange(64) for _ in range(n)], r.randint(1, n - 1)))
+d.write_dataset(sys.argv[2], exs, vocab=64, max_len=64)
+PYEOF
+    mkdir -p "$work/one" "$work/dist"
+    b=2
+    "$SBP_TRAIN" "$(step_for sft $((b * np)))" --model "$LDYN" --dataset "$work/data.safetensors" \
+      --shuffle-seed 4 "${TRAIN_FLAGS[@]}" --dump-grads "$work/one/grads.st" \
+      --log "$work/one/log.jsonl" --checkpoint-dir "$work/one/ck" > "$work/one/out.txt"
+    mpi "$SBP_TRAIN" "$(step_for sft $b)" --model "$LDYN" --dataset "$work/data.safetensors" \
+      --shuffle-seed 4 "${TRAIN_FLAGS[@]}" --zero "$zero" --dump-grads "$work/dist/grads.st" \
       --log "$work/dist/log.jsonl" --checkpoint-dir "$work/dist/ck" > "$work/dist/out.txt"
     compare_runs "$work/dist" "$work/one"
     ;;
@@ -251,6 +287,68 @@ case $case_ in
     grep -q "^step $((last + 1)) " "$work/resumed.txt" || fail "the resumed run ran no step"
     unset SBP_DIST_CASE_MARK
     echo "dist_case: signal: rank 1's SIGTERM stopped the job after step $last, checkpointed"
+    ;;
+  refuse)
+    what=$np # the second argument: which option rank 1 gets otherwise
+    "$PY" "$here/compare.py" shard "$work/tokens.bin" 64 4000 7
+    "$PY" "$here/compare.py" shard "$work/other.bin" 64 4000 8 # same size, other tokens
+    common=(--model "$LDYN" --lr 0.003 --checkpoint-dir "$work/ck" --dump-grads "$work/grads.st")
+    r0=(--data "$work/tokens.bin" --steps 3 --zero 0)
+    opts="every rank must be started with the same options"
+    case $what in
+      steps) r1=(--data "$work/tokens.bin" --steps 5 --zero 0)
+             want="--steps is 5 here but 3 on rank 0: $opts" ;;
+      zero) r1=(--data "$work/tokens.bin" --steps 3 --zero 1)
+            want="--zero is 1 here but 0 on rank 0: $opts" ;;
+      data) r1=(--data "$work/other.bin" --steps 3 --zero 0)
+            id="\\($(stat -c %s "$work/other.bin") bytes, content [0-9a-f]{16}\\)"
+            want="--data is $work/other.bin $id here but $work/tokens.bin $id on rank 0: every"
+            want+=" rank must read the same files \\(compared by size and content\\)" ;;
+      *) fail "unknown option $what" ;;
+    esac
+    s=$(step_for sft 2)
+    # a log and a saved model: rank 0's files, had it started
+    start=$(date +%s%N)
+    set +e
+    timeout 50 "$MPIRUN" --allow-run-as-root --oversubscribe \
+      -np 1 "$SBP_TRAIN" "$s" "${common[@]}" "${r0[@]}" --log "$work/log.jsonl" \
+        --save "$work/out.onnx" : \
+      -np 1 "$SBP_TRAIN" "$s" "${common[@]}" "${r1[@]}" --log "$work/log1.jsonl" \
+        --save "$work/out1.onnx" > "$work/out.txt" 2> "$work/err.txt"
+    rc=$?
+    set -e
+    took=$(( ($(date +%s%N) - start) / 1000000 ))
+    cat "$work/err.txt"
+    [ "$rc" != 124 ] || fail "the job hung (killed by timeout after 50 s)"
+    [ "$rc" = 1 ] || fail "mpirun's exit status is $rc, not 1 (MPI_Abort's code)"
+    n=$(cat "$work/out.txt" "$work/err.txt" | grep -c "error:" || true)
+    [ "$n" = 1 ] || fail "$n error lines, not one"
+    grep -Eq "^sbp-train: rank 1: error: $want\$" "$work/err.txt" ||
+      fail "no error line naming the option from rank 1 (expected: $want)"
+    grep -q "^step " "$work/out.txt" && fail "a step ran"
+    for f in ck grads.st log.jsonl log1.jsonl out.onnx out1.onnx; do
+      [ ! -e "$work/$f" ] || fail "$f was written"
+    done
+    echo "dist_case: refuse $what: refused in $took ms: passed"
+    exit 0
+    ;;
+  agree)
+    "$PY" "$here/compare.py" shard "$work/tokens.bin" 64 4000 7
+    mkdir -p "$work/one" "$work/dist" "$work/copy"
+    cp "$work/tokens.bin" "$work/copy/tokens.bin"
+    "$SBP_TRAIN" "$(step_for sft 4)" --model "$LDYN" --data "$work/tokens.bin" \
+      "${TRAIN_FLAGS[@]}" --dump-grads "$work/one/grads.st" --log "$work/one/log.jsonl" \
+      --checkpoint-dir "$work/one/ck" > "$work/one/out.txt"
+    both=("${TRAIN_FLAGS[@]}" --dump-grads "$work/dist/grads.st" --log
+          "$work/dist/log.jsonl" --checkpoint-dir "$work/dist/ck")
+    s=$(step_for sft 2)
+    timeout 120 "$MPIRUN" --allow-run-as-root --oversubscribe \
+      -np 1 "$SBP_TRAIN" "$s" --model "$LDYN" --data "$work/tokens.bin" "${both[@]}" : \
+      -np 1 "$SBP_TRAIN" "$s" --model "$LDYN" --data "$work/copy/tokens.bin" "${both[@]}" \
+      > "$work/dist/out.txt" 2> "$work/dist/err.txt" ||
+      { cat "$work/dist/err.txt" >&2; fail "the distributed run failed"; }
+    [ "$(grep -c '^step ' "$work/dist/out.txt")" = 10 ] || fail "expected 10 step lines"
+    compare_runs "$work/dist" "$work/one"
     ;;
   *) fail "unknown case $case_" ;;
 esac
