@@ -9,7 +9,10 @@
  *   3. every node's inputs are resolved by name (so the file's node order does not matter) and
  *      the node is built with its attributes; unsupported ops are collected and each distinct one
  *      is reported once, with the first node that uses it;
- *   4. graph outputs and value_info types, then ir_graph_toposort (cycles) and ir_infer_graph.
+ *   4. graph outputs and value_info types, then ir_graph_toposort (cycles) and inference
+ *      (ir_infer_node in order), which also lowers CastLike(x, like) to Cast(x, to = like's
+ *      element type): the dynamo exporter writes CastLike when it is not optimising, and like's
+ *      type is known once the nodes before it are inferred, so the IR never holds a CastLike.
  *
  * Requires: nothing. Produces: a graph satisfying ir_verify's invariants, or NULL with every
  * problem found recorded in the ir_diag (what and where: node name + op_type, which input or
@@ -66,6 +69,7 @@ typedef struct importer {
     int cap_val_node;
     unsupported_op *unsup;  /* [n_unsup] distinct unsupported (domain, op_type) */
     int n_unsup, cap_unsup;
+    int n_cast_like;        /* CastLike nodes built as two-input Casts, lowered in infer_all */
     struct sbp_file_set *files; /* every file read is added here (ir_import_options), or NULL */
 } importer;
 
@@ -841,6 +845,14 @@ static void note_unsupported(importer *I, const Onnx__NodeProto *np, const char 
     I->unsup[I->n_unsup++] = (unsupported_op){domain, op_type, nl, 1, sub};
 }
 
+/* CastLike(x, like) has no row of its own in ops.def: it is a Cast whose target type is like's
+ * element type, so the importer builds it as a Cast that still holds `like` as a second input
+ * (op_type "CastLike" for messages) and infer_all turns it into a plain one-input Cast. */
+static bool is_cast_like(const char *domain, const char *op_type)
+{
+    return (domain[0] == 0 || strcmp(domain, "ai.onnx") == 0) && strcmp(op_type, "CastLike") == 0;
+}
+
 static bool domain_imported(const Onnx__ModelProto *m, const char *domain)
 {
     for (size_t i = 0; i < m->n_opset_import; i++) {
@@ -866,7 +878,21 @@ static bool declare_node(importer *I, const Onnx__NodeProto *np, int idx)
     size_t n_out = trim_count(np->output, np->n_output);
     ir_op op = ir_op_lookup(domain, op_type);
     bool ok = true;
-    if (op == IR_OP_COUNT) {
+    if (is_cast_like(domain, op_type)) {
+        if (n_in != 2) {
+            err(I, nl, op_type, "has %zu inputs; CastLike takes 2 (input, like)", n_in);
+            ok = false;
+        } else if (!str_or_empty(np->input[0])[0] || !str_or_empty(np->input[1])[0]) {
+            err(I, nl, op_type, "CastLike's input %d (%s) is absent",
+                str_or_empty(np->input[0])[0] ? 1 : 0,
+                str_or_empty(np->input[0])[0] ? "like" : "input");
+            ok = false;
+        }
+        if (n_out != 1) {
+            err(I, nl, op_type, "has %zu outputs; CastLike produces 1", n_out);
+            ok = false;
+        }
+    } else if (op == IR_OP_COUNT) {
         note_unsupported(I, np, domain, op_type, nl);
         ok = false;
     } else if (op == IR_OP_CONSTANT) {
@@ -1022,7 +1048,8 @@ static void build_node(importer *I, const Onnx__NodeProto *np, int idx)
 {
     const char *nl = I->node_label[idx];
     const char *op_type = np->op_type;
-    ir_op op = ir_op_lookup(str_or_empty(np->domain), op_type);
+    bool cast_like = is_cast_like(str_or_empty(np->domain), op_type);
+    ir_op op = cast_like ? IR_OP_CAST : ir_op_lookup(str_or_empty(np->domain), op_type);
     int n_in = (int)trim_count(np->input, np->n_input);
     int n_out = (int)trim_count(np->output, np->n_output);
     ir_value **in = ir_arena_calloc(I->g->arena, (size_t)n_in + 1, sizeof *in);
@@ -1076,6 +1103,14 @@ static void build_node(importer *I, const Onnx__NodeProto *np, int idx)
     }
     n->attrs = attrs;
     n->n_attr = n_attr;
+    if (cast_like) {
+        if (ir_attr_get(n, "to")) {
+            err(I, nl, op_type, "CastLike has no 'to' attribute: its type is the 'like' input's");
+            n->dead = true;
+            return;
+        }
+        I->n_cast_like++;
+    }
     const char *scopes = unknown_metadata(I, &np->base, NODE_METADATA_PROPS_FIELD,
                                           TORCH_NAME_SCOPES_KEY);
     if (scopes)
@@ -1372,6 +1407,60 @@ static int import_graph(importer *I, const Onnx__ModelProto *m)
     return IR_OK; /* the caller decides from the error count */
 }
 
+/* Whether n is a CastLike still waiting for its target type (built by build_node). */
+static bool pending_cast_like(const ir_node *n)
+{
+    return n->op == IR_OP_CAST && n->n_in == 2 && strcmp(n->op_type, "CastLike") == 0;
+}
+
+/* Step 4's inference: ir_infer_graph, except that each CastLike is lowered when its turn comes
+ * in topological order, by which time its `like` input has its type (from the file, or inferred
+ * from the nodes before it). A node that fails poisons its outputs and their consumers are
+ * skipped, as ir_infer_graph does: one root cause, one diagnostic. */
+static void infer_all(importer *I)
+{
+    ir_graph *g = I->g;
+    if (I->n_cast_like == 0) {
+        ir_infer_graph(g);
+        return;
+    }
+    bool *bad = calloc((size_t)g->n_values + 1, sizeof *bad); /* by value id */
+    if (!bad) {
+        err(I, NULL, NULL, "out of memory");
+        return;
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        ir_node *n = g->nodes[i];
+        if (n->dead)
+            continue;
+        bool skip = false;
+        for (int k = 0; k < n->n_in && !skip; k++)
+            skip = n->in[k] && n->in[k]->id >= 0 && n->in[k]->id < g->n_values &&
+                   bad[n->in[k]->id];
+        if (!skip && pending_cast_like(n)) {
+            const ir_value *like = n->in[1];
+            if (ir_dtype_size(like->dtype) == 0 || like->dtype == IR_DT_STRING) {
+                err(I, n->name, n->op_type, "CastLike: the element type of input 1 ('like', "
+                    "value '%s') is %s, so the type to cast to is unknown (give the value a "
+                    "type in the model's value_info)", like->name,
+                    like->dtype == IR_DT_UNDEFINED ? "not known"
+                                                   : onnx_dtype_name((int32_t)like->dtype));
+                skip = true;
+            } else {
+                ir_attr_set_int(g, n, "to", (int64_t)like->dtype);
+                n->in[1] = NULL;
+                n->n_in = 1;
+            }
+        }
+        if (!skip && ir_infer_node(g, n) == IR_OK)
+            continue;
+        for (int k = 0; k < n->n_out; k++)
+            if (n->out[k] && n->out[k]->id >= 0 && n->out[k]->id < g->n_values)
+                bad[n->out[k]->id] = true;
+    }
+    free(bad);
+}
+
 /* ------------------------------------------------------------------ entry points */
 
 static ir_graph *import_bytes(const uint8_t *buf, size_t len, const char *display_name,
@@ -1414,7 +1503,7 @@ static ir_graph *import_bytes(const uint8_t *buf, size_t len, const char *displa
     I.model = m;
     import_graph(&I, m);
     if (diag->n_errors == errors0 && ir_graph_toposort(g) == IR_OK && diag->n_errors == errors0)
-        ir_infer_graph(g);
+        infer_all(&I);
 
 out:
     ext_close(&I);
