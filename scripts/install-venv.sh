@@ -17,10 +17,11 @@ cd "$(dirname "$0")/.."
 req=tests/fixtures/hf/requirements.txt
 venv=.venv-hf
 # python/ (sbp_tools): reinstalled each run so the venv has this checkout's version; its
-# dependencies are already pinned above, and the venv's own setuptools builds it (no download)
+# dependencies are already pinned above (pip fetches a current setuptools to build it: the one
+# a fresh venv of Python 3.11 holds cannot build a wheel)
 install_sbp_tools() {
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
-    --force-reinstall --no-build-isolation ./python
+    --force-reinstall ./python
   rm -rf python/build python/*.egg-info
   echo "install-venv: sbp-export and sbp-prepare installed in $venv/bin"
 }
