@@ -1950,7 +1950,7 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
                                r->doc_ids ? r->doc_ids + (size_t)k * ntok : NULL, NULL, err,
                                sizeof err))
             return error("step %lld: %s", (long long)s, err);
-        if (r->ds.epoch != epoch)
+        if (r->ds.epoch != epoch && !o->dataset.epochs) /* --epochs asked for the passes */
             message("note", "step %lld: pass %lld over %s is done; pass %lld begins",
                     (long long)s, (long long)epoch + 1, o->dataset.path,
                     (long long)r->ds.epoch + 1);
