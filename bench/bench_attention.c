@@ -6,9 +6,9 @@
  * Median of the runs.  With -w W (a sliding window) or -c C (logit soft-capping) it runs the
  * _ex variant; the GFLOP/s still count the causal products (so a window's speed-up shows as
  * a higher rate), and the last column gives the products the window really leaves, w/T-ish.
- * With -d N (packed documents, issue 13) the row holds N equal documents and the packed kernels
- * run (sbprt_attention_forward_packed: block-diagonal causal, other documents' key tiles
- * skipped); the last column is then the pairs within documents, about 1/N: the ideal ratio.
+ * With -d N (packed documents) the row holds N equal documents and the packed kernels run
+ * (sbprt_attention_forward_packed: block-diagonal causal, other documents' key tiles skipped);
+ * the last column is then the pairs within documents, about 1/N: the ideal ratio.
  *
  *   build/bench/bench_attention [-w window] [-c softcap] [-d docs] [threads] [runs] [T ...]
  */

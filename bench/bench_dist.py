@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Data parallel (issue 14): per-rank optimizer bytes under ZeRO 0/1/2, and the CPU step time.
+"""Data parallel: per-rank optimizer bytes under ZeRO 0/1/2, and the CPU step time.
 
     python3 bench/bench_dist.py [--build build] [--model examples/tiny_llama.onnx]
                                 [--rows 4] [--seq-len 128] [--steps 6] [--ranks 1,2]

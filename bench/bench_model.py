@@ -1,4 +1,4 @@
-"""The benchmark model of the issues: Llama-style, d=256, 4 layers, 8 heads, 4 KV heads,
+"""The benchmark model: Llama-style, d=256, 4 layers, 8 heads, 4 KV heads,
 d_ff 688, V=32000 — the fixture family of tests/fixtures/gen_fixtures.py at benchmark size.
 
 Imported by gen_bench_model.py (ONNX export for sbpc) and torch_baseline.py (PyTorch side),

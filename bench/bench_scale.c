@@ -1,4 +1,4 @@
-/* bench_scale.c — compile time against program length, phase by phase (issue 15, "Scale").
+/* bench_scale.c — compile time against program length, phase by phase.
  *
  *   bench_scale [--batch N] [--seq-len N] [--strategy S] [-o DIR] MODEL.onnx...
  *

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""StreamBP memory benchmark (issue: peak-RSS growth per token, largest T in a memory limit).
+"""StreamBP memory benchmark (peak-RSS growth per token, largest T in a memory limit).
 
     /usr/bin/python3 bench/gen_bench_model.py        # once: bench/models/llama_bench.onnx
     /usr/bin/python3 bench/bench_stream.py [--build build] [--limit-gib 2] [--threads 2]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """check-passes-layers.py — passes/ has no circle of files: no two files call each other,
-directly or through others (issue 11's layering).
+directly or through others.
 
 The call graph is read from the compiled objects of the sbppasses library (nm: the symbols each
 object defines and the ones it needs), so it is the real one, macros and function-pointer tables

@@ -4,7 +4,7 @@
 # OpenBLAS, cmocka, clang with its libFuzzer/sanitizer runtimes. Runs as root or via sudo.
 # Tests: python3 with numpy and onnx (the io cross-checks read what sbpio writes with them), and
 # python3-venv, with which scripts/install-venv.sh makes the pinned torch/PEFT environment.
-# Data parallel (issue 14): Open MPI (openmpi-bin, libopenmpi-dev); sbp-train builds without it.
+# Data parallel: Open MPI (openmpi-bin, libopenmpi-dev); sbp-train builds without it.
 # Optional: SBP_WITH_TORCH=1 also installs Debian's PyTorch (fixture regeneration and references
 # only; nothing at build or run time needs Python).
 set -euo pipefail
@@ -13,7 +13,7 @@ if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 pkgs=(cmake make gcc clang libclang-rt-14-dev pkg-config
       protobuf-c-compiler libprotobuf-c-dev libonnx-dev
       libopenblas-dev libcmocka-dev python3 python3-numpy python3-onnx python3-venv
-      openmpi-bin libopenmpi-dev) # issue 14: sbp-train under mpirun, and tests/dist
+      openmpi-bin libopenmpi-dev) # sbp-train under mpirun, and tests/dist
 if [ "${SBP_WITH_TORCH:-0}" = 1 ]; then pkgs+=(python3-torch); fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""plot_log.py — plots sbp-train's --log FILE.jsonl (issue 12) as an SVG: three panels sharing
+"""plot_log.py — plots sbp-train's --log FILE.jsonl as an SVG: three panels sharing
 the step axis, training loss (with held-out loss, dashed, on the steps that have one), learning
 rate, and gradient norm (before clipping), one line per log file with a legend.
 

@@ -1,4 +1,4 @@
-/* sbpc_dist.c — the per-rank planned bytes of a data-parallel run (issue 14; sbpc_dist.h says
+/* sbpc_dist.c — the per-rank planned bytes of a data-parallel run (sbpc_dist.h says
  * what each figure is and why). Plain arithmetic on the program sbpc built: the same figures as
  * the memory report's column for the chosen strategy, with the optimizer state divided as
  * train_dist.c divides it.

@@ -1,4 +1,4 @@
-/* sbpc_dist.h — `sbpc --report --ranks N [--zero 0|1|2]` (issue 14): what one rank of a
+/* sbpc_dist.h — `sbpc --report --ranks N [--zero 0|1|2]`: what one rank of a
  * data-parallel run (mpirun -np N sbp-train, tools/train_dist.h) holds, planned.
  *
  * The step sbpc compiles is one rank's: --batch is the rows each rank runs (the global batch of

@@ -1,5 +1,5 @@
-/* train_ckpt.c — checkpoints and resume for sbp-train (issue 12; the format and the rules are
- * in train_ckpt.h).
+/* train_ckpt.c — checkpoints and resume for sbp-train (the format and the rules are in
+ * train_ckpt.h).
  *
  * Approach: the whole state a step depends on is the parameter block, AdamW's two moment blocks,
  * the step number and where the data stream stands; everything else (B, T, the parameter table,
@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #define CKPT_FORMAT "sbp-train-checkpoint"
-#define CKPT_VERSION "2"        /* issue 13: "packing" joined the identity */
+#define CKPT_VERSION "2"        /* "packing" joined the identity */
 #define CKPT_VERSION_OLDEST "1" /* still read: written before packing, so an unpacked run's */
 
 /* ------------------------------------------------------------------ options */
@@ -342,12 +342,12 @@ static const char *sched_name(const train_sched_opts *t)
 }
 
 /* The identity keys (compared on resume) come first; the state and the schedule after them. */
-static const char *const identity_keys[] = {"ranks" /* issue 14: first, as another number
-                                                     * of ranks needs another batch too */,
+static const char *const identity_keys[] = {"ranks" /* first, as another number of ranks
+                                                     * needs another batch too */,
                                             "batch", "seq_len", "vocab", "objective",
                                             "optimizer", "grad_accum", "param_elems",
                                             "model_hash", "data", "data_hash",
-                                            "packing" /* issue 13 */};
+                                            "packing"};
 enum { N_IDENTITY = sizeof identity_keys / sizeof identity_keys[0] };
 
 static int build_meta(const train_ckpt *c, int64_t s, ckpt_meta *m)
@@ -367,8 +367,8 @@ static int build_meta(const train_ckpt *c, int64_t s, ckpt_meta *m)
     meta_add(m, "model_hash", "%016" PRIx64, c->model_hash);
     meta_add(m, "data", "%s", r->shard ? "shard" : r->dataset ? "dataset" : "arrays");
     meta_add(m, "data_hash", "%016" PRIx64, c->data_hash);
-    meta_add(m, "packing", "%s", c->packing[0] ? c->packing : "none"); /* issue 13 */
-    meta_add(m, "ranks", "%d", r->ranks > 1 ? r->ranks : 1); /* issue 14 */
+    meta_add(m, "packing", "%s", c->packing[0] ? c->packing : "none");
+    meta_add(m, "ranks", "%d", r->ranks > 1 ? r->ranks : 1);
     if (r->threads > 0)
         meta_add(m, "threads", "%d", r->threads);
     /* the state */
@@ -610,9 +610,9 @@ static int compare_key(const train_ckpt *c, const ckpt_meta *now, const char *ke
         if (strcmp(now->kv[i].key, key) == 0)
             mine = now->kv[i].value;
     const char *theirs = sbpio_st_meta(c->from, key);
-    if (!theirs && strcmp(key, "packing") == 0) /* issue 13: a version-1 checkpoint, unpacked */
+    if (!theirs && strcmp(key, "packing") == 0) /* a version-1 checkpoint, unpacked */
         theirs = "none";
-    if (!theirs && strcmp(key, "ranks") == 0) /* issue 14: written before mpirun: one process */
+    if (!theirs && strcmp(key, "ranks") == 0) /* written before mpirun: one process */
         theirs = "1";
     if (mine && theirs && strcmp(mine, theirs) == 0)
         return 0;
@@ -622,9 +622,9 @@ static int compare_key(const train_ckpt *c, const ckpt_meta *now, const char *ke
                        : strcmp(key, "optimizer") == 0 ? "another optimizer"
                        : strcmp(key, "objective") == 0 ? "another objective"
                        : strcmp(key, "grad_accum") == 0 ? "another --grad-accum"
-                       : strcmp(key, "packing") == 0 /* issue 13 */
+                       : strcmp(key, "packing") == 0
                            ? "another packing of the data (--pack, --eos, --doc-ids)"
-                       : strcmp(key, "ranks") == 0 /* issue 14 */
+                       : strcmp(key, "ranks") == 0
                            ? "another number of ranks (mpirun -np; resume with the same N)"
                                                         : "a step of another shape";
     char b[80];
@@ -681,7 +681,7 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
     } else
         c->data_hash = fnv1a(fnv1a(FNV_SEED, r->ids, r->ntok_all * sizeof *r->ids), r->labels,
                              r->ntok_all * sizeof *r->labels);
-    if (!r->host_visible && r->adamw) { /* issue 14: a ZeRO slice's worth */
+    if (!r->host_visible && r->adamw) { /* a ZeRO slice's worth */
         c->host_m = malloc(ckpt_state_elems(r) * sizeof(float) + 1);
         c->host_v = malloc(ckpt_state_elems(r) * sizeof(float) + 1);
         if (!c->host_m || !c->host_v)
@@ -750,7 +750,7 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
     if (load_block(c, "params", TRAIN_BLOCK_PARAMS, false, r->d_params, tmp, np, 0, np, err,
                    errlen))
         return -1;
-    /* issue 14: under ZeRO this rank's slice of the whole moments */
+    /* under ZeRO this rank's slice of the whole moments */
     const size_t lo = r->state_fill ? r->state_lo : 0, n = ckpt_state_elems(r);
     if (r->adamw &&
         (load_block(c, "adamw.m", TRAIN_BLOCK_MOMENTS, false, r->d_m,
@@ -797,7 +797,7 @@ static void prune(const train_ckpt *c, int64_t s)
     free(steps);
 }
 
-/* issue 14: sbpio's fill for a moment tensor (bytes) on the run's state_fill (elements) */
+/* sbpio's fill for a moment tensor (bytes) on the run's state_fill (elements) */
 typedef struct ckpt_fill {
     const train_ckpt_run *r;
     int which; /* 0: m, 1: v */
@@ -833,7 +833,7 @@ static int write_ckpt(train_ckpt *c, int64_t s, char *err, size_t errlen)
     if (!r->host_visible) {
         st = r->copy(r->copy_ctx, r->host_params, r->d_params, r->pbytes,
                      SBPRT_COPY_DEVICE_TO_HOST);
-        const bool copy_mv = r->adamw && !r->state_fill; /* issue 14: else filled */
+        const bool copy_mv = r->adamw && !r->state_fill; /* else filled */
         if (!st && copy_mv)
             st = r->copy(r->copy_ctx, c->host_m, r->d_m, r->gbytes, SBPRT_COPY_DEVICE_TO_HOST);
         if (!st && copy_mv)
@@ -862,7 +862,7 @@ static int write_ckpt(train_ckpt *c, int64_t s, char *err, size_t errlen)
         return cli_errf(err, errlen, "out of memory");
     int64_t shape[1] = {(int64_t)(r->pbytes / sizeof(float))};
     int64_t gshape[1] = {(int64_t)(r->gbytes / sizeof(float))}; /* the trained parameters' */
-    ckpt_fill fills[2] = {{r, 0}, {r, 1}}; /* issue 14: ZeRO: the ranks' slices, in order */
+    ckpt_fill fills[2] = {{r, 0}, {r, 1}}; /* ZeRO: the ranks' slices, in order */
     sbpio_st_tensor ts[3] = {
         {.name = "params", .dtype = SBPIO_DT_F32, .rank = 1, .shape = shape, .data = params},
         {.name = "adamw.m", .dtype = SBPIO_DT_F32, .rank = 1, .shape = gshape,
@@ -918,7 +918,7 @@ int train_ckpt_after_step(train_ckpt *c, int64_t s, int sig, char *err, size_t e
     return 0;
 }
 
-/* issue 14: data parallel (train_dist.h, "Signals"): the ranks pass their signals to rank 0 */
+/* Data parallel (train_dist.h, "Signals"): the ranks pass their signals to rank 0 */
 int train_ckpt_stop_signal(void) { return stop_signal; }
 
 void train_ckpt_request_stop(int sig)

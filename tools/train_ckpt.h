@@ -1,4 +1,4 @@
-/* train_ckpt.h — sbp-train's checkpoints and resume (issue 12).
+/* train_ckpt.h — sbp-train's checkpoints and resume.
  *
  * A checkpoint is one safetensors file DIR/step-NNNNNNNN.safetensors (N = the optimizer steps
  * done; exactly 8 digits, zero-padded, and past 99999999 N's own digits: any other name, such
@@ -15,8 +15,8 @@
  *             flags of the run (--lr, --lr-schedule, ...: recorded, a change is only a note), and
  *             the identity of the run: the step's parameter table (names, shapes, offsets, ties,
  *             trainable), B, T, V, objective, optimizer, --grad-accum, a hash of the model's
- *             initial weights and of the training data, and its packing into documents (issue
- *             13: "packing"; a packed run's cursor is the shard position too, train_pack.h). On
+ *             initial weights and of the training data, and its packing into documents
+ *             ("packing"; a packed run's cursor is the shard position too, train_pack.h). On
  *             resume the identity must match field by field, else the run is refused with one
  *             line naming the field: resuming into another model, step or optimizer would
  *             silently be a different run. Version 2 added "packing"; a version-1 checkpoint
@@ -87,7 +87,7 @@ typedef struct train_ckpt_run {
                                 * data_epoch / data_pos, and its identity is the file's hash
                                 * with the shuffle and the packing */
     const int32_t *ids, *labels; /* [ntok_all] --input-ids / --labels, hashed as the data's id */
-    const char *packing;       /* issue 13: how the data is packed, part of the run's identity:
+    const char *packing;       /* how the data is packed, part of the run's identity:
                                 * "eos ID" (--pack), "doc-ids HASH" (--doc-ids); NULL: "none".
                                 * Copied by train_ckpt_start. */
     size_t ntok_all;
@@ -97,7 +97,7 @@ typedef struct train_ckpt_run {
     float *host_params;        /* host [param_elems]: the model's initial weights at start;
                                 * the same as d_params when host_visible */
     bool host_visible;         /* the backend's memory is the host's */
-    /* issue 14: ZeRO: d_m, d_v hold only elements [state_lo, state_lo + state_n) of the
+    /* ZeRO: d_m, d_v hold only elements [state_lo, state_lo + state_n) of the
      * moments; a resume reads that slice of the checkpoint's, and a checkpoint's whole moments
      * come from state_fill (rank 0's train_dist_fill_state: called in order, m then v, for
      * consecutive element ranges). state_fill NULL: d_m, d_v are the whole moments. */
@@ -108,7 +108,7 @@ typedef struct train_ckpt_run {
     int (*copy)(sbprt_ctx *, void *, const void *, size_t, int); /* sbprt_memcpy */
     sbprt_ctx *copy_ctx;
     void (*note)(const char *); /* prints "sbp-train: note: <msg>" */
-    int ranks;                 /* issue 14: mpirun's ranks (0 or 1: one process), part of the
+    int ranks;                 /* mpirun's ranks (0 or 1: one process), part of the
                                 * identity ("ranks"; a checkpoint without it: 1) */
     int threads;               /* a cpu step's threads (0: another target, or unknown); kept as
                                 * "threads", and a resume with another count is told that it is
@@ -128,7 +128,7 @@ typedef struct train_ckpt {
     float *host_m, *host_v;  /* host copies for a device backend (malloc'd), else NULL */
     int64_t last_written;    /* step of the newest checkpoint this run wrote, 0 if none */
     bool stopped;            /* a signal stopped the run (after its checkpoint) */
-    char packing[64];        /* issue 13: r.packing's copy ("none" when not packed) */
+    char packing[64];        /* r.packing's copy ("none" when not packed) */
 } train_ckpt;
 
 /* Before any work (run_load): checks the options, creates DIR (one level) and proves it
@@ -146,11 +146,11 @@ int64_t train_ckpt_first_step(const train_ckpt *c);
  * combined one) is set; then c->stopped is set and the loop must end. */
 int train_ckpt_after_step(train_ckpt *c, int64_t s, int sig, char *err, size_t errlen);
 /* Whether a checkpoint is due after step s of `total` given the stop signal sig (0: none); every
- * rank of a data-parallel run decides alike from the ranks' combined signal (issue 14). False
- * when checkpoints are off. */
+ * rank of a data-parallel run decides alike from the ranks' combined signal. False when
+ * checkpoints are off. */
 bool train_ckpt_due(const train_ckpt_opts *o, int64_t s, int64_t total, int sig);
 void train_ckpt_free(train_ckpt *c);
-/* issue 14: the SIGINT / SIGTERM this process received (0: none), and a signal another rank
+/* The SIGINT / SIGTERM this process received (0: none), and a signal another rank
  * received, acted on here as if it had arrived here (nothing when one already did). */
 int train_ckpt_stop_signal(void);
 void train_ckpt_request_stop(int sig);

@@ -1,4 +1,4 @@
-/* train_eval.h — held-out evaluation in sbp-train (issue 12): --eval-data, --eval-every,
+/* train_eval.h — held-out evaluation in sbp-train: --eval-data, --eval-every,
  * --eval-batches.
  *
  * An evaluation runs the step's forward-only entry point (sbp_step_eval, codegen/sbp_step.h:

@@ -29,7 +29,7 @@
  * Step 1's pieces (the signature, scopes, consumer roles, the prefix) live in ir/torch.c, where
  * sbpc's --lora pass names the layers it adapts with them too.
  *
- * LoRA steps (issue 16): the adapters are not the model's parameters, so they are left out of
+ * LoRA steps: the adapters are not the model's parameters, so they are left out of
  * the naming altogether (they would otherwise count as initializers without a signature entry)
  * and get no key; with --merge-lora the base weights are written merged. Without --merge-lora
  * the plan refuses (as train_adapter_init does first): writing the base weights alone would

@@ -1,4 +1,4 @@
-/* train_log.c — the JSONL log of sbp-train (--log, issue 12); the format and the rules for the
+/* train_log.c — the JSONL log of sbp-train (--log); the format and the rules for the
  * file are in train_log.h. Everything is plain stdio: a line is formatted whole, written with
  * one fputs and flushed, so a reader never sees half a number unless the disk fills up.
  */

@@ -1,4 +1,4 @@
-/* train_log.h — sbp-train's --log FILE.jsonl (issue 12): one JSON object per optimizer step,
+/* train_log.h — sbp-train's --log FILE.jsonl: one JSON object per optimizer step,
  *
  *   {"step":3,"loss":4.1,"lr":0.002,"grad_norm":1.7,"tokens_per_s":51234.5,"elapsed_s":0.42}
  *

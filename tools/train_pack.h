@@ -1,4 +1,4 @@
-/* train_pack.h — packed documents for sbp-train (issue 13): rows of whole documents, each token
+/* train_pack.h — packed documents for sbp-train: rows of whole documents, each token
  * with its document id, for a step compiled with sbpc --packed (codegen/sbp_step.h: doc_ids).
  *
  * The packing rule (sbp-train --data SHARD --pack --eos ID; tests/train/pack_ref.py is an

@@ -1,4 +1,4 @@
-/* train_progress.h — the text of sbp-train's one-line progress bar on a terminal (issue 12):
+/* train_progress.h — the text of sbp-train's one-line progress bar on a terminal:
  *
  *   [=========>                    ] 30/100  loss 4.1234  51234 tokens/s  ETA 1m 12s
  *

@@ -1,4 +1,4 @@
-/* train_sched.c — the learning-rate schedules and clip_grad_norm_ of sbp-train (issue 12).
+/* train_sched.c — the learning-rate schedules and clip_grad_norm_ of sbp-train.
  *
  * The formulas are in train_sched.h; each is written the way transformers writes it (Python
  * floats are doubles, the same operations in the same order), so the rates agree to the last

@@ -1,4 +1,4 @@
-/* train_sched.h — sbp-train's learning-rate schedule and gradient clipping (issue 12).
+/* train_sched.h — sbp-train's learning-rate schedule and gradient clipping.
  *
  * The schedules are transformers' (optimization.py), so that a run here and a Hugging Face
  * Trainer run with the same flags take the same learning rate at every step. Optimizer step s
@@ -33,7 +33,7 @@
 
 enum { TRAIN_SCHED_CONSTANT, TRAIN_SCHED_LINEAR, TRAIN_SCHED_COSINE };
 
-/* The command line of issue 12 (sbp-train's options struct holds one of these). */
+/* The schedule, clipping and log flags (sbp-train's options struct holds one of these). */
 typedef struct train_sched_opts {
     int kind;             /* --lr-schedule: TRAIN_SCHED_*, default constant */
     int64_t warmup;       /* --warmup-steps W >= 0 (default 0) */

@@ -1,7 +1,7 @@
 # Runs PROG with ARGS (a ;-list) and passes only if it exits with status 1 and its stderr
 # matches REGEX: a crash (signal) or exit 0 fails the test. With -DONE_ERROR=1 the stderr must
-# also hold exactly one line with "error:" (issue 15: one cause, one error; notes and warnings
-# may add to it), so follow-on errors of the same cause fail the test.
+# also hold exactly one line with "error:" (one cause, one error; notes and warnings may add
+# to it), so follow-on errors of the same cause fail the test.
 execute_process(COMMAND ${PROG} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message("${err}")
 if(NOT rc STREQUAL "1")

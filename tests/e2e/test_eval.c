@@ -4,10 +4,10 @@
  * graph) and each strategy (store, checkpoint, stream at its default chunks and at chunks that
  * do not divide the rows) the model is compiled with its evaluation program into a shared
  * object. On the reference batch, sbp_step_eval's loss must equal the training step's loss on
- * the same batch (relative difference <= 1e-6; the issue's bound — the programs run the same
- * forward kernels in the same order, so it is in fact 0) and the float64 PyTorch loss (<= 1e-5,
- * the independent reference), with a workspace of exactly eval_workspace_bytes filled with
- * garbage, and it must not touch the gradient block (args->grads poisoned and checked).
+ * the same batch (relative difference <= 1e-6; the programs run the same forward kernels in the
+ * same order, so it is in fact 0) and the float64 PyTorch loss (<= 1e-5, the independent
+ * reference), with a workspace of exactly eval_workspace_bytes filled with garbage, and it
+ * must not touch the gradient block (args->grads poisoned and checked).
  *
  * The evaluation program itself: no gradient buffer, no backward block, no dlogits (every
  * cross-entropy call has a NULL gradient operand), the parameter table of the training step,

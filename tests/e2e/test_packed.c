@@ -1,4 +1,4 @@
-/* test_packed.c — packed documents (sbpc --packed, issue 13) end to end.
+/* test_packed.c — packed documents (sbpc --packed) end to end.
  *
  * The references (tests/fixtures/gen_packed.py, float64 PyTorch) run every document of a
  * packed batch ALONE, as a sequence of its own with positions from 0, and combine the losses as

@@ -1,4 +1,4 @@
-# emu_base_bf16.cmake — sbpc --base-precision bf16 (issue 16) on the CUDA emulator, run by ctest
+# emu_base_bf16.cmake — sbpc --base-precision bf16 on the CUDA emulator, run by ctest
 # (tests/gpu/codegen.cmake, gpu.step_emu_lora_base_bf16).
 #
 # A LoRA step with --precision bf16 is compiled twice: its frozen base weights kept as fp32

@@ -1,4 +1,4 @@
-# emu_lora.cmake — a LoRA step (sbpc --lora, issue 16) compiled for CUDA and run on the CPU
+# emu_lora.cmake — a LoRA step (sbpc --lora) compiled for CUDA and run on the CPU
 # emulator (tests/gpu/codegen.cmake, gpu.step_emu_lora_*), held to float64 PEFT as the CPU steps
 # are in tests/lora (run_lora.cmake).
 #

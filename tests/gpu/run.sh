@@ -17,7 +17,7 @@
 #      LoRA steps (sbpc --lora 4 on tests/fixtures/hf's Llama; full: also Qwen3, GPT-2): the
 #      adapter gradients and 10 AdamW losses against float64 PEFT (tests/fixtures/lora/ref,
 #      check_ref.py --lora), fp32 and bf16 (gradients 5e-2, losses 1e-2);
-#   2b. data parallel over NCCL (issue 14, tools/train_dist.h): a cuda step under
+#   2b. data parallel over NCCL (tools/train_dist.h): a cuda step under
 #      `mpirun -np 1` with SBP_TRAIN_DIST_ONE_RANK=1 (one rank through the collectives: NCCL's
 #      ncclAllReduce, and for --zero 1|2 the grouped ncclReduce / ncclBroadcast and the moments
 #      gathered through the host for checkpoints), --zero 0, 1, 2: its 10 AdamW losses and
@@ -234,7 +234,7 @@ fixture_one() {
     return 1
 }
 
-# one LoRA configuration (sbpc --lora 4 --lora-alpha 8, issue 16) of a tests/fixtures/hf export:
+# one LoRA configuration (sbpc --lora 4 --lora-alpha 8) of a tests/fixtures/hf export:
 # NAME EXPORT FAMILY "SBPC ARGS" ["CHECK_REF OPTIONS"]; 10 AdamW steps at sbp-train's defaults
 # (gen_lora.py's trajectory), the adapter gradients and losses against float64 PEFT
 # (tests/fixtures/lora/ref, check_ref.py --lora)
@@ -333,14 +333,14 @@ stage2() {
     fixture_one llama_grpo_token llama "--objective grpo --grpo-norm token" \
         "$pref --advantages $ref/llama_grpo_advantages.npy --old-logps $ref/llama_grpo_old_logps.npy --ref-logps $ref/llama_grpo_ref_logps.npy" \
         "$ref/llama_grpo_token_grads.safetensors" || fails=$((fails + 1))
-    # LoRA (sbpc --lora, issue 16): only the adapters train, against PEFT; fp32 at 1e-4, bf16 at
+    # LoRA (sbpc --lora): only the adapters train, against PEFT; fp32 at 1e-4, bf16 at
     # the emulator's measured 1.1e-2 (gradients) with room: 5e-2, losses 1e-2
     lora_one llama_lora_stream llama_dynamo_scoped llama \
         "--strategy stream --chunk 7 --logits-chunk 13" || fails=$((fails + 1))
     lora_one llama_lora_stream_bf16 llama_dynamo_scoped llama \
         "--strategy stream --chunk 7 --logits-chunk 13 --precision bf16" \
         "--grad-tol 5e-2 --loss-tol 1e-2" || fails=$((fails + 1))
-    # issue 16: the frozen weights kept as bf16 only (--base-precision bf16) train as their bf16
+    # the frozen weights kept as bf16 only (--base-precision bf16) train as their bf16
     # copy does: the same losses (within 1e-3 relative: cuBLAS may pick other algorithms for
     # other alignments, so not bit for bit here as on the emulator)
     lora_one llama_lora_stream_bf16_base llama_dynamo_scoped llama \
@@ -384,7 +384,7 @@ else
     fi
 fi
 
-# ---------------------------------------------------------------- stage 2b: NCCL (issue 14)
+# ---------------------------------------------------------------- stage 2b: NCCL
 # The NCCL path of data-parallel sbp-train on one GPU (see the header): a plain run of a cuda
 # step, then the same run as one MPI rank that still sums, slices and gathers through NCCL.
 dist_nccl() {

@@ -612,7 +612,7 @@ static void t_elementwise(void)
         REF(cpuref_sbprt_sum_squares(C, out->ref, a, sq_n[i]));
         KC_RUN(K, sbprt_sum_squares(G, out->d, da, sq_n[i]));
     }
-    /* sbprt_grad_sq_norm writes a host double (issue 12): compared directly, 1e-12 relative
+    /* sbprt_grad_sq_norm writes a host double: compared directly, 1e-12 relative
      * (the same blocks as the CPU twin, summed in a tree instead of in order) */
     for (int i = 0; i < 4; i++) {
         kc_begin(&K, "grad_sq_norm", TOL_FP32, "n=%zu", sq_n[i]);

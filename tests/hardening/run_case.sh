@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run_case.sh — one file-safety case of issue 15 ("Hardening"), run by ctest as hardening.CASE.
+# run_case.sh — one file-safety case, run by ctest as hardening.CASE.
 #
 #   run_case.sh CASE        (environment: SBPC, SBP_TRAIN, SBP_SHARD, STEP, FIXTURE, MAKE_EXT,
 #                            FX (tests/fixtures), WORK (a scratch folder for this build))

@@ -32,8 +32,8 @@ static const sbp_step_param param_w = {
     .name = "W", .rank = 2, .dims = {4, 4}, .numel = N, .offset = 0, .trainable = 1,
     .tied_to = -1, .grad_offset = 0, .storage = SBP_STEP_PARAM_F32};
 static const sbp_step_info info = {
-    .abi_version = 3, .target = "cpu", .strategy = "store", .objective = "sft", .batch = 1,
-    .seq_len = 2, .vocab = 4, .n_params = 1, .params = &param_w, .param_elems = N,
+    .abi_version = SBP_STEP_ABI_VERSION, .target = "cpu", .strategy = "store", .objective = "sft",
+    .batch = 1, .seq_len = 2, .vocab = 4, .n_params = 1, .params = &param_w, .param_elems = N,
     .grad_elems = N};
 static const int32_t ids[2] = {1, 2}, labels[2] = {2, 3};
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """sbp-train --save-safetensors F --merge-lora is the transformers model PEFT's
-merge_and_unload() gives (issue 16).
+merge_and_unload() gives.
 
     export_check.py MERGED.safetensors ADAPTER_DIR FAMILY
 

@@ -2,7 +2,7 @@
 # --lora 4 --lora-alpha 16 --lora-seed 3 -o OUT.so, 5 AdamW steps with --save-adapter
 # OUT_adapter and --save-safetensors OUT_merged.safetensors --merge-lora; the untrained base
 # model's export comes from a plain step (no --lora) run with --lr 0 and --save-safetensors
-# OUT_base.safetensors (issue 12's path, tested against PyTorch's names in tests/cli).
+# OUT_base.safetensors (the plain export, tested against PyTorch's names in tests/cli).
 # export_verify then checks merged = base + (alpha/r)·B·A from the saved adapters (CONV1D:
 # GPT-2's [in, out] weights, the update transposed), under the base file's keys exactly.
 include("${CMAKE_CURRENT_LIST_DIR}/../run_checked.cmake") # run(what cmd...)

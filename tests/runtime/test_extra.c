@@ -3,7 +3,7 @@
  * permutation, column-block copies, and broadcasting add/sub/mul/div, forward and backward,
  * against double references written with explicit multi-indices, and finite differences;
  * and dims whose element count wraps 64 bits, which must be refused (SBPRT_ERR_INVALID) rather
- * than walked with a wrapped count (issue 15).
+ * than walked with a wrapped count.
  */
 #include "rt_test.h"
 

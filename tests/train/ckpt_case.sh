@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ckpt_case.sh — one checkpoint / resume case of issue 12, run by ctest as train.ckpt_CASE.
+# ckpt_case.sh — one checkpoint / resume case, run by ctest as train.ckpt_CASE.
 #
 #   ckpt_case.sh CASE   (environment: SBP_TRAIN, STEP (step_bigram), TIED (step_tied),
 #                        FIXTURE (train_fixture), WORK (a scratch folder for this build))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# eval_case.sh — sbp-train's held-out evaluation (issue 12), run by ctest as train.eval_CASE.
+# eval_case.sh — sbp-train's held-out evaluation, run by ctest as train.eval_CASE.
 #
 #   eval_case.sh CASE   (environment: SBPC, SBP_TRAIN, SBP_SHARD, MODEL (examples/
 #                        tiny_llama.onnx, V = 256), TEXT (a text file), WORK (scratch folder))

@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# progress_tty.sh — sbp-train's progress line on a terminal (issue 12), run by ctest as
-# train.progress_tty.
+# progress_tty.sh — sbp-train's progress line on a terminal, run by ctest as train.progress_tty.
 #
 #   progress_tty.sh   (environment: SBP_TRAIN, STEP (step_bigram), FIXTURE (train_fixture),
 #                      WORK (a scratch folder))

@@ -1,5 +1,5 @@
-/* sched_check.c — checks an sbp-train run with --lr-schedule / --clip-grad-norm / --log (issue
- * 12) against a float64 PyTorch reference made by tests/fixtures/gen_sched.py:
+/* sched_check.c — checks an sbp-train run with --lr-schedule / --clip-grad-norm / --log
+ * against a float64 PyTorch reference made by tests/fixtures/gen_sched.py:
  *
  *   sched_check STDOUT.txt REF.json LOG.jsonl
  *

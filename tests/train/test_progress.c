@@ -1,5 +1,5 @@
 /* test_progress.c — cmocka tests of tools/train_progress.c, the text of sbp-train's progress
- * line on a terminal (issue 12). The tty test (progress_tty.sh) shows the line is drawn; this
+ * line on a terminal. The tty test (progress_tty.sh) shows the line is drawn; this
  * one pins what it says: the ETA is the mean step time of this process times the steps left
  * (a resumed run's earlier steps are not counted), durations read as a person would, and an
  * unknown ETA is "?" rather than a made-up number.

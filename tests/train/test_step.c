@@ -14,7 +14,7 @@
  * sbp-train refuses a step of another ABI). Like a generated step it never allocates: every
  * temporary lives in the caller's workspace at a fixed offset.
  *
- * TEST_STEP_PACKED 1 (issue 13) makes a step that says it was compiled with sbpc --packed: it
+ * TEST_STEP_PACKED 1 makes a step that says it was compiled with sbpc --packed: it
  * requires args->doc_ids (SBPRT_ERR_INVALID without them, or when they decrease along a row or
  * a label crosses a document boundary). Every kind, when the environment names a file in
  * SBP_TEST_PACK_TRACE, appends to it the ids, labels and doc ids (-1s without them) of every

@@ -369,7 +369,7 @@ static int cmd_all(const char *dir)
     for (int i = 0; i < N; i++)
         bad[i] = -100;
     write_npy_i(dir, "ignored_labels.npy", SBPIO_DT_I32, B, T, bad);
-    /* issue 13: document ids for the packed step: row 1 has a second document from position 4
+    /* document ids for the packed step: row 1 has a second document from position 4
      * (labels[1,3] is -100: no label crosses it); one that decreases; one of another shape */
     int64_t docs[N];
     for (int i = 0; i < N; i++)
