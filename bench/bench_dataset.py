@@ -145,13 +145,16 @@ def main():
     write_dataset(big, big_ids, big_labels, offs, V, T)
     del big_ids, big_labels
     size = os.path.getsize(big)
+    # peak RSS through /usr/bin/time: sbp-train's own figure (getrusage) would include this
+    # script's, as Linux keeps a process's maximum RSS across the exec that starts it
     t0 = time.time()
-    out_big = run([train, step, "--dataset", big, "--model", a.model, "--steps", "5",
-                   "--threads", str(a.threads)])
+    out_big = run(["/usr/bin/time", "-f", "maxrss %M KB", train, step, "--dataset", big,
+                   "--model", a.model, "--steps", "5", "--threads", str(a.threads)])
     dt = time.time() - t0
-    out_small = run([train, step, "--data", shard, "--model", a.model, "--steps", "5",
-                     "--threads", str(a.threads)])
-    rss = lambda out: re.search(r"actual ([0-9.]+ \S+) \(peak RSS\)", out).group(1)
+    out_small = run(["/usr/bin/time", "-f", "maxrss %M KB", train, step, "--data", shard,
+                     "--model", a.model, "--steps", "5", "--threads", str(a.threads)])
+    rss = lambda out: "%.1f MiB" % (int(re.search(r"^maxrss (\d+) KB", out, re.M).group(1))
+                                    / 1024)
     print()
     print("| input | file size | examples | peak RSS |")
     print("|---|---:|---:|---:|")

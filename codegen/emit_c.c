@@ -104,19 +104,27 @@ static void put_type(FILE *f, const tp_buf *b)
     }
 }
 
-/* A workspace buffer's offset macro: WS_name, EVAL_WS_name in the evaluation program (its
- * own plan, in the same file). */
+/* The prefix of a program's macros: "" (training), "EVAL_" (evaluation) or "LOGP_" (the
+ * log-probabilities), each program having its own plan in the same file. */
+static const char *plan_prefix(const sbp_train_program *p)
+{
+    return p->logp_only ? "LOGP_" : p->forward_only ? "EVAL_" : "";
+}
+
+/* A workspace buffer's offset macro: WS_name, EVAL_WS_name, LOGP_WS_name. */
 static const char *ws_macro(const sbp_train_program *p, const tp_buf *b)
 {
     static char buf[170];
-    snprintf(buf, sizeof buf, "%sWS_%s", p->forward_only ? "EVAL_" : "", b->name);
+    snprintf(buf, sizeof buf, "%sWS_%s", plan_prefix(p), b->name);
     return buf;
 }
 
 /* The bf16 copy of the parameters' offset macro, per program. */
 static const char *shadow_macro(const sbp_train_program *p)
 {
-    return p->forward_only ? "EVAL_SBP_BF16_SHADOW" : "SBP_BF16_SHADOW";
+    static char buf[64];
+    snprintf(buf, sizeof buf, "%sSBP_BF16_SHADOW", plan_prefix(p));
+    return buf;
 }
 
 /* ------------------------------------------------------------------ fingerprint */
@@ -350,6 +358,13 @@ static void emit_info(const sbp_train_program *p, const sbp_codegen_options *o, 
                 "    .eval_planned_peak_bytes = %zu, /* parameters + evaluation workspace */\n",
                 p->eval->workspace_bytes, p->param_elems * sizeof(float) +
                 p->eval->workspace_bytes);
+    if (p->logps)
+        fprintf(f,
+                "    .logp_workspace_bytes = %zu, /* sbp_step_logps's plan */\n"
+                "    .logp_planned_peak_bytes = %zu, /* parameters + log-probability "
+                "workspace */\n",
+                p->logps->workspace_bytes, p->param_elems * sizeof(float) +
+                p->logps->workspace_bytes);
     fputs("};\n", f);
     fputs("\nconst sbp_step_info *sbp_step_get_info(void) { return &step_info; }\n", f);
 }
@@ -371,7 +386,14 @@ static int cmp_offset(const void *pa, const void *pb)
 /* The workspace offsets from the memory plan, by address, each with its lifetime. */
 static void emit_offsets(const sbp_train_program *p, FILE *f)
 {
-    if (p->forward_only)
+    if (p->logp_only)
+        fputs("\n/* ---------------------------------------------------------------- "
+              "log-probability workspace */\n"
+              "\n/* The log-probability program's own memory plan (sbp_step_logps): the "
+              "forward only,\n * ending in each token's label log-probability. By address, as "
+              "above. */\n",
+              f);
+    else if (p->forward_only)
         fputs("\n/* ---------------------------------------------------------------- "
               "evaluation workspace */\n"
               "\n/* The evaluation program's own memory plan (sbp_step_eval): the forward only, "
@@ -732,6 +754,52 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
 
 static void header_guard(const char *header_name, char *out, size_t n);
 
+/* sbp_step_logps (p->logp_only): the argument checks, the scored positions when asked, the
+ * program's blocks, then the outputs from its per-token buffer (obj_logp_outputs,
+ * emit_objective.c). */
+static void emit_logps_run(const sbp_train_program *p, const sbp_codegen_options *o, FILE *f)
+{
+    size_t bt = (size_t)(p->batch * p->seq_len);
+    fputs("\n/* ---------------------------------------------------------------- "
+          "log-probabilities */\n"
+          "\n/* Each row's and each token's label log-probability (codegen/sbp_step.h, "
+          "sbp_step_logps):\n * the blocks logp_* on the log-probability plan above; no "
+          "gradient, no loss. */\n"
+          "int sbp_step_logps(sbprt_ctx *ctx, const sbp_step_args *args, float *row_logps,\n"
+          "                   float *token_logps)\n{\n"
+          "    if (!ctx || !args || !args->params || !args->input_ids ||\n",
+          f);
+    if (p->packed)
+        fputs("        !args->doc_ids || /* a packed step: the document ids */\n", f);
+    fputs("        !args->labels || !args->workspace ||\n"
+          "        (uintptr_t)args->workspace % SBPRT_ALIGN != 0)\n"
+          "        return SBPRT_ERR_INVALID;\n"
+          "    const float *P = args->params;\n"
+          "    float *G = NULL; /* no gradients */\n"
+          "    unsigned char *ws = (unsigned char *)args->workspace;\n"
+          "    const int32_t *ids = args->input_ids, *labels = args->labels;\n"
+          "    const float scale = 1.0f; /* no loss */\n\n",
+          f);
+    if (sbp_codegen_target_cuda(o))
+        sbp_emit_target_run_start(p, o, bt, f);
+    else
+        fprintf(f,
+                "    if (args->n_scored) {\n"
+                "        int64_t n_scored = 0;\n"
+                "        for (size_t i = 0; i < %zu; i++)\n"
+                "            n_scored += labels[i] != SBPRT_IGNORE_INDEX;\n"
+                "        *args->n_scored = n_scored;\n"
+                "    }\n",
+                bt);
+    for (int i = 0; i < p->n_blocks; i++)
+        fprintf(f, "    TRY(%s(ctx, P, G, ws, ids, labels, scale, args));\n", p->blocks[i]->name);
+    fprintf(f, "    TRY(obj_logp_outputs(ctx, row_logps, token_logps,\n"
+               "                         (const float *)(ws + %s)));\n",
+            ws_macro(p, p->bufs[p->tok_logp_buf]));
+    sbp_emit_target_run_end(p, o, f);
+    fputs("    return SBPRT_OK;\n}\n", f);
+}
+
 /* sbp_step_run, or for the evaluation program (p->forward_only) sbp_step_eval: the same
  * checks, scored-position count and mean's divisor, then the program's blocks and the loss. */
 static void emit_run(const sbp_train_program *p, const sbp_codegen_options *o, FILE *f)
@@ -868,6 +936,9 @@ static void emit_h(const sbp_train_program *p, const sbp_codegen_options *o, FIL
     if (p->eval)
         fprintf(h, "#define %s_EVAL_WORKSPACE_BYTES ((size_t)%zu) /* sbp_step_eval */\n", px,
                 p->eval->workspace_bytes);
+    if (p->logps)
+        fprintf(h, "#define %s_LOGP_WORKSPACE_BYTES ((size_t)%zu) /* sbp_step_logps */\n", px,
+                p->logps->workspace_bytes);
     fputc('\n', h);
     fputs("/* Parameters: index, ONNX initializer name, shape, element offset in the parameter\n"
           " * block (and in the gradient block, gNNN, when trained).\n",
@@ -932,6 +1003,12 @@ int sbp_codegen_emit(const sbp_train_program *p, const sbp_codegen_options *o, F
         for (int i = 0; i < p->eval->n_blocks; i++)
             emit_block(p->eval, p->eval->blocks[i], c);
         emit_run(p->eval, &oo, c);
+    }
+    if (p->logps) { /* sbp_step_logps: likewise */
+        emit_offsets(p->logps, c);
+        for (int i = 0; i < p->logps->n_blocks; i++)
+            emit_block(p->logps, p->logps->blocks[i], c);
+        emit_logps_run(p->logps, &oo, c);
     }
     emit_h(p, &oo, h);
     if (ferror(c) || ferror(h))

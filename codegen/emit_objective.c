@@ -9,7 +9,10 @@
  *   obj_dpo_coefficients  (DPO, after the per-token logp) the loss and dL/dlogp of each row,
  *                         written to each of its tokens: pairs (row i, row B/2 + i),
  *                         z = β ((logp_i - ref_i) - (logp_j - ref_j)), loss = Σ -log σ(z) /
- *                         pairs, dL/dlogp_i = -β σ(-z) / pairs = -dL/dlogp_j.
+ *                         pairs, dL/dlogp_i = -β σ(-z) / pairs = -dL/dlogp_j;
+ *   obj_logp_outputs      (sbp_step_logps, after the log-probability program) its outputs:
+ *                         each row's logp summed as obj_dpo_coefficients sums it, and a copy
+ *                         of the per-token values.
  * Sums are in double, in row order; -log σ and σ are evaluated in their stable forms.
  */
 #include "emit_objective.h"
@@ -189,6 +192,47 @@ static void emit_dpo(const sbp_train_program *p, FILE *f)
             p->beta, B / 2, B / 2, p->beta, B / 2, B / 2, B / 2, T, T, T, T, B / 2, T, T);
 }
 
+/* sbp_step_logps's outputs from the log-probability program's per-token buffer. */
+static void emit_logp_outputs(const sbp_train_program *p, FILE *f)
+{
+    long long B = (long long)p->batch, T = (long long)p->seq_len;
+    fprintf(f,
+            "\n/* sbp_step_logps's outputs (either may be NULL), from each token's label "
+            "log-probability\n"
+            " * token_logp [%lld, %lld] (0 where not scored): token_logps a copy of it, "
+            "row_logps[b] its\n"
+            " * row's sum, in double and in order (as obj_dpo_coefficients sums it). */\n"
+            "static int obj_logp_outputs(sbprt_ctx *ctx, float *row_logps, float *token_logps,\n"
+            "                            const float *token_logp)\n"
+            "{\n"
+            "    if (token_logps)\n"
+            "        TRY(sbprt_memcpy(ctx, token_logps, token_logp, sizeof(float) * %lld,\n"
+            "                         SBPRT_COPY_DEVICE_TO_DEVICE));\n"
+            "    if (!row_logps)\n"
+            "        return SBPRT_OK;\n"
+            "    float buf[OBJ_BLOCK], rows[OBJ_BLOCK];\n"
+            "    for (int64_t b0 = 0; b0 < %lld; b0 += OBJ_BLOCK) {\n"
+            "        const int64_t nb = %lld - b0 < OBJ_BLOCK ? %lld - b0 : OBJ_BLOCK;\n"
+            "        for (int64_t i = 0; i < nb; i++) {\n"
+            "            double s = 0;\n"
+            "            for (int64_t t0 = 0; t0 < %lld; t0 += OBJ_BLOCK) {\n"
+            "                const int64_t k = %lld - t0 < OBJ_BLOCK ? %lld - t0 : OBJ_BLOCK;\n"
+            "                TRY(sbprt_memcpy(ctx, buf, token_logp + (b0 + i) * %lld + t0,\n"
+            "                                 sizeof(float) * (size_t)k, "
+            "SBPRT_COPY_DEVICE_TO_HOST));\n"
+            "                for (int64_t j = 0; j < k; j++)\n"
+            "                    s += buf[j];\n"
+            "            }\n"
+            "            rows[i] = (float)s;\n"
+            "        }\n"
+            "        TRY(sbprt_memcpy(ctx, row_logps + b0, rows, sizeof(float) * (size_t)nb,\n"
+            "                         SBPRT_COPY_HOST_TO_DEVICE));\n"
+            "    }\n"
+            "    return SBPRT_OK;\n"
+            "}\n",
+            B, T, B * T, B, B, B, T, T, T, T);
+}
+
 void sbp_emit_objective_helpers(const sbp_train_program *p, FILE *f)
 {
     if (!is_pref(p))
@@ -200,4 +244,6 @@ void sbp_emit_objective_helpers(const sbp_train_program *p, FILE *f)
         emit_grpo(p, f);
     else
         emit_dpo(p, f);
+    if (p->logps)
+        emit_logp_outputs(p, f);
 }

@@ -18,7 +18,8 @@
 /* Fields of sbp_step_info after planned_peak_bytes: beta, epsilon, grpo_norm. */
 void sbp_emit_objective_info(const sbp_train_program *p, FILE *f);
 
-/* The host steps' static functions (before the blocks). */
+/* The host steps' static functions (before the blocks); with p->logps, also
+ * obj_logp_outputs, which sbp_step_logps calls. */
 void sbp_emit_objective_helpers(const sbp_train_program *p, FILE *f);
 
 /* In sbp_step_run, after the generic argument checks: the objective's inputs. */

@@ -384,6 +384,29 @@ int sbp_report_write(FILE *out, const sbp_report_entry *e, int n, int main_index
         }
         fputc('\n', out);
     }
+    /* the log-probability program (sbp_step_logps, DPO / GRPO): forward only, its own plan */
+    bool any_logps = false;
+    for (int i = 0; i < n; i++)
+        any_logps |= f[i].p && f[i].p->logps;
+    if (any_logps) {
+        fprintf(out, "  %-32s", "log-probs: workspace, planned");
+        for (int i = 0; i < n; i++) {
+            if (f[i].p && f[i].p->logps)
+                fprintf(out, " %*zu", COLW, f[i].p->logps->workspace_bytes);
+            else
+                fprintf(out, " %*s", COLW, "-");
+        }
+        fprintf(out, "\n  %-32s", "log-probs: peak (params+ws)");
+        for (int i = 0; i < n; i++) {
+            char h[32];
+            if (f[i].p && f[i].p->logps)
+                fprintf(out, " %*s", COLW,
+                        human(h, sizeof h, f[i].params + f[i].p->logps->workspace_bytes));
+            else
+                fprintf(out, " %*s", COLW, "-");
+        }
+        fputc('\n', out);
+    }
     fprintf(out, "  %-32s", "chunk rows (layers / LM head)");
     for (int i = 0; i < n; i++) {
         char c[48] = "-";
@@ -427,6 +450,17 @@ int sbp_report_write(FILE *out, const sbp_report_entry *e, int n, int main_index
                     m->ws ? 100.0 * (double)m->p->eval->workspace_bytes / (double)m->ws : 0.0);
         else if (m->p->no_eval_why)
             fprintf(out, "%s: no evaluation entry point: %s\n", m->name, m->p->no_eval_why);
+        if (m->p->logps)
+            fprintf(out,
+                    "%s log-probabilities (sbp_step_logps: the forward to each token's label "
+                    "log-probability, no gradients): workspace %zu bytes (%s), %.1f%% of the "
+                    "training step's\n",
+                    m->name, m->p->logps->workspace_bytes,
+                    human(h1, sizeof h1, m->p->logps->workspace_bytes),
+                    m->ws ? 100.0 * (double)m->p->logps->workspace_bytes / (double)m->ws : 0.0);
+        else if (m->p->no_logps_why)
+            fprintf(out, "%s: no log-probability entry point: %s\n", m->name,
+                    m->p->no_logps_why);
         largest_buffers(out, m, 12);
     }
     free_figures(f, n);

@@ -67,7 +67,7 @@
 
 #include "sbprt.h"
 
-#define SBP_STEP_ABI_VERSION 3
+#define SBP_STEP_ABI_VERSION 4
 #define SBP_STEP_MAX_RANK 8
 
 typedef struct sbp_step_param {
@@ -111,7 +111,8 @@ typedef struct sbp_step_info {
     size_t grad_elems;                 /* floats in the gradient block (the trained parameters;
                                         * param_elems when nothing is frozen) */
     size_t eval_workspace_bytes;       /* sbp_step_eval's planned workspace; 0: the step has
-                                        * no sbp_step_eval (DPO / GRPO, or sbpc --no-eval) */
+                                        * no sbp_step_eval (DPO / GRPO: see sbp_step_logps, or
+                                        * sbpc --no-eval) */
     size_t eval_planned_peak_bytes;    /* params + eval workspace (no gradients) */
     int packed;                        /* 1: compiled with sbpc --packed: args->doc_ids is
                                         * required (one document id per token) */
@@ -119,6 +120,10 @@ typedef struct sbp_step_info {
     double lora_alpha;                 /* scaling numerator (--lora-alpha; scaling = alpha /
                                         * rank) and */
     uint64_t lora_seed;                /* the adapters' initial values' seed (--lora-seed) */
+    /* ABI 4: log-probabilities (DPO / GRPO). */
+    size_t logp_workspace_bytes;       /* sbp_step_logps's planned workspace; 0: the step has
+                                        * no sbp_step_logps (SFT / graph loss, or --no-eval) */
+    size_t logp_planned_peak_bytes;    /* params + log-probability workspace (no gradients) */
 } sbp_step_info;
 
 typedef struct sbp_step_args {
@@ -219,5 +224,27 @@ void sbp_step_release(sbprt_ctx *ctx);
  * info->eval_workspace_bytes (a training workspace does when it is at least as large).
  * Present only when info->eval_workspace_bytes > 0. */
 int sbp_step_eval(sbprt_ctx *ctx, const sbp_step_args *args);
+
+/* ABI 4: log-probabilities, for DPO and GRPO steps (what they have instead of sbp_step_eval):
+ * the step's own forward, chunked as its training forward is (stream: the layers' chunk loops,
+ * then one chunk loop over the LM head, DPO's first pass: no [B*T, V] logits), on its own
+ * memory plan, with no gradient and no loss. It writes
+ *   row_logps[b]       (may be NULL) logp_b = Σ_t log softmax(logits[b,t])[labels[b,t]] over
+ *                      the row's scored positions (the per-token values summed in double, in
+ *                      order, as DPO's step sums them; 0 for a row with nothing scored);
+ *   token_logps[b*T+t] (may be NULL) each position's log softmax(logits[b,t])[labels[b,t]],
+ *                      0 at positions not scored (labels -100): every element is written;
+ * both in the memory labels are in (cuda: device memory), so that they can be passed as a
+ * later step's args->ref_logps (DPO: row_logps; GRPO: token_logps) or args->old_logps (GRPO).
+ * args->params, input_ids, labels, workspace (and doc_ids for a packed step) are read;
+ * *args->n_scored is written when given; grads, accumulate, denominator, loss, ref_logps,
+ * old_logps and advantages are not read. args->workspace must hold info->logp_workspace_bytes
+ * (a training workspace does when it is at least as large). The per-token values are the
+ * training step's own on the same batch (the same kernels on the same chunks).
+ * With LoRA, the adapters' initial B = 0 makes the model the base model: logps computed with
+ * the initial adapter values are the reference model's. Present only when
+ * info->logp_workspace_bytes > 0. */
+int sbp_step_logps(sbprt_ctx *ctx, const sbp_step_args *args, float *row_logps,
+                   float *token_logps);
 
 #endif

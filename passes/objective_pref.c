@@ -30,6 +30,10 @@
  *                       DPO_COEF, then the head's usual fused loop with dlogits from tok_dlogp
  *                       (stream.c): exact; the LM head's forward (norm + GEMM) runs twice.
  *
+ * The log-probability program of either objective (logp_only, train.h) stops at tok_logp: the
+ * loss node lowers to LOGPROB_FWD alone (store / checkpoint: pref_loss_fwd; stream: the head's
+ * one chunk loop is DPO's first pass, stream.c), and the step's sbp_step_logps reads tok_logp.
+ *
  * The loss buffer holds the loss itself (loss_is_mean false); the normalisation uses the step's
  * denominator when one is given (gradient accumulation: GRPO sequence rows, GRPO token scored
  * tokens, DPO pairs, over all micro-batches), see codegen/emit_objective.c.
@@ -164,6 +168,8 @@ static int grpo_loss(tctx *t, const ir_node *n, int loss, int dlp, int lse)
 
 int pref_loss_fwd(tctx *t, const ir_node *n)
 {
+    if (t->p->logp_only) /* the log-probability program: each token's, and nothing after */
+        return pref_loss_logp(t, n);
     const ir_value *logits = n->in[0], *labels = n->in[1];
     int64_t N = (int64_t)numel(labels), V = vocab(logits);
     int loss = tx_out(t, n, 0);

@@ -26,6 +26,7 @@
  *             DPO and GRPO replace the fused cross-entropy by their own (objective_pref.c);
  *             DPO first runs a chunk loop over the head for each token's log-probability and
  *             a host step for each row's coefficient, GRPO a host step for the row weights.
+ *             A log-probability program (logp_only) runs that first chunk loop alone.
  *   backward  per layer, last first: the pre-loop nodes recomputed (K and V once per layer),
  *             then per chunk: its chunk-local gradients zeroed, the forward rows its gradient
  *             rules read recomputed, the rules in reverse (weight gradients +=, dK/dV over the
@@ -363,8 +364,9 @@ static int chunk_loop(tctx *t, const chunk_job *j)
     int64_t c = head ? p->logits_chunk : p->chunk;
     int64_t nfull = seq / c, rem = seq % c;
     int group = t->n_loop_groups++;
-    static const char *const mode_name[] = {"forward", "backward", "loss, forward and backward",
-                                            "log-probabilities (first pass)"};
+    const char *const mode_name[] = {"forward", "backward", "loss, forward and backward",
+                                     p->logp_only ? "log-probabilities"
+                                                  : "log-probabilities (first pass)"};
     for (int pass = 0; pass < 2; pass++) {
         int64_t len = pass ? rem : c;
         if (len == 0 || (pass == 0 && nfull == 0))
@@ -476,7 +478,11 @@ int stream_emit(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
     /* the head: the loss and its backward, chunk by chunk */
     const tp_segment *hs = &p->segments[head];
     t->cur = tx_new_block(t, "head",
-                          p->forward_only
+                          p->logp_only
+                              ? "The LM head chunk by chunk over the token rows: each token's "
+                                "label log-probability (no loss, no gradient). The full logits "
+                                "never exist."
+                          : p->forward_only
                               ? "The LM head and the loss, chunk by chunk over the token rows: "
                                 "the cross-entropy adds the chunk's token losses to the loss "
                                 "sum (no dlogits: evaluation). The full logits never exist."
@@ -496,9 +502,16 @@ int stream_emit(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
     }
     t->cur_node = nodes[loss_k];
     t->cur_what = "forward";
-    tx_emit(t, TP_K_MEMSET_ZERO, (const int[]){tx_root(t, loss)->buf},
-            (const tp_arg[]){A_I(4)});
+    if (!p->logp_only)
+        tx_emit(t, TP_K_MEMSET_ZERO, (const int[]){tx_root(t, loss)->buf},
+                (const tp_arg[]){A_I(4)});
     rc = lower_nodes(t, nodes, hs, pre, "forward");
+    if (rc == IR_OK && p->logp_only) {
+        /* the log-probability program: DPO's first pass alone, for either objective */
+        chunk_job lj = {nodes, nn, loss, hs, sel, CH_LOGP, loss_k};
+        rc = chunk_loop(t, &lj);
+        goto out;
+    }
     if (rc == IR_OK && p->objective == SBP_OBJECTIVE_DPO) {
         /* DPO: a first pass over the head for each row's logp, then its coefficients
          * (objective_pref.c) */

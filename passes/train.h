@@ -86,6 +86,15 @@
  * therefore the training step's loss on the same batch, bit for bit. Its blocks are named
  * eval_*. Built for the SFT and graph-loss objectives (DPO / GRPO need their own inputs: none).
  *
+ * Log-probabilities (sbp_train_options.eval for DPO / GRPO; the step's sbp_step_logps). What
+ * those objectives have instead: the same graph built once more forward only (logp_only: no
+ * gradient, no loss), whose LM head computes each token's label log-probability into tok_logp
+ * (sbprt_label_logprob_forward) and nothing after it: no DPO coefficients, no GRPO weights or
+ * loss. Stream runs the training forward's chunk loops and, in the head, the chunk loop of
+ * DPO's first pass (one pass over the head, the full logits never exist); store / checkpoint
+ * their forward. Its own memory plan; blocks named logp_*. The per-token values are therefore
+ * the training step's own (DPO's first pass computes the same kernels on the same chunks).
+ *
  * Packed documents (sbp_train_options.packed, sbpc --packed). The step takes one document id
  * per token (args->doc_ids, a TP_BUF_DOCS buffer); the forward block starts by deriving from
  * them, in the workspace, each token's document start (doc_start_buf) and position in its
@@ -404,6 +413,12 @@ typedef struct sbp_train_program {
     bool forward_only;       /* this is an evaluation program: no gradient anywhere */
     struct sbp_train_program *eval; /* the training program's evaluation program, or NULL */
     const char *no_eval_why; /* eval == NULL: why (NULL: not asked for) */
+    /* Log-probabilities (DPO / GRPO; see "Log-probabilities" above) */
+    bool logp_only;          /* this is a log-probability program (forward_only too): the head
+                              * ends in tok_logp, no loss */
+    struct sbp_train_program *logps; /* the training program's log-probability program, or
+                              * NULL */
+    const char *no_logps_why; /* logps == NULL: why (NULL: not asked for) */
 } sbp_train_program;
 
 typedef struct sbp_train_options {
@@ -424,8 +439,12 @@ typedef struct sbp_train_options {
                               * lookups (its table) read is kept as bf16 alone (sbpc
                               * --base-precision bf16; "Precision" above) */
     bool forward_only;       /* build the evaluation program itself (no gradients) */
+    bool logp_only;          /* with forward_only, DPO / GRPO: build the log-probability
+                              * program itself */
     bool packed;             /* packed documents: see "Packed documents" above */
-    bool eval;               /* sbp_train_build: also build the evaluation program (p->eval) */
+    bool eval;               /* sbp_train_build: also build the evaluation program (p->eval:
+                              * SFT, graph loss) or the log-probability program (p->logps: DPO,
+                              * GRPO) */
 } sbp_train_options;
 
 /* The operand types of kernel k in a bf16 program (the BF16 column of train_kernels.def), one

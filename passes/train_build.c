@@ -93,6 +93,12 @@ static sbp_train_program *build_once(ir_graph *g, sbp_objective objective,
                                                    : SBP_STRATEGY_STORE;
     p->objective = objective;
     p->forward_only = opt && opt->forward_only;
+    p->logp_only = p->forward_only && opt->logp_only;
+    if (p->logp_only && objective != SBP_OBJECTIVE_DPO && objective != SBP_OBJECTIVE_GRPO) {
+        ir_diag_error(g->diag, "a log-probability program is for the dpo and grpo objectives, "
+                               "not %s", sbp_objective_name(objective));
+        return NULL;
+    }
     p->packed = opt && opt->packed;
     const char *red = ir_attr_string(loss->producer, "reduction", "mean");
     p->loss_is_mean = strcmp(red, "sum") != 0;
@@ -280,36 +286,47 @@ static const char *eval_shares(const sbp_train_program *p, const sbp_train_progr
 }
 
 /* The evaluation program of training program p (train.h, "Evaluation"): the same graph and
- * options at p's chunk sizes, forward only, its blocks renamed eval_*. NULL with
- * p->no_eval_why set when the objective has none; NULL with a diagnostic when the build
- * fails (it should not once the training program built: same graph, fewer rules). */
+ * options at p's chunk sizes, forward only, its blocks renamed eval_*. For DPO / GRPO, whose
+ * loss needs inputs of its own, the log-probability program instead (train.h,
+ * "Log-probabilities"; blocks logp_*, in p->logps) and p->no_eval_why says why there is no
+ * evaluation. NULL with a diagnostic when the build fails (it should not once the training
+ * program built: same graph, fewer rules). */
 static int build_eval(ir_graph *g, sbp_train_program *p, const sbp_train_options *opt)
 {
-    if (p->objective != SBP_OBJECTIVE_SFT && p->objective != SBP_OBJECTIVE_GRAPH_LOSS) {
+    bool pref = p->objective == SBP_OBJECTIVE_DPO || p->objective == SBP_OBJECTIVE_GRPO;
+    if (pref)
         p->no_eval_why = ir_arena_printf(g->arena,
                                          "the %s objective has no evaluation entry point (it "
-                                         "needs its own inputs)",
+                                         "needs its own inputs; sbp_step_logps computes its "
+                                         "log-probabilities)",
                                          sbp_objective_name(p->objective));
-        return IR_OK;
-    }
     sbp_train_options o = *opt;
     o.memory_budget = 0;
     o.eval = false;
     o.forward_only = true;
+    o.logp_only = pref;
     o.chunk = p->chunk;
     o.logits_chunk = p->logits_chunk;
+    const char *what = pref ? "log-probability" : "evaluation";
     sbp_train_program *e = build_once(g, p->objective, &o, SBP_TRAIN_UNTIL_PLAN);
     if (!e)
-        return ir_diag_error(g->diag, "building the evaluation program failed");
+        return ir_diag_error(g->diag, "building the %s program failed", what);
     const char *why = eval_shares(p, e);
-    if (why) { /* not expected: the emitted step would then have no sbp_step_eval */
-        p->no_eval_why = why;
-        ir_diag_add(g->diag, IR_SEV_WARNING, NULL, NULL, "no evaluation entry point: %s", why);
+    if (why) { /* not expected: the emitted step would then lack the entry point */
+        if (pref)
+            p->no_logps_why = why;
+        else
+            p->no_eval_why = why;
+        ir_diag_add(g->diag, IR_SEV_WARNING, NULL, NULL, "no %s entry point: %s", what, why);
         return IR_OK;
     }
     for (int b = 0; b < e->n_blocks; b++)
-        e->blocks[b]->name = ir_arena_printf(g->arena, "eval_%s", e->blocks[b]->name);
-    p->eval = e;
+        e->blocks[b]->name =
+            ir_arena_printf(g->arena, "%s_%s", pref ? "logp" : "eval", e->blocks[b]->name);
+    if (pref)
+        p->logps = e;
+    else
+        p->eval = e;
     return IR_OK;
 }
 

@@ -7,7 +7,7 @@
  *        [--objective sft|graph-loss|dpo|grpo] [--beta F] [--epsilon F]
  *        [--grpo-norm sequence|token] [--freeze REGEX]... [--report] [--memory-plot FILE.svg]
  *        [--no-eval] [--packed [--doc-len L]] [--lora RANK [--lora-alpha A] [--lora-targets REGEX] [--lora-seed S]]
- *        [--report --ranks N [--zero 0|1|2]]   (issue 14: one rank's bytes, sbpc_dist.h)
+ *        [--report --ranks N [--zero 0|1|2]]   (one rank's bytes, sbpc_dist.h)
  *
  * Reads the model, runs the canonicalisation pipeline (passes/pipeline.c) and prints the IR, the
  * parameters (--dump-params) or a summary (with each attention layer's variant and work);
@@ -30,7 +30,7 @@
 #include "flow.h"
 #include "passes.h"
 #include "train.h"
-#include "sbpc_dist.h" /* issue 14 */
+#include "sbpc_dist.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -124,7 +124,9 @@ static void usage(FILE *f)
             "  --no-eval          no evaluation entry point (sbp_step_eval: the forward and\n"
             "                     the loss only, on a memory plan of its own, what sbp-train\n"
             "                     --eval-data runs); by default sft and graph-loss steps\n"
-            "                     have one\n"
+            "                     have one; dpo and grpo steps have sbp_step_logps instead\n"
+            "                     (each row's and token's label log-probability, forward\n"
+            "                     only, its own plan), which --no-eval leaves out too\n"
             "  -h, --help         this text\n"
             "  --version          print the version\n"
             "\n"
@@ -375,7 +377,7 @@ enum { OPT_BATCH = 256, OPT_SEQ_LEN, OPT_NO_RETIE, OPT_DUMP_IR, OPT_DUMP_PARAMS,
        OPT_TARGET, OPT_PRECISION, OPT_CHUNK, OPT_LOGITS_CHUNK, OPT_MEMORY_BUDGET, OPT_OBJECTIVE,
        OPT_BETA, OPT_EPSILON, OPT_GRPO_NORM, OPT_FREEZE, OPT_REPORT, OPT_MEMORY_PLOT,
        OPT_VERSION, OPT_NO_EVAL, OPT_PACKED, OPT_DOC_LEN, OPT_LORA, OPT_LORA_ALPHA, OPT_LORA_TARGETS, OPT_LORA_SEED,
-       OPT_RANKS, OPT_ZERO /* issue 14 */, OPT_BASE_PRECISION /* issue 16 */ };
+       OPT_RANKS, OPT_ZERO, OPT_BASE_PRECISION };
 
 /* --target T or --precision P into t; 0, or -1 after a message. */
 static int target_parse(cli *c, int opt, const char *v, sbpc_target *t)
@@ -434,7 +436,7 @@ int main(int argc, char **argv)
         {"strategy", required_argument, NULL, OPT_STRATEGY},
         {"target", required_argument, NULL, OPT_TARGET},
         {"precision", required_argument, NULL, OPT_PRECISION},
-        {"base-precision", required_argument, NULL, OPT_BASE_PRECISION}, /* issue 16 */
+        {"base-precision", required_argument, NULL, OPT_BASE_PRECISION},
         {"chunk", required_argument, NULL, OPT_CHUNK},
         {"logits-chunk", required_argument, NULL, OPT_LOGITS_CHUNK},
         {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
@@ -454,8 +456,8 @@ int main(int argc, char **argv)
         {"lora-alpha", required_argument, NULL, OPT_LORA_ALPHA},
         {"lora-targets", required_argument, NULL, OPT_LORA_TARGETS},
         {"lora-seed", required_argument, NULL, OPT_LORA_SEED},
-        {"ranks", required_argument, NULL, OPT_RANKS}, /* issue 14 */
-        {"zero", required_argument, NULL, OPT_ZERO},   /* issue 14 */
+        {"ranks", required_argument, NULL, OPT_RANKS},
+        {"zero", required_argument, NULL, OPT_ZERO},
         {0},
     };
     static const char *const strategy_words[] = {"stream", "store", "checkpoint", NULL};
@@ -486,7 +488,7 @@ int main(int argc, char **argv)
     sbp_lora_options lora = {.alpha = SBP_LORA_DEFAULT_ALPHA};
     const char *lora_given = NULL; /* a --lora-* flag seen */
     int64_t lora_seed = 0;
-    int64_t ranks = 0, zero = -1; /* issue 14: --ranks, --zero (0 / -1: not given) */
+    int64_t ranks = 0, zero = -1; /* --ranks, --zero (0 / -1: not given) */
 
     cli c;
     cli_init(&c, prog, options, argc, argv);
@@ -517,7 +519,7 @@ int main(int argc, char **argv)
             break;
         case OPT_TARGET:
         case OPT_PRECISION:
-        case OPT_BASE_PRECISION: /* issue 16 */
+        case OPT_BASE_PRECISION:
             bad = target_parse(&c, o, v, &tgt);
             break;
         case OPT_CHUNK:
@@ -577,10 +579,10 @@ int main(int argc, char **argv)
             lora.seed = (uint64_t)lora_seed;
             lora_given = "--lora-seed";
             break;
-        case OPT_RANKS: /* issue 14 */
+        case OPT_RANKS:
             bad = cli_count(&c, "--ranks", v, 1, 1 << 20, &ranks);
             break;
-        case OPT_ZERO: /* issue 14 */
+        case OPT_ZERO:
             bad = cli_count(&c, "--zero", v, 0, 2, &zero);
             break;
         case OPT_DUMP_PARAMS:
@@ -643,13 +645,13 @@ int main(int argc, char **argv)
     }
     if (target_check(&c, &tgt, objective, out))
         return 1;
-    char derr[256]; /* issue 14: --ranks / --zero describe --report's per-rank figures */
+    char derr[256]; /* --ranks / --zero describe --report's per-rank figures */
     if (sbpc_dist_check(ranks, zero, report, derr, sizeof derr)) {
         fprintf(stderr, "%s: error: %s\n", prog, derr);
         return 1;
     }
     topt.bf16 = tgt.bf16;
-    topt.base_bf16 = tgt.base_bf16; /* issue 16 */
+    topt.base_bf16 = tgt.base_bf16;
     /* the evaluation program: written with the step (-o) and shown by --report */
     topt.eval = !no_eval && (out || report);
     const char *const target = tgt.backend; /* codegen's name for it, below */
@@ -720,12 +722,12 @@ int main(int argc, char **argv)
         else if (out && sbp_codegen_write_target(flow.program, out, model, NULL, target, &diag) !=
                             IR_OK)
             rc = 1;
-        if (rc == 0 && tgt.base_bf16) /* issue 16 */
+        if (rc == 0 && tgt.base_bf16)
             base_bf16_summary(flow.program);
         if (rc == 0 && (report || plot) &&
             memory_report(g, flow.chosen, &topt, flow.program, report, plot, &diag) != 0)
             rc = 1;
-        if (rc == 0 && report && ranks > 0) /* issue 14: one rank's bytes under mpirun */
+        if (rc == 0 && report && ranks > 0) /* one rank's bytes under mpirun */
             sbpc_dist_report(stdout, flow.program, ranks, zero);
     }
     ir_diag_print_from(&diag, printed, stderr, prog); /* what code generation added */

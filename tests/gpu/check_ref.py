@@ -16,7 +16,7 @@ before. Prints one summary line per check; exit 1 with the failures listed other
 
     check_ref.py --lora [--grad-tol G] [--loss-tol L] GRADS.safetensors LORA_REF.safetensors [LOG]
 
-A LoRA step (sbpc --lora, issue 16) against tests/fixtures/lora/ref/<family>.safetensors
+A LoRA step (sbpc --lora) against tests/fixtures/lora/ref/<family>.safetensors
 (gen_lora.py, float64 PEFT): the reference tensors are its `grad0/<adapter>` (lora_A's are zero
 there: a zero reference is measured against 1e-4 of the largest reference norm), its loss
 `loss0`, its AdamW losses the 10 of `adamw` in its metadata; any other tensor of the dump (a

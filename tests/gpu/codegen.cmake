@@ -30,6 +30,9 @@
 #                         budget that fits (emu_oom.cmake). The emulator runs each CUDA thread
 #                         as a coroutine: these take 15-70 s each. (qwen3 runs on a real GPU in
 #                         tests/gpu/run.sh; its kernels are in gpu.kernels_emu.)
+#   gpu.step_emu_logps    (emulator enabled) sbp_step_logps of cuda DPO / GRPO steps, every
+#                         buffer in the step's device memory, against float64 transformers
+#                         (step_logps_emu.c)
 if(NOT TARGET sbpc OR NOT TARGET sbp-train)
   return()
 endif()
@@ -170,7 +173,7 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
                               --ref-logps ${_fx}/ref/llama_grpo_ref_logps.npy
                  SBPC_ARGS --objective grpo --grpo-norm token)
   endif()
-  # LoRA steps (sbpc --lora, issue 16) on the emulator against float64 PEFT (emu_lora.cmake,
+  # LoRA steps (sbpc --lora) on the emulator against float64 PEFT (emu_lora.cmake,
   # tests/lora's lora_check and tests/fixtures/lora/ref): 10 AdamW steps of the Llama export
   # with dynamo scopes, fp32 stream with chunks that cut the sequence unevenly at lora_check's
   # own tolerances, fp32 store, and --precision bf16 stream at 5e-2 (measured: gradients 1.1e-2,
@@ -196,7 +199,7 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
                    SBPC_ARGS --strategy stream --chunk 7 --logits-chunk 13 --precision bf16)
     endif()
   endif()
-  # issue 16: --base-precision bf16 trains exactly as the fp32 master weights' bf16 copy does
+  # --base-precision bf16 trains exactly as the fp32 master weights' bf16 copy does
   # (losses, gradients, adapters, saved model identical), with the smaller plan it states
   # (Llama: its untied embedding kept as bf16 too; GPT-2: the tied wte and wpe, 2 tables)
   function(gpu_emu_base_bf16 name model fam tables)
@@ -223,4 +226,17 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
                    -DFX=${_fx} -DOUT=${_gen} -DDEVICE=300000
                    -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_oom.cmake")
   set_tests_properties(gpu.step_emu_oom PROPERTIES LABELS gpu TIMEOUT ${SBP_EMU_STEP_TIMEOUT})
+  # sbp_step_logps of cuda DPO and GRPO steps on the emulator, every buffer in the step's device
+  # memory, against the float64 transformers values (step_logps_emu.c).
+  if(TARGET e2e_util)
+    add_executable(step_logps_emu step_logps_emu.c)
+    target_link_libraries(step_logps_emu PRIVATE e2e_util)
+    add_dependencies(step_logps_emu sbprt_cuda_emu)
+    string(REPLACE ";" " " _emu_cflags_s "${_emu_cflags}")
+    target_compile_definitions(step_logps_emu PRIVATE
+      SBP_EMU_LIB="$<TARGET_FILE:sbprt_cuda_emu>" SBP_EMU_CC="${CMAKE_C_COMPILER} ${_emu_cflags_s}"
+      SBP_EMU_INCLUDES="-I${SBP_ROOT}/codegen -I${SBP_ROOT}/runtime")
+    add_test(NAME gpu.step_emu_logps COMMAND step_logps_emu)
+    set_tests_properties(gpu.step_emu_logps PROPERTIES LABELS gpu TIMEOUT ${SBP_EMU_STEP_TIMEOUT})
+  endif()
 endif()

@@ -5,8 +5,9 @@
  * dlopens the step (which needs no device: a CUDA step registers its kernels lazily), prints
  * "target strategy objective B T V n_params param_elems workspace_bytes" and exits 0 when
  * info->target is TARGET and the step exports what the code generator promises for it:
- * sbp_step_init / sbp_step_release, and for a cuda step every runtime function sbp-train takes
- * from it (the whole runtime is linked in). Exit 1 otherwise, with a message.
+ * sbp_step_init / sbp_step_release, sbp_step_eval / sbp_step_logps exactly when the info gives
+ * their workspace, and for a cuda step every runtime function sbp-train takes from it (the
+ * whole runtime is linked in). Exit 1 otherwise, with a message.
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -51,6 +52,19 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof always / sizeof always[0]; i++)
         if (!dlsym(lib, always[i])) {
             fprintf(stderr, "step_info: %s does not export %s\n", argv[1], always[i]);
+            rc = 1;
+        }
+    /* the forward-only entry points: exported exactly when the info gives their plan */
+    const struct {
+        const char *sym;
+        size_t ws;
+    } entries[] = {{"sbp_step_eval", in->eval_workspace_bytes},
+                   {"sbp_step_logps", in->logp_workspace_bytes}};
+    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
+        if (!dlsym(lib, entries[i].sym) != !entries[i].ws) {
+            fprintf(stderr, "step_info: %s %s %s, but its info gives a workspace of %zu bytes\n",
+                    argv[1], dlsym(lib, entries[i].sym) ? "exports" : "does not export",
+                    entries[i].sym, entries[i].ws);
             rc = 1;
         }
     if (strcmp(argv[2], "cpu") != 0) {
