@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Packed documents (issue 13): the training step on rows of 1, 4 and 16 equal documents.
+"""Packed documents: the training step on rows of 1, 4 and 16 equal documents.
 
     python3 bench/bench_packed.py [--build build] [--model bench/models/llama_bench.onnx]
                                   [--seq-len 16384] [--docs 1,4,16] [--steps 3] [--threads 2]

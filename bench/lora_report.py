@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Full fine-tuning against LoRA in planned bytes on a Qwen3-0.6B-shaped model (issue 16).
+"""Full fine-tuning against LoRA in planned bytes on a Qwen3-0.6B-shaped model.
 
     .venv-hf/bin/python bench/lora_report.py [--build build] [--rank 16]
                                              [--seq-lens 8192 32768 131072] [--fit-gib 24 80]

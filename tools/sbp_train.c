@@ -54,22 +54,22 @@
  * external data files are known): writing over a file the run reads, over a FIFO or directory,
  * or twice to one file, is refused (ir/files.h).
  *
- * Checkpoints (issue 12, train_ckpt.h): run_load prepares the directory (proved writable before
+ * Checkpoints (train_ckpt.h): run_load prepares the directory (proved writable before
  * any work), run_allocate restores a --resume checkpoint over the model's weights and zeroed
  * moments, run_loop starts after its step and writes one after each due step; a SIGINT/SIGTERM
  * ends the loop after the current step's checkpoint and run_report then writes nothing.
  *
- * Packed documents (issue 13, train_pack.h): a step compiled with sbpc --packed takes each
+ * Packed documents (train_pack.h): a step compiled with sbpc --packed takes each
  * token's document id (sbp_step_args.doc_ids); --data --pack --eos packs the shard into rows of
  * whole documents each step, with the shard position as the cursor checkpoints already keep,
  * and --doc-ids gives them for --input-ids; run_load checks the step and the flags agree.
  *
- * Data parallel (issue 14, train_dist.h): under mpirun every rank reads the global batch (G rows
+ * Data parallel (train_dist.h): under mpirun every rank reads the global batch (G rows
  * per micro-batch; `bin` in run_load describes it), runs the step on its own rows
  * (train_dist_micro instead of ti_micro) with the global denominator, and the losses and
  * gradients are summed before the update (train_dist_reduce); --zero slices the optimizer state
- * (train_dist_owned in the update loop, then train_dist_gather_params). Hooks are marked
- * "issue 14"; rank 0 alone prints and writes.
+ * (train_dist_owned in the update loop, then train_dist_gather_params). Every hook goes
+ * through `dist`; rank 0 alone prints and writes.
  *
  * Runtime functions are taken from the step library when it exports them (a step links
  * libsbprt in, so the context and the arena then belong to the backend the step was built for)
@@ -83,15 +83,15 @@
 #include "sbp_step.h"
 #include "sbpio.h"
 #include "train_inputs.h"
-#include "train_log.h"   /* issue 12: schedule, clipping, log */
+#include "train_log.h"   /* schedule, clipping, log */
 #include "train_sched.h"
-#include "train_export.h" /* issue 12: safetensors export */
-#include "train_ckpt.h" /* issue 12: checkpoints */
-#include "train_progress.h" /* issue 12: the progress line's text */
-#include "train_pack.h" /* issue 13: packed documents */
-#include "train_adapter.h" /* issue 16: LoRA adapters */
-#include "train_eval.h" /* issue 12: held-out evaluation */
-#include "train_dist.h" /* issue 14: data parallel under mpirun */
+#include "train_export.h" /* safetensors export */
+#include "train_ckpt.h" /* checkpoints */
+#include "train_progress.h" /* the progress line's text */
+#include "train_pack.h" /* packed documents */
+#include "train_adapter.h" /* LoRA adapters */
+#include "train_eval.h" /* held-out evaluation */
+#include "train_dist.h" /* data parallel under mpirun */
 #include "train_finite.h"
 #include "train_outputs.h"
 #include "train_dataset.h"
@@ -113,7 +113,7 @@
 
 static const char *prog = "sbp-train";
 
-/* issue 14: the ranks under mpirun (train_dist.h); one rank, MPI untouched, otherwise. prog
+/* The ranks under mpirun (train_dist.h); one rank, MPI untouched, otherwise. prog
  * becomes "sbp-train: rank R" on every rank of a distributed run. */
 static train_dist dist;
 
@@ -180,7 +180,7 @@ static void message(const char *kind, const char *fmt, ...)
 {
     va_list ap;
     if (dist.on && dist.rank != 0 && strcmp(kind, "error") != 0)
-        return; /* issue 14: rank 0 speaks for the job; the others report errors only */
+        return; /* rank 0 speaks for the job; the others report errors only */
     clear_bar();
     va_start(ap, fmt);
     put_line(kind, fmt, ap);
@@ -213,7 +213,7 @@ static void usage(FILE *f)
             "  --dump-grads FILE       write the first step's gradients as safetensors (float32,\n"
             "                          keyed by initializer name; the loss in __metadata__)\n"
             "  --save OUT.onnx         write the trained weights into a copy of the model\n"
-            /* issue 12: safetensors export */
+            /* safetensors export */
             "  --save-safetensors F    write the trained weights as safetensors under their\n"
             "                          PyTorch names and layouts, for model.load_state_dict\n"
             "                          (exporter-renamed weights are recovered from node\n"
@@ -221,18 +221,18 @@ static void usage(FILE *f)
             "  --grad-accum K          K micro-batches of B rows per optimizer step (default 1):\n"
             "                          the input files hold K*B rows (--data: K batches); the\n"
             "                          update equals one step on the whole batch\n"
-            /* issue 12: schedule, clipping, log */
+            /* schedule, clipping, log */
             "%s"
-            /* issue 12: checkpoints */
+            /* checkpoints */
             "%s"
-            /* issue 13: packed documents */
+            /* packed documents */
             "%s"
-            /* issue 12: evaluation */
+            /* evaluation */
             "%s"
-            /* issue 16: LoRA adapters */
+            /* LoRA adapters */
             "%s"
             "%s"
-            /* issue 14: data parallel */
+            /* data parallel */
             "%s"
             "DPO and GRPO steps (sbpc --objective dpo|grpo), N = K*B rows:\n"
             "  --ref-logps R.npy       dpo: the reference model's logp of each row [N] (rows\n"
@@ -250,10 +250,10 @@ static void usage(FILE *f)
             "\n"
             "Prints 'step N loss X tokens/s Y lr Z grad_norm G' per step (G: before clipping)\n"
             "and the peak memory at the end.\n",
-            train_sched_usage(), train_ckpt_usage() /* issue 12: checkpoints */,
-            train_pack_usage() /* issue 13 */, train_eval_usage() /* issue 12 */,
-            train_adapter_usage() /* issue 16 */, train_pretrained_usage(),
-            train_dist_usage() /* issue 14 */);
+            train_sched_usage(), train_ckpt_usage() /* checkpoints */,
+            train_pack_usage(), train_eval_usage(),
+            train_adapter_usage(), train_pretrained_usage(),
+            train_dist_usage());
 }
 
 /* ------------------------------------------------------------------ command line */
@@ -266,7 +266,7 @@ typedef struct options {
     const char *data_path;   /* --data */
     const char *dump_grads;  /* --dump-grads, or NULL */
     const char *save;        /* --save, or NULL */
-    /* issue 12: safetensors export */
+    /* safetensors export */
     const char *save_safetensors; /* --save-safetensors, or NULL */
     int64_t steps;           /* --steps, >= 1 */
     double lr;               /* --lr, >= 0 */
@@ -277,15 +277,15 @@ typedef struct options {
     const char *ref_logps;   /* --ref-logps (DPO, GRPO), or NULL */
     const char *old_logps;   /* --old-logps (GRPO), or NULL */
     const char *advantages;  /* --advantages (GRPO), or NULL */
-    train_sched_opts sched;  /* issue 12: --lr-schedule, --warmup-steps, --min-lr,
+    train_sched_opts sched;  /* --lr-schedule, --warmup-steps, --min-lr,
                               * --clip-grad-norm, --log (train_sched.h) */
-    /* issue 12: checkpoints */
+    /* checkpoints */
     train_ckpt_opts ckpt;    /* --checkpoint-dir, --checkpoint-every, --keep-checkpoints,
                               * --resume (train_ckpt.h) */
-    train_pack_opts pack;    /* issue 13: --pack, --eos, --doc-ids (train_pack.h) */
-    train_adapter_opts adapter; /* issue 16: --save-adapter, --merge-lora */
-    train_eval_opts eval;    /* issue 12: --eval-data, --eval-every, --eval-batches */
-    int64_t zero;            /* issue 14: --zero 0|1|2 (train_dist.h) */
+    train_pack_opts pack;    /* --pack, --eos, --doc-ids (train_pack.h) */
+    train_adapter_opts adapter; /* --save-adapter, --merge-lora */
+    train_eval_opts eval;    /* --eval-data, --eval-every, --eval-batches */
+    int64_t zero;            /* --zero 0|1|2 (train_dist.h) */
     train_dataset_opts dataset; /* --dataset, --epochs, --shuffle-seed (train_dataset.h) */
     train_pretrained_opts pretrained; /* --save-pretrained, --tokenizer (train_pretrained.h) */
 } options;
@@ -293,20 +293,20 @@ typedef struct options {
 enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT_SAVE,
        OPT_REF_LOGPS, OPT_OLD_LOGPS, OPT_ADVANTAGES, OPT_GRAD_ACCUM, OPT_STEPS, OPT_THREADS,
        OPT_LR, OPT_WEIGHT_DECAY, OPT_OPTIMIZER, OPT_VERSION,
-       /* issue 12: safetensors export */
+       /* safetensors export */
        OPT_SAVE_SAFETENSORS,
-       OPT_ZERO /* issue 14 */, OPT_DATASET, OPT_EPOCHS, OPT_SHUFFLE_SEED, OPT_EVAL_DATASET,
+       OPT_ZERO, OPT_DATASET, OPT_EPOCHS, OPT_SHUFFLE_SEED, OPT_EVAL_DATASET,
        OPT_SAVE_PRETRAINED, OPT_TOKENIZER };
 
-/* issue 12: schedule, clipping, log (consecutive, in train_sched_parse's order) */
+/* schedule, clipping, log (consecutive, in train_sched_parse's order) */
 enum { OPT_LR_SCHEDULE = 1200, OPT_WARMUP_STEPS, OPT_MIN_LR, OPT_CLIP_GRAD_NORM, OPT_LOG };
-/* issue 12: checkpoints (consecutive, in train_ckpt_parse's order) */
+/* checkpoints (consecutive, in train_ckpt_parse's order) */
 enum { OPT_CHECKPOINT_DIR = 1300, OPT_CHECKPOINT_EVERY, OPT_KEEP_CHECKPOINTS, OPT_RESUME };
-/* issue 13: packed documents (consecutive, in train_pack_parse's order) */
+/* packed documents (consecutive, in train_pack_parse's order) */
 enum { OPT_PACK = 1313, OPT_EOS, OPT_DOC_IDS };
-/* issue 16: LoRA adapters (consecutive, in train_adapter_parse's order) */
+/* LoRA adapters (consecutive, in train_adapter_parse's order) */
 enum { OPT_SAVE_ADAPTER = 1600, OPT_MERGE_LORA };
-/* issue 12: evaluation (consecutive, in train_eval_parse's order) */
+/* evaluation (consecutive, in train_eval_parse's order) */
 enum { OPT_EVAL_DATA = 1400, OPT_EVAL_EVERY, OPT_EVAL_BATCHES };
 
 /* Returns 0 to go on, 1 for a clean exit (--help), -1 on an error. The values are checked by
@@ -329,7 +329,7 @@ static int parse_args(int argc, char **argv, options *o)
         {"lr", required_argument, NULL, OPT_LR},
         {"weight-decay", required_argument, NULL, OPT_WEIGHT_DECAY},
         {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
-        /* issue 12: schedule, clipping, log */
+        /* schedule, clipping, log */
         {"lr-schedule", required_argument, NULL, OPT_LR_SCHEDULE},
         {"warmup-steps", required_argument, NULL, OPT_WARMUP_STEPS},
         {"min-lr", required_argument, NULL, OPT_MIN_LR},
@@ -337,25 +337,25 @@ static int parse_args(int argc, char **argv, options *o)
         {"log", required_argument, NULL, OPT_LOG},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
-        /* issue 12: safetensors export */
+        /* safetensors export */
         {"save-safetensors", required_argument, NULL, OPT_SAVE_SAFETENSORS},
-        /* issue 12: checkpoints */
+        /* checkpoints */
         {"checkpoint-dir", required_argument, NULL, OPT_CHECKPOINT_DIR},
         {"checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY},
         {"keep-checkpoints", required_argument, NULL, OPT_KEEP_CHECKPOINTS},
         {"resume", required_argument, NULL, OPT_RESUME},
-        /* issue 13: packed documents */
+        /* packed documents */
         {"pack", no_argument, NULL, OPT_PACK},
         {"eos", required_argument, NULL, OPT_EOS},
         {"doc-ids", required_argument, NULL, OPT_DOC_IDS},
-        /* issue 16: LoRA adapters */
+        /* LoRA adapters */
         {"save-adapter", required_argument, NULL, OPT_SAVE_ADAPTER},
         {"merge-lora", no_argument, NULL, OPT_MERGE_LORA},
-        /* issue 12: evaluation */
+        /* evaluation */
         {"eval-data", required_argument, NULL, OPT_EVAL_DATA},
         {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
         {"eval-batches", required_argument, NULL, OPT_EVAL_BATCHES},
-        {"zero", required_argument, NULL, OPT_ZERO}, /* issue 14 */
+        {"zero", required_argument, NULL, OPT_ZERO},
         {"dataset", required_argument, NULL, OPT_DATASET},
         {"epochs", required_argument, NULL, OPT_EPOCHS},
         {"shuffle-seed", required_argument, NULL, OPT_SHUFFLE_SEED},
@@ -367,8 +367,8 @@ static int parse_args(int argc, char **argv, options *o)
     static const char *const optimizers[] = {"adamw", "sgd", NULL};
     *o = (options){.steps = 1, .lr = 1e-3, .adamw = true, .grad_accum = 1};
     bool steps_given = false;
-    train_pack_opts_init(&o->pack); /* issue 13 */
-    train_adapter_opts_init(&o->adapter); /* issue 16 */
+    train_pack_opts_init(&o->pack);
+    train_adapter_opts_init(&o->adapter);
     cli c;
     cli_init(&c, prog, table, argc, argv);
     for (int opt; (opt = cli_next(&c)) != CLI_END;) {
@@ -389,7 +389,7 @@ static int parse_args(int argc, char **argv, options *o)
         case OPT_DATA: bad = cli_path(&c, "--data", v, &o->data_path); break;
         case OPT_DUMP_GRADS: bad = cli_path(&c, "--dump-grads", v, &o->dump_grads); break;
         case OPT_SAVE: bad = cli_path(&c, "--save", v, &o->save); break;
-        /* issue 12: safetensors export */
+        /* safetensors export */
         case OPT_SAVE_SAFETENSORS:
             bad = cli_path(&c, "--save-safetensors", v, &o->save_safetensors);
             break;
@@ -431,28 +431,28 @@ static int parse_args(int argc, char **argv, options *o)
             if (!(bad = cli_choice(&c, "--optimizer", v, optimizers, &k)))
                 o->adamw = k == 0;
             break;
-        /* issue 12: schedule, clipping, log */
+        /* schedule, clipping, log */
         case OPT_LR_SCHEDULE: case OPT_WARMUP_STEPS: case OPT_MIN_LR: case OPT_CLIP_GRAD_NORM:
         case OPT_LOG:
             bad = train_sched_parse(&o->sched, &c, opt, OPT_LR_SCHEDULE, v);
             break;
-        /* issue 12: checkpoints */
+        /* checkpoints */
         case OPT_CHECKPOINT_DIR: case OPT_CHECKPOINT_EVERY: case OPT_KEEP_CHECKPOINTS:
         case OPT_RESUME:
             bad = train_ckpt_parse(&o->ckpt, &c, opt, OPT_CHECKPOINT_DIR, v);
             break;
-        /* issue 13: packed documents */
+        /* packed documents */
         case OPT_PACK: case OPT_EOS: case OPT_DOC_IDS:
             bad = train_pack_parse(&o->pack, &c, opt, OPT_PACK, v);
             break;
-        case OPT_SAVE_ADAPTER: case OPT_MERGE_LORA: /* issue 16 */
+        case OPT_SAVE_ADAPTER: case OPT_MERGE_LORA:
             bad = train_adapter_parse(&o->adapter, &c, opt, OPT_SAVE_ADAPTER, v);
             break;
-        /* issue 12: evaluation */
+        /* evaluation */
         case OPT_EVAL_DATA: case OPT_EVAL_EVERY: case OPT_EVAL_BATCHES:
             bad = train_eval_parse(&o->eval, &c, opt, OPT_EVAL_DATA, v);
             break;
-        case OPT_ZERO: bad = cli_count(&c, "--zero", v, 0, 2, &o->zero); break; /* issue 14 */
+        case OPT_ZERO: bad = cli_count(&c, "--zero", v, 0, 2, &o->zero); break;
         case CLI_POSITIONAL:
             if (o->step_path)
                 bad = cli_error(&c, "more than one step library given ('%s' and '%s')",
@@ -464,7 +464,7 @@ static int parse_args(int argc, char **argv, options *o)
         if (bad)
             return -1;
     }
-    char sched_err[256]; /* issue 12: the schedule's options against each other and --lr */
+    char sched_err[256]; /* the schedule's options against each other and --lr */
     if (train_sched_check(&o->sched, o->lr, sched_err, sizeof sched_err) ||
         train_eval_check_opts(&o->eval, sched_err, sizeof sched_err)) /* and evaluation's */
         return error("%s", sched_err);
@@ -475,7 +475,7 @@ static int parse_args(int argc, char **argv, options *o)
     if (train_adapter_check_outputs(&o->adapter, o->save != NULL,
                                     o->save_safetensors != NULL || o->pretrained.dir != NULL,
                                     sched_err, sizeof sched_err))
-        return error("%s", sched_err); /* issue 16: --merge-lora needs --save or -safetensors */
+        return error("%s", sched_err); /* --merge-lora needs --save or -safetensors */
     if (!o->step_path) {
         error("no step library given");
         usage(stderr);
@@ -499,7 +499,7 @@ static int parse_args(int argc, char **argv, options *o)
     if (!o->dataset.path && !o->data_path && (!o->ids_path || !o->labels_path))
         return error("%s needs %s too", o->ids_path ? "--input-ids" : "--labels",
                      o->ids_path ? "--labels" : "--input-ids");
-    char pack_err[256]; /* issue 13: --pack / --eos / --doc-ids against the data flags */
+    char pack_err[256]; /* --pack / --eos / --doc-ids against the data flags */
     if (o->dataset.path && (o->pack.eos >= 0 || o->pack.doc_ids))
         return error("%s is read with --data or --input-ids; a dataset's examples are its "
                      "documents (--dataset with --pack needs no more)",
@@ -654,7 +654,7 @@ typedef struct runtime {
     int (*sgd_update)(sbprt_ctx *, float *, const float *, size_t, double, double);
     int (*adamw_update)(sbprt_ctx *, float *, float *, float *, const float *, size_t, double,
                         double, double, double, double, int);
-    /* issue 12: the gradient norm and clipping (train_sched.h) */
+    /* the gradient norm and clipping (train_sched.h) */
     int (*grad_sq_norm)(sbprt_ctx *, double *, const float *, size_t);
     int (*scale)(sbprt_ctx *, float *, const float *, size_t, float);
     /* the step's copy when it made the context (else ours): diagnostics and memory figures */
@@ -666,7 +666,7 @@ typedef struct runtime {
     void (*step_release)(sbprt_ctx *);
     /* which context each group of functions takes: &step_ctx or &own_ctx */
     sbprt_ctx **sync_ctx, **arena_ctx, **copy_ctx, **sgd_ctx, **adamw_ctx;
-    sbprt_ctx **norm_ctx, **scale_ctx; /* issue 12 */
+    sbprt_ctx **norm_ctx, **scale_ctx;
     sbprt_ctx *step_ctx;     /* made by ctx_create; the one sbp_step_run gets */
     sbprt_ctx *own_ctx;      /* made by this program's runtime, or NULL when not needed */
     bool ctx_from_step;      /* ctx_create/ctx_destroy are the step's */
@@ -708,7 +708,7 @@ static int runtime_load(runtime *rt, void *lib, const char *step_path, const cha
     RT_PICK(copy, sbprt_memcpy, copy_ctx);
     RT_PICK(sgd_update, sbprt_sgd_update, sgd_ctx);
     RT_PICK(adamw_update, sbprt_adamw_update, adamw_ctx);
-    RT_PICK(grad_sq_norm, sbprt_grad_sq_norm, norm_ctx); /* issue 12 */
+    RT_PICK(grad_sq_norm, sbprt_grad_sq_norm, norm_ctx);
     RT_PICK(scale, sbprt_scale, scale_ctx);
     RT_PICK(arena_alloc, sbprt_arena_alloc, arena_ctx);
 #undef RT_PICK
@@ -860,7 +860,7 @@ static int validate_info(const sbp_step_info *in, const char *step_path)
                          "parameter block of %zu elements", step_path, bad, p->name, p->offset,
                          p->numel, in->param_elems);
         }
-        /* issue 16: a weight kept as bf16 (--base-precision bf16) is frozen and has storage */
+        /* a weight kept as bf16 (--base-precision bf16) is frozen and has storage */
         if (p->storage != SBP_STEP_PARAM_F32 &&
             (p->storage != SBP_STEP_PARAM_BF16 || p->trainable || p->tied_to >= 0))
             return error("%s: %s: parameter '%s' has storage %d (0: fp32, 1: bf16 for a frozen "
@@ -931,8 +931,8 @@ static int collect_inputs(const options *o, sbp_file_set *inputs)
               {o->ids_path, "--input-ids"},      {o->labels_path, "--labels"},
               {o->data_path, "--data"},          {o->ref_logps, "--ref-logps"},
               {o->old_logps, "--old-logps"},     {o->advantages, "--advantages"},
-              {o->pack.doc_ids, "--doc-ids"} /* issue 13 */,
-              {o->eval.data, "--eval-data"} /* issue 12 */,
+              {o->pack.doc_ids, "--doc-ids"},
+              {o->eval.data, "--eval-data"},
               {o->dataset.path, "--dataset"},    {o->eval.dataset, "--eval-dataset"}};
     for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
         if (in[i].path && sbp_file_set_add(inputs, in[i].path, in[i].role, NULL) != SBP_FILE_OK)
@@ -1072,7 +1072,7 @@ static int model_open(model *m, const options *o, const sbp_step_info *in,
         return error("cannot read the model %s", o->model_path);
     if (check_outputs(o, pre, inputs))
         return -1;
-    char lora_err[512]; /* issue 16: a LoRA step's adapters join the model's weights */
+    char lora_err[512]; /* a LoRA step's adapters join the model's weights */
     if (train_adapter_init(m->g, in, &o->adapter, lora_err, sizeof lora_err) < 0)
         return error("%s", lora_err);
     int rc = 0;
@@ -1124,7 +1124,7 @@ static void model_copy_weights(const model *m, const options *o, const sbp_step_
 {
     for (int i = 0; i < in->n_params; i++) {
         const sbp_step_param *p = &in->params[i];
-        if (p->tied_to < 0) { /* issue 16: rounded to bf16 where the step keeps it so */
+        if (p->tied_to < 0) { /* rounded to bf16 where the step keeps it so */
             sbp_step_param_store(p, params, m->vals[i]->data);
             continue;
         }
@@ -1266,7 +1266,7 @@ out:
     return rc;
 }
 
-/* issue 16: the parameter table and block with every parameter in fp32, for the writers
+/* The parameter table and block with every parameter in fp32, for the writers
  * (--save, --merge-lora, --save-safetensors, --save-adapter), which index the block by
  * parameter offset. A step with a weight kept as bf16 (--base-precision bf16) gets a copy laid
  * out as an fp32 step's; its bf16 weights, frozen, get the model file's own fp32 values (read
@@ -1362,7 +1362,7 @@ static int save_model(const options *o, const sbp_step_info *in, const float *pa
     }
     if ((rc = gather_views(in, params, false, data, bufs)))
         goto out;
-    int k = 0; /* issue 16: a LoRA step's adapters are not the model's (--merge-lora) */
+    int k = 0; /* a LoRA step's adapters are not the model's (--merge-lora) */
     for (int i = 0; i < n; i++)
         if (!train_adapter_is_adapter(in->params[i].name)) {
             names[k] = in->params[i].name;
@@ -1383,7 +1383,7 @@ out:
 
 /* ------------------------------------------------------------------ progress */
 
-/* issue 12: the ETA is the mean step time of this process (train_progress.h says why):
+/* The ETA is the mean step time of this process (train_progress.h says why):
  * run_loop sets when its first step started and which step that was. */
 static double bar_t0;
 static int64_t bar_first = 1;
@@ -1465,8 +1465,8 @@ typedef struct run {
     train_pretrained pre;     /* --save-pretrained: what it will write (train_pretrained.h) */
     bool have_ds;             /* ds is open */
     model mdl;                /* the model, until its weights are copied into the arena */
-    train_export *export;     /* issue 12: --save-safetensors's keys, planned at load */
-    train_adapter_merge_plan *merge; /* issue 16: --merge-lora's base weights, planned at load */
+    train_export *export;     /* --save-safetensors's keys, planned at load */
+    train_adapter_merge_plan *merge; /* --merge-lora's base weights, planned at load */
     /* run_allocate */
     char *arena;              /* one block: parameters, gradients, AdamW's m and v, the step's
                                * workspace, one micro-batch's ids, labels, DPO / GRPO inputs */
@@ -1485,20 +1485,20 @@ typedef struct run {
      * device's total, and the most in use seen after it, sampled after every step */
     bool dev_mem;             /* the figures are available */
     size_t dev_before, dev_total, dev_peak;
-    train_log log;            /* issue 12: --log, open from run_loop's start (train_log.h) */
-    train_ckpt ckpt;          /* issue 12: checkpoints: prepared in run_load, restored in
+    train_log log;            /* --log, open from run_loop's start (train_log.h) */
+    train_ckpt ckpt;          /* checkpoints: prepared in run_load, restored in
                                * run_allocate, written after steps (train_ckpt.h) */
-    /* issue 13: packed documents (train_pack.h); NULL unless the step is packed */
+    /* packed documents (train_pack.h); NULL unless the step is packed */
     int32_t *doc_ids;         /* [K*B*T] the step's batch: packed from --data, or --doc-ids */
     int32_t *mb_doc_ids;      /* [B*T] one micro-batch, in the step's row order */
     int32_t *d_doc_ids;       /* [B*T] in the arena */
     double pairs_packed, pairs_full; /* attention's query-key pairs over the run, packed and if
                                * the rows were one document each (train_pack_attention_work) */
     int64_t n_docs, n_rows;   /* documents and rows trained on */
-    /* issue 12: evaluation (train_eval.h), when --eval-data */
+    /* evaluation (train_eval.h), when --eval-data */
     step_run_fn step_eval;    /* the step's sbp_step_eval */
     train_eval ev;            /* the held-out batches */
-    /* issue 14: data parallel (train_dist.h); with one rank G = B and gin is unused */
+    /* data parallel (train_dist.h); with one rank G = B and gin is unused */
     int64_t G;                /* the global rows of one micro-batch (every rank reads them) */
     sbp_step_info gin;        /* the step's description with batch G: the files' shapes */
     size_t mbytes;            /* bytes of each AdamW moment on this rank (its ZeRO slice) */
@@ -1519,7 +1519,7 @@ static int copy_failed(run *r, int st)
                  r->rt.status_string(st), rt_why(&r->rt, *r->rt.copy_ctx, why, sizeof why));
 }
 
-/* issue 12: --eval-data: the step's evaluation entry point and the held-out batches, cut or
+/* --eval-data: the step's evaluation entry point and the held-out batches, cut or
  * packed as the training data is. */
 static int load_eval(run *r, char *err, size_t errlen)
 {
@@ -1563,8 +1563,8 @@ static int run_load(run *r)
         return error("%s", err);
     if (collect_inputs(o, &r->inputs) || check_outputs(o, &r->pre, &r->inputs))
         return -1;
-    /* issue 12: checkpoints: an unwritable directory is found now, not after hours (issue 14:
-     * rank 0 first, which creates it, then the others; a failing rank 0 aborts them all) */
+    /* checkpoints: an unwritable directory is found now, not after hours (under mpirun: rank 0
+     * first, which creates it, then the others; a failing rank 0 aborts them all) */
     if (dist.rank != 0)
         train_dist_barrier(&dist);
     if (train_ckpt_prepare(&r->ckpt, &o->ckpt, err, sizeof err))
@@ -1609,13 +1609,13 @@ static int run_load(run *r)
     r->host_visible = strcmp(r->rt.backend_name(), "cpu") == 0;
     const int64_t K = r->K = o->grad_accum;
     const bool pairs = in->objective && strcmp(in->objective, "dpo") == 0;
-    /* issue 13: a packed step takes document ids, and only a packed step does */
+    /* a packed step takes document ids, and only a packed step does */
     if (train_pack_check_step(&o->pack, in, o->step_path, err, sizeof err))
         return error("%s", err);
     if ((o->eval.data || o->eval.dataset) && load_eval(r, err, sizeof err))
         return -1;
 
-    /* issue 14: under mpirun the files (or each --data read) hold the global batch of G rows
+    /* under mpirun the files (or each --data read) hold the global batch of G rows
      * per micro-batch, which every rank reads whole; `bin` describes it */
     const sbp_step_info *bin = in;
     r->G = B;
@@ -1695,7 +1695,7 @@ static int run_load(run *r)
                 sizeof err) ||
         (o->ids_path && ti_check(&r->ti, r->labels, o->labels_path, err, sizeof err)))
         return error("%s", err);
-    if (in->packed) { /* issue 13: the batch's document ids (--pack packs them each step) */
+    if (in->packed) { /* the batch's document ids (--pack packs them each step) */
         r->doc_ids = malloc((size_t)K * ntok * sizeof *r->doc_ids);
         r->mb_doc_ids = malloc(ntok * sizeof *r->mb_doc_ids);
         if (!r->doc_ids || !r->mb_doc_ids)
@@ -1717,16 +1717,16 @@ static int run_load(run *r)
     /* the context first: no device is quicker to find than a large model is to read */
     if (runtime_start(&r->rt, (int)o->threads) || model_open(&r->mdl, o, in, &r->pre, &r->inputs))
         return -1;
-    /* issue 14: a cuda step's gradients are summed on the GPUs (NCCL), once its context exists */
+    /* a cuda step's gradients are summed on the GPUs (NCCL), once its context exists */
     if (dist.on && !r->host_visible && train_dist_nccl_start(&dist, err, sizeof err))
         return error("%s", err);
-    /* issue 12: safetensors export: the PyTorch names, before any training (train_export.c) */
+    /* safetensors export: the PyTorch names, before any training (train_export.c) */
     if ((o->save_safetensors || o->pretrained.dir) &&
         !(r->export = train_export_plan_lora(r->mdl.g, in, o->adapter.merge, note_message,
                                              err, sizeof err)))
         return error("%s: %s", o->save_safetensors ? "--save-safetensors" : "--save-pretrained",
                      err);
-    /* issue 16: --merge-lora: which initializer each adapter updates, before any training */
+    /* --merge-lora: which initializer each adapter updates, before any training */
     if (o->adapter.merge &&
         !(r->merge = train_adapter_merge_plan_make(r->mdl.g, in, err, sizeof err)))
         return error("--merge-lora: %s", err);
@@ -1749,7 +1749,7 @@ static int run_allocate(run *r)
                  rt->device_memory(rt->step_ctx, &r->dev_before, &r->dev_total) == SBPRT_OK;
     const size_t pbytes = r->pbytes = in->param_elems * sizeof(float);
     const size_t gbytes = r->gbytes = in->grad_elems * sizeof(float);
-    /* issue 14: --zero 1|2 under mpirun keeps this rank's slice of m and v only */
+    /* --zero 1|2 under mpirun keeps this rank's slice of m and v only */
     dist.zero = (int)o->zero;
     if (train_dist_plan_slices(&dist, in, why, sizeof why))
         return error("%s", why);
@@ -1769,7 +1769,7 @@ static int run_allocate(run *r)
     const size_t off_ref = off_labels + align_up(ntok * sizeof(int32_t));
     const size_t off_old = off_ref + (r->ti.mb_ref ? align_up(ntok * sizeof(float)) : 0);
     const size_t off_adv = off_old + (r->ti.mb_old ? align_up(ntok * sizeof(float)) : 0);
-    /* issue 13: one micro-batch's document ids (packed steps) */
+    /* one micro-batch's document ids (packed steps) */
     const size_t off_docs = off_adv + (r->ti.mb_adv ? align_up((size_t)r->B * sizeof(float)) : 0);
     const size_t arena_bytes = off_docs + (r->doc_ids ? align_up(ntok * sizeof(int32_t)) : 0);
     st = RT(*rt, arena_alloc, arena_ctx, (void **)&r->arena, arena_bytes);
@@ -1794,7 +1794,7 @@ static int run_allocate(run *r)
     r->d_ref = (float *)(arena + off_ref);
     r->d_old = (float *)(arena + off_old);
     r->d_adv = (float *)(arena + off_adv);
-    r->d_doc_ids = r->doc_ids ? (int32_t *)(arena + off_docs) : NULL; /* issue 13 */
+    r->d_doc_ids = r->doc_ids ? (int32_t *)(arena + off_docs) : NULL;
     if (r->host_visible) {
         r->host_params = r->d_params;
         r->host_grads = r->d_grads;
@@ -1822,14 +1822,14 @@ static int run_allocate(run *r)
         if (st)
             return copy_failed(r, st);
     }
-    /* issue 12: checkpoints: --resume overwrites the weights, m, v and the data position */
-    /* issue 14: under ZeRO a checkpoint still holds the whole moments: a resume reads this
+    /* checkpoints: --resume overwrites the weights, m, v and the data position */
+    /* under ZeRO a checkpoint still holds the whole moments: a resume reads this
      * rank's slice of them, and rank 0 writes the ranks' slices as they arrive */
     const bool sliced = dist.on && dist.zero > 0 && o->adamw && r->ckpt.dir;
     dist.state_sliced = sliced;
     dist.state_m = r->d_m;
     dist.state_v = r->d_v;
-    char ckpt_err[1024], pack_id[64]; /* issue 13: the packing is part of the run's identity */
+    char ckpt_err[1024], pack_id[64]; /* the packing is part of the run's identity */
     train_pack_identity(&o->pack, r->doc_ids, (size_t)r->K * ntok, pack_id, sizeof pack_id);
     if (r->have_ds && r->ds.packed) /* a dataset's examples, packed next-fit */
         snprintf(pack_id, sizeof pack_id, "next-fit");
@@ -1839,17 +1839,17 @@ static int run_allocate(run *r)
             .sched = &o->sched, .dump_grads = o->dump_grads != NULL,
             .shard = r->have_shard ? &r->shard : NULL, .ids = r->ids, .labels = r->labels,
             .dataset = r->have_ds ? &r->ds : NULL,
-            .ntok_all = (size_t)(r->ti.N * r->T) /* issue 14: the global batch */,
+            .ntok_all = (size_t)(r->ti.N * r->T) /* the global batch */,
             .pbytes = pbytes, .gbytes = gbytes, .d_params = r->d_params,
             .d_m = r->d_m, .d_v = r->d_v,
-            .host_params = r->host_params, .ranks = dist.size, /* issue 14 */
+            .host_params = r->host_params, .ranks = dist.size,
             .threads = step_threads(in, rt, o->threads),
             .state_fill = sliced ? train_dist_fill_state : NULL, .state_arg = &dist,
-            .state_lo = dist.lo, .state_n = dist.hi - dist.lo, /* issue 14: ZeRO's slice */
+            .state_lo = dist.lo, .state_n = dist.hi - dist.lo, /* ZeRO's slice */
             .host_visible = r->host_visible, .copy = rt->copy, .copy_ctx = *rt->copy_ctx,
             .note = note_message, .packing = pack_id}, ckpt_err, sizeof ckpt_err))
         return error("%s", ckpt_err);
-    if (dist.on && dist.rank != 0) /* issue 14: rank 0 alone writes checkpoints */
+    if (dist.on && dist.rank != 0) /* rank 0 alone writes checkpoints */
         r->ckpt.dir = NULL;
 
     /* the step's own preparation (a cuda step uploads its constants), outside the timing */
@@ -1859,7 +1859,7 @@ static int run_allocate(run *r)
     return 0;
 }
 
-/* issue 12: evaluation after optimizer step s: the step's forward-only entry point on the K
+/* Evaluation after optimizer step s: the step's forward-only entry point on the K
  * held-out batches, with the caller's denominator 1 so that each batch's loss is the sum of its
  * token losses (for a mean and for a graph's summed loss alike); *out = their total over the
  * scored tokens of all K. Prints 'eval step N loss X ppl Y ...'. */
@@ -1940,7 +1940,7 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
     train_inputs *ti = &r->ti;
     const int64_t B = r->B, T = r->T, K = r->K;
     const size_t ntok = r->ntok;
-    const int64_t G = r->G; /* issue 14: the global rows of a micro-batch (B with one rank) */
+    const int64_t G = r->G; /* the global rows of a micro-batch (B with one rank) */
     const size_t gtok = (size_t)(G * T);
     char err[512], why[400];
     int st;
@@ -1957,7 +1957,7 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
     }
     for (int64_t k = 0; r->have_shard && k < K; k++) {
         int64_t epoch = r->shard.epoch;
-        if (o->pack.pack /* issue 13: rows of whole documents, the same shard cursor */
+        if (o->pack.pack /* rows of whole documents, the same shard cursor */
                 ? train_pack_shard(&r->shard, (uint32_t)o->pack.eos, T, B,
                                    r->ids + (size_t)k * ntok, r->labels + (size_t)k * ntok,
                                    r->doc_ids + (size_t)k * ntok, err, sizeof err)
@@ -1968,7 +1968,7 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
             message("note", "step %lld: %s is exhausted; starting over from its first token "
                     "(pass %lld)", (long long)s, o->data_path, (long long)r->shard.epoch + 1);
     }
-    if (r->doc_ids) { /* issue 13: what packing saves of attention, measured on the data */
+    if (r->doc_ids) { /* what packing saves of attention, measured on the data */
         train_pack_attention_work(r->doc_ids, K * B, T, &r->pairs_packed, &r->pairs_full,
                                   &r->n_docs);
         r->n_rows += K * B;
@@ -1978,14 +1978,14 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
     const double denominator = ti_denominator(ti, r->labels);
     double loss = 0;
     int64_t micro = 0; /* after a failure: the failed micro-batch's number, from 1 */
-    int64_t pad_pairs = 0; /* issue 14: DPO pairs of padding on this rank */
+    int64_t pad_pairs = 0; /* DPO pairs of padding on this rank */
     st = SBPRT_OK;
     for (; micro < K && st == SBPRT_OK; micro++) {
-        if (dist.on) /* issue 14: this rank's rows of the global micro-batch */
+        if (dist.on) /* this rank's rows of the global micro-batch */
             pad_pairs += train_dist_micro(&dist, ti, r->ids, r->labels, micro);
         else
             ti_micro(ti, r->ids, r->labels, micro);
-        if (r->doc_ids) { /* issue 13: the micro-batch's document ids, in its row order */
+        if (r->doc_ids) { /* the micro-batch's document ids, in its row order */
             train_pack_micro(r->doc_ids, r->mb_doc_ids, K * B, B, T, micro, ti->dpo);
             if ((st = RT(*rt, copy, copy_ctx, r->d_doc_ids, r->mb_doc_ids,
                          ntok * sizeof *r->mb_doc_ids, SBPRT_COPY_HOST_TO_DEVICE)))
@@ -2016,7 +2016,7 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
             .ref_logps = ti->mb_ref ? r->d_ref : NULL,
             .old_logps = ti->mb_old ? r->d_old : NULL,
             .advantages = ti->mb_adv ? r->d_adv : NULL,
-            .doc_ids = r->d_doc_ids, /* issue 13: NULL unless the step is packed */
+            .doc_ids = r->d_doc_ids, /* NULL unless the step is packed */
         };
         st = r->step_run(rt->step_ctx, &args);
         if (!st)
@@ -2041,7 +2041,7 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
         }
         return -1;
     }
-    /* issue 14: the sums over the ranks (a padded DPO pair's ln 2 taken out first); ZeRO 2
+    /* the sums over the ranks (a padded DPO pair's ln 2 taken out first); ZeRO 2
      * keeps its slice of the gradients only, except for the first step's --dump-grads */
     if (dist.on) {
         if (train_dist_injected_failure(&dist, s))
@@ -2065,11 +2065,11 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
             return -1;
     }
 
-    /* issue 12: this step's lr; the gradient norm, clipped when asked (in backend memory) */
+    /* this step's lr; the gradient norm, clipped when asked (in backend memory) */
     const double lr = train_sched_lr(&o->sched, o->lr, s, o->steps);
     double gnorm = 0, clip_coef = 1;
     const train_grad_rt grt = {rt->grad_sq_norm, *rt->norm_ctx, rt->scale, *rt->scale_ctx};
-    if ((st = dist.on && dist.zero > 0 /* issue 14: the norm of the ranks' slices */
+    if ((st = dist.on && dist.zero > 0 /* the norm of the ranks' slices */
                   ? train_dist_clip(&dist, &grt, in, r->d_grads, o->sched.clip, &gnorm,
                                     &clip_coef)
                   : train_clip_grads(&grt, in, r->d_grads, o->sched.clip, &gnorm, &clip_coef)))
@@ -2080,7 +2080,7 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
     t0 = now_seconds();
     for (int i = 0; i < in->n_params; i++) {
         const sbp_step_param *p = &in->params[i];
-        size_t a = 0, n = p->numel; /* issue 14: the part this rank updates (ZeRO: a slice) */
+        size_t a = 0, n = p->numel; /* the part this rank updates (ZeRO: a slice) */
         if (p->tied_to >= 0 || !p->trainable || p->numel == 0 ||
             !train_dist_owned(&dist, p, &a, &n))
             continue;
@@ -2100,7 +2100,7 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
     if ((st = rt->sync(*rt->sync_ctx)))
         return error("step %lld: %s%s", (long long)s, rt->status_string(st),
                      rt_why(rt, *rt->sync_ctx, why, sizeof why));
-    /* issue 14: ZeRO: every rank's updated slice to every rank (the moments move only for a
+    /* ZeRO: every rank's updated slice to every rank (the moments move only for a
      * checkpoint, in run_loop) */
     if (train_dist_gather_params(&dist, in, r->d_params, r->d_grads, err, sizeof err))
         return error("step %lld: %s", (long long)s, err);
@@ -2114,14 +2114,14 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
                      "or --weight-decay?)", (long long)s, err);
     sample_device_memory(r);
     double dt = t_run + (now_seconds() - t0);
-    /* the global batch's tokens (issue 14: all ranks'; ti->N = K*G) */
+    /* the global batch's tokens (all ranks'; ti->N = K*G) */
     double tps = dt > 0 ? (double)ti->N * (double)T / dt : 0;
     clear_bar();
-    /* "step N loss X" first: scripts parse that prefix; issue 12's fields follow */
+    /* "step N loss X" first: scripts parse that prefix; the other fields follow */
     printf("step %lld loss %.6f tokens/s %.1f lr %.9g grad_norm %.9g\n", (long long)s, loss, tps,
            lr, gnorm);
     fflush(stdout);
-    double eval_loss = NAN; /* issue 12: held-out evaluation after the update, when due */
+    double eval_loss = NAN; /* held-out evaluation after the update, when due */
     if (train_eval_due(&o->eval, s, o->steps) && run_eval(r, s, &eval_loss))
         return -1;
     if (train_log_step(&r->log, s, loss, lr, gnorm, tps, eval_loss, err, sizeof err))
@@ -2149,11 +2149,11 @@ static int run_loop(run *r)
 
     const bool bar = isatty(STDERR_FILENO);
     const int64_t epoch0 = r->shard.epoch;
-    char err[512]; /* issue 12: the log, opened before step 1 */
+    char err[512]; /* the log, opened before step 1 */
     const int64_t first = train_ckpt_first_step(&r->ckpt); /* > 1 when resumed */
     if (train_log_open(&r->log, o->sched.log_path, first > 1 ? first - 1 : -1, err, sizeof err))
         return error("%s", err);
-    /* issue 12: checkpoints: a resumed run starts after its checkpoint's step, and a
+    /* checkpoints: a resumed run starts after its checkpoint's step, and a
      * SIGINT / SIGTERM ends the loop once the current step's checkpoint is written */
     char ckpt_err[1024];
     bar_first = first;
@@ -2161,7 +2161,7 @@ static int run_loop(run *r)
     for (int64_t s = first; s <= o->steps && !r->ckpt.stopped; s++) {
         if (run_step(r, s, epoch0, bar))
             return -1;
-        /* the signal this step acts on, read once: issue 14: the ranks' combined one, so
+        /* the signal this step acts on, read once: under mpirun the ranks' combined one, so
          * that every rank decides alike whether a checkpoint is due */
         int sig = train_ckpt_stop_signal();
         if (dist.on) {
@@ -2171,11 +2171,11 @@ static int run_loop(run *r)
         if ((train_ckpt_after_step(&r->ckpt, s, sig, ckpt_err, sizeof ckpt_err) &&
              error("%s", ckpt_err)))
             return -1;
-        /* issue 14: ZeRO: the other ranks' moment slices go to rank 0 as it writes them */
+        /* ZeRO: the other ranks' moment slices go to rank 0 as it writes them */
         if (dist.state_sliced && dist.rank != 0 && train_ckpt_due(&o->ckpt, s, o->steps, sig) &&
             train_dist_send_state(&dist, ckpt_err, sizeof ckpt_err))
             return error("step %lld: %s", (long long)s, ckpt_err);
-        if (dist.on) /* issue 14: rank 0 stopped by a signal stops every rank */
+        if (dist.on) /* rank 0 stopped by a signal stops every rank */
             r->ckpt.stopped = train_dist_any(&dist, r->ckpt.stopped);
     }
     clear_bar();
@@ -2189,7 +2189,7 @@ static int run_saves(run *r, const sbp_step_info *in, const float *host32)
 {
     const options *o = &r->o;
     if (o->save) {
-        float *merged = NULL; /* issue 16: --merge-lora: W + (alpha/r)·B·A, a copy */
+        float *merged = NULL; /* --merge-lora: W + (alpha/r)·B·A, a copy */
         if (r->merge && !(merged = malloc(in->param_elems * sizeof(float) + 1)))
             return error("--merge-lora: out of memory");
         if (merged)
@@ -2204,7 +2204,7 @@ static int run_saves(run *r, const sbp_step_info *in, const float *host32)
                    in->lora_alpha, (long long)in->lora_rank);
         printf("saved the trained weights to %s\n", o->save);
     }
-    if (o->save_safetensors) { /* issue 12: safetensors export */
+    if (o->save_safetensors) { /* safetensors export */
         char err[1024];
         if (train_export_write_lora(r->export, in, host32, r->merge, o->save_safetensors, err,
                                     sizeof err))
@@ -2221,7 +2221,7 @@ static int run_saves(run *r, const sbp_step_info *in, const float *host32)
                r->pre.n_names, train_export_count(r->export),
                r->pre.n_tok ? ", tokenizer" : "", o->pretrained.dir);
     }
-    if (o->adapter.save_dir) { /* issue 16: PEFT's adapter directory */
+    if (o->adapter.save_dir) { /* PEFT's adapter directory */
         char err[1024];
         int n_saved = 0;
         if (train_adapter_save(&o->adapter, in, host32, &n_saved, err, sizeof err))
@@ -2239,9 +2239,9 @@ static int run_report(run *r)
     const options *o = &r->o;
     const sbp_step_info *in = r->in;
     int st;
-    if (r->ckpt.stopped) /* issue 12: checkpoints: stopped by a signal, the checkpoint is the */
+    if (r->ckpt.stopped) /* checkpoints: stopped by a signal, the checkpoint is the */
         return 0;        /* output; --save and friends are for a finished run */
-    /* issue 16: the writers see every parameter in fp32 (f32_view) */
+    /* the writers see every parameter in fp32 (f32_view) */
     f32_view view = {.info = *in};
     const float *host32 = r->host_params;
     if (o->save || o->save_safetensors || o->adapter.save_dir || o->pretrained.dir) {
@@ -2272,7 +2272,7 @@ static int run_report(run *r)
     if (o->dump_grads)
         printf("wrote the first step's gradients to %s\n", o->dump_grads);
 
-    if (r->n_rows > 0 && r->pairs_full > 0) /* issue 13 */
+    if (r->n_rows > 0 && r->pairs_full > 0)
         printf("packed documents: %lld documents (a row's padding counts as one) in %lld rows "
                "of %lld tokens (mean %.1f tokens); "
                "causal attention over them is %.1f%% of the work of unpacked rows (%.3g of %.3g "
@@ -2282,7 +2282,7 @@ static int run_report(run *r)
                100.0 * r->pairs_packed / r->pairs_full, r->pairs_packed, r->pairs_full);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    /* the trained parameters' moments (issue 14: this rank's ZeRO slice of them) */
+    /* the trained parameters' moments (under ZeRO: this rank's slice of them) */
     size_t opt_state = o->adamw ? 2 * r->mbytes : 0;
     char b1[32], b2[32], b3[32], b4[32];
     if (r->host_visible) {
@@ -2307,7 +2307,7 @@ static int run_report(run *r)
         printf("\npeak host memory: %s (peak RSS)\n",
                cli_human_bytes(b4, sizeof b4, (double)ru.ru_maxrss * 1024.0));
     }
-    if (dist.on) /* issue 14: cpu and cuda steps alike */
+    if (dist.on) /* cpu and cuda steps alike */
         printf("data parallel: %d ranks, ZeRO %d: optimizer state %zu bytes per rank "
                "(%zu without ZeRO), global batch %lld rows per micro-batch\n", dist.size,
                dist.zero, opt_state, o->adamw ? 2 * r->gbytes : 0, (long long)r->G);
@@ -2317,8 +2317,8 @@ static int run_report(run *r)
 static void run_free(run *r)
 {
     clear_bar();
-    train_ckpt_free(&r->ckpt); /* issue 12: checkpoints */
-    char log_err[512]; /* issue 12: a run that failed keeps the steps it logged */
+    train_ckpt_free(&r->ckpt); /* checkpoints */
+    char log_err[512]; /* a run that failed keeps the steps it logged */
     (void)train_log_close(&r->log, log_err, sizeof log_err);
     if (r->own_host) {
         free(r->host_params);
@@ -2329,18 +2329,18 @@ static void run_free(run *r)
     runtime_stop(&r->rt);
     free(r->ids);
     free(r->labels);
-    free(r->doc_ids); /* issue 13 */
+    free(r->doc_ids);
     free(r->mb_doc_ids);
-    train_eval_close(&r->ev); /* issue 12 */
+    train_eval_close(&r->ev);
     ti_free(&r->ti);
     if (r->have_shard)
         sbpio_shard_close(&r->shard);
     if (r->have_ds)
         train_dataset_close(&r->ds);
     model_free(&r->mdl);
-    train_export_free(r->export); /* issue 12 */
+    train_export_free(r->export);
     train_pretrained_free(&r->pre);
-    train_adapter_merge_plan_free(r->merge); /* issue 16 */
+    train_adapter_merge_plan_free(r->merge);
     sbp_file_set_free(&r->inputs);
     /* The step library stays loaded until the process ends: a cuda step's libraries (the CUDA
      * runtime, cuBLAS, libstdc++) keep global state that dlclose would leave unreachable, which
@@ -2350,7 +2350,7 @@ static void run_free(run *r)
 int main(int argc, char **argv)
 {
     run r = {0};
-    char derr[512]; /* issue 14: MPI, only when a launcher started this process */
+    char derr[512]; /* MPI, only when a launcher started this process */
     if (train_dist_init(&dist, &argc, &argv, derr, sizeof derr)) {
         error("%s", derr);
         return 1;
@@ -2368,7 +2368,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (dist.on && dist.rank != 0) {
-        /* issue 14: rank 0 prints and writes the outputs; the others only report errors
+        /* rank 0 prints and writes the outputs; the others only report errors
          * (stderr). --dump-grads stays set: ZeRO 2 then sums the whole first gradient on
          * every rank alike, and only rank 0 writes it (see run_step). */
         if (!freopen("/dev/null", "w", stdout))

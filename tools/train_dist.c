@@ -1,4 +1,4 @@
-/* train_dist.c — sbp-train's data parallelism over MPI (issue 14; train_dist.h says what is
+/* train_dist.c — sbp-train's data parallelism over MPI (train_dist.h says what is
  * split and why the sums are exact). All collectives are Open MPI's on host memory, in place
  * where MPI allows it, so a rank holds no second copy of the gradient block; a cuda step's
  * gradients and parameters are NCCL's, on the device (SBP_WITH_NCCL). Without MPI

@@ -1,4 +1,4 @@
-/* train_dist.h — data-parallel training for sbp-train under mpirun (issue 14).
+/* train_dist.h — data-parallel training for sbp-train under mpirun.
  *
  * `mpirun -np N sbp-train STEP.so ...` runs N ranks of the same compiled step (a cpu step: MPI
  * collectives work on host memory). Every rank reads the whole input files (or the same

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """compare.py — tests/dist's numerical checks: a distributed sbp-train run against one process on
-the whole batch (issue 14). The sums over ranks are added in another order than one process's, so
+the whole batch. The sums over ranks are added in another order than one process's, so
 the check is a relative tolerance, not bytes.
 
   compare.py st A.safetensors B.safetensors TOL   every tensor of B in A: max|a-b| <= TOL*max|b|

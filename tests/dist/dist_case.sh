@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dist_case.sh — one case of sbp-train's data parallelism (issue 14), registered by
+# dist_case.sh — one case of sbp-train's data parallelism, registered by
 # tests/dist/CMakeLists.txt as dist.<case>. A distributed run (mpirun -np N, each rank a step
 # compiled for its share of the rows) is compared with one process on the whole batch: the first
 # step's gradients (--dump-grads, max |a-b| / max |b|), ten AdamW steps' losses and gradient

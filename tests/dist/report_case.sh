@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# report_case.sh — `sbpc --report --ranks N --zero Z` (issue 14), registered as dist.report by
+# report_case.sh — `sbpc --report --ranks N --zero Z`, registered as dist.report by
 # tests/dist/CMakeLists.txt. The per-rank figures sbpc prints are checked against arithmetic
 # on the compiled step's own sbp_step_get_info() (tests/dist/step_info.c), not on sbpc's:
 #   parameters = 4 x param_elems, gradient block = 4 x grad_elems (whole on every rank, ZeRO 2

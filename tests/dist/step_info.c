@@ -1,6 +1,6 @@
 /* step_info.c — prints a compiled step's sizes from its own sbp_step_get_info(), for
- * tests/dist/report_case.sh, which checks `sbpc --report --ranks N --zero Z` against them
- * (issue 14): the figures come from the built library, not from the compiler's report code.
+ * tests/dist/report_case.sh, which checks `sbpc --report --ranks N --zero Z` against them:
+ * the figures come from the built library, not from the compiler's report code.
  *
  *   step_info STEP.so   ->  "param_elems grad_elems workspace_bytes planned_peak_bytes batch"
  *

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""pack_ref.py — an independent reference of sbp-train's document packing (issue 13).
+"""pack_ref.py — an independent reference of sbp-train's document packing.
 
 It implements the rule that tools/train_pack.h documents, written the other way round from the C
 code: the whole stream is first split into documents at EOS, each document into pieces of at

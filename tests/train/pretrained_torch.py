@@ -10,7 +10,7 @@ folder; then `AutoModelForCausalLM.from_pretrained(DIR)` must load every weight 
 unexpected key), hold exactly the weights of --save-safetensors, and give logits within 1e-5 of
 transformers' own model built from the fixture's config with those weights (an independent
 load_state_dict); `AutoTokenizer.from_pretrained(DIR)` must load and `generate` must run. A LoRA
-step needs --merge-lora; a model without the recorded config is refused before step 1.
+step writes its merged model with --merge-lora (and is refused without it); a model without the recorded config is refused before step 1.
 Without torch or transformers: SKIPPED, exit 77.
 """
 import os
@@ -108,6 +108,37 @@ def main():
             sys.exit("FAIL: %s: generate gave %s" % (key, tuple(gen.shape)))
         print("%s: from_pretrained loads %d weights, logits within %.2e, tokenizer and generate "
               "work" % (key, len(sd), rel))
+    # a LoRA step: --merge-lora writes the merged model (W + (alpha/r) B A under W's names, the
+    # writer --save-safetensors --merge-lora uses, which lora.export_peft checks against PEFT's
+    # merge_and_unload); without --merge-lora it is refused before step 1
+    cfg_cls, model_cls, kw = fams["llama"]
+    model_path = os.path.join(work, "llama_dynamo_scoped.onnx")
+    lstep = os.path.join(work, "lora.so")
+    run([sbpc, model_path, "--batch", "2", "--seq-len", "32", "--lora", "4", "-o", lstep])
+    data = ["--input-ids", os.path.join(FIX, "ref", "llama_input_ids.npy"),
+            "--labels", os.path.join(FIX, "ref", "llama_labels.npy")]
+    merged_dir = os.path.join(work, "lora_out")
+    merged = os.path.join(work, "lora_merged.safetensors")
+    run([sbp_train, lstep, "--model", model_path] + data +
+        ["--steps", "3", "--lr", "0.01", "--merge-lora", "--save-pretrained", merged_dir,
+         "--save-safetensors", merged])
+    loaded, info = transformers.AutoModelForCausalLM.from_pretrained(
+        merged_dir, output_loading_info=True)
+    if info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]:
+        sys.exit("FAIL: lora: from_pretrained: %s" % info)
+    sd, lsd = load_file(merged), loaded.state_dict()
+    if any("lora" in k for k in load_file(os.path.join(merged_dir, "model.safetensors"))):
+        sys.exit("FAIL: lora: the folder holds adapter keys")
+    base = load_file(os.path.join(work, "llama_dynamo_scoped.safetensors"))
+    changed = [k for k in sd if not torch.equal(sd[k], lsd[k])]
+    if changed:
+        sys.exit("FAIL: lora: %s differ from --save-safetensors --merge-lora" % changed[:3])
+    print("lora: the merged model loads (%d weights), as --save-safetensors --merge-lora wrote it"
+          % len(sd))
+    out = run([sbp_train, lstep, "--model", model_path] + data +
+              ["--save-pretrained", os.path.join(work, "never")], expect=1)
+    if "--save-pretrained: the step trains LoRA adapters" not in out or "step 1 loss" in out:
+        sys.exit("FAIL: a LoRA step without --merge-lora was not refused before step 1:\n" + out)
     # refusals: no recorded config; --tokenizer without --save-pretrained
     bare = os.path.join(FIX, "llama_dynamo_scoped.onnx")
     step = os.path.join(work, "llama_dynamo_scoped.so")
