@@ -288,6 +288,7 @@ typedef struct options {
     int64_t zero;            /* --zero 0|1|2 (train_dist.h) */
     train_dataset_opts dataset; /* --dataset, --epochs, --shuffle-seed (train_dataset.h) */
     train_pretrained_opts pretrained; /* --save-pretrained, --tokenizer (train_pretrained.h) */
+    const char *compute_logps; /* --compute-logps OUT.safetensors: log-probs only, no training */
 } options;
 
 enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT_SAVE,
@@ -296,7 +297,7 @@ enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT
        /* safetensors export */
        OPT_SAVE_SAFETENSORS,
        OPT_ZERO, OPT_DATASET, OPT_EPOCHS, OPT_SHUFFLE_SEED, OPT_EVAL_DATASET,
-       OPT_SAVE_PRETRAINED, OPT_TOKENIZER };
+       OPT_SAVE_PRETRAINED, OPT_TOKENIZER, OPT_COMPUTE_LOGPS };
 
 /* schedule, clipping, log (consecutive, in train_sched_parse's order) */
 enum { OPT_LR_SCHEDULE = 1200, OPT_WARMUP_STEPS, OPT_MIN_LR, OPT_CLIP_GRAD_NORM, OPT_LOG };
@@ -362,6 +363,7 @@ static int parse_args(int argc, char **argv, options *o)
         {"eval-dataset", required_argument, NULL, OPT_EVAL_DATASET},
         {"save-pretrained", required_argument, NULL, OPT_SAVE_PRETRAINED},
         {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
+        {"compute-logps", required_argument, NULL, OPT_COMPUTE_LOGPS},
         {0},
     };
     static const char *const optimizers[] = {"adamw", "sgd", NULL};
@@ -408,6 +410,9 @@ static int parse_args(int argc, char **argv, options *o)
             bad = cli_path(&c, "--save-pretrained", v, &o->pretrained.dir);
             break;
         case OPT_TOKENIZER: bad = cli_path(&c, "--tokenizer", v, &o->pretrained.tokenizer); break;
+        case OPT_COMPUTE_LOGPS:
+            bad = cli_path(&c, "--compute-logps", v, &o->compute_logps);
+            break;
         case OPT_EVAL_DATASET:
             bad = cli_path(&c, "--eval-dataset", v, &o->eval.dataset);
             break;
@@ -468,6 +473,8 @@ static int parse_args(int argc, char **argv, options *o)
     if (train_sched_check(&o->sched, o->lr, sched_err, sizeof sched_err) ||
         train_eval_check_opts(&o->eval, sched_err, sizeof sched_err)) /* and evaluation's */
         return error("%s", sched_err);
+    if (o->compute_logps && !o->dataset.path)
+        return error("--compute-logps OUT.safetensors scores the examples of --dataset FILE");
     if (o->pretrained.tokenizer && !o->pretrained.dir)
         return error("--tokenizer TOKDIR is read with --save-pretrained DIR (its files are "
                      "copied there)");
@@ -953,7 +960,8 @@ static int check_outputs(const options *o, const train_pretrained *pre,
     } files[] = {{o->dump_grads, "--dump-grads"},
                  {o->save, "--save"},
                  {o->save_safetensors, "--save-safetensors"},
-                 {o->sched.log_path, "--log"}};
+                 {o->sched.log_path, "--log"},
+                 {o->compute_logps, "--compute-logps"}};
     train_outputs reg;
     char err[1024];
     int rc = 0;
@@ -1497,6 +1505,12 @@ typedef struct run {
     int64_t n_docs, n_rows;   /* documents and rows trained on */
     /* evaluation (train_eval.h), when --eval-data */
     step_run_fn step_eval;    /* the step's sbp_step_eval */
+    /* DPO on a dataset: the reference model's logp of every example, computed before step 1
+     * from the model's initial weights with the step's sbp_step_logps */
+    int (*step_logps)(sbprt_ctx *, const sbp_step_args *, float *, float *);
+    float *ref_ex;            /* [examples] */
+    int64_t *row_ex;          /* [K*G] the example in each row of the step's batch */
+    bool logps_only;          /* --compute-logps: written; no training */
     train_eval ev;            /* the held-out batches */
     /* data parallel (train_dist.h); with one rank G = B and gin is unused */
     int64_t G;                /* the global rows of one micro-batch (every rank reads them) */
@@ -1691,10 +1705,33 @@ static int run_load(run *r)
             return error("%s: every label is -100: no position is scored, there is nothing to "
                          "train", o->labels_path);
     }
-    if (ti_open(&r->ti, bin, K, o->ref_logps, o->old_logps, o->advantages, note_message, err,
-                sizeof err) ||
+    const bool self_ref = r->have_ds && r->ds.pairs; /* DPO on a dataset: the reference is ours */
+    if (self_ref && o->ref_logps)
+        return error("--ref-logps: with --dataset the reference log-probs are computed from the "
+                     "model's initial weights before step 1 (a file of them is not read yet)");
+    if (r->have_ds && !self_ref && o->compute_logps)
+        return error("--compute-logps scores a dpo step's pairs (the step here is %s)",
+                     in->objective ? in->objective : "sft");
+    if ((self_ref ? ti_open_self_ref(&r->ti, bin, K, note_message, err, sizeof err)
+                  : ti_open(&r->ti, bin, K, o->ref_logps, o->old_logps, o->advantages,
+                            note_message, err, sizeof err)) ||
         (o->ids_path && ti_check(&r->ti, r->labels, o->labels_path, err, sizeof err)))
         return error("%s", err);
+    if (self_ref) {
+        *(void **)(&r->step_logps) = dlsym(r->lib, "sbp_step_logps");
+        if (!r->step_logps || in->logp_workspace_bytes == 0)
+            return error("--dataset: %s has no log-probability entry point (sbp_step_logps), "
+                         "which computes the reference log-probs: recompile it without "
+                         "--no-eval", o->step_path);
+        if (in->logp_workspace_bytes > in->workspace_bytes)
+            return error("%s: its log-probability workspace (%zu bytes) exceeds the training "
+                         "workspace (%zu bytes) it is to share", o->step_path,
+                         in->logp_workspace_bytes, in->workspace_bytes);
+        r->ref_ex = malloc((size_t)r->ds.d.n_ex * sizeof *r->ref_ex);
+        r->row_ex = malloc((size_t)(K * G) * sizeof *r->row_ex);
+        if (!r->ref_ex || !r->row_ex)
+            return error("out of memory");
+    }
     if (in->packed) { /* the batch's document ids (--pack packs them each step) */
         r->doc_ids = malloc((size_t)K * ntok * sizeof *r->doc_ids);
         r->mb_doc_ids = malloc(ntok * sizeof *r->mb_doc_ids);
@@ -1730,6 +1767,82 @@ static int run_load(run *r)
     if (o->adapter.merge &&
         !(r->merge = train_adapter_merge_plan_make(r->mdl.g, in, err, sizeof err)))
         return error("--merge-lora: %s", err);
+    return 0;
+}
+
+/* DPO on a dataset: every example's log-probability under the model's initial weights (the
+ * reference model), B examples a call of sbp_step_logps in file order (padding rows score
+ * nothing), in the training workspace (the step's own forward, no gradient): no memory is added
+ * to the run's peak. Every rank computes all of them (the same values a single process gets).
+ * With --compute-logps the values are written and the run ends there. */
+static int run_ref_pass(run *r)
+{
+    const options *o = &r->o;
+    runtime *rt = &r->rt;
+    const int64_t B = r->B, T = r->T, n = r->ds.d.n_ex;
+    int32_t *ids = malloc((size_t)(B * T) * sizeof *ids), *labels = malloc((size_t)(B * T) *
+                                                                               sizeof *labels);
+    float *row = malloc((size_t)B * sizeof *row);
+    char err[700], why[400];
+    int rc = !ids || !labels || !row ? error("out of memory") : 0;
+    const double t0 = now_seconds();
+    for (int64_t e = 0; e < n && !rc; e += B) {
+        for (int64_t j = 0; j < B && !rc; j++) {
+            if (e + j < n) {
+                rc = train_dataset_row(&r->ds, e + j, ids + j * T, labels + j * T, err,
+                                       sizeof err) ? error("%s", err) : 0;
+            } else {
+                for (int64_t t = 0; t < T; t++) {
+                    ids[j * T + t] = 0;
+                    labels[j * T + t] = SBPRT_IGNORE_INDEX;
+                }
+            }
+        }
+        int st = 0;
+        if (!rc && ((st = RT(*rt, copy, copy_ctx, r->d_ids, ids, (size_t)(B * T) * sizeof *ids,
+                             SBPRT_COPY_HOST_TO_DEVICE)) ||
+                    (st = RT(*rt, copy, copy_ctx, r->d_labels, labels,
+                             (size_t)(B * T) * sizeof *labels, SBPRT_COPY_HOST_TO_DEVICE))))
+            rc = copy_failed(r, st);
+        sbp_step_args args = {.params = r->d_params, .input_ids = r->d_ids,
+                              .labels = r->d_labels, .workspace = r->workspace,
+                              .doc_ids = r->d_doc_ids};
+        if (!rc && ((st = r->step_logps(rt->step_ctx, &args, r->d_ref, NULL)) ||
+                    (st = rt->sync(*rt->sync_ctx))))
+            rc = error("the reference log-probs of examples %lld..%lld failed: %s%s",
+                       (long long)e, (long long)(e + B - 1), rt->status_string(st),
+                       rt_why(rt, rt->step_ctx, why, sizeof why));
+        if (!rc && (st = RT(*rt, copy, copy_ctx, row, r->d_ref, (size_t)B * sizeof *row,
+                            SBPRT_COPY_DEVICE_TO_HOST)))
+            rc = copy_failed(r, st);
+        for (int64_t j = 0; j < B && e + j < n && !rc; j++) {
+            if (!isfinite(row[j]))
+                rc = error("the reference log-prob of example %lld is %g", (long long)(e + j),
+                           (double)row[j]);
+            r->ref_ex[e + j] = row[j];
+        }
+    }
+    free(ids);
+    free(labels);
+    free(row);
+    if (rc)
+        return -1;
+    message("note", "reference log-probs of %lld examples computed in %.2f s (the model's "
+            "initial weights, before step 1)", (long long)n, now_seconds() - t0);
+    if (!o->compute_logps)
+        return 0;
+    int64_t shape[1] = {n};
+    char count[32];
+    snprintf(count, sizeof count, "%lld", (long long)n);
+    sbpio_kv meta[] = {{"format", "sbp-logps"}, {"dataset", o->dataset.path},
+                       {"model", o->model_path}, {"examples", count},
+                       {"producer", "sbp-train --compute-logps"}};
+    sbpio_st_tensor t = {.name = "row_logps", .dtype = SBPIO_DT_F32, .rank = 1, .shape = shape,
+                         .data = r->ref_ex};
+    if (sbpio_st_write(o->compute_logps, 1, &t, 5, meta, false, err, sizeof err) != SBPIO_OK)
+        return error("--compute-logps: %s", err);
+    printf("wrote the log-probs of %lld examples to %s\n", (long long)n, o->compute_logps);
+    r->logps_only = true;
     return 0;
 }
 
@@ -1822,6 +1935,14 @@ static int run_allocate(run *r)
         if (st)
             return copy_failed(r, st);
     }
+    /* the step's own preparation (a cuda step uploads its constants), outside the timing */
+    if (rt->step_init && (st = rt->step_init(rt->step_ctx)))
+        return error("preparing the step (sbp_step_init) failed: %s%s", rt->status_string(st),
+                     rt_why(rt, rt->step_ctx, why, sizeof why));
+    /* the reference log-probs, from the model's initial weights: before a resume restores
+     * later ones */
+    if (r->ref_ex && run_ref_pass(r))
+        return -1;
     /* checkpoints: --resume overwrites the weights, m, v and the data position */
     /* under ZeRO a checkpoint still holds the whole moments: a resume reads this
      * rank's slice of them, and rank 0 writes the ranks' slices as they arrive */
@@ -1851,11 +1972,6 @@ static int run_allocate(run *r)
         return error("%s", ckpt_err);
     if (dist.on && dist.rank != 0) /* rank 0 alone writes checkpoints */
         r->ckpt.dir = NULL;
-
-    /* the step's own preparation (a cuda step uploads its constants), outside the timing */
-    if (rt->step_init && (st = rt->step_init(rt->step_ctx)))
-        return error("preparing the step (sbp_step_init) failed: %s%s", rt->status_string(st),
-                     rt_why(rt, rt->step_ctx, why, sizeof why));
     return 0;
 }
 
@@ -1944,7 +2060,19 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
     const size_t gtok = (size_t)(G * T);
     char err[512], why[400];
     int st;
-    for (int64_t k = 0; r->have_ds && k < K; k++) { /* the next examples, K*G rows */
+    if (r->have_ds && r->ds.pairs) { /* DPO: K*G/2 pairs as (row i, row K*G/2 + i) */
+        const int64_t epoch = r->ds.epoch, N = K * G;
+        if (train_dataset_next_pairs(&r->ds, N / 2, r->ids, r->labels, r->row_ex, err,
+                                     sizeof err))
+            return error("step %lld: %s", (long long)s, err);
+        for (int64_t i = 0; i < N; i++)
+            ti->ref[i] = r->ref_ex[r->row_ex[i]];
+        if (r->ds.epoch != epoch && !o->dataset.epochs)
+            message("note", "step %lld: pass %lld over %s is done; pass %lld begins",
+                    (long long)s, (long long)epoch + 1, o->dataset.path,
+                    (long long)r->ds.epoch + 1);
+    }
+    for (int64_t k = 0; r->have_ds && !r->ds.pairs && k < K; k++) { /* the next K*G rows */
         const int64_t epoch = r->ds.epoch;
         if (train_dataset_next(&r->ds, G, r->ids + (size_t)k * gtok, r->labels + (size_t)k * gtok,
                                r->doc_ids ? r->doc_ids + (size_t)k * ntok : NULL, NULL, err,
@@ -2337,6 +2465,8 @@ static void run_free(run *r)
         sbpio_shard_close(&r->shard);
     if (r->have_ds)
         train_dataset_close(&r->ds);
+    free(r->ref_ex);
+    free(r->row_ex);
     model_free(&r->mdl);
     train_export_free(r->export);
     train_pretrained_free(&r->pre);
@@ -2377,7 +2507,10 @@ int main(int argc, char **argv)
         r.o.adapter.save_dir = NULL;
         r.o.pretrained.dir = NULL;
     }
-    int rc = run_load(&r) || run_allocate(&r) || run_loop(&r) || run_report(&r) ? 1 : 0;
+    int rc = run_load(&r) || run_allocate(&r) ||
+                     (!r.logps_only && (run_loop(&r) || run_report(&r)))
+                 ? 1
+                 : 0;
     run_free(&r);
     train_dist_end(&dist, rc); /* a failed rank aborts every rank */
     return rc;

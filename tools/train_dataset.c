@@ -44,19 +44,25 @@ int train_dataset_open(train_dataset *s, const train_dataset_opts *o, const sbp_
     char why[600];
     if (sbpio_dataset_open(o->path, in->vocab, &s->d, why, sizeof why) != SBPIO_OK)
         return cli_errf(err, errlen, "--dataset: %s", why);
-    if (strcmp(s->d.task, "sft") != 0) {
-        cli_errf(err, errlen, "--dataset: %s is a %s dataset; sbp-train trains on sft datasets "
-                 "(prepare with sbp-prepare --task sft)", o->path, s->d.task);
+    const char *obj = in->objective ? in->objective : "sft";
+    const bool dpo_step = strcmp(obj, "dpo") == 0;
+    const bool sft_step = strcmp(obj, "sft") == 0 || strcmp(obj, "graph-loss") == 0;
+    const bool dpo_data = strcmp(s->d.task, "dpo") == 0;
+    if (!(sft_step && strcmp(s->d.task, "sft") == 0) && !(dpo_step && dpo_data)) {
+        cli_errf(err, errlen, "--dataset: %s is a %s dataset, and the step's objective is %s: "
+                 "sbp-train trains sft steps on sft datasets and dpo steps on dpo datasets "
+                 "(sbp-prepare --task)", o->path, s->d.task, obj);
         sbpio_dataset_close(&s->d);
         return -1;
     }
-    if (in->objective && strcmp(in->objective, "sft") != 0 &&
-        strcmp(in->objective, "graph-loss") != 0) {
-        cli_errf(err, errlen, "--dataset: the step's objective is %s; an sft dataset trains an "
-                 "sft step", in->objective);
+    if (dpo_data && packed) {
+        cli_errf(err, errlen, "--dataset: %s: packed dpo rows from a dataset are not supported "
+                 "yet; compile the step without --packed", o->path);
         sbpio_dataset_close(&s->d);
         return -1;
     }
+    s->pairs = dpo_data;
+    s->n_units = dpo_data ? s->d.n_ex / 2 : s->d.n_ex;
     s->T = in->seq_len;
     s->packed = packed;
     s->shuffle = o->shuffle;
@@ -75,14 +81,14 @@ int train_dataset_open(train_dataset *s, const train_dataset_opts *o, const sbp_
         sbpio_dataset_close(&s->d);
         return -1;
     }
-    s->order = malloc((size_t)s->d.n_ex * sizeof *s->order);
+    s->order = malloc((size_t)s->n_units * sizeof *s->order);
     s->tmp_ids = malloc((size_t)s->T * sizeof *s->tmp_ids);
     s->tmp_labels = malloc((size_t)s->T * sizeof *s->tmp_labels);
     if (!s->order || !s->tmp_ids || !s->tmp_labels) {
         train_dataset_close(s);
         return cli_errf(err, errlen, "out of memory");
     }
-    epoch_order(s->order, s->d.n_ex, s->shuffle, s->seed, 0);
+    epoch_order(s->order, s->n_units, s->shuffle, s->seed, 0);
     return 0;
 }
 
@@ -101,10 +107,10 @@ void train_dataset_close(train_dataset *s)
 static int64_t take(train_dataset *s)
 {
     int64_t ex = s->order[s->pos];
-    if (++s->pos == s->d.n_ex) {
+    if (++s->pos == s->n_units) {
         s->pos = 0;
         s->epoch++;
-        epoch_order(s->order, s->d.n_ex, s->shuffle, s->seed, s->epoch);
+        epoch_order(s->order, s->n_units, s->shuffle, s->seed, s->epoch);
     }
     return ex;
 }
@@ -156,29 +162,60 @@ int train_dataset_next(train_dataset *s, int64_t rows, int32_t *ids, int32_t *la
     return fill(s, rows, ids, labels, s->packed ? doc_ids : NULL, false, examples, err, errlen);
 }
 
+int train_dataset_row(train_dataset *s, int64_t i, int32_t *ids, int32_t *labels, char *err,
+                      size_t errlen)
+{
+    char why[600];
+    const int64_t len = sbpio_dataset_len(&s->d, i);
+    if (sbpio_dataset_example(&s->d, i, ids, labels, why, sizeof why) != SBPIO_OK)
+        return cli_errf(err, errlen, "--dataset: %s", why);
+    for (int64_t t = len; t < s->T; t++) {
+        ids[t] = (int32_t)s->d.pad_id;
+        labels[t] = -100;
+    }
+    return 0;
+}
+
+int train_dataset_next_pairs(train_dataset *s, int64_t npairs, int32_t *ids, int32_t *labels,
+                             int64_t *row_ex, char *err, size_t errlen)
+{
+    for (int64_t j = 0; j < npairs; j++) {
+        const int64_t pair = take(s);
+        for (int side = 0; side < 2; side++) {
+            const int64_t row = side ? npairs + j : j, ex = 2 * pair + side;
+            row_ex[row] = ex;
+            if (train_dataset_row(s, ex, ids + row * s->T, labels + row * s->T, err, errlen))
+                return -1;
+        }
+    }
+    return 0;
+}
+
 int train_dataset_seek(train_dataset *s, int64_t epoch, int64_t pos, char *err, size_t errlen)
 {
-    if (epoch < 0 || pos < 0 || pos >= s->d.n_ex)
+    if (epoch < 0 || pos < 0 || pos >= s->n_units)
         return cli_errf(err, errlen, "--dataset: position %" PRId64 " of pass %" PRId64 " is "
-                        "outside %s's %" PRId64 " examples", pos, epoch, sbpio_st_path(s->d.f),
-                        s->d.n_ex);
+                        "outside %s's %" PRId64 " %s", pos, epoch, sbpio_st_path(s->d.f),
+                        s->n_units, s->pairs ? "pairs" : "examples");
     s->epoch = epoch;
     s->pos = pos;
-    epoch_order(s->order, s->d.n_ex, s->shuffle, s->seed, epoch);
+    epoch_order(s->order, s->n_units, s->shuffle, s->seed, epoch);
     return 0;
 }
 
 int64_t train_dataset_steps(const train_dataset *s, int64_t epochs, int64_t rows)
 {
+    if (s->pairs) /* rows / 2 pairs a step, whatever their lengths */
+        return epochs < 1 || rows < 2 ? -1 : (epochs * s->n_units + rows / 2 - 1) / (rows / 2);
     train_dataset c = *s; /* a dry run from the start, on its own order */
-    c.order = malloc((size_t)s->d.n_ex * sizeof *c.order);
+    c.order = malloc((size_t)s->n_units * sizeof *c.order);
     if (!c.order || epochs < 1 || rows < 1) {
         free(c.order);
         return -1;
     }
     c.epoch = 0;
     c.pos = 0;
-    epoch_order(c.order, c.d.n_ex, c.shuffle, c.seed, 0);
+    epoch_order(c.order, c.n_units, c.shuffle, c.seed, 0);
     int64_t steps = 0;
     while (c.epoch < epochs) {
         if (fill(&c, rows, NULL, NULL, NULL, true, NULL, NULL, 0))
@@ -198,7 +235,13 @@ const char *train_dataset_usage(void)
            "                          examples back to back, next-fit in order (one that does not\n"
            "                          fit starts the next row; each example its own document,\n"
            "                          with its own labels). An example longer than the step's\n"
-           "                          rows is refused: prepare with --max-len T\n"
+           "                          rows is refused: prepare with --max-len T. A dpo dataset\n"
+           "                          trains a dpo step: pairs in the step's layout, and the\n"
+           "                          reference log-probs computed before step 1 from the\n"
+           "                          model's initial weights (the step's sbp_step_logps)\n"
+           "  --compute-logps OUT     with a dpo step and --dataset: write each example's\n"
+           "                          log-prob under the model (OUT.safetensors, row_logps\n"
+           "                          [examples]) and train nothing\n"
            "  --epochs E              train E passes over the dataset (sets --steps: the steps\n"
            "                          E passes take, the last one may reach into pass E + 1)\n"
            "  --shuffle-seed S        a new order each pass: a Fisher-Yates shuffle driven by\n"

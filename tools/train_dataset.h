@@ -10,7 +10,13 @@
  * An example longer than the step's T is refused when the file is opened (prepare the data
  * with --max-len T), never cut silently.
  *
- * Order. Epoch e (from 0) visits every example once: in file order, or with --shuffle-seed S
+ * DPO. A dpo dataset (examples 2k and 2k + 1: pair k's chosen and rejected answers) trains a
+ * dpo step: each step takes the next K*G/2 pairs, pair j's chosen example in row j and its
+ * rejected one in row K*G/2 + j (the DPO step's pair layout), one example a row; the order is
+ * over pairs. sbp-train computes every example's reference log-probability once, before step 1,
+ * from the model's initial weights (the step's sbp_step_logps), and gives each row its own.
+ *
+ * Order. Epoch e (from 0) visits every example (DPO: every pair) once: in file order, or with --shuffle-seed S
  * in the order of a Fisher-Yates shuffle (i from n-1 down to 1: j = x mod (i + 1), swap order[i]
  * and order[j]) driven by splitmix64 started at S + (e + 1) * 0x9E3779B97F4A7C15, a new order
  * each epoch that anyone can recompute. The rows of one step may cross from one epoch into the
@@ -41,11 +47,14 @@ typedef struct train_dataset {
     sbpio_dataset d;  /* the file */
     int64_t T;        /* the step's row length */
     bool packed;      /* rows of several examples (a packed step) */
+    bool pairs;       /* a dpo dataset for a dpo step: the order is over pairs (examples 2k,
+                       * 2k + 1), see train_dataset_next_pairs */
+    int64_t n_units;  /* what the order visits: examples, or pairs */
     bool shuffle;
     uint64_t seed;
-    int64_t *order;   /* [d.n_ex] this epoch's order of the examples */
+    int64_t *order;   /* [n_units] this epoch's order of the examples (or pairs) */
     int64_t epoch;    /* the cursor: the pass over the data, from 0 */
-    int64_t pos;      /* ... and the next example's index in order */
+    int64_t pos;      /* ... and the next unit's index in order */
     int32_t *tmp_ids, *tmp_labels; /* [T] one example */
 } train_dataset;
 
@@ -60,7 +69,17 @@ void train_dataset_close(train_dataset *s); /* NULL-safe; zeroes *s */
 int train_dataset_next(train_dataset *s, int64_t rows, int32_t *ids, int32_t *labels,
                        int32_t *doc_ids, int64_t *examples, char *err, size_t errlen);
 
-/* Moves the cursor to (epoch, pos) (a checkpoint's); 0 <= pos < examples. */
+/* DPO (pairs): the next `npairs` pairs as the DPO step's rows [2 * npairs * T]: pair j's chosen
+ * example in row j, its rejected one in row npairs + j, one example a row; row_ex [2 * npairs]
+ * gets each row's example index (for its reference log-probability). */
+int train_dataset_next_pairs(train_dataset *s, int64_t npairs, int32_t *ids, int32_t *labels,
+                             int64_t *row_ex, char *err, size_t errlen);
+
+/* Example i alone in one row of T tokens (padded), for the reference pass. */
+int train_dataset_row(train_dataset *s, int64_t i, int32_t *ids, int32_t *labels, char *err,
+                      size_t errlen);
+
+/* Moves the cursor to (epoch, pos) (a checkpoint's); 0 <= pos < n_units. */
 int train_dataset_seek(train_dataset *s, int64_t epoch, int64_t pos, char *err, size_t errlen);
 
 /* The optimizer steps that `epochs` passes take at `rows` rows a step (the last step may

@@ -51,11 +51,12 @@ static int read_floats(const char *flag, const char *path, int rank, int64_t d0,
     return rc;
 }
 
-int ti_open(train_inputs *ti, const sbp_step_info *in, int64_t k, const char *ref_path,
-            const char *old_path, const char *adv_path, void (*note)(const char *msg),
-            char *err, size_t errlen)
+static int open_inputs(train_inputs *ti, const sbp_step_info *in, int64_t k,
+                       const char *ref_path, const char *old_path, const char *adv_path,
+                       bool self_ref, void (*note)(const char *msg), char *err, size_t errlen)
 {
     memset(ti, 0, sizeof *ti);
+    ti->self_ref = self_ref;
     ti->B = in->batch;
     ti->T = in->seq_len;
     ti->K = k;
@@ -82,11 +83,13 @@ int ti_open(train_inputs *ti, const sbp_step_info *in, int64_t k, const char *re
                             "%s is an input of GRPO steps; the step's objective is dpo "
                                      "(it takes --ref-logps only)",
                             old_path ? "--old-logps" : "--advantages");
-        if (!ref_path)
+        if (!ref_path && !ti->self_ref)
             return cli_errf(err, errlen, "the step's objective is dpo: give --ref-logps R.npy, the "
                                      "reference model's logp of each row [%lld]", (long long)N);
-        if (read_floats("--ref-logps", ref_path, 1, N, 0, "reference logps", &ti->ref, err,
-                        errlen))
+        if (ti->self_ref && !(ti->ref = calloc((size_t)N, sizeof *ti->ref)))
+            return cli_errf(err, errlen, "out of memory");
+        if (!ti->self_ref && read_floats("--ref-logps", ref_path, 1, N, 0, "reference logps",
+                                         &ti->ref, err, errlen))
             return -1;
     } else {
         if (!adv_path)
@@ -121,6 +124,19 @@ int ti_open(train_inputs *ti, const sbp_step_info *in, int64_t k, const char *re
         (ti->adv && !ti->mb_adv))
         return cli_errf(err, errlen, "out of memory");
     return 0;
+}
+
+int ti_open(train_inputs *ti, const sbp_step_info *in, int64_t k, const char *ref_path,
+            const char *old_path, const char *adv_path, void (*note)(const char *msg),
+            char *err, size_t errlen)
+{
+    return open_inputs(ti, in, k, ref_path, old_path, adv_path, false, note, err, errlen);
+}
+
+int ti_open_self_ref(train_inputs *ti, const sbp_step_info *in, int64_t k,
+                     void (*note)(const char *msg), char *err, size_t errlen)
+{
+    return open_inputs(ti, in, k, NULL, NULL, NULL, true, note, err, errlen);
 }
 
 void ti_free(train_inputs *ti)

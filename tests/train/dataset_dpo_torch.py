@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""dataset_dpo_torch.py — sbp-train --dataset on a DPO step against a PyTorch float64 DPO loop.
+
+    dataset_dpo_torch.py SBP_TRAIN SBPC WORK     (python with torch and transformers: .venv-hf)
+
+The Llama fixture (tests/fixtures/hf/llama_dynamo_scoped.onnx) compiled with sbpc --objective
+dpo --beta 0.1 at B = 4 (two pairs a step). A dpo dataset of 5 pairs (a shared prompt, not
+scored, and two different answers) is written by dataset_ref.py's writer; sbp-train computes
+the reference log-probs itself before step 1 (the model's initial weights, sbp_step_logps) and
+trains 8 AdamW steps over the pairs, shuffled per pass (--shuffle-seed). The reference is
+transformers' own model in float64: a frozen copy of the initial model gives the reference
+log-probs, and each step takes the pairs in the order dataset_ref.py computes independently
+(the same Fisher-Yates shuffle over pairs), loss = mean over pairs of
+-log sigmoid(beta ((logp_c - ref_c) - (logp_r - ref_r))), torch.optim.AdamW (lr 1e-2, weight
+decay 0.01). Every step's loss must be within 1e-5 relative, the final weights within 1e-4 per
+tensor. --compute-logps must write the reference log-probs (equal to float64 PyTorch's within
+1e-5) and train nothing. Without torch or transformers: SKIPPED, exit 77.
+"""
+import os
+import re
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+FIX = os.path.join(ROOT, "tests", "fixtures", "hf")
+MODEL = os.path.join(FIX, "llama_dynamo_scoped.onnx")
+sys.path.insert(0, HERE)
+import dataset_ref as dr  # noqa: E402
+
+B, T, V = 4, 32, 96
+STEPS, LR, WD, SEED, BETA = 8, 1e-2, 0.01, 9, 0.1
+
+
+def pairs():
+    import random
+    rnd = random.Random(20261204)
+    out = []
+    for _ in range(5):
+        prompt = [rnd.randrange(3, V) for _ in range(rnd.randint(3, 10))]
+        for _side in range(2):
+            ans = [rnd.randrange(3, V) for _ in range(rnd.randint(2, 12))]
+            out.append(dr.example(prompt + ans, len(prompt)))
+    return out
+
+
+def run(cmd):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=600)
+    if p.returncode != 0:
+        sys.stdout.write(p.stdout)
+        sys.exit("FAIL: exit status %d: %s" % (p.returncode, " ".join(cmd)))
+    return p.stdout
+
+
+def logp(torch, model, ids, labels):
+    x = torch.tensor([ids])
+    lab = torch.tensor(labels)
+    lp = torch.log_softmax(model(input_ids=x, use_cache=False).logits[0], dim=-1)
+    m = lab != dr.IGNORE
+    return lp[m.nonzero().squeeze(1), lab[m]].sum()
+
+
+def main():
+    if len(sys.argv) != 4:
+        sys.exit(__doc__)
+    sbp_train, sbpc, work = sys.argv[1:]
+    try:
+        import copy
+        import torch
+        import transformers  # noqa: F401
+        from safetensors.torch import load_file
+        sys.path.insert(0, FIX)
+        import gen_hf
+    except ImportError as e:
+        print("SKIPPED: %s (dataset_dpo_torch.py needs torch, transformers and safetensors)" % e)
+        return 77
+    os.makedirs(work, exist_ok=True)
+    exs = pairs()
+    data = os.path.join(work, "pairs.safetensors")
+    dr.write_dataset(data, exs, task="dpo", vocab=V, max_len=T)
+    step = os.path.join(work, "dpo.so")
+    run([sbpc, MODEL, "--batch", str(B), "--seq-len", str(T), "--objective", "dpo", "--beta",
+         str(BETA), "-o", step])
+    init = os.path.join(work, "init.safetensors")
+    run([sbp_train, step, "--model", MODEL, "--dataset", data, "--steps", "1", "--lr", "0",
+         "--save-safetensors", init])
+    final = os.path.join(work, "final.safetensors")
+    out = run([sbp_train, step, "--model", MODEL, "--dataset", data, "--steps", str(STEPS),
+               "--lr", str(LR), "--weight-decay", str(WD), "--shuffle-seed", str(SEED),
+               "--threads", "2", "--save-safetensors", final])
+    if not re.search(r"note: reference log-probs of 10 examples computed in", out):
+        sys.exit("FAIL: no note of the reference pass:\n" + out)
+    got = [float(m) for m in re.findall(r"^step \d+ loss ([0-9.eE+-]+)", out, re.M)]
+    logps_file = os.path.join(work, "ref.safetensors")
+    out2 = run([sbp_train, step, "--model", MODEL, "--dataset", data, "--compute-logps",
+                logps_file])
+    if "step 1 loss" in out2:
+        sys.exit("FAIL: --compute-logps trained:\n" + out2)
+
+    cfg_cls, model_cls, kw = gen_hf.families()["llama"]
+    model = model_cls(cfg_cls(**kw, attn_implementation="eager")).double().eval()
+    model.load_state_dict({k: v.double() for k, v in load_file(init).items()}, strict=True)
+    ref_model = copy.deepcopy(model)
+    with torch.no_grad():
+        ref = [float(logp(torch, ref_model, e[0], e[1])) for e in exs]
+    written = load_file(logps_file)["row_logps"].double().tolist()
+    worst_ref = max(abs(a - b) / abs(b) for a, b in zip(written, ref))
+    if worst_ref > 1e-5:
+        sys.exit("FAIL: --compute-logps is %.3g relative off float64 PyTorch" % worst_ref)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
+                            weight_decay=WD)
+    order = [p for ep in range(STEPS) for p in dr.order(len(exs) // 2, SEED, ep)]
+    want = []
+    for s in range(STEPS):
+        opt.zero_grad()
+        total = 0
+        for pr in order[s * (B // 2):(s + 1) * (B // 2)]:
+            c, r_ = exs[2 * pr], exs[2 * pr + 1]
+            z = BETA * ((logp(torch, model, *c) - ref[2 * pr]) -
+                        (logp(torch, model, *r_) - ref[2 * pr + 1]))
+            total = total - torch.nn.functional.logsigmoid(z)
+        loss = total / (B // 2)
+        loss.backward()
+        opt.step()
+        want.append(float(loss.detach()))
+    if len(got) != STEPS:
+        sys.exit("FAIL: %d step lines:\n%s" % (len(got), out))
+    worst = max(abs(g - w) / abs(w) for g, w in zip(got, want))
+    if worst > 1e-5:
+        for i, (g, w) in enumerate(zip(got, want)):
+            print("step %d: sbp-train %.9g reference %.9g" % (i + 1, g, w))
+        sys.exit("FAIL: a DPO loss is %.3g relative off the float64 reference" % worst)
+    trained, sd = load_file(final), model.state_dict()
+    wworst = max(float((v.double() - sd[k]).norm() / sd[k].norm().clamp_min(1e-30))
+                 for k, v in trained.items())
+    if wworst > 1e-4:
+        sys.exit("FAIL: a final weight is %.3g relative off the reference" % wworst)
+    print("dpo: %d steps over 5 shuffled pairs, losses within %.2e of float64 PyTorch, final "
+          "weights within %.2e, reference log-probs within %.2e" % (STEPS, worst, wworst,
+                                                                     worst_ref))
+    print("PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
