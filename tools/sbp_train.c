@@ -289,6 +289,8 @@ typedef struct options {
     train_dataset_opts dataset; /* --dataset, --epochs, --shuffle-seed (train_dataset.h) */
     train_pretrained_opts pretrained; /* --save-pretrained, --tokenizer (train_pretrained.h) */
     const char *compute_logps; /* --compute-logps OUT.safetensors: log-probs only, no training */
+    const char *ref_cache;   /* --ref-cache FILE: where a dataset's reference log-probs are kept
+                              * (default: DIR/ref-logps.safetensors of the checkpoints) */
 } options;
 
 enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT_SAVE,
@@ -297,7 +299,7 @@ enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT
        /* safetensors export */
        OPT_SAVE_SAFETENSORS,
        OPT_ZERO, OPT_DATASET, OPT_EPOCHS, OPT_SHUFFLE_SEED, OPT_EVAL_DATASET,
-       OPT_SAVE_PRETRAINED, OPT_TOKENIZER, OPT_COMPUTE_LOGPS };
+       OPT_SAVE_PRETRAINED, OPT_TOKENIZER, OPT_COMPUTE_LOGPS, OPT_REF_CACHE };
 
 /* schedule, clipping, log (consecutive, in train_sched_parse's order) */
 enum { OPT_LR_SCHEDULE = 1200, OPT_WARMUP_STEPS, OPT_MIN_LR, OPT_CLIP_GRAD_NORM, OPT_LOG };
@@ -364,6 +366,7 @@ static int parse_args(int argc, char **argv, options *o)
         {"save-pretrained", required_argument, NULL, OPT_SAVE_PRETRAINED},
         {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
         {"compute-logps", required_argument, NULL, OPT_COMPUTE_LOGPS},
+        {"ref-cache", required_argument, NULL, OPT_REF_CACHE},
         {0},
     };
     static const char *const optimizers[] = {"adamw", "sgd", NULL};
@@ -410,6 +413,7 @@ static int parse_args(int argc, char **argv, options *o)
             bad = cli_path(&c, "--save-pretrained", v, &o->pretrained.dir);
             break;
         case OPT_TOKENIZER: bad = cli_path(&c, "--tokenizer", v, &o->pretrained.tokenizer); break;
+        case OPT_REF_CACHE: bad = cli_path(&c, "--ref-cache", v, &o->ref_cache); break;
         case OPT_COMPUTE_LOGPS:
             bad = cli_path(&c, "--compute-logps", v, &o->compute_logps);
             break;
@@ -473,6 +477,8 @@ static int parse_args(int argc, char **argv, options *o)
     if (train_sched_check(&o->sched, o->lr, sched_err, sizeof sched_err) ||
         train_eval_check_opts(&o->eval, sched_err, sizeof sched_err)) /* and evaluation's */
         return error("%s", sched_err);
+    if (o->ref_cache && !o->dataset.path)
+        return error("--ref-cache FILE keeps the reference log-probs of --dataset FILE");
     if (o->compute_logps && !o->dataset.path)
         return error("--compute-logps OUT.safetensors scores the examples of --dataset FILE");
     if (o->pretrained.tokenizer && !o->pretrained.dir)
@@ -961,7 +967,8 @@ static int check_outputs(const options *o, const train_pretrained *pre,
                  {o->save, "--save"},
                  {o->save_safetensors, "--save-safetensors"},
                  {o->sched.log_path, "--log"},
-                 {o->compute_logps, "--compute-logps"}};
+                 {o->compute_logps, "--compute-logps"},
+                 {o->ref_cache, "--ref-cache"}};
     train_outputs reg;
     char err[1024];
     int rc = 0;
@@ -1778,6 +1785,7 @@ static int run_load(run *r)
 static int run_ref_pass(run *r)
 {
     const options *o = &r->o;
+    const sbp_step_info *in = r->in;
     runtime *rt = &r->rt;
     const int64_t B = r->B, T = r->T, n = r->ds.d.n_ex;
     int32_t *ids = malloc((size_t)(B * T) * sizeof *ids), *labels = malloc((size_t)(B * T) *
@@ -1785,6 +1793,43 @@ static int run_ref_pass(run *r)
     float *row = malloc((size_t)B * sizeof *row);
     char err[700], why[400];
     int rc = !ids || !labels || !row ? error("out of memory") : 0;
+    /* the cache: kept beside the checkpoints (or in --ref-cache), valid for this model's
+     * initial weights, this step's model and this dataset, and reused only then */
+    char cache[4200] = "", key[128];
+    const char *dir = o->ckpt.dir ? o->ckpt.dir : o->ckpt.resume;
+    if (o->ref_cache)
+        snprintf(cache, sizeof cache, "%s", o->ref_cache);
+    else if (dir && !o->compute_logps)
+        snprintf(cache, sizeof cache, "%s/ref-logps.safetensors", dir);
+    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a over the initial parameter block */
+    for (size_t i = 0; i < in->param_elems * sizeof(float); i++)
+        h = (h ^ ((const unsigned char *)r->host_params)[i]) * 0x100000001b3ULL;
+    snprintf(key, sizeof key, "%016llx-%016llx-%016llx", (unsigned long long)h,
+             (unsigned long long)r->ds.d.hash, (unsigned long long)in->model_fingerprint);
+    if (!rc && cache[0] && access(cache, F_OK) == 0) {
+        sbpio_st_file *f = NULL;
+        const char *k = NULL;
+        if (sbpio_st_open(cache, &f, why, sizeof why) == SBPIO_OK &&
+            (k = sbpio_st_meta(f, "key")) && strcmp(k, key) == 0 &&
+            sbpio_st_copy_f32(f, "row_logps", r->ref_ex, n, why, sizeof why) == SBPIO_OK) {
+            bool finite = true;
+            for (int64_t i = 0; i < n; i++)
+                finite = finite && isfinite(r->ref_ex[i]);
+            sbpio_st_close(f);
+            if (finite) {
+                message("note", "reusing the reference log-probs of %s (this model and "
+                        "dataset)", cache);
+                free(ids);
+                free(labels);
+                free(row);
+                return 0;
+            }
+        } else {
+            sbpio_st_close(f);
+        }
+        message("note", "%s holds reference log-probs of another model, step or dataset (or "
+                "is damaged): computing them again", cache);
+    }
     const double t0 = now_seconds();
     for (int64_t e = 0; e < n && !rc; e += B) {
         for (int64_t j = 0; j < B && !rc; j++) {
@@ -1829,20 +1874,24 @@ static int run_ref_pass(run *r)
         return -1;
     message("note", "reference log-probs of %lld examples computed in %.2f s (the model's "
             "initial weights, before step 1)", (long long)n, now_seconds() - t0);
-    if (!o->compute_logps)
+    const char *out = o->compute_logps ? o->compute_logps : cache[0] ? cache : NULL;
+    if (!out || (dist.on && dist.rank != 0)) /* rank 0 writes what every rank computed */
         return 0;
     int64_t shape[1] = {n};
     char count[32];
     snprintf(count, sizeof count, "%lld", (long long)n);
-    sbpio_kv meta[] = {{"format", "sbp-logps"}, {"dataset", o->dataset.path},
+    sbpio_kv meta[] = {{"format", "sbp-logps"}, {"key", key}, {"dataset", o->dataset.path},
                        {"model", o->model_path}, {"examples", count},
-                       {"producer", "sbp-train --compute-logps"}};
+                       {"producer", "sbp-train"}};
     sbpio_st_tensor t = {.name = "row_logps", .dtype = SBPIO_DT_F32, .rank = 1, .shape = shape,
                          .data = r->ref_ex};
-    if (sbpio_st_write(o->compute_logps, 1, &t, 5, meta, false, err, sizeof err) != SBPIO_OK)
-        return error("--compute-logps: %s", err);
-    printf("wrote the log-probs of %lld examples to %s\n", (long long)n, o->compute_logps);
-    r->logps_only = true;
+    if (sbpio_st_write(out, 1, &t, 6, meta, false, err, sizeof err) != SBPIO_OK)
+        return error("%s: %s", o->compute_logps ? "--compute-logps" : "the reference log-probs",
+                     err);
+    if (o->compute_logps) {
+        printf("wrote the log-probs of %lld examples to %s\n", (long long)n, o->compute_logps);
+        r->logps_only = true;
+    }
     return 0;
 }
 

@@ -14,7 +14,8 @@ log-probs, and each step takes the pairs in the order dataset_ref.py computes in
 -log sigmoid(beta ((logp_c - ref_c) - (logp_r - ref_r))), torch.optim.AdamW (lr 1e-2, weight
 decay 0.01). Every step's loss must be within 1e-5 relative, the final weights within 1e-4 per
 tensor. --compute-logps must write the reference log-probs (equal to float64 PyTorch's within
-1e-5) and train nothing. Without torch or transformers: SKIPPED, exit 77.
+1e-5) and train nothing; the log-probs kept beside the checkpoints are reused by a resumed run
+(whose losses equal the uninterrupted run's) and recomputed for another dataset. Without torch or transformers: SKIPPED, exit 77.
 """
 import os
 import re
@@ -97,6 +98,28 @@ def main():
                 logps_file])
     if "step 1 loss" in out2:
         sys.exit("FAIL: --compute-logps trained:\n" + out2)
+
+    # the reference log-probs kept beside the checkpoints: a resumed run reuses them (and
+    # trains the same steps), a run of another dataset computes its own
+    ck = os.path.join(work, "ck")
+    subprocess.run(["rm", "-rf", ck])
+    common = ["--model", MODEL, "--dataset", data, "--lr", str(LR), "--weight-decay", str(WD),
+              "--shuffle-seed", str(SEED), "--threads", "2"]
+    run([sbp_train, step] + common + ["--steps", "4", "--checkpoint-dir", ck])
+    if not os.path.exists(os.path.join(ck, "ref-logps.safetensors")):
+        sys.exit("FAIL: no ref-logps.safetensors beside the checkpoints")
+    out3 = run([sbp_train, step] + common + ["--steps", str(STEPS), "--resume", ck])
+    if "note: reusing the reference log-probs of" not in out3:
+        sys.exit("FAIL: the resumed run did not reuse the reference log-probs:\n" + out3)
+    resumed = [float(m) for m in re.findall(r"^step \d+ loss ([0-9.eE+-]+)", out3, re.M)]
+    if resumed != got[4:]:
+        sys.exit("FAIL: the resumed losses %s differ from the run's %s" % (resumed, got[4:]))
+    other = os.path.join(work, "other.safetensors")
+    dr.write_dataset(other, exs[2:] + exs[:2], task="dpo", vocab=V, max_len=T)
+    out4 = run([sbp_train, step, "--model", MODEL, "--dataset", other, "--steps", "1",
+                "--ref-cache", os.path.join(ck, "ref-logps.safetensors")])
+    if "holds reference log-probs of another model, step or dataset" not in out4:
+        sys.exit("FAIL: a cache of another dataset was not recomputed:\n" + out4)
 
     cfg_cls, model_cls, kw = gen_hf.families()["llama"]
     model = model_cls(cfg_cls(**kw, attn_implementation="eager")).double().eval()
