@@ -1516,6 +1516,8 @@ typedef struct run {
      * from the model's initial weights with the step's sbp_step_logps */
     int (*step_logps)(sbprt_ctx *, const sbp_step_args *, float *, float *);
     float *ref_ex;            /* [examples] */
+    float *ref_tok;           /* GRPO: [dataset tokens] each token's, 0 where not scored */
+    bool ds_grpo;             /* a grpo dataset: advantages from the file, rows one example */
     int64_t *row_ex;          /* [K*G] the example in each row of the step's batch */
     bool logps_only;          /* --compute-logps: written; no training */
     train_eval ev;            /* the held-out batches */
@@ -1712,13 +1714,18 @@ static int run_load(run *r)
             return error("%s: every label is -100: no position is scored, there is nothing to "
                          "train", o->labels_path);
     }
-    const bool self_ref = r->have_ds && r->ds.pairs; /* DPO on a dataset: the reference is ours */
+    r->ds_grpo = r->have_ds && strcmp(r->ds.d.task, "grpo") == 0;
+    /* DPO / GRPO on a dataset: the reference is ours, GRPO's advantages the file's */
+    const bool self_ref = r->have_ds && (r->ds.pairs || r->ds_grpo);
     if (self_ref && o->ref_logps)
         return error("--ref-logps: with --dataset the reference log-probs are computed from the "
                      "model's initial weights before step 1 (a file of them is not read yet)");
     if (r->have_ds && !self_ref && o->compute_logps)
-        return error("--compute-logps scores a dpo step's pairs (the step here is %s)",
-                     in->objective ? in->objective : "sft");
+        return error("--compute-logps scores the examples of a dpo or grpo step (the step here "
+                     "is %s)", in->objective ? in->objective : "sft");
+    if (self_ref && (o->old_logps || o->advantages))
+        return error("%s: with --dataset GRPO's advantages are the dataset's and its old "
+                     "log-probs on-policy", o->old_logps ? "--old-logps" : "--advantages");
     if ((self_ref ? ti_open_self_ref(&r->ti, bin, K, note_message, err, sizeof err)
                   : ti_open(&r->ti, bin, K, o->ref_logps, o->old_logps, o->advantages,
                             note_message, err, sizeof err)) ||
@@ -1736,7 +1743,9 @@ static int run_load(run *r)
                          in->logp_workspace_bytes, in->workspace_bytes);
         r->ref_ex = malloc((size_t)r->ds.d.n_ex * sizeof *r->ref_ex);
         r->row_ex = malloc((size_t)(K * G) * sizeof *r->row_ex);
-        if (!r->ref_ex || !r->row_ex)
+        if (r->ds_grpo)
+            r->ref_tok = calloc((size_t)r->ds.d.n_tok, sizeof *r->ref_tok);
+        if (!r->ref_ex || !r->row_ex || (r->ds_grpo && !r->ref_tok))
             return error("out of memory");
     }
     if (in->packed) { /* the batch's document ids (--pack packs them each step) */
@@ -1790,7 +1799,9 @@ static int run_ref_pass(run *r)
     const int64_t B = r->B, T = r->T, n = r->ds.d.n_ex;
     int32_t *ids = malloc((size_t)(B * T) * sizeof *ids), *labels = malloc((size_t)(B * T) *
                                                                                sizeof *labels);
-    float *row = malloc((size_t)B * sizeof *row);
+    const bool tok = r->ds_grpo; /* GRPO: each token's; DPO: each row's sum */
+    const size_t per = tok ? (size_t)(B * T) : (size_t)B;
+    float *row = malloc(per * sizeof *row);
     char err[700], why[400];
     int rc = !ids || !labels || !row ? error("out of memory") : 0;
     /* the cache: kept beside the checkpoints (or in --ref-cache), valid for this model's
@@ -1811,10 +1822,14 @@ static int run_ref_pass(run *r)
         const char *k = NULL;
         if (sbpio_st_open(cache, &f, why, sizeof why) == SBPIO_OK &&
             (k = sbpio_st_meta(f, "key")) && strcmp(k, key) == 0 &&
-            sbpio_st_copy_f32(f, "row_logps", r->ref_ex, n, why, sizeof why) == SBPIO_OK) {
+            sbpio_st_copy_f32(f, "row_logps", r->ref_ex, n, why, sizeof why) == SBPIO_OK &&
+            (!tok || sbpio_st_copy_f32(f, "token_logps", r->ref_tok, r->ds.d.n_tok, why,
+                                       sizeof why) == SBPIO_OK)) {
             bool finite = true;
             for (int64_t i = 0; i < n; i++)
                 finite = finite && isfinite(r->ref_ex[i]);
+            for (int64_t i = 0; tok && i < r->ds.d.n_tok; i++)
+                finite = finite && isfinite(r->ref_tok[i]);
             sbpio_st_close(f);
             if (finite) {
                 message("note", "reusing the reference log-probs of %s (this model and "
@@ -1852,19 +1867,31 @@ static int run_ref_pass(run *r)
         sbp_step_args args = {.params = r->d_params, .input_ids = r->d_ids,
                               .labels = r->d_labels, .workspace = r->workspace,
                               .doc_ids = r->d_doc_ids};
-        if (!rc && ((st = r->step_logps(rt->step_ctx, &args, r->d_ref, NULL)) ||
+        if (!rc && ((st = r->step_logps(rt->step_ctx, &args, tok ? NULL : r->d_ref,
+                                        tok ? r->d_ref : NULL)) ||
                     (st = rt->sync(*rt->sync_ctx))))
             rc = error("the reference log-probs of examples %lld..%lld failed: %s%s",
                        (long long)e, (long long)(e + B - 1), rt->status_string(st),
                        rt_why(rt, rt->step_ctx, why, sizeof why));
-        if (!rc && (st = RT(*rt, copy, copy_ctx, row, r->d_ref, (size_t)B * sizeof *row,
+        if (!rc && (st = RT(*rt, copy, copy_ctx, row, r->d_ref, per * sizeof *row,
                             SBPRT_COPY_DEVICE_TO_HOST)))
             rc = copy_failed(r, st);
         for (int64_t j = 0; j < B && e + j < n && !rc; j++) {
-            if (!isfinite(row[j]))
+            float sum = 0;
+            if (tok) { /* the example's tokens, and their sum over the scored ones */
+                const int64_t len = sbpio_dataset_len(&r->ds.d, e + j);
+                const int64_t at = r->ds.d.offsets[e + j];
+                for (int64_t t = 0; t < len; t++) {
+                    r->ref_tok[at + t] = labels[j * T + t] == SBPRT_IGNORE_INDEX ? 0
+                                                                                 : row[j * T + t];
+                    sum += r->ref_tok[at + t];
+                }
+            }
+            const float v = tok ? sum : row[j];
+            if (!isfinite(v))
                 rc = error("the reference log-prob of example %lld is %g", (long long)(e + j),
-                           (double)row[j]);
-            r->ref_ex[e + j] = row[j];
+                           (double)v);
+            r->ref_ex[e + j] = v;
         }
     }
     free(ids);
@@ -1877,15 +1904,17 @@ static int run_ref_pass(run *r)
     const char *out = o->compute_logps ? o->compute_logps : cache[0] ? cache : NULL;
     if (!out || (dist.on && dist.rank != 0)) /* rank 0 writes what every rank computed */
         return 0;
-    int64_t shape[1] = {n};
+    int64_t shape[1] = {n}, tshape[1] = {r->ds.d.n_tok};
     char count[32];
     snprintf(count, sizeof count, "%lld", (long long)n);
     sbpio_kv meta[] = {{"format", "sbp-logps"}, {"key", key}, {"dataset", o->dataset.path},
                        {"model", o->model_path}, {"examples", count},
                        {"producer", "sbp-train"}};
-    sbpio_st_tensor t = {.name = "row_logps", .dtype = SBPIO_DT_F32, .rank = 1, .shape = shape,
-                         .data = r->ref_ex};
-    if (sbpio_st_write(out, 1, &t, 6, meta, false, err, sizeof err) != SBPIO_OK)
+    sbpio_st_tensor t[2] = {{.name = "row_logps", .dtype = SBPIO_DT_F32, .rank = 1,
+                             .shape = shape, .data = r->ref_ex},
+                            {.name = "token_logps", .dtype = SBPIO_DT_F32, .rank = 1,
+                             .shape = tshape, .data = r->ref_tok}};
+    if (sbpio_st_write(out, tok ? 2 : 1, t, 6, meta, false, err, sizeof err) != SBPIO_OK)
         return error("%s: %s", o->compute_logps ? "--compute-logps" : "the reference log-probs",
                      err);
     if (o->compute_logps) {
@@ -1990,7 +2019,7 @@ static int run_allocate(run *r)
                      rt_why(rt, rt->step_ctx, why, sizeof why));
     /* the reference log-probs, from the model's initial weights: before a resume restores
      * later ones */
-    if (r->ref_ex && run_ref_pass(r))
+    if (r->ref_ex && (!r->ds_grpo || r->ti.ref || o->compute_logps) && run_ref_pass(r))
         return -1;
     /* checkpoints: --resume overwrites the weights, m, v and the data position */
     /* under ZeRO a checkpoint still holds the whole moments: a resume reads this
@@ -2121,7 +2150,22 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
                     (long long)s, (long long)epoch + 1, o->dataset.path,
                     (long long)r->ds.epoch + 1);
     }
-    for (int64_t k = 0; r->have_ds && !r->ds.pairs && k < K; k++) { /* the next K*G rows */
+    if (r->ds_grpo) { /* GRPO: K*G rows, each example's advantage and reference tokens */
+        const int64_t epoch = r->ds.epoch, N = K * G;
+        if (train_dataset_next_rows(&r->ds, N, r->ids, r->labels, r->row_ex, err, sizeof err))
+            return error("step %lld: %s", (long long)s, err);
+        for (int64_t i = 0; i < N; i++) {
+            const int64_t e = r->row_ex[i], len = sbpio_dataset_len(&r->ds.d, e);
+            ti->adv[i] = r->ds.d.advantages[e];
+            for (int64_t t = 0; ti->ref && t < T; t++)
+                ti->ref[i * T + t] = t < len ? r->ref_tok[r->ds.d.offsets[e] + t] : 0;
+        }
+        if (r->ds.epoch != epoch && !o->dataset.epochs)
+            message("note", "step %lld: pass %lld over %s is done; pass %lld begins",
+                    (long long)s, (long long)epoch + 1, o->dataset.path,
+                    (long long)r->ds.epoch + 1);
+    }
+    for (int64_t k = 0; r->have_ds && !r->ds.pairs && !r->ds_grpo && k < K; k++) {
         const int64_t epoch = r->ds.epoch;
         if (train_dataset_next(&r->ds, G, r->ids + (size_t)k * gtok, r->labels + (size_t)k * gtok,
                                r->doc_ids ? r->doc_ids + (size_t)k * ntok : NULL, NULL, err,
@@ -2515,6 +2559,7 @@ static void run_free(run *r)
     if (r->have_ds)
         train_dataset_close(&r->ds);
     free(r->ref_ex);
+    free(r->ref_tok);
     free(r->row_ex);
     model_free(&r->mdl);
     train_export_free(r->export);

@@ -48,16 +48,17 @@ int train_dataset_open(train_dataset *s, const train_dataset_opts *o, const sbp_
     const bool dpo_step = strcmp(obj, "dpo") == 0;
     const bool sft_step = strcmp(obj, "sft") == 0 || strcmp(obj, "graph-loss") == 0;
     const bool dpo_data = strcmp(s->d.task, "dpo") == 0;
-    if (!(sft_step && strcmp(s->d.task, "sft") == 0) && !(dpo_step && dpo_data)) {
+    const bool grpo = strcmp(obj, "grpo") == 0 && strcmp(s->d.task, "grpo") == 0;
+    if (!(sft_step && strcmp(s->d.task, "sft") == 0) && !(dpo_step && dpo_data) && !grpo) {
         cli_errf(err, errlen, "--dataset: %s is a %s dataset, and the step's objective is %s: "
-                 "sbp-train trains sft steps on sft datasets and dpo steps on dpo datasets "
+                 "sbp-train trains sft, dpo and grpo steps on datasets of their own task "
                  "(sbp-prepare --task)", o->path, s->d.task, obj);
         sbpio_dataset_close(&s->d);
         return -1;
     }
-    if (dpo_data && packed) {
-        cli_errf(err, errlen, "--dataset: %s: packed dpo rows from a dataset are not supported "
-                 "yet; compile the step without --packed", o->path);
+    if ((dpo_data || grpo) && packed) {
+        cli_errf(err, errlen, "--dataset: %s: packed %s rows from a dataset are not supported "
+                 "yet; compile the step without --packed", o->path, s->d.task);
         sbpio_dataset_close(&s->d);
         return -1;
     }
@@ -117,7 +118,7 @@ static int64_t take(train_dataset *s)
 
 /* Rows of the cursor's examples; dry: lengths only (ids, labels, doc_ids unused). */
 static int fill(train_dataset *s, int64_t rows, int32_t *ids, int32_t *labels, int32_t *doc_ids,
-                bool dry, int64_t *examples, char *err, size_t errlen)
+                int64_t *row_ex, bool dry, int64_t *examples, char *err, size_t errlen)
 {
     const int64_t T = s->T;
     int64_t n = 0;
@@ -128,6 +129,8 @@ static int fill(train_dataset *s, int64_t rows, int32_t *ids, int32_t *labels, i
             if (used > 0 && (!s->packed || used + len > T))
                 break; /* the row is full: padding from here */
             const int64_t ex = take(s);
+            if (row_ex) /* the row's (first) example */
+                row_ex[r] = used ? row_ex[r] : ex;
             n++;
             if (!dry) {
                 char why[600];
@@ -159,7 +162,14 @@ static int fill(train_dataset *s, int64_t rows, int32_t *ids, int32_t *labels, i
 int train_dataset_next(train_dataset *s, int64_t rows, int32_t *ids, int32_t *labels,
                        int32_t *doc_ids, int64_t *examples, char *err, size_t errlen)
 {
-    return fill(s, rows, ids, labels, s->packed ? doc_ids : NULL, false, examples, err, errlen);
+    return fill(s, rows, ids, labels, s->packed ? doc_ids : NULL, NULL, false, examples, err,
+                errlen);
+}
+
+int train_dataset_next_rows(train_dataset *s, int64_t rows, int32_t *ids, int32_t *labels,
+                            int64_t *row_ex, char *err, size_t errlen)
+{
+    return fill(s, rows, ids, labels, NULL, row_ex, false, NULL, err, errlen);
 }
 
 int train_dataset_row(train_dataset *s, int64_t i, int32_t *ids, int32_t *labels, char *err,
@@ -218,7 +228,7 @@ int64_t train_dataset_steps(const train_dataset *s, int64_t epochs, int64_t rows
     epoch_order(c.order, c.n_units, c.shuffle, c.seed, 0);
     int64_t steps = 0;
     while (c.epoch < epochs) {
-        if (fill(&c, rows, NULL, NULL, NULL, true, NULL, NULL, 0))
+        if (fill(&c, rows, NULL, NULL, NULL, NULL, true, NULL, NULL, 0))
             break;
         steps++;
     }
@@ -238,15 +248,19 @@ const char *train_dataset_usage(void)
            "                          rows is refused: prepare with --max-len T. A dpo dataset\n"
            "                          trains a dpo step: pairs in the step's layout, and the\n"
            "                          reference log-probs computed before step 1 from the\n"
-           "                          model's initial weights (the step's sbp_step_logps)\n"
-           "  --ref-cache FILE        where a dpo dataset's reference log-probs are kept\n"
+           "                          model's initial weights (the step's sbp_step_logps).\n"
+           "                          A grpo dataset trains a grpo step: one rollout a row with\n"
+           "                          the file's advantage, old log-probs on-policy, and with\n"
+           "                          beta > 0 each token's reference log-prob computed so too\n"
+           "  --ref-cache FILE        where a dataset's reference log-probs are kept\n"
            "                          (default: ref-logps.safetensors beside the checkpoints),\n"
            "                          keyed by the model's initial weights, the step's model and\n"
            "                          the dataset: a resumed or second run reuses them, another\n"
            "                          model or dataset computes its own\n"
-           "  --compute-logps OUT     with a dpo step and --dataset: write each example's\n"
-           "                          log-prob under the model (OUT.safetensors, row_logps\n"
-           "                          [examples]) and train nothing\n"
+           "  --compute-logps OUT     with a dpo or grpo step and --dataset: write each\n"
+           "                          example's log-prob under the model (OUT.safetensors:\n"
+           "                          row_logps [examples]; grpo also token_logps [tokens])\n"
+           "                          and train nothing\n"
            "  --epochs E              train E passes over the dataset (sets --steps: the steps\n"
            "                          E passes take, the last one may reach into pass E + 1)\n"
            "  --shuffle-seed S        a new order each pass: a Fisher-Yates shuffle driven by\n"

@@ -16,6 +16,10 @@
  * over pairs. sbp-train computes every example's reference log-probability once, before step 1,
  * from the model's initial weights (the step's sbp_step_logps), and gives each row its own.
  *
+ * GRPO. A grpo dataset trains a grpo step, one example (a prompt and its completion) a row,
+ * each with the dataset's advantage; old log-probs are on-policy; with beta > 0 each scored
+ * token's reference log-probability is computed once before step 1, like DPO's.
+ *
  * Order. Epoch e (from 0) visits every example (DPO: every pair) once: in file order, or with --shuffle-seed S
  * in the order of a Fisher-Yates shuffle (i from n-1 down to 1: j = x mod (i + 1), swap order[i]
  * and order[j]) driven by splitmix64 started at S + (e + 1) * 0x9E3779B97F4A7C15, a new order
@@ -74,6 +78,11 @@ int train_dataset_next(train_dataset *s, int64_t rows, int32_t *ids, int32_t *la
  * gets each row's example index (for its reference log-probability). */
 int train_dataset_next_pairs(train_dataset *s, int64_t npairs, int32_t *ids, int32_t *labels,
                              int64_t *row_ex, char *err, size_t errlen);
+
+/* GRPO (an unpacked step): the next `rows` rows as train_dataset_next lays them, with
+ * row_ex [rows] each row's example (for its advantage and reference log-probs). */
+int train_dataset_next_rows(train_dataset *s, int64_t rows, int32_t *ids, int32_t *labels,
+                            int64_t *row_ex, char *err, size_t errlen);
 
 /* Example i alone in one row of T tokens (padded), for the reference pass. */
 int train_dataset_row(train_dataset *s, int64_t i, int32_t *ids, int32_t *labels, char *err,

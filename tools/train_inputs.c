@@ -91,6 +91,12 @@ static int open_inputs(train_inputs *ti, const sbp_step_info *in, int64_t k,
         if (!ti->self_ref && read_floats("--ref-logps", ref_path, 1, N, 0, "reference logps",
                                          &ti->ref, err, errlen))
             return -1;
+    } else if (ti->self_ref) { /* a dataset's advantages and the trainer's reference */
+        ti->adv = calloc((size_t)N, sizeof *ti->adv);
+        if (ti->beta > 0)
+            ti->ref = calloc((size_t)(N * T), sizeof *ti->ref);
+        if (!ti->adv || (ti->beta > 0 && !ti->ref))
+            return cli_errf(err, errlen, "out of memory");
     } else {
         if (!adv_path)
             return cli_errf(err, errlen,

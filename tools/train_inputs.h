@@ -24,7 +24,7 @@ typedef struct train_inputs {
     bool grpo_token;           /* GRPO's token normalisation (else sequence) */
     double beta;               /* the step's beta (DPO / GRPO) */
     const char *ref_path, *old_path, *adv_path; /* the files given, or NULL */
-    bool self_ref;             /* DPO: ref is filled by the caller (ti_open_self_ref) */
+    bool self_ref;             /* ref / adv are filled by the caller (ti_open_self_ref) */
     float *ref;                /* DPO [N]; GRPO [N*T] (NULL when beta == 0); else NULL */
     float *old;                /* GRPO [N*T], NULL: on-policy */
     float *adv;                /* GRPO [N] */
@@ -38,9 +38,10 @@ typedef struct train_inputs {
 int ti_open(train_inputs *ti, const sbp_step_info *in, int64_t k, const char *ref_path,
             const char *old_path, const char *adv_path, void (*note)(const char *msg),
             char *err, size_t errlen);
-/* DPO on a dataset: the reference logps are the trainer's own (computed before step 1 from the
- * model's initial weights), so ref [N] is allocated here and filled by the caller each step
- * instead of read from --ref-logps. */
+/* DPO / GRPO on a dataset: the reference logps are the trainer's own (computed before step 1
+ * from the model's initial weights) and GRPO's advantages the dataset's, so ref (DPO [N], GRPO
+ * [N*T] when beta > 0) and adv (GRPO [N]) are allocated here and filled by the caller each step
+ * instead of read from --ref-logps / --advantages; GRPO's old logps are on-policy. */
 int ti_open_self_ref(train_inputs *ti, const sbp_step_info *in, int64_t k,
                      void (*note)(const char *msg), char *err, size_t errlen);
 void ti_free(train_inputs *ti);

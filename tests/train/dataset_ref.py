@@ -379,8 +379,9 @@ def hostile_mode(sbp_train, plain, packed_step, model, work):
          meta={"examples": "11junk"})
     case("no_format", r"not a dataset file of sbp-prepare", meta={"format": "something"})
     case("version_2", r"dataset format version '2'", meta={"version": "2"})
-    case("dpo_task", r"is a dpo dataset, and the step.s objective is sft: sbp-train trains sft "
-         r"steps on sft datasets and dpo steps on dpo datasets", task="dpo",
+    case("dpo_task", r"is a dpo dataset, and the step.s objective is sft: sbp-train trains sft, dpo "
+         r"and grpo "
+         r"steps on datasets of their own task", task="dpo",
          exs=exs[:10])
     case("dpo_odd", r"a dpo dataset holds pairs, but it has 11 examples", task="dpo")
     case("ids_f32", r"tensor 'input_ids' is F32 \[%d\], the format has I32" % n_tok,
