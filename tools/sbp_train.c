@@ -191,7 +191,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: sbp-train STEP.so --model MODEL.onnx (--input-ids X.npy --labels Y.npy |\n"
-            "                 --data SHARD.bin) [options]\n"
+            "                 --data SHARD.bin | --dataset DATA.safetensors) [options]\n"
             "\n"
             "Trains with a step compiled by sbpc, starting from the model's weights.\n"
             "\n"
@@ -231,6 +231,9 @@ static void usage(FILE *f)
             "%s"
             /* LoRA adapters */
             "%s"
+            /* a model folder for transformers */
+            "%s"
+            /* datasets */
             "%s"
             /* data parallel */
             "%s"
@@ -252,7 +255,7 @@ static void usage(FILE *f)
             "and the peak memory at the end.\n",
             train_sched_usage(), train_ckpt_usage() /* checkpoints */,
             train_pack_usage(), train_eval_usage(),
-            train_adapter_usage(), train_pretrained_usage(),
+            train_adapter_usage(), train_pretrained_usage(), train_dataset_usage(),
             train_dist_usage());
 }
 
