@@ -23,11 +23,10 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-FIX = os.path.join(ROOT, "tests", "fixtures", "hf")
-MODEL = os.path.join(FIX, "llama_dynamo_scoped.onnx")
 sys.path.insert(0, HERE)
 import dataset_ref as dr  # noqa: E402
+from torch_ref import LLAMA as MODEL, run, step_losses, llama_float64, check_losses, \
+    check_weights  # noqa: E402
 
 B, T, V = 4, 32, 96
 STEPS, LR, WD, SEED, BETA = 8, 1e-2, 0.01, 9, 0.1
@@ -44,14 +43,6 @@ def pairs():
             out.append(dr.example(prompt + ans, len(prompt)))
     return out
 
-
-def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=600)
-    if p.returncode != 0:
-        sys.stdout.write(p.stdout)
-        sys.exit("FAIL: exit status %d: %s" % (p.returncode, " ".join(cmd)))
-    return p.stdout
 
 
 def logp(torch, model, ids, labels):
@@ -71,8 +62,6 @@ def main():
         import torch
         import transformers  # noqa: F401
         from safetensors.torch import load_file
-        sys.path.insert(0, FIX)
-        import gen_hf
     except ImportError as e:
         print("SKIPPED: %s (dataset_dpo_torch.py needs torch, transformers and safetensors)" % e)
         return 77
@@ -92,7 +81,7 @@ def main():
                "--threads", "2", "--save-safetensors", final])
     if not re.search(r"note: reference log-probs of 10 examples computed in", out):
         sys.exit("FAIL: no note of the reference pass:\n" + out)
-    got = [float(m) for m in re.findall(r"^step \d+ loss ([0-9.eE+-]+)", out, re.M)]
+    got = step_losses(out)
     logps_file = os.path.join(work, "ref.safetensors")
     out2 = run([sbp_train, step, "--model", MODEL, "--dataset", data, "--compute-logps",
                 logps_file])
@@ -111,7 +100,7 @@ def main():
     out3 = run([sbp_train, step] + common + ["--steps", str(STEPS), "--resume", ck])
     if "note: reusing the reference log-probs of" not in out3:
         sys.exit("FAIL: the resumed run did not reuse the reference log-probs:\n" + out3)
-    resumed = [float(m) for m in re.findall(r"^step \d+ loss ([0-9.eE+-]+)", out3, re.M)]
+    resumed = step_losses(out3)
     if resumed != got[4:]:
         sys.exit("FAIL: the resumed losses %s differ from the run's %s" % (resumed, got[4:]))
     other = os.path.join(work, "other.safetensors")
@@ -121,9 +110,7 @@ def main():
     if "holds reference log-probs of another model, step or dataset" not in out4:
         sys.exit("FAIL: a cache of another dataset was not recomputed:\n" + out4)
 
-    cfg_cls, model_cls, kw = gen_hf.families()["llama"]
-    model = model_cls(cfg_cls(**kw, attn_implementation="eager")).double().eval()
-    model.load_state_dict({k: v.double() for k, v in load_file(init).items()}, strict=True)
+    model = llama_float64(init)
     ref_model = copy.deepcopy(model)
     with torch.no_grad():
         ref = [float(logp(torch, ref_model, e[0], e[1])) for e in exs]
@@ -147,18 +134,8 @@ def main():
         loss.backward()
         opt.step()
         want.append(float(loss.detach()))
-    if len(got) != STEPS:
-        sys.exit("FAIL: %d step lines:\n%s" % (len(got), out))
-    worst = max(abs(g - w) / abs(w) for g, w in zip(got, want))
-    if worst > 1e-5:
-        for i, (g, w) in enumerate(zip(got, want)):
-            print("step %d: sbp-train %.9g reference %.9g" % (i + 1, g, w))
-        sys.exit("FAIL: a DPO loss is %.3g relative off the float64 reference" % worst)
-    trained, sd = load_file(final), model.state_dict()
-    wworst = max(float((v.double() - sd[k]).norm() / sd[k].norm().clamp_min(1e-30))
-                 for k, v in trained.items())
-    if wworst > 1e-4:
-        sys.exit("FAIL: a final weight is %.3g relative off the reference" % wworst)
+    worst = check_losses("dpo", got, want)
+    wworst = check_weights("dpo", final, model)
     print("dpo: %d steps over 5 shuffled pairs, losses within %.2e of float64 PyTorch, final "
           "weights within %.2e, reference log-probs within %.2e" % (STEPS, worst, wworst,
                                                                      worst_ref))

@@ -17,17 +17,14 @@ within 1e-5 relative, the final weights within 1e-4 per tensor; --compute-logps 
 token's reference log-prob (within 1e-5 of float64 PyTorch's). SKIPPED (exit 77) without torch.
 """
 import os
-import re
 import struct
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-FIX = os.path.join(ROOT, "tests", "fixtures", "hf")
-MODEL = os.path.join(FIX, "llama_dynamo_scoped.onnx")
 sys.path.insert(0, HERE)
 import dataset_ref as dr  # noqa: E402
+from torch_ref import LLAMA as MODEL, run, step_losses, llama_float64, check_losses, \
+    check_weights  # noqa: E402
 
 B, T, V = 2, 32, 96
 STEPS, LR, WD, SEED, BETA, EPS = 6, 1e-2, 0.01, 5, 0.04, 0.2
@@ -44,14 +41,6 @@ def rollouts():
         adv.append(rnd.uniform(-1.5, 1.5))
     return exs, adv
 
-
-def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=600)
-    if p.returncode != 0:
-        sys.stdout.write(p.stdout)
-        sys.exit("FAIL: exit status %d: %s" % (p.returncode, " ".join(cmd)))
-    return p.stdout
 
 
 def token_logps(torch, model, ids, labels):
@@ -70,8 +59,6 @@ def main():
         import torch
         import transformers  # noqa: F401
         from safetensors.torch import load_file
-        sys.path.insert(0, FIX)
-        import gen_hf
     except ImportError as e:
         print("SKIPPED: %s (dataset_grpo_torch.py needs torch, transformers and safetensors)" % e)
         return 77
@@ -91,13 +78,11 @@ def main():
     out = run([sbp_train, step, "--model", MODEL, "--dataset", data, "--steps", str(STEPS),
                "--lr", str(LR), "--weight-decay", str(WD), "--shuffle-seed", str(SEED),
                "--threads", "2", "--save-safetensors", final])
-    got = [float(m) for m in re.findall(r"^step \d+ loss ([0-9.eE+-]+)", out, re.M)]
+    got = step_losses(out)
     logps_file = os.path.join(work, "ref.safetensors")
     run([sbp_train, step, "--model", MODEL, "--dataset", data, "--compute-logps", logps_file])
 
-    cfg_cls, model_cls, kw = gen_hf.families()["llama"]
-    model = model_cls(cfg_cls(**kw, attn_implementation="eager")).double().eval()
-    model.load_state_dict({k: v.double() for k, v in load_file(init).items()}, strict=True)
+    model = llama_float64(init)
     ref_model = copy.deepcopy(model)
     with torch.no_grad():
         ref = [token_logps(torch, ref_model, *e)[1] for e in exs]
@@ -129,18 +114,8 @@ def main():
         loss.backward()
         opt.step()
         want.append(float(loss.detach()))
-    if len(got) != STEPS:
-        sys.exit("FAIL: %d step lines:\n%s" % (len(got), out))
-    worst = max(abs(g - w) / max(abs(w), 1e-12) for g, w in zip(got, want))
-    if worst > 1e-5:
-        for i, (g, w) in enumerate(zip(got, want)):
-            print("step %d: sbp-train %.9g reference %.9g" % (i + 1, g, w))
-        sys.exit("FAIL: a GRPO loss is %.3g relative off the float64 reference" % worst)
-    trained, sd = load_file(final), model.state_dict()
-    wworst = max(float((v.double() - sd[k]).norm() / sd[k].norm().clamp_min(1e-30))
-                 for k, v in trained.items())
-    if wworst > 1e-4:
-        sys.exit("FAIL: a final weight is %.3g relative off the reference" % wworst)
+    worst = check_losses("grpo", got, want)
+    wworst = check_weights("grpo", final, model)
     print("grpo: %d steps over 6 shuffled rollouts, losses within %.2e of float64 PyTorch, final "
           "weights within %.2e, reference token log-probs within %.2e" % (STEPS, worst, wworst,
                                                                           worst_ref))

@@ -18,16 +18,13 @@ weights (sbp-train --save-safetensors, transformers' names) within 1e-4 per tens
 --save-safetensors, loaded strictly). Without torch or transformers: SKIPPED, exit 77.
 """
 import os
-import re
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-FIX = os.path.join(ROOT, "tests", "fixtures", "hf")
-MODEL = os.path.join(FIX, "llama_dynamo_scoped.onnx")
 sys.path.insert(0, HERE)
 import dataset_ref as dr  # noqa: E402  (the dataset writer and the reference rows)
+from torch_ref import LLAMA as MODEL, run, step_losses, llama_float64, check_losses, \
+    check_weights  # noqa: E402
 
 B, T, V = 2, 32, 96
 STEPS, LR, WD, SEED = 16, 1e-2, 0.01, 3
@@ -43,14 +40,6 @@ def examples():
         out.append(dr.example(ids, rnd.randint(1, n - 1)))
     return out
 
-
-def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=600)
-    if p.returncode != 0:
-        sys.stdout.write(p.stdout)
-        sys.exit("FAIL: exit status %d: %s" % (p.returncode, " ".join(cmd)))
-    return p.stdout
 
 
 def reference(torch, model, exs, packed):
@@ -92,9 +81,7 @@ def main():
     try:
         import torch
         import transformers  # noqa: F401
-        from safetensors.torch import load_file
-        sys.path.insert(0, FIX)
-        import gen_hf
+        import safetensors  # noqa: F401
     except ImportError as e:
         print("SKIPPED: %s (dataset_torch.py needs torch, transformers and safetensors)" % e)
         return 77
@@ -102,7 +89,6 @@ def main():
     exs = examples()
     data = os.path.join(work, "data.safetensors")
     dr.write_dataset(data, exs, vocab=V, max_len=T)
-    cfg_cls, model_cls, kw = gen_hf.families()["llama"]
     for packed in (False, True):
         tag = "packed" if packed else "plain"
         step = os.path.join(work, tag + ".so")
@@ -116,27 +102,11 @@ def main():
         out = run([sbp_train, step, "--model", MODEL, "--dataset", data, "--steps", str(STEPS),
                    "--lr", str(LR), "--weight-decay", str(WD), "--shuffle-seed", str(SEED),
                    "--threads", "2", "--save-safetensors", final] + extra)
-        got = [float(m) for m in re.findall(r"^step \d+ loss ([0-9.eE+-]+)", out, re.M)]
-        torch.manual_seed(0)
-        model = model_cls(cfg_cls(**kw, attn_implementation="eager")).double().eval()
-        model.load_state_dict({k: v.double() for k, v in load_file(init).items()}, strict=True)
+        got = step_losses(out)
+        model = llama_float64(init)
         want = reference(torch, model, exs, packed)
-        if len(got) != STEPS:
-            sys.exit("FAIL: %s: %d step lines:\n%s" % (tag, len(got), out))
-        worst = max(abs(g - w) / abs(w) for g, w in zip(got, want))
-        if worst > 1e-5:
-            for i, (g, w) in enumerate(zip(got, want)):
-                print("step %d: sbp-train %.9g reference %.9g" % (i + 1, g, w))
-            sys.exit("FAIL: %s: a loss is %.3g relative off the float64 reference" % (tag, worst))
-        trained = load_file(final)
-        sd = model.state_dict()
-        wworst = 0.0
-        for k, v in trained.items():
-            ref = sd[k]
-            d = float((v.double() - ref).norm() / ref.norm().clamp_min(1e-30))
-            wworst = max(wworst, d)
-            if d > 1e-4:
-                sys.exit("FAIL: %s: weight %s is %.3g relative off the reference" % (tag, k, d))
+        worst = check_losses(tag, got, want)
+        wworst = check_weights(tag, final, model)
         print("%s: %d steps, losses within %.2e of float64 PyTorch, final weights within %.2e"
               % (tag, STEPS, worst, wworst))
     print("PASS")

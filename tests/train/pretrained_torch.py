@@ -15,21 +15,12 @@ Without torch or transformers: SKIPPED, exit 77.
 """
 import os
 import re
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-FIX = os.path.join(ROOT, "tests", "fixtures", "hf")
+sys.path.insert(0, HERE)
+from torch_ref import FIX, run  # noqa: E402
 
-
-def run(cmd, expect=0):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=600)
-    if p.returncode != expect:
-        sys.stdout.write(p.stdout)
-        sys.exit("FAIL: exit status %d (expected %d): %s" % (p.returncode, expect, " ".join(cmd)))
-    return p.stdout
 
 
 def tokenizer_dir(path):
