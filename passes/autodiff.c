@@ -659,6 +659,31 @@ static int scale_form(const ir_node *n, float *c, bool *divide)
     return -1;
 }
 
+/* The slot of an operand that a binary op may read in either layout, or -1: one of the output's
+ * dims, the other (rank-4 output) of extent 1 along axes 1 and 2 (Gemma's per-head norm scale
+ * 1 + w, [head_dim], times q or k [B, H, T, head_dim] stored [B, T, H, head_dim]). The swap
+ * permutes only the middle block of the flat index, along which the other operand does not
+ * vary, so the broadcast kernels, given the logical dims, pair the same elements either way;
+ * the output then keeps that operand's layout instead of a copy in natural order, which stream
+ * could not slice by token rows for RoPE and attention. */
+static int layout_free_operand(const ir_node *n)
+{
+    const ir_value *y = n->out[0];
+    if (y->rank != 4)
+        return -1;
+    for (int xs = 0; xs < 2; xs++) {
+        const ir_value *o = n->in[1 - xs];
+        int sh = y->rank - o->rank;
+        bool flat = true;
+        for (int i = 1; i <= 2; i++)
+            if (i >= sh && o->dims[i - sh].value != 1)
+                flat = false;
+        if (same_dims(n->in[xs], y) && flat)
+            return xs;
+    }
+    return -1;
+}
+
 static int plan_binary(tctx *t, const ir_node *n)
 {
     const ir_value *a = n->in[0], *b = n->in[1], *y = n->out[0];
@@ -677,6 +702,13 @@ static int plan_binary(tctx *t, const ir_node *n)
     }
     if (same_dims(a, y) && same_dims(b, y))
         return plan_rowwise(t, n);
+    if ((xs = layout_free_operand(n)) >= 0) {
+        tn *r = tx_node(t, n);
+        if (t->v[n->in[1 - xs]->id].layout != TL_NAT)
+            r->relayout[1 - xs] = TL_NAT;
+        r->out_layout = t->v[n->in[xs]->id].layout;
+        return IR_OK;
+    }
     return plan_natural(t, n);
 }
 

@@ -14,9 +14,10 @@
  * them as [B,H,T,hd] made by a Transpose(perm 0,2,1,3) of the projection's [B,T,H,hd] view. A
  * value may therefore be stored "swapped" (TL_SWAP: rank 4, axes 1 and 2 exchanged in memory).
  * A Transpose(0,2,1,3) of a stored value is then only a change of layout (a view), row-wise ops
- * (norms, linears, activations, RoPE, same-shape elementwise) work in either layout, and an op
- * that needs the other layout gets a "relayout" copy of that input (a node-owned buffer, with
- * its gradient permuted back after the node's backward).
+ * (norms, linears, activations, RoPE, same-shape elementwise, and elementwise with an operand
+ * that is constant along axes 1 and 2, such as a per-head norm's [hd] scale) work in either
+ * layout, and an op that needs the other layout gets a "relayout" copy of that input (a
+ * node-owned buffer, with its gradient permuted back after the node's backward).
  *
  * Views. Reshape, Flatten, Squeeze, Unsqueeze, Identity, float-to-float Cast and layout-only
  * Transposes make no copy: their output joins its input's alias group, whose root owns the

@@ -13,7 +13,9 @@
  * elements, runs K/V once per layer outside the chunk loops and attention inside them with the
  * chunk's start as q_start; the verifier accepts every built program and rejects loops that
  * miss or repeat rows or slices past a buffer; a graph that mixes sequence positions is refused
- * by stream with a diagnostic naming the node, and built by checkpoint. Compiling, running and
+ * by stream with a diagnostic naming the node, and built by checkpoint; a per-head norm scaled
+ * by Mul(., Add(w, 1)) in front of RoPE (Gemma-3's q/k norms as an export that keeps w writes
+ * them) builds with every strategy and no relayout copy. Compiling, running and
  * the comparisons are the e2e tests' shared steps (e2e_util.c).
  */
 #include <setjmp.h>
@@ -550,6 +552,115 @@ static void test_refuses_mixing(void **state)
     ir_diag_free(&d);
 }
 
+/* ------------------------------------------------------------------ per-head scale 1 + w */
+
+static ir_node *hm_node(ir_graph *g, ir_op op, const char *name, int n_in, ir_value **in)
+{
+    ir_value *out = ir_value_new(g, ir_arena_printf(g->arena, "%s_out", name), IR_VAL_NODE,
+                                 IR_DT_UNDEFINED, -1, NULL);
+    ir_node *n = ir_node_new_with_outputs(g, op, name, NULL, n_in, in, 1, &out);
+    assert_non_null(n);
+    return n;
+}
+
+static ir_value *hm_done(ir_graph *g, ir_node *n)
+{
+    assert_int_equal(ir_infer_node(g, n), IR_OK);
+    return n->out[0];
+}
+
+/* Gemma-3's q norm as an export that keeps w writes it: q [B,H,T,hd] (a Transpose of the
+ * projection's [B,T,H,hd], so stored [B,T,H,hd]) -> RMSNorm -> Mul(., Add(w, 1)) with w [hd] ->
+ * Rope -> Attention (k = v = that Transpose) -> back to [B,T,D] -> + the embedding -> LM head. */
+static ir_graph *head_scale_graph(ir_diag *d)
+{
+    enum { HB = 2, HT = 8, HH = 2, HD = 4, HV = 16 };
+    ir_diag_init(d, "handmade");
+    ir_graph *g = ir_graph_new(d, "handmade");
+    ir_dim dims[2] = {{HB, NULL}, {HT, NULL}};
+    ir_value *ids = ir_value_new(g, "input_ids", IR_VAL_INPUT, IR_DT_INT64, 2, dims);
+    g->inputs = ir_arena_calloc(g->arena, 1, sizeof *g->inputs);
+    g->inputs[0] = ids;
+    g->n_inputs = 1;
+    float w[256], cs[HT * HD], one = 1.0f;
+    for (int i = 0; i < 256; i++)
+        w[i] = (float)((i * 37) % 17) / 17.0f - 0.5f;
+    for (int i = 0; i < HT * HD; i++)
+        cs[i] = (float)cos(0.1 * i);
+    ir_value *table = ir_const_new(g, "table", IR_DT_FLOAT, 2, (const int64_t[]){HV, HH * HD}, w);
+    ir_value *wq = ir_const_new(g, "wq", IR_DT_FLOAT, 2, (const int64_t[]){HH * HD, HH * HD}, w + 5);
+    ir_value *norm_w = ir_const_new(g, "q_norm.weight", IR_DT_FLOAT, 1, (const int64_t[]){HD},
+                                    w + 11);
+    ir_value *head = ir_const_new(g, "head", IR_DT_FLOAT, 2, (const int64_t[]){HH * HD, HV}, w + 3);
+    table->kind = wq->kind = norm_w->kind = head->kind = IR_VAL_PARAM;
+    ir_value *c1 = ir_const_new(g, "one", IR_DT_FLOAT, 0, NULL, &one);
+    ir_value *rc = ir_const_new(g, "rope_cos", IR_DT_FLOAT, 2, (const int64_t[]){HT, HD}, cs);
+    ir_value *rs = ir_const_new(g, "rope_sin", IR_DT_FLOAT, 2, (const int64_t[]){HT, HD}, w + 1);
+    const int64_t s4[4] = {HB, HT, HH, HD}, s3[3] = {HB, HT, HH * HD}, p0213[4] = {0, 2, 1, 3};
+    ir_value *shape4 = ir_const_new(g, "shape4", IR_DT_INT64, 1, (const int64_t[]){4}, s4);
+    ir_value *shape3 = ir_const_new(g, "shape3", IR_DT_INT64, 1, (const int64_t[]){3}, s3);
+
+    ir_value *e = hm_done(g, hm_node(g, IR_OP_EMBEDDING, "embed", 2, (ir_value *[]){table, ids}));
+    ir_value *x = hm_done(g, hm_node(g, IR_OP_LINEAR, "q_proj", 2, (ir_value *[]){e, wq}));
+    x = hm_done(g, hm_node(g, IR_OP_RESHAPE, "heads", 2, (ir_value *[]){x, shape4}));
+    ir_node *n = hm_node(g, IR_OP_TRANSPOSE, "to_bhtd", 1, (ir_value *[]){x});
+    ir_attr_set_ints(g, n, "perm", p0213, 4);
+    ir_value *q = hm_done(g, n);
+    n = hm_node(g, IR_OP_RMS_NORM, "q_norm", 1, (ir_value *[]){q});
+    ir_attr_set_float(g, n, "epsilon", 1e-6);
+    ir_value *qn = hm_done(g, n);
+    ir_value *scale = hm_done(g, hm_node(g, IR_OP_ADD, "one_plus_w", 2,
+                                         (ir_value *[]){norm_w, c1}));
+    ir_value *qs = hm_done(g, hm_node(g, IR_OP_MUL, "q_norm_scale", 2,
+                                      (ir_value *[]){qn, scale}));
+    ir_value *qr = hm_done(g, hm_node(g, IR_OP_ROPE, "q_rope", 3, (ir_value *[]){qs, rc, rs}));
+    n = hm_node(g, IR_OP_ATTENTION, "attn", 3, (ir_value *[]){qr, q, q});
+    ir_attr_set_int(g, n, "causal", 1);
+    ir_attr_set_int(g, n, "kv_heads", HH);
+    ir_attr_set_float(g, n, "scale", 0.5);
+    x = hm_done(g, n);
+    n = hm_node(g, IR_OP_TRANSPOSE, "to_bthd", 1, (ir_value *[]){x});
+    ir_attr_set_ints(g, n, "perm", p0213, 4);
+    x = hm_done(g, n);
+    x = hm_done(g, hm_node(g, IR_OP_RESHAPE, "merge", 2, (ir_value *[]){x, shape3}));
+    x = hm_done(g, hm_node(g, IR_OP_ADD, "residual", 2, (ir_value *[]){e, x}));
+    x = hm_done(g, hm_node(g, IR_OP_LINEAR, "lm_head", 2, (ir_value *[]){x, head}));
+    g->outputs = ir_arena_calloc(g->arena, 1, sizeof *g->outputs);
+    g->outputs[0] = x;
+    g->n_outputs = 1;
+    x->is_output = true;
+    assert_int_equal(ir_verify(g), IR_OK);
+    sbp_objective chosen;
+    assert_int_equal(sbp_pass_objective(g, SBP_OBJECTIVE_SFT, &chosen), IR_OK);
+    return g;
+}
+
+/* The scale multiplies the normalised q in the layout q is stored in ([B,T,H,hd]): no copy in
+ * natural order, which stream could not slice by token rows for RoPE. Every strategy builds,
+ * none with a relayout copy. */
+static void test_head_norm_scale(void **state)
+{
+    (void)state;
+    const sbp_strategy strategies[] = {SBP_STRATEGY_STREAM, SBP_STRATEGY_CHECKPOINT,
+                                       SBP_STRATEGY_STORE};
+    for (size_t i = 0; i < sizeof strategies / sizeof strategies[0]; i++) {
+        ir_diag d;
+        ir_graph *g = head_scale_graph(&d);
+        sbp_train_options o = {.strategy = strategies[i], .chunk = 3};
+        sbp_train_program *p = sbp_train_build(g, SBP_OBJECTIVE_SFT, &o);
+        if (!p)
+            e2e_print_diag(&d);
+        assert_non_null(p);
+        assert_int_equal(sbp_train_verify(p, &d), IR_OK);
+        for (int b = 0; b < p->n_bufs; b++)
+            if (p->bufs[b]->what && strstr(p->bufs[b]->what, "relayout"))
+                fail_msg("%s: buffer %s is a relayout copy (%s)",
+                         sbp_strategy_name(strategies[i]), p->bufs[b]->name, p->bufs[b]->what);
+        ir_graph_free(g);
+        ir_diag_free(&d);
+    }
+}
+
 /* The generated C compiles without a warning under gcc and clang, tails and all. */
 static void test_warnings(void **state)
 {
@@ -576,6 +687,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_verifier),
         cmocka_unit_test(test_refuses_mixing),
+        cmocka_unit_test(test_head_norm_scale),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_memory_budget),
         cmocka_unit_test(test_warnings),

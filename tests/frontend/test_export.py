@@ -16,7 +16,7 @@ OUTDIR) are exported, and:
   - Gemma-3 (norms scale by 1 + w): the same parameter check (no initializer holds 1 + w, none
     is shared by two parameters), and, to show what the settings prevent, the exporter's default
     (optimising / folding) export of the same model does hold 1 + w; sbpc compiles it with
-    --strategy checkpoint;
+    --strategy stream and checkpoint (test_gemma3_stream.py checks the gradients);
   - Llama with transformers' initial weights (every norm weight ones): exported, each norm is
     still its own initializer and sbpc does not warn of merged weights, where the dynamo
     exporter's default export merges them;
@@ -148,9 +148,11 @@ rc, so, se = export("gemma3", path, "--attn", "eager")
 if C.ok(rc == 0, "gemma3: sbp-export exit 0: %s" % se[-3000:]):
     bad, m = own_initializers(os.path.join(MODELS, "gemma3"), path)
     C.ok(not bad, "gemma3: every parameter its own initializer, none 1 + w: %s" % bad[:5])
-    rc, so, se = run([SBPC, path, "--batch", 2, "--seq-len", 16, "--strategy", "checkpoint",
-                      "-o", os.path.join(OUT, "gemma3.so")])
-    C.ok(rc == 0, "gemma3: sbpc --strategy checkpoint exit 0, got %d: %s" % (rc, se[-2000:]))
+    for strategy in ("stream", "checkpoint"):
+        rc, so, se = run([SBPC, path, "--batch", 2, "--seq-len", 16, "--strategy", strategy,
+                          "-o", os.path.join(OUT, "gemma3_%s.so" % strategy)])
+        C.ok(rc == 0, "gemma3: sbpc --strategy %s exit 0, got %d: %s"
+             % (strategy, rc, se[-2000:]))
 
 
 def default_export(name, out):
