@@ -1815,9 +1815,8 @@ static int run_ref_pass(run *r)
         snprintf(cache, sizeof cache, "%s", o->ref_cache);
     else if (dir && !o->compute_logps)
         snprintf(cache, sizeof cache, "%s/ref-logps.safetensors", dir);
-    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a over the initial parameter block */
-    for (size_t i = 0; i < in->param_elems * sizeof(float); i++)
-        h = (h ^ ((const unsigned char *)r->host_params)[i]) * 0x100000001b3ULL;
+    const uint64_t h = sbpio_fnv1a(SBPIO_FNV_SEED, r->host_params,
+                                   in->param_elems * sizeof(float)); /* the initial weights */
     snprintf(key, sizeof key, "%016llx-%016llx-%016llx", (unsigned long long)h,
              (unsigned long long)r->ds.d.hash, (unsigned long long)in->model_fingerprint);
     if (!rc && cache[0] && access(cache, F_OK) == 0) {
@@ -2129,6 +2128,45 @@ static int run_eval(run *r, int64_t s, double *out)
  * micro-batches with the gradients accumulated (the whole batch's denominator), a stop on a
  * failed status or a non-finite loss (naming the step), the first step's gradients dumped when
  * asked, every trainable parameter updated, and the step's line printed. */
+/* Step s's rows from --dataset into r->ids / r->labels (and doc_ids): DPO pairs in the step's
+ * layout with their reference log-probs, GRPO rows with their advantages and reference tokens,
+ * or K micro-batches of G rows; a note when a pass ends (unless --epochs asked for passes). */
+static int run_fetch_dataset(run *r, int64_t s)
+{
+    const options *o = &r->o;
+    train_inputs *ti = &r->ti;
+    const int64_t K = r->K, G = r->G, T = r->T, N = K * G, epoch = r->ds.epoch;
+    char err[700];
+    int rc = 0;
+    if (r->ds.pairs) { /* K*G/2 pairs as (row i, row K*G/2 + i) */
+        rc = train_dataset_next_pairs(&r->ds, N / 2, r->ids, r->labels, r->row_ex, err,
+                                      sizeof err);
+        for (int64_t i = 0; i < N && !rc; i++)
+            ti->ref[i] = r->ref_ex[r->row_ex[i]];
+    } else if (r->ds_grpo) {
+        rc = train_dataset_next_rows(&r->ds, N, r->ids, r->labels, r->row_ex, err, sizeof err);
+        for (int64_t i = 0; i < N && !rc; i++) {
+            const int64_t e = r->row_ex[i], len = sbpio_dataset_len(&r->ds.d, e);
+            ti->adv[i] = r->ds.d.advantages[e];
+            for (int64_t t = 0; ti->ref && t < T; t++)
+                ti->ref[i * T + t] = t < len ? r->ref_tok[r->ds.d.offsets[e] + t] : 0;
+        }
+    } else {
+        const size_t gtok = (size_t)(G * T), ntok = r->ntok;
+        for (int64_t k = 0; k < K && !rc; k++)
+            rc = train_dataset_next(&r->ds, G, r->ids + (size_t)k * gtok,
+                                    r->labels + (size_t)k * gtok,
+                                    r->doc_ids ? r->doc_ids + (size_t)k * ntok : NULL, NULL, err,
+                                    sizeof err);
+    }
+    if (rc)
+        return error("step %lld: %s", (long long)s, err);
+    if (r->ds.epoch != epoch && !o->dataset.epochs)
+        message("note", "step %lld: pass %lld over %s is done; pass %lld begins", (long long)s,
+                (long long)epoch + 1, o->dataset.path, (long long)r->ds.epoch + 1);
+    return 0;
+}
+
 static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
 {
     const options *o = &r->o;
@@ -2141,44 +2179,8 @@ static int run_step(run *r, int64_t s, int64_t epoch0, bool bar)
     const size_t gtok = (size_t)(G * T);
     char err[512], why[400];
     int st;
-    if (r->have_ds && r->ds.pairs) { /* DPO: K*G/2 pairs as (row i, row K*G/2 + i) */
-        const int64_t epoch = r->ds.epoch, N = K * G;
-        if (train_dataset_next_pairs(&r->ds, N / 2, r->ids, r->labels, r->row_ex, err,
-                                     sizeof err))
-            return error("step %lld: %s", (long long)s, err);
-        for (int64_t i = 0; i < N; i++)
-            ti->ref[i] = r->ref_ex[r->row_ex[i]];
-        if (r->ds.epoch != epoch && !o->dataset.epochs)
-            message("note", "step %lld: pass %lld over %s is done; pass %lld begins",
-                    (long long)s, (long long)epoch + 1, o->dataset.path,
-                    (long long)r->ds.epoch + 1);
-    }
-    if (r->ds_grpo) { /* GRPO: K*G rows, each example's advantage and reference tokens */
-        const int64_t epoch = r->ds.epoch, N = K * G;
-        if (train_dataset_next_rows(&r->ds, N, r->ids, r->labels, r->row_ex, err, sizeof err))
-            return error("step %lld: %s", (long long)s, err);
-        for (int64_t i = 0; i < N; i++) {
-            const int64_t e = r->row_ex[i], len = sbpio_dataset_len(&r->ds.d, e);
-            ti->adv[i] = r->ds.d.advantages[e];
-            for (int64_t t = 0; ti->ref && t < T; t++)
-                ti->ref[i * T + t] = t < len ? r->ref_tok[r->ds.d.offsets[e] + t] : 0;
-        }
-        if (r->ds.epoch != epoch && !o->dataset.epochs)
-            message("note", "step %lld: pass %lld over %s is done; pass %lld begins",
-                    (long long)s, (long long)epoch + 1, o->dataset.path,
-                    (long long)r->ds.epoch + 1);
-    }
-    for (int64_t k = 0; r->have_ds && !r->ds.pairs && !r->ds_grpo && k < K; k++) {
-        const int64_t epoch = r->ds.epoch;
-        if (train_dataset_next(&r->ds, G, r->ids + (size_t)k * gtok, r->labels + (size_t)k * gtok,
-                               r->doc_ids ? r->doc_ids + (size_t)k * ntok : NULL, NULL, err,
-                               sizeof err))
-            return error("step %lld: %s", (long long)s, err);
-        if (r->ds.epoch != epoch && !o->dataset.epochs) /* --epochs asked for the passes */
-            message("note", "step %lld: pass %lld over %s is done; pass %lld begins",
-                    (long long)s, (long long)epoch + 1, o->dataset.path,
-                    (long long)r->ds.epoch + 1);
-    }
+    if (r->have_ds && run_fetch_dataset(r, s))
+        return -1;
     for (int64_t k = 0; r->have_shard && k < K; k++) {
         int64_t epoch = r->shard.epoch;
         if (o->pack.pack /* rows of whole documents, the same shard cursor */

@@ -98,15 +98,6 @@ static void install_stop_handlers(void)
 
 /* ------------------------------------------------------------------ the directory */
 
-/* FNV-1a, 64 bits: an identity, not a defence against anyone crafting collisions. */
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001b3ULL;
-    return h;
-}
-#define FNV_SEED 0xcbf29ce484222325ULL
 
 /* "step-NNNNNNNN.safetensors" -> N; -1 for anything else (temporaries start with a dot). The
  * name must be exactly what ckpt_path writes for N ("%08": 8 digits, zero-padded; past 99999999
@@ -374,7 +365,8 @@ static int build_meta(const train_ckpt *c, int64_t s, ckpt_meta *m)
     /* the state */
     meta_add(m, "step", "%" PRId64, s);
     meta_add(m, "adamw_step", "%" PRId64, r->adamw ? s : 0);
-    meta_add(m, "data_pos", "%" PRId64, r->shard ? r->shard->pos : r->dataset ? r->dataset->pos : s);
+    meta_add(m, "data_pos", "%" PRId64,
+             r->shard ? r->shard->pos : r->dataset ? r->dataset->pos : s);
     meta_add(m, "data_epoch", "%" PRId64,
              r->shard ? r->shard->epoch : r->dataset ? r->dataset->epoch : 0);
     /* the schedule (recorded; a resumed run may change it, with a note) */
@@ -671,16 +663,18 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
         return 0;
     c->r = *r;
     snprintf(c->packing, sizeof c->packing, "%s", r->packing ? r->packing : "none"); /* 13 */
-    c->model_hash = fnv1a(FNV_SEED, r->host_params, r->pbytes);
+    c->model_hash = sbpio_fnv1a(SBPIO_FNV_SEED, r->host_params, r->pbytes);
     if (r->shard) {
-        c->data_hash = fnv1a(FNV_SEED, r->shard->raw, (size_t)r->shard->ntok * r->shard->token_size);
+        c->data_hash = sbpio_fnv1a(SBPIO_FNV_SEED, r->shard->raw,
+                                   (size_t)r->shard->ntok * r->shard->token_size);
     } else if (r->dataset) { /* the file's contents, and the order and rows made of them */
         const uint64_t how[3] = {r->dataset->shuffle, r->dataset->shuffle ? r->dataset->seed : 0,
                                  r->dataset->packed};
-        c->data_hash = fnv1a(r->dataset->d.hash, how, sizeof how);
+        c->data_hash = sbpio_fnv1a(r->dataset->d.hash, how, sizeof how);
     } else
-        c->data_hash = fnv1a(fnv1a(FNV_SEED, r->ids, r->ntok_all * sizeof *r->ids), r->labels,
-                             r->ntok_all * sizeof *r->labels);
+        c->data_hash = sbpio_fnv1a(sbpio_fnv1a(SBPIO_FNV_SEED, r->ids,
+                                               r->ntok_all * sizeof *r->ids),
+                                   r->labels, r->ntok_all * sizeof *r->labels);
     if (!r->host_visible && r->adamw) { /* a ZeRO slice's worth */
         c->host_m = malloc(ckpt_state_elems(r) * sizeof(float) + 1);
         c->host_v = malloc(ckpt_state_elems(r) * sizeof(float) + 1);

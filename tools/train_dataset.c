@@ -41,24 +41,25 @@ int train_dataset_open(train_dataset *s, const train_dataset_opts *o, const sbp_
                        bool packed, char *err, size_t errlen)
 {
     memset(s, 0, sizeof *s);
+    const char *flag = s->flag = o->flag ? o->flag : "--dataset";
     char why[600];
     if (sbpio_dataset_open(o->path, in->vocab, &s->d, why, sizeof why) != SBPIO_OK)
-        return cli_errf(err, errlen, "--dataset: %s", why);
+        return cli_errf(err, errlen, "%s: %s", flag, why);
     const char *obj = in->objective ? in->objective : "sft";
     const bool dpo_step = strcmp(obj, "dpo") == 0;
     const bool sft_step = strcmp(obj, "sft") == 0 || strcmp(obj, "graph-loss") == 0;
     const bool dpo_data = strcmp(s->d.task, "dpo") == 0;
     const bool grpo = strcmp(obj, "grpo") == 0 && strcmp(s->d.task, "grpo") == 0;
     if (!(sft_step && strcmp(s->d.task, "sft") == 0) && !(dpo_step && dpo_data) && !grpo) {
-        cli_errf(err, errlen, "--dataset: %s is a %s dataset, and the step's objective is %s: "
+        cli_errf(err, errlen, "%s: %s is a %s dataset, and the step's objective is %s: "
                  "sbp-train trains sft, dpo and grpo steps on datasets of their own task "
-                 "(sbp-prepare --task)", o->path, s->d.task, obj);
+                 "(sbp-prepare --task)", flag, o->path, s->d.task, obj);
         sbpio_dataset_close(&s->d);
         return -1;
     }
     if ((dpo_data || grpo) && packed) {
-        cli_errf(err, errlen, "--dataset: %s: packed %s rows from a dataset are not supported "
-                 "yet; compile the step without --packed", o->path, s->d.task);
+        cli_errf(err, errlen, "%s: %s: packed %s rows from a dataset are not supported "
+                 "yet; compile the step without --packed", flag, o->path, s->d.task);
         sbpio_dataset_close(&s->d);
         return -1;
     }
@@ -75,10 +76,10 @@ int train_dataset_open(train_dataset *s, const train_dataset_opts *o, const sbp_
                 at = i;
                 break;
             }
-        cli_errf(err, errlen, "--dataset: %s: example %" PRId64 " has %" PRId64 " tokens, but "
+        cli_errf(err, errlen, "%s: %s: example %" PRId64 " has %" PRId64 " tokens, but "
                  "the step's rows hold %" PRId64 ": prepare the data with sbp-prepare --max-len "
                  "%" PRId64 " (and a --truncate mode), or compile the step for a longer "
-                 "--seq-len", o->path, at, sbpio_dataset_len(&s->d, at), s->T, s->T);
+                 "--seq-len", flag, o->path, at, sbpio_dataset_len(&s->d, at), s->T, s->T);
         sbpio_dataset_close(&s->d);
         return -1;
     }
@@ -136,7 +137,7 @@ static int fill(train_dataset *s, int64_t rows, int32_t *ids, int32_t *labels, i
                 char why[600];
                 if (sbpio_dataset_example(&s->d, ex, s->tmp_ids, s->tmp_labels, why,
                                           sizeof why) != SBPIO_OK)
-                    return cli_errf(err, errlen, "--dataset: %s", why);
+                    return cli_errf(err, errlen, "%s: %s", s->flag, why);
                 memcpy(ids + r * T + used, s->tmp_ids, (size_t)len * sizeof *ids);
                 memcpy(labels + r * T + used, s->tmp_labels, (size_t)len * sizeof *labels);
                 for (int64_t t = 0; doc_ids && t < len; t++)
@@ -178,7 +179,7 @@ int train_dataset_row(train_dataset *s, int64_t i, int32_t *ids, int32_t *labels
     char why[600];
     const int64_t len = sbpio_dataset_len(&s->d, i);
     if (sbpio_dataset_example(&s->d, i, ids, labels, why, sizeof why) != SBPIO_OK)
-        return cli_errf(err, errlen, "--dataset: %s", why);
+        return cli_errf(err, errlen, "%s: %s", s->flag, why);
     for (int64_t t = len; t < s->T; t++) {
         ids[t] = (int32_t)s->d.pad_id;
         labels[t] = -100;
@@ -204,8 +205,8 @@ int train_dataset_next_pairs(train_dataset *s, int64_t npairs, int32_t *ids, int
 int train_dataset_seek(train_dataset *s, int64_t epoch, int64_t pos, char *err, size_t errlen)
 {
     if (epoch < 0 || pos < 0 || pos >= s->n_units)
-        return cli_errf(err, errlen, "--dataset: position %" PRId64 " of pass %" PRId64 " is "
-                        "outside %s's %" PRId64 " %s", pos, epoch, sbpio_st_path(s->d.f),
+        return cli_errf(err, errlen, "%s: position %" PRId64 " of pass %" PRId64 " is "
+                        "outside %s's %" PRId64 " %s", s->flag, pos, epoch, sbpio_st_path(s->d.f),
                         s->n_units, s->pairs ? "pairs" : "examples");
     s->epoch = epoch;
     s->pos = pos;

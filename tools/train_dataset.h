@@ -42,6 +42,7 @@
 
 typedef struct train_dataset_opts {
     const char *path; /* --dataset FILE, or NULL */
+    const char *flag; /* the option that named it, for messages (NULL: "--dataset") */
     int64_t epochs;   /* --epochs E, or 0: --steps decides */
     bool shuffle;     /* --shuffle-seed given */
     uint64_t seed;    /* --shuffle-seed S */
@@ -49,6 +50,7 @@ typedef struct train_dataset_opts {
 
 typedef struct train_dataset {
     sbpio_dataset d;  /* the file */
+    const char *flag; /* its option, for messages */
     int64_t T;        /* the step's row length */
     bool packed;      /* rows of several examples (a packed step) */
     bool pairs;       /* a dpo dataset for a dpo step: the order is over pairs (examples 2k,

@@ -148,14 +148,10 @@ int train_eval_open_dataset(train_eval *e, const train_eval_opts *o, const sbp_s
                             char *err, size_t errlen)
 {
     memset(e, 0, sizeof *e);
-    const train_dataset_opts dso = {.path = o->dataset};
+    const train_dataset_opts dso = {.path = o->dataset, .flag = "--eval-dataset"};
     char why[700];
-    if (train_dataset_open(&e->ds, &dso, in, in->packed, why, sizeof why)) {
-        /* its messages name --dataset: this one is the held-out file */
-        snprintf(err, errlen, "--eval-dataset: %s",
-                 strncmp(why, "--dataset: ", 11) == 0 ? why + 11 : why);
+    if (train_dataset_open(&e->ds, &dso, in, in->packed, err, errlen))
         return -1;
-    }
     e->is_ds = true;
     e->B = in->batch;
     e->T = in->seq_len;

@@ -22,14 +22,6 @@
 
 enum { PIECE = 1 << 20 }; /* tokens per read while validating */
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001b3ULL;
-    return h;
-}
-
 /* Metadata key as an integer in [lo, hi]: the whole string, decimal. */
 static int meta_int(const sbpio_st_file *f, const char *key, int64_t lo, int64_t hi,
                     int64_t *out, char *err, size_t errlen)
@@ -79,7 +71,7 @@ static int load_offsets(sbpio_dataset *d, const sbpio_st_info *t, char *err, siz
     }
     int rc = sbpio_st_read_range(d->f, t, 0, n, raw, err, errlen);
     if (rc == SBPIO_OK)
-        d->hash = fnv1a(d->hash, raw, (size_t)n * 8);
+        d->hash = sbpio_fnv1a(d->hash, raw, (size_t)n * 8);
     for (int64_t i = 0; i < n && rc == SBPIO_OK; i++) {
         d->offsets[i] = (int64_t)sbpio_le64(raw + 8 * i);
         const int64_t prev = i ? d->offsets[i - 1] : 0;
@@ -118,7 +110,7 @@ static int check_tokens(sbpio_dataset *d, char *err, size_t errlen)
         if ((rc = sbpio_st_read_range(d->f, d->ids, at, m1, ids, err, errlen)) != SBPIO_OK ||
             (rc = sbpio_st_read_range(d->f, d->labels, at, m, labels, err, errlen)) != SBPIO_OK)
             break;
-        d->hash = fnv1a(fnv1a(d->hash, ids, (size_t)m * 4), labels, (size_t)m * 4);
+        d->hash = sbpio_fnv1a(sbpio_fnv1a(d->hash, ids, (size_t)m * 4), labels, (size_t)m * 4);
         for (int64_t k = 0; k < m && rc == SBPIO_OK; k++) {
             const int64_t t = at + k;
             while (t >= d->offsets[ex + 1]) {
@@ -193,7 +185,7 @@ int sbpio_dataset_open(const char *path, int64_t vocab, sbpio_dataset *d, char *
     if (rc == SBPIO_OK) {
         d->n_ex = examples;
         d->n_tok = tokens;
-        d->hash = 0xcbf29ce484222325ULL;
+        d->hash = SBPIO_FNV_SEED;
         if ((rc = vec(d->f, "input_ids", SBPIO_DT_I32, tokens, &d->ids, err, errlen)) ||
             (rc = vec(d->f, "labels", SBPIO_DT_I32, tokens, &d->labels, err, errlen)) ||
             (rc = vec(d->f, "offsets", SBPIO_DT_I64, examples + 1, &off, err, errlen)))
@@ -213,7 +205,7 @@ int sbpio_dataset_open(const char *path, int64_t vocab, sbpio_dataset *d, char *
                 rc = sbpio_errf(err, errlen, "%s: example %" PRId64 "'s advantage is %g", path, i,
                                 (double)d->advantages[i]);
         if (rc == SBPIO_OK)
-            d->hash = fnv1a(d->hash, d->advantages, (size_t)examples * sizeof(float));
+            d->hash = sbpio_fnv1a(d->hash, d->advantages, (size_t)examples * sizeof(float));
     }
     if (rc == SBPIO_OK)
         rc = load_offsets(d, off, err, errlen);

@@ -57,6 +57,11 @@ typedef enum {
     SBPIO_DT_COUNT
 } sbpio_dtype;
 
+/* FNV-1a over n bytes, from h (SBPIO_FNV_SEED to start): the tools' identities of data and
+ * weights (checkpoints, datasets, caches), not a defence against crafted collisions. */
+#define SBPIO_FNV_SEED 0xcbf29ce484222325ULL
+uint64_t sbpio_fnv1a(uint64_t h, const void *p, size_t n);
+
 /* Bytes per element; 0 for SBPIO_DT_INVALID or an out-of-range value. */
 size_t sbpio_dtype_size(sbpio_dtype t);
 /* The safetensors name: "F32", "I64", "BOOL", ...; "?" when invalid. */

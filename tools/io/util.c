@@ -175,6 +175,14 @@ bool sbpio_write_le(FILE *f, const void *data, size_t n, size_t size)
     return true;
 }
 
+uint64_t sbpio_fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+
 char *sbpio_dirname(const char *path) { return sbp_path_dir(path); }
 
 const char *sbpio_basename(const char *path) { return sbp_path_base(path); }
