@@ -722,7 +722,7 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
                 snprintf(msg, sizeof msg, "the checkpoint's run had %s %s, this one has %s: the "
                          "steps from here on follow this run's value", sched_keys[i],
                          shown(theirs, b, sizeof b), now.kv[k].value);
-                r->note(msg);
+                train_note(r->note, msg);
             }
     }
     /* CPU reductions are split over the threads: another count changes the last bits */
@@ -732,7 +732,7 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
                  "%d: the steps from here on are exact, but not bit for bit the uninterrupted "
                  "run's (resume with --threads %" PRId64 " for that)", state.threads, r->threads,
                  state.threads);
-        r->note(msg);
+        train_note(r->note, msg);
     }
     free(now.table);
     if (rc)
@@ -763,7 +763,7 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
     if (r->note) {
         char msg[4200];
         snprintf(msg, sizeof msg, "resuming from %s (step %" PRId64 ")", c->from_path, c->start);
-        r->note(msg);
+        train_note(r->note, msg);
     }
     sbpio_st_close(c->from);
     c->from = NULL;
@@ -906,7 +906,7 @@ int train_ckpt_after_step(train_ckpt *c, int64_t s, int sig, char *err, size_t e
             snprintf(msg, sizeof msg, "stopped by %s after step %" PRId64 "; checkpoint in %s: "
                      "continue with --resume %s", sig == SIGINT ? "SIGINT" : "SIGTERM", s, c->dir,
                      c->dir);
-            c->r.note(msg);
+            train_note(c->r.note, msg);
         }
     }
     return 0;

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "sbp_step.h"
+#include "train_say.h"
 
 typedef struct train_inputs {
     int64_t B, T, K, N;        /* the step's batch and sequence length; micro-batches; N = K*B */
@@ -36,14 +37,14 @@ typedef struct train_inputs {
  * flags the objective takes and needs, dtypes (float32 or float64), shapes ([N], [N,T]);
  * notes go to stderr through `note` (e.g. --ref-logps ignored with beta 0). */
 int ti_open(train_inputs *ti, const sbp_step_info *in, int64_t k, const char *ref_path,
-            const char *old_path, const char *adv_path, void (*note)(const char *msg),
+            const char *old_path, const char *adv_path, const train_sink *note,
             char *err, size_t errlen);
 /* DPO / GRPO on a dataset: the reference logps are the trainer's own (computed before step 1
  * from the model's initial weights) and GRPO's advantages the dataset's, so ref (DPO [N], GRPO
  * [N*T] when beta > 0) and adv (GRPO [N]) are allocated here and filled by the caller each step
  * instead of read from --ref-logps / --advantages; GRPO's old logps are on-policy. */
 int ti_open_self_ref(train_inputs *ti, const sbp_step_info *in, int64_t k,
-                     void (*note)(const char *msg), char *err, size_t errlen);
+                     const train_sink *note, char *err, size_t errlen);
 void ti_free(train_inputs *ti);
 
 /* Checks the values against the labels [N*T]: every per-row value and every per-token value at

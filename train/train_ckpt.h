@@ -52,6 +52,7 @@
 
 #include "cli.h"
 #include "sbp_step.h"
+#include "train_say.h"
 #include "sbpio.h"
 #include "train_dataset.h"
 #include "sbprt.h"
@@ -107,7 +108,7 @@ typedef struct train_ckpt_run {
     void *state_arg;
     int (*copy)(sbprt_ctx *, void *, const void *, size_t, int); /* sbprt_memcpy */
     sbprt_ctx *copy_ctx;
-    void (*note)(const char *); /* prints "sbp-train: note: <msg>" */
+    const train_sink *note; /* where its notes go (train_say.h) */
     int ranks;                 /* mpirun's ranks (0 or 1: one process), part of the
                                 * identity ("ranks"; a checkpoint without it: 1) */
     int threads;               /* a cpu step's threads (0: another target, or unknown); kept as

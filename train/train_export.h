@@ -17,6 +17,7 @@
 
 #include "ir.h"
 #include "sbp_step.h"
+#include "train_say.h"
 #include "train_adapter.h"
 
 #include <stdbool.h>
@@ -31,7 +32,7 @@ typedef struct train_export train_export; /* the plan: one entry per key written
  * LoRA adapters and merge is false, when a parameter's PyTorch name cannot be recovered, or
  * could be either of two names, or two parameters would be written under one name. */
 train_export *train_export_plan_lora(const ir_graph *g, const sbp_step_info *in, bool merge,
-                                     void (*note)(const char *), char *err, size_t errlen);
+                                     const train_sink *note, char *err, size_t errlen);
 
 /* Writes the planned keys, float32, from the host parameter block `params` ([param_elems]),
  * atomically to path; with merge (a LoRA step planned with merge; else NULL) every adapted

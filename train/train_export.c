@@ -158,7 +158,7 @@ static bool same_shape(const sbp_step_param *a, bool ta, const sbp_step_param *b
 }
 
 static int plan_names(const ir_graph *g, const sbp_step_info *in, pname *pn,
-                      void (*note)(const char *), char *err, size_t errlen)
+                      const train_sink *note, char *err, size_t errlen)
 {
     char line[1024], s1[64], s2[64];
     for (int i = 0; i < in->n_params; i++) {
@@ -222,7 +222,7 @@ static int plan_names(const ir_graph *g, const sbp_step_info *in, pname *pn,
                      p->name, in->params[p->tied_to].name,
                      pn[p->tied_to].name ? pn[p->tied_to].name : in->params[p->tied_to].name);
             if (note)
-                note(line);
+                train_note(note, line);
             continue;
         }
         if (!pn[i].name)
@@ -238,7 +238,7 @@ static int plan_names(const ir_graph *g, const sbp_step_info *in, pname *pn,
                      p->name, shape_text(s1, sizeof s1, p->rank, p->dims, false), pn[i].name,
                      shape_text(s2, sizeof s2, p->rank, p->dims, pn[i].transposed),
                      pn[i].transposed ? ", transposed back" : "", pn[i].via);
-            note(line);
+            train_note(note, line);
         }
     }
     return 0;
@@ -256,7 +256,7 @@ static bool same_tensor(const sbp_step_info *in, const pname *pn, int i, int j)
 }
 
 train_export *train_export_plan_lora(const ir_graph *g, const sbp_step_info *in, bool merge,
-                                     void (*note)(const char *), char *err, size_t errlen)
+                                     const train_sink *note, char *err, size_t errlen)
 {
     for (int i = 0; i < in->n_params && !merge; i++)
         if (ir_lora_kind(in->params[i].name)) {

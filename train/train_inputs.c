@@ -53,7 +53,7 @@ static int read_floats(const char *flag, const char *path, int rank, int64_t d0,
 
 static int open_inputs(train_inputs *ti, const sbp_step_info *in, int64_t k,
                        const char *ref_path, const char *old_path, const char *adv_path,
-                       bool self_ref, void (*note)(const char *msg), char *err, size_t errlen)
+                       bool self_ref, const train_sink *note, char *err, size_t errlen)
 {
     memset(ti, 0, sizeof *ti);
     ti->self_ref = self_ref;
@@ -108,7 +108,7 @@ static int open_inputs(train_inputs *ti, const sbp_step_info *in, int64_t k,
                                      "label [%lld,%lld] (or compile with --beta 0)",
                             ti->beta, (long long)N, (long long)T);
         if (ti->beta == 0 && ref_path && note)
-            note("--ref-logps is not used: the step's beta is 0 (no KL term)");
+            train_note(note, "--ref-logps is not used: the step's beta is 0 (no KL term)");
         if (read_floats("--advantages", adv_path, 1, N, 0, "advantages", &ti->adv, err,
                         errlen) ||
             (old_path && read_floats("--old-logps", old_path, 2, N, T, "old logps", &ti->old,
@@ -133,14 +133,14 @@ static int open_inputs(train_inputs *ti, const sbp_step_info *in, int64_t k,
 }
 
 int ti_open(train_inputs *ti, const sbp_step_info *in, int64_t k, const char *ref_path,
-            const char *old_path, const char *adv_path, void (*note)(const char *msg),
+            const char *old_path, const char *adv_path, const train_sink *note,
             char *err, size_t errlen)
 {
     return open_inputs(ti, in, k, ref_path, old_path, adv_path, false, note, err, errlen);
 }
 
 int ti_open_self_ref(train_inputs *ti, const sbp_step_info *in, int64_t k,
-                     void (*note)(const char *msg), char *err, size_t errlen)
+                     const train_sink *note, char *err, size_t errlen)
 {
     return open_inputs(ti, in, k, NULL, NULL, NULL, true, note, err, errlen);
 }

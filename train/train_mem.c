@@ -1,0 +1,154 @@
+/* train_mem.c — the arena and the host views of train_mem.h, and the device memory figures. */
+#include "train_mem.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static size_t align_up(size_t n) { return (n + SBPRT_ALIGN - 1) / SBPRT_ALIGN * SBPRT_ALIGN; }
+
+/* After an arena of `asked` bytes did not fit on a device that had free_bytes free: the
+ * --memory-budget (sbpc's planned peak: parameters + gradients + workspace) that would fit,
+ * keeping the optimizer state, the ids and labels, and some headroom (the step's constants,
+ * the runtime's scratch, cuBLAS's workspace: 5% of the free memory, at least 256 MiB or a
+ * quarter of it) out. */
+static void fit_advice(const sbp_step_info *in, size_t asked, size_t free_bytes, bool adamw,
+                       const train_sink *s)
+{
+    /* parameters + gradients (the trained parameters' only) */
+    const size_t pgbytes = (in->param_elems + in->grad_elems) * sizeof(float);
+    const size_t rest = asked - in->workspace_bytes - pgbytes; /* optimizer, ids, labels */
+    const size_t least = free_bytes / 4 < ((size_t)256 << 20) ? free_bytes / 4
+                                                               : ((size_t)256 << 20);
+    const size_t headroom = free_bytes / 20 > least ? free_bytes / 20 : least;
+    char b1[32], b2[32], b3[32], b4[32];
+    if (pgbytes + rest + headroom >= free_bytes) {
+        train_say(s, "note", "the device has %s free, and the parameters, gradients%s alone take %s: "
+                "this model does not fit on it%s", cli_human_bytes(b1, sizeof b1, (double)free_bytes),
+                adamw ? " and AdamW state" : "",
+                cli_human_bytes(b2, sizeof b2, (double)(pgbytes + rest)),
+                adamw ? " with AdamW (--optimizer sgd keeps no optimizer state)" : "");
+        return;
+    }
+    const size_t budget = free_bytes - headroom - rest;
+    const int shift = budget >= ((size_t)64 << 20) ? 20 : budget >= ((size_t)64 << 10) ? 10 : 0;
+    train_say(s, "note", "the device has %s free; the step plans %s (parameters, gradients and a "
+            "workspace of %s) and needs %s more for %s: a step planned within %zu bytes would "
+            "fit: recompile it with sbpc --memory-budget %zu%s (the stream strategy picks the "
+            "largest chunks that fit)", cli_human_bytes(b1, sizeof b1, (double)free_bytes),
+            cli_human_bytes(b2, sizeof b2, (double)in->planned_peak_bytes),
+            cli_human_bytes(b3, sizeof b3, (double)in->workspace_bytes),
+            cli_human_bytes(b4, sizeof b4, (double)rest),
+            adamw ? "AdamW state, ids and labels" : "ids and labels", budget, budget >> shift,
+            shift == 20 ? "M" : shift == 10 ? "K" : "");
+}
+
+/* The offsets of the arena's pieces, in the order of train_mem.h; returns its size. */
+static size_t layout(const train_mem *m, const sbp_step_info *in, const train_mem_need *need,
+                     size_t off[11])
+{
+    const size_t ntok = (size_t)(in->batch * in->seq_len);
+    const size_t pieces[11] = {
+        m->pbytes, m->gbytes, m->mbytes, m->mbytes, need->ws_bytes, ntok * sizeof(int32_t),
+        ntok * sizeof(int32_t), need->ref ? ntok * sizeof(float) : 0,
+        need->old ? ntok * sizeof(float) : 0, need->adv ? (size_t)in->batch * sizeof(float) : 0,
+        need->doc_ids ? ntok * sizeof(int32_t) : 0};
+    size_t at = 0;
+    for (int i = 0; i < 11; i++) {
+        off[i] = at;
+        at += align_up(pieces[i]);
+    }
+    return at;
+}
+
+int train_mem_alloc(train_mem *m, const train_steplib *L, const train_mem_need *need,
+                    const train_sink *s)
+{
+    const sbp_step_info *in = L->in;
+    const train_rt *rt = &L->rt;
+    char why[400];
+    memset(m, 0, sizeof *m);
+    m->dev_mem = !L->host_visible && rt->device_memory &&
+                 rt->device_memory(rt->step_ctx, &m->dev_before, &m->dev_total) == SBPRT_OK;
+    m->pbytes = in->param_elems * sizeof(float);
+    m->gbytes = in->grad_elems * sizeof(float);
+    m->mbytes = need->adamw ? need->state_elems * sizeof(float) : 0;
+    size_t off[11];
+    m->bytes = layout(m, in, need, off);
+    int st = TRAIN_RT(*rt, arena_alloc, arena_ctx, (void **)&m->arena, m->bytes);
+    if (st) {
+        char b1[32];
+        train_err(s, "cannot allocate %s for parameters, gradients, optimizer state and "
+                  "workspace: %s%s", cli_human_bytes(b1, sizeof b1, (double)m->bytes),
+                  rt->status_string(st), train_steplib_why(L, *rt->arena_ctx, why, sizeof why));
+        if (m->dev_mem && st == SBPRT_ERR_NOMEM)
+            fit_advice(in, m->bytes, m->dev_total - m->dev_before, need->adamw, s);
+        m->arena = NULL;
+        return -1;
+    }
+    train_mem_sample(m, L);
+    char *a = m->arena;
+    m->d_params = (float *)(a + off[0]);
+    m->d_grads = (float *)(a + off[1]);
+    m->d_m = (float *)(a + off[2]);
+    m->d_v = (float *)(a + off[3]);
+    m->workspace = a + off[4];
+    m->d_ids = (int32_t *)(a + off[5]);
+    m->d_labels = (int32_t *)(a + off[6]);
+    m->d_ref = (float *)(a + off[7]);
+    m->d_old = (float *)(a + off[8]);
+    m->d_adv = (float *)(a + off[9]);
+    m->d_doc_ids = need->doc_ids ? (int32_t *)(a + off[10]) : NULL;
+    if (L->host_visible) {
+        m->host_params = m->d_params;
+        m->host_grads = m->d_grads;
+        return 0;
+    }
+    m->own_host = true;
+    m->host_params = malloc(m->pbytes + 1);
+    m->host_grads = malloc(m->gbytes + 1);
+    return !m->host_params || !m->host_grads ? train_err(s, "out of memory") : 0;
+}
+
+void train_mem_sample(train_mem *m, const train_steplib *L)
+{
+    size_t used = 0;
+    if (m->dev_mem && L->rt.device_memory(L->rt.step_ctx, &used, NULL) == SBPRT_OK &&
+        used > m->dev_peak)
+        m->dev_peak = used;
+}
+
+int train_mem_zero_state(train_mem *m, const train_steplib *L, const train_sink *s)
+{
+    if (!m->mbytes)
+        return 0;
+    float *zeros = calloc(1, m->mbytes + 1);
+    if (!zeros)
+        return train_err(s, "out of memory");
+    int rc = train_steplib_copy(L, m->d_m, zeros, m->mbytes, SBPRT_COPY_HOST_TO_DEVICE, s) ||
+             train_steplib_copy(L, m->d_v, zeros, m->mbytes, SBPRT_COPY_HOST_TO_DEVICE, s);
+    free(zeros);
+    return rc ? -1 : 0;
+}
+
+void train_mem_step_nomem(const train_mem *m, const train_steplib *L, const train_sink *s)
+{
+    size_t used = 0;
+    if (m->dev_mem && L->rt.device_memory(L->rt.step_ctx, &used, NULL) == SBPRT_OK)
+        train_say(s, "note", "the runtime's scratch or cuBLAS's workspace did not fit next to the "
+                  "arena (%zu of %zu bytes in use); recompile the step with a --memory-budget "
+                  "some hundreds of MiB below its planned %zu bytes", used, m->dev_total,
+                  L->in->planned_peak_bytes);
+}
+
+void train_mem_free(train_mem *m, const train_steplib *L)
+{
+    if (m->own_host) {
+        free(m->host_params);
+        free(m->host_grads);
+    }
+    if (m->arena)
+        L->rt.arena_free(*L->rt.arena_ctx, m->arena);
+    memset(m, 0, sizeof *m);
+}

@@ -1,0 +1,53 @@
+/* train_mem.h — the run's memory on the step's backend: one arena (the step's runtime's
+ * sbprt_arena_alloc) holding, at SBPRT_ALIGN-aligned offsets,
+ *   params [param_elems] f32 | grads [grad_elems] f32 | AdamW m, v [this rank's slice] f32 |
+ *   workspace [max(training, evaluation) bytes] | ids, labels [B*T] i32 |
+ *   ref [B*T] f32 (DPO uses B of them), old [B*T] f32, adv [B] f32 (DPO / GRPO, when used) |
+ *   doc_ids [B*T] i32 (packed steps)
+ * and the host views of the parameter and gradient blocks (the arena itself on the CPU, copies
+ * for a device). On a device the memory in use is sampled after every step, so the end report
+ * can set the planned bytes against what was used; an arena that does not fit gets the
+ * --memory-budget that would.
+ */
+#ifndef SBP_TRAIN_MEM_H
+#define SBP_TRAIN_MEM_H
+
+#include "train_steplib.h"
+
+typedef struct train_mem_need {
+    size_t ws_bytes;         /* the workspace (evaluation shares the training one) */
+    size_t state_elems;      /* each AdamW moment's elements on this rank (0: sgd) */
+    bool ref;                /* a reference logp input */
+    bool old, adv, doc_ids;  /* GRPO's old logps [B*T] and advantages [B]; packed doc ids */
+    bool adamw;              /* for the advice when it does not fit */
+} train_mem_need;
+
+typedef struct train_mem {
+    char *arena;
+    size_t bytes;             /* the arena's */
+    size_t pbytes, gbytes;    /* the parameter block's and the gradient block's */
+    size_t mbytes;            /* each AdamW moment's on this rank (its ZeRO slice) */
+    float *d_params;          /* [param_elems] */
+    float *d_grads, *d_m, *d_v; /* [grad_elems]; m, v: [state elems] (adamw) */
+    char *workspace;
+    int32_t *d_ids, *d_labels; /* [B*T] each */
+    float *d_ref, *d_old, *d_adv;
+    int32_t *d_doc_ids;       /* [B*T], or NULL: not a packed step */
+    float *host_params, *host_grads; /* [param_elems], [grad_elems] host views of the blocks */
+    bool own_host;            /* malloc'd (not the arena itself) */
+    /* device memory: in use before the arena, the device's total, the most in use seen after */
+    bool dev_mem;
+    size_t dev_before, dev_total, dev_peak;
+} train_mem;
+
+int train_mem_alloc(train_mem *m, const train_steplib *L, const train_mem_need *need,
+                    const train_sink *s);
+/* The device's memory in use, kept when it is the most seen. */
+void train_mem_sample(train_mem *m, const train_steplib *L);
+/* m and v to zero (through a zeroed host buffer: backend-neutral). */
+int train_mem_zero_state(train_mem *m, const train_steplib *L, const train_sink *s);
+/* A failed step's note when the runtime's scratch did not fit next to the arena. */
+void train_mem_step_nomem(const train_mem *m, const train_steplib *L, const train_sink *s);
+void train_mem_free(train_mem *m, const train_steplib *L);
+
+#endif

@@ -1,0 +1,202 @@
+/* train_refs.c — a dataset's reference log-probs (train_refs.h): the cache, the pass over the
+ * examples, and each step's inputs from them. */
+#include "train_refs.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int train_refs_alloc(train_refs *f, const train_dataset *ds, bool grpo, const train_sink *s)
+{
+    memset(f, 0, sizeof *f);
+    f->grpo = grpo;
+    f->ex = malloc((size_t)ds->d.n_ex * sizeof *f->ex + 1);
+    if (grpo)
+        f->tok = calloc((size_t)ds->d.n_tok + 1, sizeof *f->tok);
+    return !f->ex || (grpo && !f->tok) ? train_err(s, "out of memory") : 0;
+}
+
+void train_refs_free(train_refs *f)
+{
+    free(f->ex);
+    free(f->tok);
+    memset(f, 0, sizeof *f);
+}
+
+/* The cache's values when its key is this run's and all are finite: 1 (used), 0 (not). */
+static int cache_read(train_refs *f, const char *cache, const char *key, const train_dataset *ds,
+                      const train_sink *s)
+{
+    sbpio_st_file *fh = NULL;
+    const char *k = NULL;
+    char why[400];
+    const int64_t n = ds->d.n_ex;
+    if (sbpio_st_open(cache, &fh, why, sizeof why) == SBPIO_OK &&
+        (k = sbpio_st_meta(fh, "key")) && strcmp(k, key) == 0 &&
+        sbpio_st_copy_f32(fh, "row_logps", f->ex, n, why, sizeof why) == SBPIO_OK &&
+        (!f->grpo || sbpio_st_copy_f32(fh, "token_logps", f->tok, ds->d.n_tok, why,
+                                       sizeof why) == SBPIO_OK)) {
+        bool finite = true;
+        for (int64_t i = 0; i < n; i++)
+            finite = finite && isfinite(f->ex[i]);
+        for (int64_t i = 0; f->grpo && i < ds->d.n_tok; i++)
+            finite = finite && isfinite(f->tok[i]);
+        sbpio_st_close(fh);
+        if (finite) {
+            train_say(s, "note", "reusing the reference log-probs of %s (this model and dataset)",
+                      cache);
+            return 1;
+        }
+    } else {
+        sbpio_st_close(fh);
+    }
+    train_say(s, "note", "%s holds reference log-probs of another model, step or dataset (or is "
+              "damaged): computing them again", cache);
+    return 0;
+}
+
+/* Examples e .. e+B-1 (padding rows past the end) through sbp_step_logps; row: [B] or [B*T]. */
+static int logps_batch(train_refs *f, const train_steplib *L, const train_mem *m,
+                       train_dataset *ds, int64_t e, int32_t *ids, int32_t *labels, float *row,
+                       const train_sink *s)
+{
+    const train_rt *rt = &L->rt;
+    const int64_t B = L->in->batch, T = L->in->seq_len, n = ds->d.n_ex;
+    const size_t per = f->grpo ? (size_t)(B * T) : (size_t)B;
+    char err[700], why[400];
+    for (int64_t j = 0; j < B; j++) {
+        if (e + j < n) {
+            if (train_dataset_row(ds, e + j, ids + j * T, labels + j * T, err, sizeof err))
+                return train_err(s, "%s", err);
+            continue;
+        }
+        for (int64_t t = 0; t < T; t++) {
+            ids[j * T + t] = 0;
+            labels[j * T + t] = SBPRT_IGNORE_INDEX;
+        }
+    }
+    if (train_steplib_copy(L, m->d_ids, ids, (size_t)(B * T) * sizeof *ids,
+                           SBPRT_COPY_HOST_TO_DEVICE, s) ||
+        train_steplib_copy(L, m->d_labels, labels, (size_t)(B * T) * sizeof *labels,
+                           SBPRT_COPY_HOST_TO_DEVICE, s))
+        return -1;
+    sbp_step_args args = {.params = m->d_params, .input_ids = m->d_ids, .labels = m->d_labels,
+                          .workspace = m->workspace, .doc_ids = m->d_doc_ids};
+    int st = L->logps(rt->step_ctx, &args, f->grpo ? NULL : m->d_ref, f->grpo ? m->d_ref : NULL);
+    if (!st)
+        st = rt->sync(*rt->sync_ctx);
+    if (st)
+        return train_err(s, "the reference log-probs of examples %lld..%lld failed: %s%s",
+                         (long long)e, (long long)(e + B - 1), rt->status_string(st),
+                         train_steplib_why(L, rt->step_ctx, why, sizeof why));
+    if (train_steplib_copy(L, row, m->d_ref, per * sizeof *row, SBPRT_COPY_DEVICE_TO_HOST, s))
+        return -1;
+    for (int64_t j = 0; j < B && e + j < n; j++) {
+        float sum = 0;
+        if (f->grpo) { /* the example's tokens, and their sum over the scored ones */
+            const int64_t len = sbpio_dataset_len(&ds->d, e + j), at = ds->d.offsets[e + j];
+            for (int64_t t = 0; t < len; t++) {
+                f->tok[at + t] = labels[j * T + t] == SBPRT_IGNORE_INDEX ? 0 : row[j * T + t];
+                sum += f->tok[at + t];
+            }
+        }
+        const float v = f->grpo ? sum : row[j];
+        if (!isfinite(v))
+            return train_err(s, "the reference log-prob of example %lld is %g",
+                             (long long)(e + j), (double)v);
+        f->ex[e + j] = v;
+    }
+    return 0;
+}
+
+static int cache_write(train_refs *f, const train_config *c, const char *out, const char *key,
+                       const train_dataset *ds, const train_sink *s)
+{
+    const int64_t n = ds->d.n_ex;
+    int64_t shape[1] = {n}, tshape[1] = {ds->d.n_tok};
+    char count[32], err[700];
+    snprintf(count, sizeof count, "%lld", (long long)n);
+    sbpio_kv meta[] = {{"format", "sbp-logps"}, {"key", key}, {"dataset", c->dataset.path},
+                       {"model", c->model_path}, {"examples", count},
+                       {"producer", "sbp-train"}};
+    sbpio_st_tensor t[2] = {{.name = "row_logps", .dtype = SBPIO_DT_F32, .rank = 1,
+                             .shape = shape, .data = f->ex},
+                            {.name = "token_logps", .dtype = SBPIO_DT_F32, .rank = 1,
+                             .shape = tshape, .data = f->tok}};
+    if (sbpio_st_write(out, f->grpo ? 2 : 1, t, 6, meta, false, err, sizeof err) != SBPIO_OK)
+        return train_err(s, "%s: %s", c->compute_logps ? "--compute-logps"
+                                                      : "the reference log-probs", err);
+    if (c->compute_logps) {
+        train_say(s, "out", "wrote the log-probs of %lld examples to %s", (long long)n,
+                  c->compute_logps);
+        f->logps_only = true;
+    }
+    return 0;
+}
+
+int train_refs_compute(train_refs *f, const train_config *c, const train_steplib *L,
+                       const train_mem *m, train_dataset *ds, const train_dist *d,
+                       const train_sink *s)
+{
+    const sbp_step_info *in = L->in;
+    const int64_t B = in->batch, T = in->seq_len, n = ds->d.n_ex;
+    /* the cache: kept beside the checkpoints (or in --ref-cache), valid for this model's
+     * initial weights, this step's model and this dataset, and reused only then */
+    char cache[4200] = "", key[128];
+    const char *dir = c->ckpt.dir ? c->ckpt.dir : c->ckpt.resume;
+    if (c->ref_cache)
+        snprintf(cache, sizeof cache, "%s", c->ref_cache);
+    else if (dir && !c->compute_logps)
+        snprintf(cache, sizeof cache, "%s/ref-logps.safetensors", dir);
+    const uint64_t h = sbpio_fnv1a(SBPIO_FNV_SEED, m->host_params,
+                                   in->param_elems * sizeof(float)); /* the initial weights */
+    snprintf(key, sizeof key, "%016llx-%016llx-%016llx", (unsigned long long)h,
+             (unsigned long long)ds->d.hash, (unsigned long long)in->model_fingerprint);
+    if (cache[0] && access(cache, F_OK) == 0 && cache_read(f, cache, key, ds, s))
+        return 0;
+    int32_t *ids = malloc((size_t)(B * T) * sizeof *ids);
+    int32_t *labels = malloc((size_t)(B * T) * sizeof *labels);
+    float *row = malloc((f->grpo ? (size_t)(B * T) : (size_t)B) * sizeof *row);
+    int rc = !ids || !labels || !row ? train_err(s, "out of memory") : 0;
+    const double t0 = now_seconds();
+    for (int64_t e = 0; e < n && !rc; e += B)
+        rc = logps_batch(f, L, m, ds, e, ids, labels, row, s);
+    free(ids);
+    free(labels);
+    free(row);
+    if (rc)
+        return -1;
+    train_say(s, "note", "reference log-probs of %lld examples computed in %.2f s (the model's "
+              "initial weights, before step 1)", (long long)n, now_seconds() - t0);
+    const char *out = c->compute_logps ? c->compute_logps : cache[0] ? cache : NULL;
+    if (!out || (d->on && d->rank != 0)) /* rank 0 writes what every rank computed */
+        return 0;
+    return cache_write(f, c, out, key, ds, s);
+}
+
+void train_refs_fill(const train_refs *f, const train_source *src, train_inputs *ti)
+{
+    const train_dataset *ds = &src->ds;
+    const int64_t N = src->K * src->G, T = src->T;
+    if (!f->grpo) {
+        for (int64_t i = 0; i < N; i++)
+            ti->ref[i] = f->ex[src->row_ex[i]];
+        return;
+    }
+    for (int64_t i = 0; i < N; i++) {
+        const int64_t e = src->row_ex[i], len = sbpio_dataset_len(&ds->d, e);
+        ti->adv[i] = ds->d.advantages[e];
+        for (int64_t t = 0; ti->ref && t < T; t++)
+            ti->ref[i * T + t] = t < len ? f->tok[ds->d.offsets[e] + t] : 0;
+    }
+}
