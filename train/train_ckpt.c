@@ -657,33 +657,61 @@ static size_t ckpt_state_elems(const train_ckpt_run *r)
     return r->state_fill ? r->state_n : r->gbytes / sizeof(float);
 }
 
-int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t errlen)
+/* The run's identity hashes: the model's initial weights and the training data (the file's
+ * contents, and for a dataset the order and rows made of them). */
+static void identity_hashes(train_ckpt *c, const train_ckpt_run *r)
 {
-    if (!c->dir)
-        return 0;
-    c->r = *r;
-    snprintf(c->packing, sizeof c->packing, "%s", r->packing ? r->packing : "none"); /* 13 */
     c->model_hash = sbpio_fnv1a(SBPIO_FNV_SEED, r->host_params, r->pbytes);
     if (r->shard) {
         c->data_hash = sbpio_fnv1a(SBPIO_FNV_SEED, r->shard->raw,
                                    (size_t)r->shard->ntok * r->shard->token_size);
-    } else if (r->dataset) { /* the file's contents, and the order and rows made of them */
+    } else if (r->dataset) {
         const uint64_t how[3] = {r->dataset->shuffle, r->dataset->shuffle ? r->dataset->seed : 0,
                                  r->dataset->packed};
         c->data_hash = sbpio_fnv1a(r->dataset->d.hash, how, sizeof how);
-    } else
+    } else {
         c->data_hash = sbpio_fnv1a(sbpio_fnv1a(SBPIO_FNV_SEED, r->ids,
                                                r->ntok_all * sizeof *r->ids),
                                    r->labels, r->ntok_all * sizeof *r->labels);
-    if (!r->host_visible && r->adamw) { /* a ZeRO slice's worth */
-        c->host_m = malloc(ckpt_state_elems(r) * sizeof(float) + 1);
-        c->host_v = malloc(ckpt_state_elems(r) * sizeof(float) + 1);
-        if (!c->host_m || !c->host_v)
-            return cli_errf(err, errlen, "out of memory");
     }
-    if (!c->from)
-        return 0;
+}
 
+/* A changed schedule or learning rate is allowed (runs are tuned), but said; so is another CPU
+ * thread count (reductions are split over the threads: it changes the last bits). */
+static void note_changes(const train_ckpt *c, const train_ckpt_run *r, const ckpt_meta *now,
+                         const ckpt_state *state)
+{
+    static const char *const sched_keys[] = {"lr", "weight_decay", "lr_schedule", "warmup_steps",
+                                             "min_lr", "clip_grad_norm", "total_steps"};
+    for (size_t i = 0; i < sizeof sched_keys / sizeof sched_keys[0]; i++) {
+        const char *theirs = sbpio_st_meta(c->from, sched_keys[i]);
+        for (int k = 0; k < now->n; k++)
+            if (strcmp(now->kv[k].key, sched_keys[i]) == 0 && theirs &&
+                strcmp(theirs, now->kv[k].value) != 0 && r->note &&
+                /* --steps only shapes a decaying schedule; raising it is how a run goes on */
+                (strcmp(sched_keys[i], "total_steps") != 0 ||
+                 strcmp(sched_name(r->sched), "constant") != 0)) {
+                char msg[300], b[80];
+                snprintf(msg, sizeof msg, "the checkpoint's run had %s %s, this one has %s: the "
+                         "steps from here on follow this run's value", sched_keys[i],
+                         shown(theirs, b, sizeof b), now->kv[k].value);
+                train_note(r->note, msg);
+            }
+    }
+    if (state->threads > 0 && r->threads > 0 && r->note && state->threads != r->threads) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "the checkpoint's run used %" PRId64 " CPU threads, this one "
+                 "%d: the steps from here on are exact, but not bit for bit the uninterrupted "
+                 "run's (resume with --threads %" PRId64 " for that)", state->threads, r->threads,
+                 state->threads);
+        train_note(r->note, msg);
+    }
+}
+
+/* The checkpoint's identity against this run's, field by field, and its state's metadata. */
+static int check_identity(train_ckpt *c, const train_ckpt_run *r, ckpt_state *state, char *err,
+                          size_t errlen)
+{
     ckpt_meta now;
     if (build_meta(c, c->start, &now))
         return cli_errf(err, errlen, "out of memory");
@@ -697,9 +725,8 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
     }
     for (int i = 0; i < N_IDENTITY && !rc; i++)
         rc = compare_key(c, &now, identity_keys[i], err, errlen);
-    ckpt_state state = {0};
     if (!rc)
-        rc = read_state(c, &state, err, errlen);
+        rc = read_state(c, state, err, errlen);
     if (!rc && c->start >= r->total_steps)
         rc = cli_errf(err, errlen, "--resume: %s is at step %" PRId64 " and --steps is %" PRId64
                       ": nothing left to run (--steps is the run's total: give a larger one)",
@@ -707,44 +734,22 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
     if (!rc && r->dump_grads)
         rc = cli_errf(err, errlen, "--dump-grads writes step 1's gradients, but this run resumes "
                       "after step %" PRId64, c->start);
-    /* a changed schedule or learning rate is allowed (runs are tuned), but said */
-    static const char *const sched_keys[] = {"lr", "weight_decay", "lr_schedule", "warmup_steps",
-                                             "min_lr", "clip_grad_norm", "total_steps"};
-    for (size_t i = 0; i < sizeof sched_keys / sizeof sched_keys[0] && !rc; i++) {
-        const char *theirs = sbpio_st_meta(c->from, sched_keys[i]);
-        for (int k = 0; k < now.n; k++)
-            if (strcmp(now.kv[k].key, sched_keys[i]) == 0 && theirs &&
-                strcmp(theirs, now.kv[k].value) != 0 && r->note &&
-                /* --steps only shapes a decaying schedule; raising it is how a run goes on */
-                (strcmp(sched_keys[i], "total_steps") != 0 ||
-                 strcmp(sched_name(r->sched), "constant") != 0)) {
-                char msg[300], b[80];
-                snprintf(msg, sizeof msg, "the checkpoint's run had %s %s, this one has %s: the "
-                         "steps from here on follow this run's value", sched_keys[i],
-                         shown(theirs, b, sizeof b), now.kv[k].value);
-                train_note(r->note, msg);
-            }
-    }
-    /* CPU reductions are split over the threads: another count changes the last bits */
-    if (!rc && state.threads > 0 && r->threads > 0 && r->note && state.threads != r->threads) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "the checkpoint's run used %" PRId64 " CPU threads, this one "
-                 "%d: the steps from here on are exact, but not bit for bit the uninterrupted "
-                 "run's (resume with --threads %" PRId64 " for that)", state.threads, r->threads,
-                 state.threads);
-        train_note(r->note, msg);
-    }
+    if (!rc)
+        note_changes(c, r, &now, state);
     free(now.table);
-    if (rc)
-        return -1;
+    return rc ? -1 : 0;
+}
 
-    /* the state: parameters, moments, data cursor */
+/* The state: parameters, moments (under ZeRO this rank's slice of the whole ones), the data
+ * cursor (read_state checked it against the shard or dataset). */
+static int restore_state(train_ckpt *c, const train_ckpt_run *r, const ckpt_state *state,
+                         char *err, size_t errlen)
+{
     float *tmp = r->host_params;
     const size_t np = r->pbytes / sizeof(float), ng = r->gbytes / sizeof(float);
     if (load_block(c, "params", TRAIN_BLOCK_PARAMS, false, r->d_params, tmp, np, 0, np, err,
                    errlen))
         return -1;
-    /* under ZeRO this rank's slice of the whole moments */
     const size_t lo = r->state_fill ? r->state_lo : 0, n = ckpt_state_elems(r);
     if (r->adamw &&
         (load_block(c, "adamw.m", TRAIN_BLOCK_MOMENTS, false, r->d_m,
@@ -752,13 +757,34 @@ int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t e
          load_block(c, "adamw.v", TRAIN_BLOCK_MOMENTS, true, r->d_v,
                     r->host_visible ? r->d_v : c->host_v, ng, lo, n, err, errlen)))
         return -1;
-    if (r->shard) { /* read_state checked both against the shard */
-        if (sbpio_shard_seek(r->shard, state.data_pos, err, errlen) != SBPIO_OK)
+    if (r->shard) {
+        if (sbpio_shard_seek(r->shard, state->data_pos, err, errlen) != SBPIO_OK)
             return -1;
-        r->shard->epoch = state.data_epoch;
+        r->shard->epoch = state->data_epoch;
     }
-    if (r->dataset && train_dataset_seek(r->dataset, state.data_epoch, state.data_pos, err,
-                                         errlen)) /* read_state checked both */
+    if (r->dataset && train_dataset_seek(r->dataset, state->data_epoch, state->data_pos, err,
+                                         errlen))
+        return -1;
+    return 0;
+}
+
+int train_ckpt_start(train_ckpt *c, const train_ckpt_run *r, char *err, size_t errlen)
+{
+    if (!c->dir)
+        return 0;
+    c->r = *r;
+    snprintf(c->packing, sizeof c->packing, "%s", r->packing ? r->packing : "none"); /* 13 */
+    identity_hashes(c, r);
+    if (!r->host_visible && r->adamw) { /* a ZeRO slice's worth */
+        c->host_m = malloc(ckpt_state_elems(r) * sizeof(float) + 1);
+        c->host_v = malloc(ckpt_state_elems(r) * sizeof(float) + 1);
+        if (!c->host_m || !c->host_v)
+            return cli_errf(err, errlen, "out of memory");
+    }
+    if (!c->from)
+        return 0;
+    ckpt_state state = {0};
+    if (check_identity(c, r, &state, err, errlen) || restore_state(c, r, &state, err, errlen))
         return -1;
     if (r->note) {
         char msg[4200];

@@ -157,10 +157,48 @@ static bool same_shape(const sbp_step_param *a, bool ta, const sbp_step_param *b
     return true;
 }
 
+/* Every model parameter named now (a tied copy is written once, under its owner's name), and
+ * each recovered name said in a note. */
+static int check_names(const ir_graph *g, const sbp_step_info *in, const pname *pn,
+                       const train_sink *note, char *err, size_t errlen)
+{
+    char line[1024], s1[64], s2[64];
+    for (int i = 0; i < in->n_params; i++) {
+        const sbp_step_param *p = &in->params[i];
+        if (ir_lora_kind(p->name))
+            continue;
+        if (!pn[i].name && p->tied_to >= 0) {
+            snprintf(line, sizeof line, "--save-safetensors: '%s' is the transpose of '%s' "
+                     "(tied) and has no PyTorch name of its own: written once, as '%s'",
+                     p->name, in->params[p->tied_to].name,
+                     pn[p->tied_to].name ? pn[p->tied_to].name : in->params[p->tied_to].name);
+            if (note)
+                train_note(note, line);
+            continue;
+        }
+        if (!pn[i].name)
+            return cli_errf(err, errlen,
+                            "initializer '%s' %s was renamed by the exporter, and its PyTorch name "
+                            "cannot be recovered: no node that reads it is a Linear's MatMul or "
+                            "Gemm with a module scope%s", p->name,
+                            shape_text(s1, sizeof s1, p->rank, p->dims, false),
+                            g->torch_signature ? ", and the graph signature does not single one out"
+                                           : "");
+        if (pn[i].recovered && note) {
+            snprintf(line, sizeof line, "--save-safetensors: '%s' %s is '%s' %s%s (from %s)",
+                     p->name, shape_text(s1, sizeof s1, p->rank, p->dims, false), pn[i].name,
+                     shape_text(s2, sizeof s2, p->rank, p->dims, pn[i].transposed),
+                     pn[i].transposed ? ", transposed back" : "", pn[i].via);
+            train_note(note, line);
+        }
+    }
+    return 0;
+}
+
 static int plan_names(const ir_graph *g, const sbp_step_info *in, pname *pn,
                       const train_sink *note, char *err, size_t errlen)
 {
-    char line[1024], s1[64], s2[64];
+    char s1[64];
     for (int i = 0; i < in->n_params; i++) {
         pn[i].tr_hint = -1;
         if (ir_lora_kind(in->params[i].name))
@@ -211,37 +249,7 @@ static int plan_names(const ir_graph *g, const sbp_step_info *in, pname *pn,
                         q.count, (int)q.first_len, q.first, (int)q.second_len, q.second, unnamed);
     }
     (void)second;
-
-    for (int i = 0; i < in->n_params; i++) {
-        const sbp_step_param *p = &in->params[i];
-        if (ir_lora_kind(p->name))
-            continue;
-        if (!pn[i].name && p->tied_to >= 0) {
-            snprintf(line, sizeof line, "--save-safetensors: '%s' is the transpose of '%s' "
-                     "(tied) and has no PyTorch name of its own: written once, as '%s'",
-                     p->name, in->params[p->tied_to].name,
-                     pn[p->tied_to].name ? pn[p->tied_to].name : in->params[p->tied_to].name);
-            if (note)
-                train_note(note, line);
-            continue;
-        }
-        if (!pn[i].name)
-            return cli_errf(err, errlen,
-                            "initializer '%s' %s was renamed by the exporter, and its PyTorch name "
-                            "cannot be recovered: no node that reads it is a Linear's MatMul or "
-                            "Gemm with a module scope%s", p->name,
-                            shape_text(s1, sizeof s1, p->rank, p->dims, false),
-                            g->torch_signature ? ", and the graph signature does not single one out"
-                                           : "");
-        if (pn[i].recovered && note) {
-            snprintf(line, sizeof line, "--save-safetensors: '%s' %s is '%s' %s%s (from %s)",
-                     p->name, shape_text(s1, sizeof s1, p->rank, p->dims, false), pn[i].name,
-                     shape_text(s2, sizeof s2, p->rank, p->dims, pn[i].transposed),
-                     pn[i].transposed ? ", transposed back" : "", pn[i].via);
-            train_note(note, line);
-        }
-    }
-    return 0;
+    return check_names(g, in, pn, note, err, errlen);
 }
 
 /* Is parameter j's written tensor the same as parameter i's (a re-tied copy under the same
