@@ -234,7 +234,7 @@ struct ir_node {
     /* The innermost PyTorch module the node was exported from ("model.layers.0.self_attn.q_proj",
      * in the arena), from the dynamo exporter's pkg.torch.onnx.name_scopes node metadata, whose
      * node names carry no module path; NULL when the model does not say (other exporters, a
-     * node of the root module, nodes made by passes). tools/train_export.c names renamed
+     * node of the root module, nodes made by passes). train/train_export.c names renamed
      * weights from it. */
     const char *scope;
 };

@@ -1,6 +1,6 @@
 /* torch.c — PyTorch's names for an export's initializers, and PEFT's LoRA adapters (torch.h).
  *
- * Moved here from tools/train_export.c (sbp-train --save-safetensors) so that sbpc's --lora
+ * Moved here from train/train_export.c (sbp-train --save-safetensors) so that sbpc's --lora
  * pass names the layers it adapts the same way: one procedure, two callers. Everything is
  * read-only on the graph; strings are malloc'd because the tools keep them past the graph.
  */

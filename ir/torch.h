@@ -1,6 +1,6 @@
 /* torch.h — what sbpc knows of PyTorch's conventions, for the code that speaks to PyTorch users:
  * the PyTorch name of an initializer as recovered from an export (sbp-train --save-safetensors,
- * tools/train_export.c; sbpc --lora, passes/lora.c), and the LoRA adapters' names and
+ * train/train_export.c; sbpc --lora, passes/lora.c), and the LoRA adapters' names and
  * initialisation (PEFT's layout; sbpc --lora and sbp-train, which must agree bit for bit).
  *
  * Names. An initializer's name is PyTorch's when the export says so: the dynamo exporter's
@@ -11,7 +11,7 @@
  * ("a.b.0.c"), else, for a node made by canonicalisation (a Linear in place of MatMul +
  * Transpose + Add), the scope or the TorchScript name of the ONNX nodes it stands for
  * (ir_node.origin). A wrapper module's prefix on TorchScript scopes is learned from the
- * parameters whose names are known (ir_torch_learn_prefix). tools/train_export.c's header has
+ * parameters whose names are known (ir_torch_learn_prefix). train/train_export.c's header has
  * the whole procedure, with the graph signature as a last resort.
  *
  * All strings returned here are malloc'd (the caller frees them): they are used by tools that

@@ -5,7 +5,7 @@ rate, and gradient norm (before clipping), one line per log file with a legend.
 
     scripts/plot_log.py RUN.jsonl [MORE.jsonl ...] -o loss.svg [--title TEXT]
 
-The line format is tools/train_log.h's. Only the Python standard library is used and the SVG is
+The line format is train/train_log.h's. Only the Python standard library is used and the SVG is
 written by hand, so the plot can be made on any machine that ran sbp-train, with nothing to
 install. A null value (a non-finite number in the log) leaves a gap in its line rather than
 stopping the plot: a diverged step is what one wants to see. Lines that are not JSON (a log cut

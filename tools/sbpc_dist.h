@@ -1,5 +1,5 @@
 /* sbpc_dist.h — `sbpc --report --ranks N [--zero 0|1|2]`: what one rank of a
- * data-parallel run (mpirun -np N sbp-train, tools/train_dist.h) holds, planned.
+ * data-parallel run (mpirun -np N sbp-train, train/train_dist.h) holds, planned.
  *
  * The step sbpc compiles is one rank's: --batch is the rows each rank runs (the global batch of
  * a micro-batch is N x --batch rows). Per rank, sbp-train allocates the parameter block, the

@@ -512,7 +512,8 @@ static int read_state(const train_ckpt *c, ckpt_state *st, char *err, size_t err
 
 /* ------------------------------------------------------------------ prepare, start */
 
-int train_ckpt_prepare(train_ckpt *c, const train_ckpt_opts *o, char *err, size_t errlen)
+int train_ckpt_prepare(train_ckpt *c, const train_ckpt_opts *o, const train_sink *note, char *err,
+                       size_t errlen)
 {
     memset(c, 0, sizeof *c);
     c->o = o;
@@ -580,7 +581,7 @@ int train_ckpt_prepare(train_ckpt *c, const train_ckpt_opts *o, char *err, size_
             free(path);
             skipped++;
             /* a note, not an error: the previous checkpoint is what atomic writes keep for this */
-            fprintf(stderr, "sbp-train: note: skipping a damaged checkpoint: %s\n", why);
+            train_say(note, "note", "skipping a damaged checkpoint: %s", why);
         }
     }
     free(steps);

@@ -58,7 +58,7 @@
 #include "sbprt.h"
 #include "train_sched.h"
 
-/* The command line (sbp-train's options struct holds one of these). */
+/* The command line (train_config, sbptrain.h, holds one of these). */
 typedef struct train_ckpt_opts {
     const char *dir;    /* --checkpoint-dir DIR, or NULL (then --resume's DIR, if any) */
     int64_t every;      /* --checkpoint-every N; 0: only at the end of the run and on a signal */
@@ -116,7 +116,7 @@ typedef struct train_ckpt_run {
                                 * exact but not bit for bit the uninterrupted run */
 } train_ckpt_run;
 
-/* The state of one run (sbp-train's `run` holds one). Zero-initialised = checkpoints off. */
+/* The state of one run (train_run.c's run holds one). Zero-initialised = checkpoints off. */
 typedef struct train_ckpt {
     const train_ckpt_opts *o;
     const char *dir;         /* where checkpoints go (o->dir or o->resume), or NULL: off */
@@ -135,7 +135,8 @@ typedef struct train_ckpt {
 /* Before any work (run_load): checks the options, creates DIR (one level) and proves it
  * writable by creating and removing a file, removes dead writers' temporaries, installs the
  * signal handlers, and with --resume opens the newest complete checkpoint. */
-int train_ckpt_prepare(train_ckpt *c, const train_ckpt_opts *o, char *err, size_t errlen);
+int train_ckpt_prepare(train_ckpt *c, const train_ckpt_opts *o, const train_sink *note, char *err,
+                       size_t errlen);
 /* After the arena holds the model's weights and zeroed moments (run_allocate): records the run,
  * hashes the initial weights and, when resuming, checks the identity and overwrites the
  * parameters, moments and data cursor with the checkpoint's. */

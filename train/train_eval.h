@@ -11,7 +11,7 @@
  * batch k), its perplexity exp(loss). Batches are cut from the shard as --data cuts them
  * (llm.c's loader), or packed with whole documents as --pack does when the run packs.
  *
- * This file holds the options and the data; sbp_train.c runs the step. Functions that can fail
+ * This file holds the options and the data; train_run.c runs the step. Functions that can fail
  * write a message (without the program's prefix) into err and return -1.
  */
 #ifndef SBP_TRAIN_EVAL_H

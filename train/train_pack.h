@@ -45,7 +45,7 @@
 #include "sbp_step.h"
 #include "sbpio.h"
 
-/* The command line (sbp-train's options struct holds one of these). */
+/* The command line (train_config, sbptrain.h, holds one of these). */
 typedef struct train_pack_opts {
     bool pack;             /* --pack: pack --data's stream into documents */
     int64_t eos;           /* --eos ID, or -1 when not given */

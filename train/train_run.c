@@ -147,7 +147,7 @@ static int open_files(train_run *r)
         return -1;
     if (r->dist->rank != 0)
         train_dist_barrier(r->dist);
-    if (train_ckpt_prepare(&r->ckpt, &o->ckpt, err, sizeof err))
+    if (train_ckpt_prepare(&r->ckpt, &o->ckpt, r->s, err, sizeof err))
         return train_err(r->s, "%s", err);
     if (r->dist->rank == 0)
         train_dist_barrier(r->dist);

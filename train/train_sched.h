@@ -33,7 +33,7 @@
 
 enum { TRAIN_SCHED_CONSTANT, TRAIN_SCHED_LINEAR, TRAIN_SCHED_COSINE };
 
-/* The schedule, clipping and log flags (sbp-train's options struct holds one of these). */
+/* The schedule, clipping and log flags (train_config, sbptrain.h, holds one of these). */
 typedef struct train_sched_opts {
     int kind;             /* --lr-schedule: TRAIN_SCHED_*, default constant */
     int64_t warmup;       /* --warmup-steps W >= 0 (default 0) */

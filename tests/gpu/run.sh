@@ -17,7 +17,7 @@
 #      LoRA steps (sbpc --lora 4 on tests/fixtures/hf's Llama; full: also Qwen3, GPT-2): the
 #      adapter gradients and 10 AdamW losses against float64 PEFT (tests/fixtures/lora/ref,
 #      check_ref.py --lora), fp32 and bf16 (gradients 5e-2, losses 1e-2);
-#   2b. data parallel over NCCL (tools/train_dist.h): a cuda step under
+#   2b. data parallel over NCCL (train/train_dist.h): a cuda step under
 #      `mpirun -np 1` with SBP_TRAIN_DIST_ONE_RANK=1 (one rank through the collectives: NCCL's
 #      ncclAllReduce, and for --zero 1|2 the grouped ncclReduce / ncclBroadcast and the moments
 #      gathered through the host for checkpoints), --zero 0, 1, 2: its 10 AdamW losses and

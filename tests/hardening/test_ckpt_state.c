@@ -1,5 +1,5 @@
 /* test_ckpt_state.c — cmocka tests of what sbp-train's checkpoints let in and out
- * (tools/train_ckpt.c, on a one-tensor step described by hand, no step library):
+ * (train/train_ckpt.c, on a one-tensor step described by hand, no step library):
  *   - a checkpoint is never written with a non-finite weight, a non-finite m, or a negative v:
  *     the write fails with one message naming the tensor, leaves no file and no temporary, and
  *     the previous checkpoint stays as it was; this holds for weights copied back from a
@@ -86,7 +86,7 @@ static void start_run(fixture *f, const char *name, bool host_visible, bool fill
     }
     f->o = (train_ckpt_opts){.dir = f->dir, .every = 1, .keep = 4};
     char err[1024] = "";
-    if (train_ckpt_prepare(&f->c, &f->o, err, sizeof err))
+    if (train_ckpt_prepare(&f->c, &f->o, NULL, err, sizeof err))
         fail_msg("%s", err);
     f->r = (train_ckpt_run){
         .in = &info, .step_path = "step.so", .adamw = true, .grad_accum = 1, .total_steps = 10,
@@ -228,7 +228,7 @@ static int resume_slice(const char *name, float bad, size_t lo, size_t n, char *
     snprintf(dir, sizeof dir, "%s", f.dir);
     memset(&f.c, 0, sizeof f.c);
     f.o = (train_ckpt_opts){.dir = dir, .every = 1, .keep = 4, .resume = dir};
-    assert_int_equal(train_ckpt_prepare(&f.c, &f.o, err, errlen), 0);
+    assert_int_equal(train_ckpt_prepare(&f.c, &f.o, NULL, err, errlen), 0);
     for (int i = 0; i < N; i++) /* the model's initial weights again (its hash is checked) */
         f.host[i] = 0.01f * (float)i;
     f.r.state_fill = fill_state;

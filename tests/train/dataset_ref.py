@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""dataset_ref.py — an independent reference of sbp-train --dataset (tools/train_dataset.h).
+"""dataset_ref.py — an independent reference of sbp-train --dataset (train/train_dataset.h).
 
 It writes dataset files in the format of docs/dataset-format.md by hand (standard library only:
 the safetensors layout is an 8-byte header length, a JSON header and the data), computes the

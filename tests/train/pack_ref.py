@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """pack_ref.py — an independent reference of sbp-train's document packing.
 
-It implements the rule that tools/train_pack.h documents, written the other way round from the C
+It implements the rule that train/train_pack.h documents, written the other way round from the C
 code: the whole stream is first split into documents at EOS, each document into pieces of at
 most T tokens with their labels, and the pieces are then laid into rows greedily. Standard
 library only (CI has no numpy).

@@ -3,7 +3,7 @@
 
     plot_log_check.py PLOT_LOG.py WORKDIR
 
-The logs are written here in tools/train_log.h's format rather than by a training run, so the
+The logs are written here in train/train_log.h's format rather than by a training run, so the
 test needs no build and can put in what a real run may leave: a null grad norm (a non-finite
 value), a line cut off by a crash, and eval_loss on a few steps. The SVG must parse as XML and
 hold exactly the polylines those imply: one per log and panel, a null splitting its line in

@@ -1,4 +1,4 @@
-/* test_pack.c — cmocka tests of tools/train_pack.c, sbp-train's document packing.
+/* test_pack.c — cmocka tests of train/train_pack.c, sbp-train's document packing.
  *
  *   test_pack CASES.txt [WORKDIR]
  *
