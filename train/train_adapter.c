@@ -118,22 +118,6 @@ int train_adapter_init(ir_graph *g, const sbp_step_info *in, const train_adapter
     return added;
 }
 
-/* s as a JSON string (module paths: no quoting needed in practice, escaped all the same). */
-static void json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
-    }
-    fputc('"', f);
-}
-
 static int write_config(const char *path, const sbp_step_info *in, int64_t r, char *err,
                         size_t errlen)
 {
@@ -160,8 +144,14 @@ static int write_config(const char *path, const sbp_step_info *in, int64_t r, ch
             continue;
         char mod[1024];
         snprintf(mod, sizeof mod, "%.*s", (int)(strlen(name) - strlen(IR_LORA_A_SUFFIX)), name);
+        char *quoted = sbpio_json_quote(mod); /* names are UTF-8 (ONNX strings) */
+        if (!quoted) {
+            sbp_atomic_abort(&a);
+            return cli_errf(err, errlen, "%s: module name '%s' is not valid UTF-8", path, mod);
+        }
         fputs(k++ ? ",\n    " : "\n    ", f);
-        json_string(f, mod);
+        fputs(quoted, f);
+        free(quoted);
     }
     fprintf(f, "\n  ],\n");
     fprintf(f, "  \"lora_dropout\": 0.0,\n  \"bias\": \"none\",\n  \"fan_in_fan_out\": false,\n"

@@ -5,6 +5,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "train_log.h"
 #include "files.h"
+#include "sbpio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -22,11 +23,12 @@ double train_log_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The step number of one log line ({"step":N,...}), -1 when it has none. */
-static int64_t line_step(const char *line)
+/* The step number of one log line ({"step":N,...}, read by sbpio's JSON parser), -1 when it
+ * is not such an object. */
+static int64_t line_step(const char *line, size_t n)
 {
-    const char *k = strstr(line, "\"step\":");
-    return k ? strtoll(k + 7, NULL, 10) : -1;
+    uint64_t s = 0;
+    return sbpio_json_object_u64(line, n, "step", &s) && s <= INT64_MAX ? (int64_t)s : -1;
 }
 
 /* A resumed run's log: keeps the lines of steps <= keep_through of the existing file (a missing
@@ -48,7 +50,7 @@ static int keep_lines(const char *path, int64_t keep_through, char *err, size_t 
     ssize_t n;
     bool ok = true;
     while ((n = getline(&line, &cap, in)) > 0) {
-        int64_t s = line_step(line);
+        int64_t s = line_step(line, (size_t)n);
         if (s >= 0 && s <= keep_through && line[n - 1] == '\n')
             ok = ok && fputs(line, a.f) >= 0;
     }

@@ -585,3 +585,24 @@ bool sbpio_sb_json_string(sbpio_strbuf *b, const char *s)
     sbpio_sb_append(b, "\"", 1);
     return !b->oom;
 }
+
+char *sbpio_json_quote(const char *s)
+{
+    sbpio_strbuf b = {0};
+    if (!sbpio_sb_json_string(&b, s)) {
+        free(b.s);
+        return NULL;
+    }
+    return b.s;
+}
+
+bool sbpio_json_object_u64(const char *text, size_t n, const char *key, uint64_t *out)
+{
+    const sbpio_json *root = NULL;
+    char err[160];
+    sbpio_json_doc *doc = sbpio_json_parse(text, n, &root, err, sizeof err);
+    const sbpio_json *v = doc && root->kind == SBPIO_JSON_OBJECT ? sbpio_json_get(root, key) : NULL;
+    bool ok = v && sbpio_json_u64(v, out);
+    sbpio_json_free(doc);
+    return ok;
+}

@@ -251,6 +251,14 @@ int sbpio_st_open_mem(const void *buf, size_t len, const char *name, sbpio_st_fi
 
 /* ---------------------------------------------------------------- ONNX metadata (onnx_meta.c) */
 
+/* JSON for the tools' own small files, through json.c's parser and escaper (one of each):
+ * s as a JSON string literal (quotes included), malloc'd, or NULL when s is not valid UTF-8 (or
+ * out of memory); and the member `key` of a JSON object given as text (a JSONL line) as a
+ * non-negative integer: true and *out, false when the text is not an object or the member is
+ * missing or no such integer. */
+char *sbpio_json_quote(const char *s);
+bool sbpio_json_object_u64(const char *text, size_t n, const char *key, uint64_t *out);
+
 /* The model's metadata_props (ModelProto field 14, e.g. sbp-export's "sbp.config.json"), read
  * without unpacking the graph: *out gets *n entries (keys and values malloc'd; free with
  * sbpio_onnx_meta_free). */
