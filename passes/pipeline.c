@@ -57,9 +57,7 @@ static int run_recognize(ir_graph *g, const sbp_pass_options *o)
 }
 static int run_cleanup(ir_graph *g, const sbp_pass_options *o)
 {
-    if (sbp_pass_fold_max(g, fold_cap(o)) != IR_OK)
-        return IR_ERR;
-    return sbp_pass_dce(g);
+    return sbp_pass_cleanup(g, fold_cap(o));
 }
 
 /* ------------------------------------------------------------------ the flow's own steps */

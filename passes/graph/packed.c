@@ -16,7 +16,7 @@
  * produces: as above; a consumer whose output shape would change is an error naming it (the
  * broadcast Add keeps its [B,T,D]).
  */
-#include "train.h"
+#include "passes.h"
 
 #include <string.h>
 

@@ -114,24 +114,13 @@
 #ifndef SBP_TRAIN_H
 #define SBP_TRAIN_H
 
-#include "ir.h"
-
-/* Packed steps: the graph input through which a learned position embedding reads each token's
- * position in its document (made by sbp_pass_packed, bound to the doc_pos buffer). */
-#define SBP_DOC_POSITIONS_INPUT "sbp_doc_positions"
+#include "passes.h"
 
 typedef enum {
     SBP_STRATEGY_STORE,
     SBP_STRATEGY_CHECKPOINT,
     SBP_STRATEGY_STREAM,
 } sbp_strategy;
-
-typedef enum {
-    SBP_OBJECTIVE_SFT,        /* mean token cross-entropy over labels != -100 (appended) */
-    SBP_OBJECTIVE_GRAPH_LOSS, /* the graph's own scalar loss */
-    SBP_OBJECTIVE_DPO,        /* DPO over pairs (row i, row B/2 + i) (objective_pref.c) */
-    SBP_OBJECTIVE_GRPO,       /* GRPO, clipped ratio + KL per token (objective_pref.c) */
-} sbp_objective;
 
 /* GRPO's normalisation of the token losses. */
 typedef enum {
@@ -140,38 +129,9 @@ typedef enum {
 } sbp_grpo_norm;
 
 const char *sbp_strategy_name(sbp_strategy s);  /* "store" | "checkpoint" | "stream" */
-const char *sbp_objective_name(sbp_objective o); /* "sft" | "graph-loss" | "dpo" | "grpo" */
 const char *sbp_grpo_norm_name(sbp_grpo_norm n); /* "sequence" | "token" */
-/* The objectives' default β (DPO 0.1, GRPO 0.04; 0 for the others) and GRPO's default ε. */
-double sbp_objective_default_beta(sbp_objective o);
+/* GRPO's default ε (the objectives' default β: sbp_objective_default_beta, passes.h). */
 #define SBP_GRPO_DEFAULT_EPSILON 0.2
-
-/* ---------------------------------------------------------------- objective.c */
-
-/* requires: a canonical graph (sbp_canonicalize).
- * produces: exactly one graph output, a scalar float loss made by a CrossEntropy node; *chosen
- *           says whether it was appended (SFT) or already there (GRAPH_LOSS). Asking for
- *           GRAPH_LOSS on a graph without a loss is an error; asking for SFT on a graph that
- *           ends in a loss uses that loss. Other graph outputs are dropped (and dce'd).
- *           DPO and GRPO need the logits: they append the same CrossEntropy node (logits,
- *           labels), which then stands for the objective at the LM head and is lowered by
- *           passes/objective_pref.c; a graph that already ends in a loss is an error. */
-int sbp_pass_objective(ir_graph *g, sbp_objective requested, sbp_objective *chosen);
-
-/* Marks every used parameter whose ONNX name matches `regex` (POSIX extended, unanchored, as
- * grep -E) frozen. A re-tied copy matching freezes its owner too (they are one tensor).
- * Returns IR_ERR with a diagnostic for a bad regex; *n_frozen (may be NULL) gets the count. */
-int sbp_freeze_params(ir_graph *g, const char *regex, int *n_frozen);
-
-/* ---------------------------------------------------------------- packed.c */
-
-/* requires: a canonical graph with bound dims. For packed steps (sbpc --packed): every
- * Embedding that gathers a learned position table by constant positions 0..T-1 (GPT-2's wpe:
- * [1,T] or [T] indices) reads instead the new int32 graph input SBP_DOC_POSITIONS_INPUT [B,T],
- * each token's position within its document, and its output becomes [B,T,D]. RoPE needs no
- * rewrite (its positions are an operand of the kernel: tx_positions). *n_rewritten (may be
- * NULL) gets the count. */
-int sbp_pass_packed(ir_graph *g, int *n_rewritten);
 
 /* ---------------------------------------------------------------- sequence.c */
 

@@ -225,6 +225,17 @@ static sbp_train_program *fit_budget(ir_graph *g, sbp_objective objective,
 
 /* ------------------------------------------------------------------ entry points */
 
+const char *sbp_strategy_name(sbp_strategy s)
+{
+    return s == SBP_STRATEGY_CHECKPOINT ? "checkpoint" : s == SBP_STRATEGY_STREAM ? "stream"
+                                                                                 : "store";
+}
+
+const char *sbp_grpo_norm_name(sbp_grpo_norm n)
+{
+    return n == SBP_GRPO_NORM_TOKEN ? "token" : "sequence";
+}
+
 const char *sbp_train_stage_name(sbp_train_stage s)
 {
     return s == SBP_TRAIN_UNTIL_AUTODIFF ? "autodiff" : s == SBP_TRAIN_UNTIL_SCHEDULE ? "stream"
