@@ -1,5 +1,5 @@
-/* codegen.h — the C code generator: a training program (passes/train.h) to train_step.c + .h,
- * and the compiler call that turns them into a shared object (train_step.so).
+/* codegen.h — the C code generator: a training program (passes/train/train.h) to train_step.c
+ * + .h, and the compiler call that turns them into a shared object (train_step.so).
  *
  * The emitted C implements codegen/sbp_step.h exactly: sbp_step_get_info() describes the step
  * (dims, strategy, objective, parameter table, workspace size) and sbp_step_run() runs one
@@ -88,8 +88,8 @@ bool sbp_codegen_target_available(const char *target);
 
 /* ---------------------------------------------------------------- report.c */
 
-/* One column of a memory report: a strategy's planned program (passes/memplan.h), or NULL with
- * the reason it could not be built. */
+/* One column of a memory report: a strategy's planned program (passes/train/memplan.h), or
+ * NULL with the reason it could not be built. */
 typedef struct sbp_report_entry {
     const char *name;              /* the strategy: "store", "checkpoint", "stream" */
     const sbp_train_program *p;    /* NULL: not built */

@@ -6,7 +6,7 @@
  * Inside a block function, the buffers it touches are declared first (each with its shape),
  * then the runtime calls, grouped per IR node under a comment naming the node, the phase
  * (forward / recompute / gradient) and the ONNX nodes it came from. A call is printed from the
- * kernel's template in passes/train_kernels.def.
+ * kernel's template in passes/train/train_kernels.def.
  */
 #include "codegen.h"
 #include "emit_objective.h"
@@ -176,8 +176,8 @@ static void emit_header_comment(const sbp_train_program *p, const sbp_codegen_op
     fprintf(f, " * parameters  %d tensors (%d trained), %zu floats in the parameter block, %zu in "
                "the gradient block\n",
             p->n_params, trainable, p->param_elems, p->grad_elems);
-    fprintf(f, " * workspace   %zu bytes, liveness-planned (passes/memplan.c): buffers that are\n"
-               " *             never live at the same time share addresses\n",
+    fprintf(f, " * workspace   %zu bytes, liveness-planned (passes/train/plan.c): buffers\n"
+               " *             that are never live at the same time share addresses\n",
             p->workspace_bytes);
     fprintf(f, " * segments   ");
     for (int s = 0; s < p->n_segments; s++)
@@ -402,7 +402,7 @@ static void emit_offsets(const sbp_train_program *p, FILE *f)
               f);
     else
         fputs("\n/* ---------------------------------------------------------------- workspace */\n"
-              "\n/* Byte offsets in the workspace, from the memory plan (passes/memplan.c), by\n"
+              "\n/* Byte offsets in the workspace, from the memory plan (passes/train/plan.c), by\n"
               " * address. A buffer owns its bytes only while it is live (block:instruction "
               "ranges,\n * instructions counted from 0 in each block function); buffers that are "
               "never live\n * together share addresses. */\n",

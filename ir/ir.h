@@ -165,7 +165,7 @@ typedef struct ir_value {
     ir_node *producer;       /* NULL unless kind == IR_VAL_NODE */
     int producer_slot;       /* which output of producer */
     bool is_output;          /* a graph output */
-    /* Weight tying: this PARAM equals the transpose of tied_to (bitwise); see passes/retie.c.
+    /* Weight tying: this PARAM equals the transpose of tied_to (bitwise); see passes/graph/retie.c.
      * Its uses read tied_to after the pass; the value stays so gradients can be reported
      * under both names. */
     struct ir_value *tied_to;
@@ -257,9 +257,9 @@ typedef struct ir_graph {
     int64_t bind_batch, bind_seq; /* 0: not given */
     int next_id;             /* for made-up names */
     /* torch.export's graph signature as the dynamo exporter wrote it (which initializers were
-     * PARAMETERs and which BUFFERs of the module), or NULL; read by passes/params.c. */
+     * PARAMETERs and which BUFFERs of the module), or NULL; read by passes/graph/params.c. */
     const char *torch_signature;
-    /* sbpc --lora, as passes/lora.c applied it (rank 0: none), for the step's description */
+    /* sbpc --lora, as passes/graph/lora.c applied it (rank 0: none), for the step's description */
     int64_t lora_rank;
     double lora_alpha;
     uint64_t lora_seed;
@@ -340,7 +340,7 @@ int ir_infer_node(ir_graph *g, ir_node *n);
 int ir_infer_graph(ir_graph *g);
 /* ONNX Slice clamping of one axis of extent d (step != 0; a step below -INT64_MAX counts as
  * -INT64_MAX): the number of elements taken; *start_out (may be NULL) the first one's index.
- * Shape inference and the constant folder (passes/fold.c) both use it, so they agree. */
+ * Shape inference and the constant folder (passes/graph/fold.c) both use it, so they agree. */
 int64_t ir_slice_axis(int64_t d, int64_t start, int64_t end, int64_t step, int64_t *start_out);
 
 /* ---------------------------------------------------------------- printer and verifier */

@@ -1,4 +1,4 @@
-/* train_lower.c — reverse-mode differentiation of a graph into a training program: the
+/* autodiff.c — reverse-mode differentiation of a graph into a training program: the
  * analysis (the "autodiff" stage) and the lowering of nodes to instructions that every
  * strategy uses.
  *
@@ -22,7 +22,7 @@
  *                 they read recomputed (tx_emit_rules); and the blocks of store and checkpoint
  *                 (block "forward", then one backward block per segment, last first). Stream
  *                 emits its own blocks (stream.c) with the same per-node lowering.
- * The gradient rules themselves are the table in autodiff.c.
+ * The gradient rules themselves are the table in grad_rules.c.
  */
 #include "train_internal.h"
 
@@ -112,7 +112,7 @@ static bool feeds_labels(const ir_graph *g, const ir_uses *u, const ir_value *v,
  * two int32 [B*T] workspace buffers the forward block fills first: each token's document start
  * (read whole by attention, at sequence b in a chunk) and its position in its document (one
  * per token: chunk loops slice it, RoPE reads it, and so does a learned position embedding
- * through the graph input doc_pos, when passes/packed.c made one). */
+ * through the graph input doc_pos, when passes/graph/packed.c made one). */
 static int bind_documents(tctx *t, const ir_value *doc_pos)
 {
     sbp_train_program *p = t->p;
@@ -151,7 +151,7 @@ static int bind_inputs(tctx *t)
         if (u.n_uses[v->id] == 0)
             continue;
         if (v->name && strcmp(v->name, SBP_DOC_POSITIONS_INPUT) == 0) {
-            /* passes/packed.c's: each token's position in its document */
+            /* passes/graph/packed.c's: each token's position in its document */
             if (!p->packed)
                 rc = ir_diag_error(g->diag, "graph input '%s' is for packed steps",
                                    SBP_DOC_POSITIONS_INPUT);

@@ -1,7 +1,7 @@
-/* memplan.h — buffer lifetimes and the memory plan of a training program (passes/memplan.c).
+/* memplan.h — buffer lifetimes and the memory plan of a training program (passes/train/plan.c).
  *
- * The training program (passes/train.h) is a schedule: its blocks run in order, and a loop runs
- * a range of it several times. Linearised, every instruction gets a position (0, 1, ... in
+ * The training program (train.h) is a schedule: its blocks run in order, and a loop runs a
+ * range of it several times. Linearised, every instruction gets a position (0, 1, ... in
  * execution order, a loop's body once); a loop is a range [first, last] of positions. Every
  * buffer operand of every instruction is an access with a role (read, written whole,
  * accumulated, partly written) taken from the ROLES column of train_kernels.def (checked at
@@ -23,7 +23,7 @@
  * at a time (several orders: by size, by start, by size x duration) each in the best-fitting gap
  * left by the already placed buffers whose lifetimes meet its own; the order giving the
  * smallest peak wins (with very many live-together pairs: one best-fit pass in start order
- * instead, see memplan.c). The liveness lower bound is the most bytes live at any one position;
+ * instead, see plan.c). The liveness lower bound is the most bytes live at any one position;
  * the plan's peak is at least that (on the fixtures: equal to it; on random schedules: within
  * 25%).
  *

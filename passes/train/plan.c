@@ -1,4 +1,5 @@
-/* memplan.c — buffer lifetimes and offsets in one workspace arena (see memplan.h).
+/* plan.c — the flow's "plan" stage: buffer lifetimes and offsets in one workspace arena (see
+ * memplan.h).
  *
  * Approach, in order:
  *   1. roles      the ROLES column of train_kernels.def (a short row is a build error below)

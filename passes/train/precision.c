@@ -1,4 +1,4 @@
-/* precision.c — the bf16 form of a training program (sbp_train_options.bf16; passes/train.h,
+/* precision.c — the bf16 form of a training program (sbp_train_options.bf16; train.h,
  * "Precision").
  *
  * The program is built in fp32 as always; this pass only decides, per workspace buffer, how it

@@ -1,4 +1,5 @@
-/* test_memplan.c — the memory planner (passes/memplan.c) and the memory report (codegen/report.c).
+/* test_memplan.c — the memory planner (passes/train/plan.c) and the memory report
+ * (codegen/report.c).
  *
  * Real plans: every fixture family (GPT-2, Llama, Qwen3 bound to B=2, T=64; Llama with its loss
  * in the graph) under every strategy (store, checkpoint, stream with automatic chunks, stream
@@ -56,7 +57,7 @@ static void test_roles_table(void **state)
     for (int k = 0; k < TP_K_COUNT; k++) {
         const char *r = memplan_kernel_roles((tp_kernel)k);
         if (!r || (int)strlen(r) != tp_kernel_table[k].n_buf)
-            print_message("kernel %s: no operand-role row of %d letters in passes/memplan.c\n",
+            print_message("kernel %s: no operand-role row of %d letters in passes/train/plan.c\n",
                           tp_kernel_table[k].name, tp_kernel_table[k].n_buf);
         assert_non_null(r);
         assert_int_equal((int)strlen(r), tp_kernel_table[k].n_buf);
@@ -487,7 +488,7 @@ static void big_free(big *s)
 /* The pairwise check of plan_and_check in O(sum of lifetimes): at each position the buffers
  * live there, sorted by offset, must lie apart. Two buffers are live together exactly when some
  * position has both live, so this is the same check without the n^2 pairs, written apart from
- * memplan.c's own verifier (a sweep in offset order) so that the two check each other; fine for
+ * plan.c's own verifier (a sweep in offset order) so that the two check each other; fine for
  * schedules whose lifetimes are short. */
 static void check_apart_by_position(const mp_schedule *s, const mp_liveness *lv,
                                     const size_t *off, size_t peak)

@@ -1,5 +1,5 @@
-/* test_fold.c — constant folding (passes/fold.c): the exporters' shape arithmetic folded away
- * after binding, each evaluator against hand-computed values, float32 math done in float,
+/* test_fold.c — constant folding (passes/graph/fold.c): the exporters' shape arithmetic folded
+ * away after binding, each evaluator against hand-computed values, float32 math done in float,
  * integer division and Mod semantics, the bypasses, and what must not fold (parameters, results
  * above the size cap). */
 #include "pass_test.h"

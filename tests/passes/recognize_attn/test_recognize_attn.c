@@ -1,5 +1,5 @@
 /* test_recognize_attn.c — unit tests of the RoPE and attention recognisers
- * (passes/recognize_rope.c, passes/recognize_attention.c) on small hand-built graphs.
+ * (passes/graph/recognize_rope.c, passes/graph/recognize_attention.c) on small hand-built graphs.
  *
  * Each test builds the ONNX pattern an exporter emits after bind-dims and fold (constants for
  * the tables, masks and scales), runs the recogniser alone and checks what it made — or that it
