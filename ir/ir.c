@@ -202,6 +202,18 @@ void ir_graph_free(ir_graph *g)
     ir_arena_free(g->arena);
 }
 
+int ir_graph_refuse(ir_graph *g, const ir_refusal *r)
+{
+    ir_refusal *c = ir_arena_alloc(g->arena, sizeof *c);
+    if (!c || !r->msg)
+        return ir_diag_error(g->diag, "out of memory");
+    *c = *r;
+    c->next = g->refusals;
+    g->refusals = c;
+    return ir_diag_add(g->diag, IR_SEV_WARNING, r->at ? r->at->name : NULL,
+                       r->at ? r->at->op_type : NULL, "%s", r->msg);
+}
+
 static bool grow_ptrs(void ***arr, int *cap, int need)
 {
     if (need <= *cap)

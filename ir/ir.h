@@ -239,6 +239,27 @@ struct ir_node {
     const char *scope;
 };
 
+/* A pattern a pass recognised all but one part of and so left as it was, with why, as data: a
+ * later stage that fails because of it (the training program's "no gradient rule for op
+ * MatMul" of an attention left unrecognised) names the cause from here, not from the wording
+ * of a diagnostic. The pass also warns, in the words of `msg`. */
+typedef enum {
+    /* attention whose mask is computed from constants but is neither causal nor a causal
+     * sliding window (passes/graph/recognize_attention.c) */
+    IR_REFUSED_ATTENTION_MASK_CONSTANT,
+    /* attention whose mask is computed from the model's inputs (padding, say) */
+    IR_REFUSED_ATTENTION_MASK_INPUT,
+} ir_refusal_reason;
+
+typedef struct ir_refusal {
+    ir_refusal_reason reason;
+    const ir_node *at;       /* the node the warning is about (attention: its Softmax) */
+    const ir_node *also[2];  /* the pattern's other nodes a failure may be found at, or NULL
+                              * (attention: the scores MatMul and the output MatMul) */
+    const char *msg;         /* the warning's text (in the graph's arena) */
+    struct ir_refusal *next; /* the one recorded before */
+} ir_refusal;
+
 typedef struct ir_graph {
     ir_arena *arena;         /* owns everything below */
     ir_diag *diag;           /* where passes report; not owned */
@@ -263,6 +284,7 @@ typedef struct ir_graph {
     int64_t lora_rank;
     double lora_alpha;
     uint64_t lora_seed;
+    ir_refusal *refusals;    /* the patterns passes left as they were, newest first */
     struct ir_name_index *names; /* value name -> value; private to ir/ir.c */
 } ir_graph;
 
@@ -276,6 +298,10 @@ void ir_signature_each(const char *sig,
 
 ir_graph *ir_graph_new(ir_diag *diag, const char *path);
 void ir_graph_free(ir_graph *g);
+
+/* Records a refusal (a copy of *r, `next` ignored) at the front of g->refusals and warns with
+ * r->msg at r->at. IR_ERR with a diagnostic when out of memory. */
+int ir_graph_refuse(ir_graph *g, const ir_refusal *r);
 
 /* Builder. New values get fresh unique names derived from `name` when it clashes. */
 ir_value *ir_value_new(ir_graph *g, const char *name, ir_value_kind kind, ir_dtype dt, int rank,

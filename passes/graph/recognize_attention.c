@@ -1451,7 +1451,7 @@ static void k_dims(const attn_match *m, int64_t *d)
 }
 
 /* One MatMul as the end of an attention; fills m and returns true when it all checks out. */
-static bool match_attention(const ir_graph *g, const ir_uses *u, ir_node *mm2, attn_match *m,
+static bool match_attention(ir_graph *g, const ir_uses *u, ir_node *mm2, attn_match *m,
                             mask_memo *memo)
 {
     memset(m, 0, sizeof *m);
@@ -1546,16 +1546,24 @@ static bool match_attention(const ir_graph *g, const ir_uses *u, ir_node *mm2, a
     if (mask_is_causal_memo(memo, m, sd))
         return true;
     /* Everything but the mask is attention: say why it stays unrecognised, since the only
-     * other symptom is a later "no gradient rule for op MatMul". */
-    ir_diag_add(g->diag, IR_SEV_WARNING, sm->name, sm->op_type,
-                "attention (MatMul '%s' .. Softmax .. MatMul '%s') is not recognised: its mask "
-                "'%s' is %s; sbpc trains causal attention, optionally with a sliding window "
-                "(keys i-w < j <= i), and nothing else (no padding, no bidirectional or "
-                "input-dependent masks)",
-                mm1->name, mm2->name, m->mask->name,
-                is_const_derived(m->mask) ? "computed from constants but neither causal nor a "
-                                            "causal sliding window"
-                                          : "computed from the model's inputs");
+     * other symptom is a later "no gradient rule for op MatMul"; the training program's
+     * builder reads the refusal (g->refusals) to name this as the cause. */
+    const bool constant = is_const_derived(m->mask);
+    ir_refusal r = {
+        .reason = constant ? IR_REFUSED_ATTENTION_MASK_CONSTANT : IR_REFUSED_ATTENTION_MASK_INPUT,
+        .at = sm,
+        .also = {mm1, mm2},
+        .msg = ir_arena_printf(
+            g->arena,
+            "attention (MatMul '%s' .. Softmax .. MatMul '%s') is not recognised: its mask "
+            "'%s' is %s; sbpc trains causal attention, optionally with a sliding window "
+            "(keys i-w < j <= i), and nothing else (no padding, no bidirectional or "
+            "input-dependent masks)",
+            mm1->name, mm2->name, m->mask->name,
+            constant ? "computed from constants but neither causal nor a causal sliding window"
+                     : "computed from the model's inputs"),
+    };
+    ir_graph_refuse(g, &r); /* out of memory: an error, which stops the flow */
     return false;
 }
 
