@@ -31,7 +31,7 @@
  * c copy_cols' dst, z a byte-count destination (memplan.h). A row whose ROLES string does not
  * have NBUF letters fails the build here.
  */
-#define K(e, nb, na, roles, bf16, call)                                                        \
+#define K(e, nb, na, roles, bf16, args, call)                                                  \
     _Static_assert(sizeof(roles) == (nb) + 1,                                                  \
                    "train_kernels.def: the ROLES of kernel " #e " need one letter per buffer "  \
                    "operand");

@@ -176,7 +176,7 @@ const char *sbp_seq_class_name(sbp_seq_class c); /* "static" | "row-wise" | ... 
 /* ---------------------------------------------------------------- the training program */
 
 typedef enum {
-#define K(e, nbuf, narg, roles, bf16, call) TP_K_##e,
+#define K(e, nbuf, narg, roles, bf16, args, call) TP_K_##e,
 #include "train_kernels.def"
 #undef K
     TP_K_COUNT
@@ -187,6 +187,7 @@ typedef struct tp_kernel_info {
     int n_buf, n_arg;
     const char *roles; /* one letter per buffer operand: its role (memplan.h) */
     const char *bf16;  /* one letter per buffer operand: its bf16 type, "" none (precision.c) */
+    bool reads_args;   /* the call reads the step's arguments (`args`, sbp_step_args) */
     const char *call;  /* template: @i buffer operand i, #i scalar argument i */
 } tp_kernel_info;
 extern const tp_kernel_info tp_kernel_table[TP_K_COUNT];

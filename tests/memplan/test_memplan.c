@@ -32,6 +32,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,7 +50,30 @@ static void print_diag(const ir_diag *d)
         print_message("  %s\n", d->entries[i].msg);
 }
 
-/* ------------------------------------------------------------------ the role table */
+/* ------------------------------------------------------------------ the kernel table */
+
+/* The ARGS column of train_kernels.def says which calls read the step's arguments: the emitter
+ * passes `args` to a block by it (a wrong 1 leaves args unused in the emitted C, which -Werror
+ * catches only where a test emits that kernel; a wrong 0 would hide a use). It must agree with
+ * the template: 1 exactly when the CALL names `args` as an identifier. */
+static void test_args_column(void **state)
+{
+    (void)state;
+    int n = 0;
+    for (int k = 0; k < TP_K_COUNT; k++) {
+        const char *call = tp_kernel_table[k].call;
+        bool names = false;
+        for (const char *c = strstr(call, "args"); c && !names; c = strstr(c + 1, "args"))
+            names = (c == call || !(isalnum((unsigned char)c[-1]) || c[-1] == '_')) &&
+                    !(isalnum((unsigned char)c[4]) || c[4] == '_');
+        if (names != tp_kernel_table[k].reads_args)
+            print_message("kernel %s: ARGS %d, but its call %s args\n", tp_kernel_table[k].name,
+                          tp_kernel_table[k].reads_args, names ? "reads" : "does not read");
+        assert_true(names == tp_kernel_table[k].reads_args);
+        n += names;
+    }
+    assert_true(n > 0); /* GRPO_LOSS and the host steps at least */
+}
 
 static void test_roles_table(void **state)
 {
@@ -57,7 +81,7 @@ static void test_roles_table(void **state)
     for (int k = 0; k < TP_K_COUNT; k++) {
         const char *r = memplan_kernel_roles((tp_kernel)k);
         if (!r || (int)strlen(r) != tp_kernel_table[k].n_buf)
-            print_message("kernel %s: no operand-role row of %d letters in passes/train/plan.c\n",
+            print_message("kernel %s: no ROLES of %d letters in passes/train/train_kernels.def\n",
                           tp_kernel_table[k].name, tp_kernel_table[k].n_buf);
         assert_non_null(r);
         assert_int_equal((int)strlen(r), tp_kernel_table[k].n_buf);
@@ -1162,6 +1186,7 @@ int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roles_table),
+        cmocka_unit_test(test_args_column),
         cmocka_unit_test(test_loop_accumulator),
         cmocka_unit_test(test_loop_carried_and_after),
         cmocka_unit_test(test_malformed_loops),
