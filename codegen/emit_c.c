@@ -230,10 +230,9 @@ static bool *used_buffers(const sbp_train_program *p)
     return used;
 }
 
-/* Constants of at least this many bytes go to the blob file when there is one. */
-static size_t blob_min_bytes = 64u << 10;
-
-void sbp_codegen_set_blob_min_bytes(size_t bytes) { blob_min_bytes = bytes ? bytes : 1; }
+/* Constants of at least this many bytes go to the blob file when there is one
+ * (sbp_codegen_options.blob_min_bytes, 0: this). */
+#define BLOB_MIN_BYTES_DEFAULT ((size_t)64 << 10)
 
 /* Appends b's data to the blob (64-byte aligned) and declares it as an assembled-in array. */
 static bool emit_blob_constant(const tp_buf *b, const sbp_codegen_options *o, FILE *f)
@@ -259,6 +258,7 @@ static void emit_constants(const sbp_train_program *p, const sbp_codegen_options
 {
     bool any = false;
     bool *used = used_buffers(p);
+    const size_t blob_min = o->blob_min_bytes ? o->blob_min_bytes : BLOB_MIN_BYTES_DEFAULT;
     for (int i = 0; i < p->n_bufs; i++) {
         const tp_buf *b = p->bufs[i];
         if (b->kind != TP_BUF_CONST || (used && !used[i]))
@@ -281,7 +281,7 @@ static void emit_constants(const sbp_train_program *p, const sbp_codegen_options
         put_type(f, b);
         fputs(": ", f);
         put_comment_text(f, b->value ? b->value->name : (b->what ? b->what : ""));
-        if (o->blob && b->numel * 4 >= blob_min_bytes && emit_blob_constant(b, o, f))
+        if (o->blob && b->numel * 4 >= blob_min && emit_blob_constant(b, o, f))
             continue;
         fprintf(f, " */\nstatic const %s %s[%zu] = {", b->is_int ? "int32_t" : "float", b->name,
                 n);

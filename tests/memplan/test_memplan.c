@@ -21,8 +21,8 @@
  * loop's bounds moved). Last, the report's text carries the figures and the plot is
  * well-formed SVG.
  *
- * The start-order path of the offsets (memplan.h: memplan_force_start_order; otherwise taken
- * only past about 2^23 + 16n live-together pairs) is checked the same way on 200 random
+ * The start-order path of the offsets (memplan.h: mp_offset_options.start_order; otherwise
+ * taken only past about 2^23 + 16n live-together pairs) is checked the same way on 200 random
  * schedules and on every fixture plan, its peak within a stated factor of the eight orders';
  * `test_memplan scale` (ctest memplan.scale) plans a 200000-buffer chain by both paths and
  * checks that a forward-backward chain past the pair budget takes the start-order path unforced.
@@ -152,11 +152,12 @@ static bool overlap_bytes(const size_t *off, const size_t *bytes, int a, int b)
 }
 
 /* Liveness, offsets, and the two checks every plan must pass; returns the peak. */
-static size_t plan_and_check(const mp_schedule *s, mp_liveness *lv, size_t *off, ir_arena *A)
+static size_t plan_and_check(const mp_schedule *s, mp_liveness *lv, size_t *off, ir_arena *A,
+                             const mp_offset_options *o)
 {
     assert_int_equal(memplan_liveness(s, A, lv), IR_OK);
     size_t lower = memplan_live_bytes(s, lv, NULL);
-    size_t peak = memplan_assign_offsets(s->n_bufs, s->bytes, lv, off);
+    size_t peak = memplan_assign_offsets(s->n_bufs, s->bytes, lv, off, o);
     assert_true(peak >= lower);
     for (int b = 0; b < s->n_bufs; b++) {
         assert_true(off[b] % MEMPLAN_ALIGN == 0);
@@ -209,7 +210,7 @@ static void test_loop_accumulator(void **state)
     ir_arena *A = ir_arena_new();
     mp_liveness lv;
     size_t off[16];
-    size_t peak = plan_and_check(&v, &lv, off, A);
+    size_t peak = plan_and_check(&v, &lv, off, A, NULL);
     for (int q = 0; q <= 5; q++)
         assert_true(live_at(&lv, ACC, q));
     assert_false(live_at(&lv, T, 3));
@@ -256,7 +257,7 @@ static void test_loop_carried_and_after(void **state)
     ir_arena *A = ir_arena_new();
     mp_liveness lv;
     size_t off[16];
-    plan_and_check(&v, &lv, off, A);
+    plan_and_check(&v, &lv, off, A, NULL);
     for (int q = 0; q <= 4; q++)
         assert_true(live_at(&lv, X, q));
     assert_false(live_at(&lv, X, 5));
@@ -276,7 +277,7 @@ static void test_loop_carried_and_after(void **state)
     acc(&s2, 4, 1, MP_R);
     s2.loops[s2.n_loops++] = (mp_loop){0, 3};
     mp_schedule v2 = view(&s2);
-    plan_and_check(&v2, &lv, off, A);
+    plan_and_check(&v2, &lv, off, A, NULL);
     assert_false(memplan_live_together(&lv, 0, 1));
     size_t same[2] = {0, 0};
     ir_diag d;
@@ -294,7 +295,7 @@ static void test_loop_carried_and_after(void **state)
     acc(&p, 3, 1, MP_R);
     p.loops[p.n_loops++] = (mp_loop){1, 2};
     mp_schedule pv = view(&p);
-    plan_and_check(&pv, &lv, off, A);
+    plan_and_check(&pv, &lv, off, A, NULL);
     assert_true(live_at(&lv, 0, 1) && live_at(&lv, 0, 2));
     assert_int_equal(lv.iter_loop[0], -1);
 
@@ -308,7 +309,7 @@ static void test_loop_carried_and_after(void **state)
     acc(&r, 4, 0, MP_W);
     acc(&r, 5, 0, MP_R);
     mp_schedule rv = view(&r);
-    size_t peak = plan_and_check(&rv, &lv, off, A);
+    size_t peak = plan_and_check(&rv, &lv, off, A, NULL);
     assert_int_equal(lv.start[1] - lv.start[0], 2);
     assert_int_equal(peak, 64);
     ir_arena_free(A);
@@ -400,7 +401,7 @@ static void test_random_schedules(void **state)
         mp_schedule v = view(&s);
         mp_liveness lv;
         size_t off[16];
-        size_t peak = plan_and_check(&v, &lv, off, A);
+        size_t peak = plan_and_check(&v, &lv, off, A, NULL);
         size_t lower = memplan_live_bytes(&v, &lv, NULL);
         if (lower && (double)peak / (double)lower > worst)
             worst = (double)peak / (double)lower;
@@ -413,8 +414,8 @@ static void test_random_schedules(void **state)
  *
  * memplan_assign_offsets runs one best-fit pass in start order over each buffer's hull instead
  * of its eight placement orders when the live-together pairs exceed about 2^23 + 16n; only
- * programs far beyond a unit test's size get there, so memplan_force_start_order takes that path
- * here on small schedules. Its plans must pass the same checks as the eight orders' (no two
+ * programs far beyond a unit test's size get there, so mp_offset_options.start_order takes that
+ * path here on small schedules. Its plans must pass the same checks as the eight orders' (no two
  * buffers live together share a byte, the simulated run, 64-byte offsets, peak >= the liveness
  * lower bound), and cost at most a stated factor more.
  */
@@ -439,11 +440,9 @@ static void test_start_order_random(void **state)
         mp_schedule v = view(&s);
         mp_liveness lv;
         size_t off[16];
-        memplan_force_start_order(false);
-        size_t peak8 = plan_and_check(&v, &lv, off, A);
-        memplan_force_start_order(true);
-        size_t peak1 = plan_and_check(&v, &lv, off, A);
-        memplan_force_start_order(false);
+        size_t peak8 = plan_and_check(&v, &lv, off, A, NULL);
+        const mp_offset_options start_order = {.start_order = true};
+        size_t peak1 = plan_and_check(&v, &lv, off, A, &start_order);
         size_t lower = memplan_live_bytes(&v, &lv, NULL);
         assert_true(peak8 > 0 && lower > 0);
         double r = (double)peak1 / (double)peak8;
@@ -602,9 +601,8 @@ static void test_start_order_scale(void **state)
     assert_non_null(off);
     size_t peak[2];
     for (int force = 0; force < 2; force++) {
-        memplan_force_start_order(force);
-        peak[force] = memplan_assign_offsets(n, s.bytes, &lv, off);
-        memplan_force_start_order(false);
+        const mp_offset_options o = {.start_order = force};
+        peak[force] = memplan_assign_offsets(n, s.bytes, &lv, off, &o);
         assert_true(peak[force] != (size_t)-1);
         assert_true(peak[force] >= lower);
         /* a sanity bound, not a quality target: measured 1.06 (eight orders) and 1.47 (start
@@ -652,10 +650,9 @@ static void test_start_order_switch(void **state)
     size_t lower = memplan_live_bytes(&v, &lv, NULL);
     size_t *off = malloc(sizeof *off * 2 * N), *forced = malloc(sizeof *forced * 2 * N);
     assert_true(off && forced);
-    size_t peak = memplan_assign_offsets(2 * N, s.bytes, &lv, off);
-    memplan_force_start_order(true);
-    size_t peak_forced = memplan_assign_offsets(2 * N, s.bytes, &lv, forced);
-    memplan_force_start_order(false);
+    size_t peak = memplan_assign_offsets(2 * N, s.bytes, &lv, off, NULL);
+    size_t peak_forced = memplan_assign_offsets(2 * N, s.bytes, &lv, forced,
+                                                &(mp_offset_options){.start_order = true});
     assert_int_equal(peak, peak_forced);
     assert_memory_equal(off, forced, sizeof *off * 2 * N);
     assert_true(peak >= lower);
@@ -936,8 +933,8 @@ static double check_plan(const sbp_train_program *p, const char *label, double b
  * down, it does not say the loss is acceptable. */
 #define START_ORDER_FIXTURE_RATIO 2.5
 
-/* Plans p again through the start-order path (memplan_force_start_order) on the schedule and
- * lifetimes sbp_memplan left (its zeroing rewrite done), writes the offsets into p as
+/* Plans p again through the start-order path (mp_offset_options.start_order) on the schedule
+ * and lifetimes sbp_memplan left (its zeroing rewrite done), writes the offsets into p as
  * sbp_memplan does, and runs check_plan on them; returns the new workspace over the old. */
 static double replan_start_order(sbp_train_program *p, const char *label)
 {
@@ -946,9 +943,8 @@ static double replan_start_order(sbp_train_program *p, const char *label)
     assert_non_null(m);
     size_t *off = calloc((size_t)p->n_bufs + 1, sizeof *off);
     assert_non_null(off);
-    memplan_force_start_order(true);
-    size_t peak = memplan_assign_offsets(p->n_bufs, m->bytes, &m->lv, off);
-    memplan_force_start_order(false);
+    size_t peak = memplan_assign_offsets(p->n_bufs, m->bytes, &m->lv, off,
+                                         &(mp_offset_options){.start_order = true});
     assert_true(peak != (size_t)-1);
     for (int i = 0; i < p->n_bufs; i++)
         if (p->bufs[i]->kind == TP_BUF_WS)
