@@ -186,9 +186,18 @@ int ir_check_shape_size(ir_graph *g, const ir_node *n, const char *what,
 bool ir_value_shape_known(const ir_value *v);
 /* "f32[2,64,32]" / "f32[batch,sequence,32]" into buf; returns buf. */
 char *ir_value_type_str(const ir_value *v, char *buf, size_t n);
-/* For CONST values holding integers (any int dtype) or floats: element i as int64 / double. */
+/* Element i of data of type dt as int64 / double: integers of any width as their value, BOOL
+ * as 0 or 1 (any nonzero byte is true), floats to int64 by ir_f64_to_i64; 0 for a type that
+ * is neither (half precision, strings). The one reader of constant elements: the passes, shape
+ * inference, the printer and the folder (passes/graph/fold.c) all read through it. */
+int64_t ir_data_i64(ir_dtype dt, const void *data, int64_t i);
+double ir_data_f64(ir_dtype dt, const void *data, int64_t i);
+/* The same for a CONST value's own data. */
 int64_t ir_const_i64(const ir_value *v, int64_t i);
 double ir_const_f64(const ir_value *v, int64_t i);
+/* Float to integer the way a C runtime would, but without undefined behaviour: NaN gives 0 and
+ * out-of-range values saturate to the int64 range. */
+int64_t ir_f64_to_i64(double x);
 bool ir_value_is_const(const ir_value *v); /* CONST (not PARAM) */
 
 /* ---------------------------------------------------------------- attributes */
@@ -368,6 +377,11 @@ int ir_infer_graph(ir_graph *g);
  * -INT64_MAX): the number of elements taken; *start_out (may be NULL) the first one's index.
  * Shape inference and the constant folder (passes/graph/fold.c) both use it, so they agree. */
 int64_t ir_slice_axis(int64_t d, int64_t start, int64_t end, int64_t step, int64_t *start_out);
+/* The dims a Shape node n (opset 15 start/end attributes) takes of an input of rank r, clamped
+ * as ONNX says (a negative one counts from the back, then each is clamped into [0, r]; start >=
+ * end: none): Slice's clamp with step 1 (ir_slice_axis). Returns the count; *start_out (may
+ * be NULL) the first. Shape inference and the folder both use it. */
+int64_t ir_shape_op_range(const ir_node *n, int64_t r, int64_t *start_out);
 
 /* ---------------------------------------------------------------- printer and verifier */
 

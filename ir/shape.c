@@ -406,21 +406,13 @@ static int infer_scalar_f32(ir_graph *g, ir_node *n)
 
 /* ------------------------------------------------------------------ shapes of shapes */
 
-/* Shape: i64 [end - start], start/end attributes (opset 15) clamped to [0, rank]. */
+/* Shape: i64 [the dims taken], start/end attributes (opset 15) clamped (ir_shape_op_range). */
 static int infer_shape(ir_graph *g, ir_node *n)
 {
     const ir_value *x = in_at(n, 0);
     if (!x || x->rank < 0)
         return set_out(g, n, 0, IR_DT_INT64, &(shp){.rank = 1, .d = {{-1, NULL}}});
-    int64_t r = x->rank;
-    int64_t st = ir_attr_int(n, "start", 0), en = ir_attr_int(n, "end", r);
-    if (st < 0)
-        st += r;
-    if (en < 0)
-        en += r;
-    st = st < 0 ? 0 : st > r ? r : st;
-    en = en < 0 ? 0 : en > r ? r : en;
-    shp s = {.rank = 1, .d = {dim_known(en > st ? en - st : 0)}};
+    shp s = {.rank = 1, .d = {dim_known(ir_shape_op_range(n, x->rank, NULL))}};
     return set_out(g, n, 0, IR_DT_INT64, &s);
 }
 
@@ -1025,6 +1017,11 @@ int64_t ir_slice_axis(int64_t d, int64_t start, int64_t end, int64_t step, int64
     if (step > 0)
         return end > start ? (end - start - 1) / step + 1 : 0;
     return start > end ? (start - end - 1) / (-step) + 1 : 0;
+}
+
+int64_t ir_shape_op_range(const ir_node *n, int64_t r, int64_t *start_out)
+{
+    return ir_slice_axis(r, ir_attr_int(n, "start", 0), ir_attr_int(n, "end", r), 1, start_out);
 }
 
 /* Starts/ends/axes/steps of a Slice as per-axis arrays (unsliced axes: 0, INT64_MAX, 1);
