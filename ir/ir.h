@@ -195,6 +195,9 @@ double ir_data_f64(ir_dtype dt, const void *data, int64_t i);
 /* The same for a CONST value's own data. */
 int64_t ir_const_i64(const ir_value *v, int64_t i);
 double ir_const_f64(const ir_value *v, int64_t i);
+/* Reads a small integer (or bool) CONST of rank 0 or 1 into out[max]: the count, or -1 if v is
+ * not such a constant (not CONST, another dtype, rank > 1, more than max elements). */
+int ir_const_ints(const ir_value *v, int64_t *out, int max);
 /* Float to integer the way a C runtime would, but without undefined behaviour: NaN gives 0 and
  * out-of-range values saturate to the int64 range. */
 int64_t ir_f64_to_i64(double x);

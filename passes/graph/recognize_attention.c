@@ -294,19 +294,6 @@ static bool lz_value_ok(const ir_value *v)
 
 static bool lz_tick(lz_ctx *c, int depth) { return depth < LZ_MAX_DEPTH && --c->budget >= 0; }
 
-/* A CONST integer vector (or scalar) of at most max elements. */
-static int lz_const_ints(const ir_value *v, int64_t *out, int max)
-{
-    if (!ir_value_is_const(v) || !ir_dtype_is_int(v->dtype) || v->rank > 1)
-        return -1;
-    int64_t n = ir_value_numel(v);
-    if (n < 0 || n > max)
-        return -1;
-    for (int64_t i = 0; i < n; i++)
-        out[i] = ir_const_i64(v, i);
-    return (int)n;
-}
-
 /* x rounded to dtype t the way an ONNX runtime stores it; false where that is not exact
  * enough to reason about (NaN into an integer, integers beyond 2^53). */
 static bool lz_round(ir_dtype t, double x, double *out)
@@ -404,7 +391,7 @@ static bool map_bcast(const ir_value *x, const ir_value *y, const lz_view *o, lz
 static int squeeze_axes(const ir_node *n, int64_t *ax)
 {
     if (n->n_in > 1 && n->in[1])
-        return lz_const_ints(n->in[1], ax, IR_MAX_RANK);
+        return ir_const_ints(n->in[1], ax, IR_MAX_RANK);
     const ir_attr *a = ir_attr_get(n, "axes");
     if (!a)
         return -1;
@@ -505,19 +492,19 @@ static bool map_slice(const ir_node *n, const ir_value *x, const ir_value *y, co
                       lz_view *in)
 {
     int64_t st[IR_MAX_RANK], en[IR_MAX_RANK], ax[IR_MAX_RANK], sp[IR_MAX_RANK];
-    int ns = lz_const_ints(n->in[1], st, IR_MAX_RANK);
-    int ne = lz_const_ints(n->in[2], en, IR_MAX_RANK);
+    int ns = ir_const_ints(n->in[1], st, IR_MAX_RANK);
+    int ne = ir_const_ints(n->in[2], en, IR_MAX_RANK);
     if (ns < 0 || ne != ns)
         return false;
     if (n->n_in > 3 && n->in[3]) {
-        if (lz_const_ints(n->in[3], ax, IR_MAX_RANK) != ns)
+        if (ir_const_ints(n->in[3], ax, IR_MAX_RANK) != ns)
             return false;
     } else {
         for (int k = 0; k < ns; k++)
             ax[k] = k;
     }
     if (n->n_in > 4 && n->in[4]) {
-        if (lz_const_ints(n->in[4], sp, IR_MAX_RANK) != ns)
+        if (ir_const_ints(n->in[4], sp, IR_MAX_RANK) != ns)
             return false;
     } else {
         for (int k = 0; k < ns; k++)
