@@ -486,8 +486,8 @@ static bool map_transpose(const ir_node *n, const ir_value *x, const lz_view *o,
     return true;
 }
 
-/* Slice with constant starts/ends/axes/steps (clamped as ONNX does): input index = start +
- * step * output index on each sliced axis. */
+/* Slice with constant starts/ends/axes/steps (clamped as ONNX does, ir_slice_axis): input
+ * index = start + step * output index on each sliced axis. */
 static bool map_slice(const ir_node *n, const ir_value *x, const ir_value *y, const lz_view *o,
                       lz_view *in)
 {
@@ -518,21 +518,9 @@ static bool map_slice(const ir_node *n, const ir_value *x, const ir_value *y, co
             sp[k] >= LZ_SPAN)
             return false;
         done[a] = true;
-        int64_t d = x->dims[a].value, s = st[k], e = en[k], step = sp[k], len;
-        if (s < 0)
-            s += d;
-        if (e < 0)
-            e += d;
-        if (step > 0) {
-            s = s < 0 ? 0 : s > d ? d : s;
-            e = e < 0 ? 0 : e > d ? d : e;
-            len = e > s ? (e - s - 1) / step + 1 : 0;
-        } else {
-            s = s < 0 ? 0 : s > d - 1 ? d - 1 : s;
-            e = e < -1 ? -1 : e > d - 1 ? d - 1 : e;
-            len = s > e ? (s - e - 1) / (-step) + 1 : 0;
-        }
-        if (len != y->dims[a].value)
+        const int64_t step = sp[k];
+        int64_t s; /* ONNX's clamp, as inference and the folder apply it (ir_slice_axis) */
+        if (ir_slice_axis(x->dims[a].value, st[k], en[k], step, &s) != y->dims[a].value)
             return false;
         const lz_axis *oa = &o->ax[a];
         in->ax[a] = (lz_axis){oa->src, s + step * oa->off, oa->src == AX_FIX ? 0 : step * oa->step};
