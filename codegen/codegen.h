@@ -1,5 +1,5 @@
-/* codegen.h — the C code generator: a training program (passes/train.h) to train_step.c + .h,
- * and the compiler call that turns them into a shared object (train_step.so).
+/* codegen.h — the C code generator: a training program (passes/train/train.h) to train_step.c
+ * + .h, and the compiler call that turns them into a shared object (train_step.so).
  *
  * The emitted C implements codegen/sbp_step.h exactly: sbp_step_get_info() describes the step
  * (dims, strategy, objective, parameter table, workspace size) and sbp_step_run() runs one
@@ -33,15 +33,14 @@ typedef struct sbp_codegen_options {
      * anywhere while the file stays). NULL blob: everything inline. */
     FILE *blob;
     const char *blob_path;
+    /* The size from which a constant goes to the blob, in bytes (0: 64 KiB; tests give 1 to
+     * exercise the path on small models). */
+    size_t blob_min_bytes;
     /* "cpu" (NULL means cpu) or "cuda": the backend the step runs on (emit_target.h). A cuda
      * step takes device pointers everywhere, keeps device copies of its constants, counts the
      * scored positions on a host copy of the labels and ends with sbprt_sync. */
     const char *target;
 } sbp_codegen_options;
-
-/* The size from which a constant goes to the constants file (default 64 KiB); tests set 1 to
- * exercise the path on small models. */
-void sbp_codegen_set_blob_min_bytes(size_t bytes);
 
 uint64_t sbp_codegen_fingerprint(const sbp_train_program *p);
 
@@ -50,12 +49,13 @@ int sbp_codegen_emit(const sbp_train_program *p, const sbp_codegen_options *o, F
                      ir_diag *d);
 
 /* Writes PATH.c and PATH.h (and PATH.consts.bin) for out_path "PATH.c"; for "PATH.so" writes
- * them next to it and compiles them (sbp_codegen_compile_so). All or none: the files are made
- * as temporaries in the target's folder and renamed only when every one is written, compiled
- * and fsynced; on any failure the previous files are left as they were. extra_cflags may be
- * NULL. */
-int sbp_codegen_write(const sbp_train_program *p, const char *out_path, const char *model_path,
-                      const char *extra_cflags, ir_diag *d);
+ * them next to it and compiles them (sbp_codegen_compile_so_target). All or none: the files are
+ * made as temporaries in the target's folder and renamed only when every one is written,
+ * compiled and fsynced; on any failure the previous files are left as they were. From o: the
+ * model path, the target and blob_min_bytes (the header and the constants file are the
+ * writer's own: o's header_name, blob and blob_path are not read). extra_cflags may be NULL. */
+int sbp_codegen_write(const sbp_train_program *p, const char *out_path,
+                      const sbp_codegen_options *o, const char *extra_cflags, ir_diag *d);
 
 /* Checks the files -o out_path will write (PATH.c, PATH.h, PATH.consts.bin, and PATH.so for a
  * .so) before any work: none may be one of `inputs` (the model, its external data) or an
@@ -70,8 +70,8 @@ int sbp_codegen_check_outputs(const char *out_path, const sbp_file_set *inputs,
 int sbp_codegen_compile_so(const char *c_path, const char *so_path, const char *extra_cflags,
                            ir_diag *d);
 
-/* The same for a target ("cpu", "cuda"; NULL = cpu): a cuda step is emitted for the CUDA
- * backend and linked, whole, against the build tree's libsbprt_cuda.a, the CUDA runtime and
+/* sbp_codegen_write with the defaults but for the model path and the target ("cpu", "cuda";
+ * NULL = cpu): a cuda step is emitted for the CUDA backend and linked, whole, against the build tree's libsbprt_cuda.a, the CUDA runtime and
  * cuBLAS (-lcudart -lcublas, paths recorded when sbpc was configured; codegen/cuda.cmake)
  * and the C++ runtime its kernels' host code needs. The C is compiled with $CC as for the
  * CPU; the kernels are in the library, built for CMAKE_CUDA_ARCHITECTURES (sm_90 + PTX by
@@ -88,8 +88,8 @@ bool sbp_codegen_target_available(const char *target);
 
 /* ---------------------------------------------------------------- report.c */
 
-/* One column of a memory report: a strategy's planned program (passes/memplan.h), or NULL with
- * the reason it could not be built. */
+/* One column of a memory report: a strategy's planned program (passes/train/memplan.h), or
+ * NULL with the reason it could not be built. */
 typedef struct sbp_report_entry {
     const char *name;              /* the strategy: "store", "checkpoint", "stream" */
     const sbp_train_program *p;    /* NULL: not built */

@@ -7,7 +7,7 @@
  * (SBP_RT_* below, set by codegen/CMakeLists.txt). The compiler runs without a shell
  * (posix_spawnp), so paths with spaces or quotes need no escaping.
  *
- * The outputs are written as a set, all or none (sbp_codegen_write_target below): temporaries
+ * The outputs are written as a set, all or none (sbp_codegen_write below): temporaries
  * in a private folder next to the targets, compiled and fsynced there, then renamed; a failure
  * anywhere leaves the previous outputs untouched and no temporary behind (ir/files.h).
  *
@@ -231,10 +231,12 @@ int sbp_codegen_compile_so(const char *c_path, const char *so_path, const char *
     return sbp_codegen_compile_so_target(c_path, so_path, extra_cflags, NULL, d);
 }
 
-int sbp_codegen_write(const sbp_train_program *p, const char *out_path, const char *model_path,
-                      const char *extra_cflags, ir_diag *d)
+int sbp_codegen_write_target(const sbp_train_program *p, const char *out_path,
+                             const char *model_path, const char *extra_cflags,
+                             const char *target, ir_diag *d)
 {
-    return sbp_codegen_write_target(p, out_path, model_path, extra_cflags, NULL, d);
+    const sbp_codegen_options o = {.model_path = model_path, .target = target};
+    return sbp_codegen_write(p, out_path, &o, extra_cflags, d);
 }
 
 /* The files -o PATH.c / PATH.so stands for: [0] PATH.c, [1] PATH.h, [2] PATH.consts.bin and,
@@ -442,10 +444,10 @@ static int out_set_commit(out_set *s, ir_diag *d)
     return rc;
 }
 
-int sbp_codegen_write_target(const sbp_train_program *p, const char *out_path,
-                             const char *model_path, const char *extra_cflags,
-                             const char *target, ir_diag *d)
+int sbp_codegen_write(const sbp_train_program *p, const char *out_path,
+                      const sbp_codegen_options *opt, const char *extra_cflags, ir_diag *d)
 {
+    const char *target = opt->target;
     out_set s;
     if (out_set_begin(&s, out_path, d) != IR_OK)
         return IR_ERR;
@@ -470,8 +472,8 @@ int sbp_codegen_write_target(const sbp_train_program *p, const char *out_path,
                                                                                : s.final[OUT_BLOB],
                            strerror(errno));
     } else {
-        sbp_codegen_options o = {.header_name = hbase, .model_path = model_path,
-                                 .target = target};
+        sbp_codegen_options o = {.header_name = hbase, .model_path = opt->model_path,
+                                 .target = target, .blob_min_bytes = opt->blob_min_bytes};
         if (dir && final_dir && !strpbrk(dir, "\"\\\n") && !strpbrk(bbase, "\"\\\n") &&
             (size_t)snprintf(abs_blob, sizeof abs_blob, "%s%s%s", final_dir,
                              strcmp(final_dir, "/") ? "/" : "", bbase) < sizeof abs_blob &&

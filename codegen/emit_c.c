@@ -6,7 +6,7 @@
  * Inside a block function, the buffers it touches are declared first (each with its shape),
  * then the runtime calls, grouped per IR node under a comment naming the node, the phase
  * (forward / recompute / gradient) and the ONNX nodes it came from. A call is printed from the
- * kernel's template in passes/train_kernels.def.
+ * kernel's template in passes/train/train_kernels.def.
  */
 #include "codegen.h"
 #include "emit_objective.h"
@@ -176,8 +176,8 @@ static void emit_header_comment(const sbp_train_program *p, const sbp_codegen_op
     fprintf(f, " * parameters  %d tensors (%d trained), %zu floats in the parameter block, %zu in "
                "the gradient block\n",
             p->n_params, trainable, p->param_elems, p->grad_elems);
-    fprintf(f, " * workspace   %zu bytes, liveness-planned (passes/memplan.c): buffers that are\n"
-               " *             never live at the same time share addresses\n",
+    fprintf(f, " * workspace   %zu bytes, liveness-planned (passes/train/plan.c): buffers\n"
+               " *             that are never live at the same time share addresses\n",
             p->workspace_bytes);
     fprintf(f, " * segments   ");
     for (int s = 0; s < p->n_segments; s++)
@@ -230,10 +230,9 @@ static bool *used_buffers(const sbp_train_program *p)
     return used;
 }
 
-/* Constants of at least this many bytes go to the blob file when there is one. */
-static size_t blob_min_bytes = 64u << 10;
-
-void sbp_codegen_set_blob_min_bytes(size_t bytes) { blob_min_bytes = bytes ? bytes : 1; }
+/* Constants of at least this many bytes go to the blob file when there is one
+ * (sbp_codegen_options.blob_min_bytes, 0: this). */
+#define BLOB_MIN_BYTES_DEFAULT ((size_t)64 << 10)
 
 /* Appends b's data to the blob (64-byte aligned) and declares it as an assembled-in array. */
 static bool emit_blob_constant(const tp_buf *b, const sbp_codegen_options *o, FILE *f)
@@ -259,6 +258,7 @@ static void emit_constants(const sbp_train_program *p, const sbp_codegen_options
 {
     bool any = false;
     bool *used = used_buffers(p);
+    const size_t blob_min = o->blob_min_bytes ? o->blob_min_bytes : BLOB_MIN_BYTES_DEFAULT;
     for (int i = 0; i < p->n_bufs; i++) {
         const tp_buf *b = p->bufs[i];
         if (b->kind != TP_BUF_CONST || (used && !used[i]))
@@ -281,7 +281,7 @@ static void emit_constants(const sbp_train_program *p, const sbp_codegen_options
         put_type(f, b);
         fputs(": ", f);
         put_comment_text(f, b->value ? b->value->name : (b->what ? b->what : ""));
-        if (o->blob && b->numel * 4 >= blob_min_bytes && emit_blob_constant(b, o, f))
+        if (o->blob && b->numel * 4 >= blob_min && emit_blob_constant(b, o, f))
             continue;
         fprintf(f, " */\nstatic const %s %s[%zu] = {", b->is_int ? "int32_t" : "float", b->name,
                 n);
@@ -402,7 +402,7 @@ static void emit_offsets(const sbp_train_program *p, FILE *f)
               f);
     else
         fputs("\n/* ---------------------------------------------------------------- workspace */\n"
-              "\n/* Byte offsets in the workspace, from the memory plan (passes/memplan.c), by\n"
+              "\n/* Byte offsets in the workspace, from the memory plan (passes/train/plan.c), by\n"
               " * address. A buffer owns its bytes only while it is live (block:instruction "
               "ranges,\n * instructions counted from 0 in each block function); buffers that are "
               "never live\n * together share addresses. */\n",
@@ -584,7 +584,23 @@ static void put_node_comment(FILE *f, const tp_inst *in, const char *indent)
     fputs(" */\n", f);
 }
 
-static const char *const block_params[] = {"P", "G", "ws", "ids", "labels", "scale", "args"};
+/* The parameters of every block function, in order; a block that does not use one says so with
+ * a (void) cast, so that the emitted C compiles without warnings. */
+typedef enum {
+    BP_PARAMS,  /* P: the parameter block */
+    BP_GRADS,   /* G: the gradient block */
+    BP_WS,      /* ws: the workspace */
+    BP_IDS,     /* ids: the token ids */
+    BP_LABELS,  /* labels */
+    BP_SCALE,   /* scale: 1 / the scored positions (an argument expression) */
+    BP_ARGS,    /* args: the step's arguments (packed document ids, DPO / GRPO inputs) */
+    BP_COUNT
+} block_param;
+
+static const char *const block_params[BP_COUNT] = {
+    [BP_PARAMS] = "P",   [BP_GRADS] = "G",      [BP_WS] = "ws",     [BP_IDS] = "ids",
+    [BP_LABELS] = "labels", [BP_SCALE] = "scale", [BP_ARGS] = "args",
+};
 
 /* The header of a chunk loop (the body follows, indented by the returned string): b runs over
  * the sequences, t0 over the chunk starts, r0 = b * seq + t0 is the chunk's first row. */
@@ -628,33 +644,33 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
 {
     bool *used = calloc((size_t)p->n_bufs + 1, sizeof *used);
     bool *shadow = p->bf16 ? calloc((size_t)p->n_bufs + 1, sizeof *shadow) : NULL;
-    bool uses[7] = {false, false, false, false, false, false, false};
+    bool uses[BP_COUNT] = {false}; /* by block_param */
     for (int i = 0; i < blk->n_insts; i++) {
         const tp_inst *in = &blk->insts[i];
         for (int j = 0; shadow && j < TP_MAX_BUFS; j++)
             if (reads_shadow(p, in, j)) {
                 shadow[in->buf[j]] = true;
                 /* the copy is in the workspace; a parameter kept as bf16 is in the block */
-                uses[p->bufs[in->buf[j]]->stored_bf16 ? 0 : 2] = true;
+                uses[p->bufs[in->buf[j]]->stored_bf16 ? BP_PARAMS : BP_WS] = true;
             }
-        uses[6] |= strstr(tp_kernel_table[in->k].call, "args") != NULL; /* DPO / GRPO inputs */
+        uses[BP_ARGS] |= tp_kernel_table[in->k].reads_args; /* DPO / GRPO inputs */
         for (int j = 0; j < TP_MAX_BUFS; j++)
             if (in->buf[j] >= 0 && used && !reads_shadow(p, in, j))
                 used[in->buf[j]] = true;
         for (int j = 0; j < tp_kernel_table[in->k].n_arg; j++)
             if (in->arg[j].kind == TP_ARG_EXPR && strcmp(in->arg[j].expr, "scale") == 0)
-                uses[5] = true;
+                uses[BP_SCALE] = true;
     }
     for (int i = 0; i < p->n_bufs; i++) {
         if (!used || !used[i])
             continue;
         switch (p->bufs[i]->kind) {
-        case TP_BUF_PARAM: uses[0] = true; break;
-        case TP_BUF_GRAD: uses[1] = true; break;
-        case TP_BUF_WS: uses[2] = true; break;
-        case TP_BUF_IDS: uses[3] = true; break;
-        case TP_BUF_LABELS: uses[4] = true; break;
-        case TP_BUF_DOCS: uses[6] = true; break; /* args->doc_ids */
+        case TP_BUF_PARAM: uses[BP_PARAMS] = true; break;
+        case TP_BUF_GRAD: uses[BP_GRADS] = true; break;
+        case TP_BUF_WS: uses[BP_WS] = true; break;
+        case TP_BUF_IDS: uses[BP_IDS] = true; break;
+        case TP_BUF_LABELS: uses[BP_LABELS] = true; break;
+        case TP_BUF_DOCS: uses[BP_ARGS] = true; break; /* args->doc_ids */
         default: break;
         }
     }
@@ -666,7 +682,7 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
             blk->name);
     if (blk->n_insts == 0)
         fputs("    (void)ctx;\n", f);
-    for (int k = 0; k < 7; k++)
+    for (int k = 0; k < BP_COUNT; k++)
         if (!uses[k])
             fprintf(f, "    (void)%s;\n", block_params[k]);
     for (int i = 0; i < p->n_bufs && used; i++) {

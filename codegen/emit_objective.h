@@ -1,8 +1,8 @@
 /* emit_objective.h — what the emitted step adds for the DPO and GRPO objectives (internal to
  * codegen/; emit_objective.c).
  *
- * The training program (passes/objective_pref.c) holds two host steps as instructions,
- * GRPO_WEIGHTS and DPO_COEF (passes/train_kernels.def); their call templates name static
+ * The training program (passes/train/objective_pref.c) holds two host steps as instructions,
+ * GRPO_WEIGHTS and DPO_COEF (passes/train/train_kernels.def); their call templates name static
  * functions that these print into the step, before the block functions. Both read and write
  * backend memory through sbprt_memcpy in small blocks (stack buffers: the step allocates
  * nothing), so they work for the CPU and the CUDA target alike. Nothing is printed for SFT or

@@ -1,7 +1,7 @@
 /* report.c — the memory report (`sbpc --report`) and the memory plot (`sbpc --memory-plot`).
  *
  * Both take the training programs of several strategies for one model (built and planned by
- * sbp_train_build, whose last step is passes/memplan.c) and re-derive each plan's liveness with
+ * sbp_train_build, whose last step is passes/train/plan.c) and re-derive each plan's liveness with
  * memplan_analyze, so they show exactly what the emitted steps will do.
  *
  * The footprint of a step is parameters + gradients (the caller's two blocks, as many floats as
@@ -183,7 +183,7 @@ static int compute(figures *f, ir_diag *d)
         if (p->bufs[i]->kind == TP_BUF_CONST)
             f->consts += p->bufs[i]->numel * 4;
     f->ws = p->workspace_bytes;
-    /* a bf16 program's parameter copy (passes/precision.c) is live the whole step */
+    /* a bf16 program's parameter copy (passes/train/precision.c) is live the whole step */
     f->lower = f->m->lower_bound + (p->bf16 ? p->shadow_elems * 2 : 0);
     int q = f->m->lower_bound_pos;
     for (int i = 0; i < p->n_bufs; i++) {

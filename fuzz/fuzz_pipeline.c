@@ -54,7 +54,7 @@ static uint64_t hash_bytes(const uint8_t *p, size_t n)
 }
 
 /* Errors that are the compiler checking itself: after the flow's verifier (pipeline.c), the
- * training program's verifier (train_verify.c) and the planner's own checks (memplan.c). A model
+ * training program's verifier (train_verify.c) and the planner's own checks (plan.c). A model
  * must never be able to trigger one. Told by their fixed opening words only: the rest of a
  * message quotes the model's names, which the fuzzer fills with whatever strings it saw
  * compared (it found "(an sbpc bug)" inside a value's name within minutes). */

@@ -202,6 +202,18 @@ void ir_graph_free(ir_graph *g)
     ir_arena_free(g->arena);
 }
 
+int ir_graph_refuse(ir_graph *g, const ir_refusal *r)
+{
+    ir_refusal *c = ir_arena_alloc(g->arena, sizeof *c);
+    if (!c || !r->msg)
+        return ir_diag_error(g->diag, "out of memory");
+    *c = *r;
+    c->next = g->refusals;
+    g->refusals = c;
+    return ir_diag_add(g->diag, IR_SEV_WARNING, r->at ? r->at->name : NULL,
+                       r->at ? r->at->op_type : NULL, "%s", r->msg);
+}
+
 static bool grow_ptrs(void ***arr, int *cap, int need)
 {
     if (need <= *cap)
@@ -358,10 +370,23 @@ char *ir_value_type_str(const ir_value *v, char *buf, size_t n)
 
 bool ir_value_is_const(const ir_value *v) { return v && v->kind == IR_VAL_CONST && v->data; }
 
-int64_t ir_const_i64(const ir_value *v, int64_t i)
+int64_t ir_f64_to_i64(double x)
 {
-    const void *p = v->data;
-    switch (v->dtype) {
+    if (x != x)
+        return 0;
+    if (x >= 9223372036854775807.0)
+        return INT64_MAX;
+    if (x <= -9223372036854775808.0)
+        return INT64_MIN;
+    return (int64_t)x;
+}
+
+/* (ir.h) A BOOL byte other than 0 and 1 (raw_data is copied as written) is true: ONNX and
+ * every runtime treat it so, and a reader that returned the byte would make, say, a mask
+ * element 2 a different value from 1. */
+int64_t ir_data_i64(ir_dtype dt, const void *p, int64_t i)
+{
+    switch (dt) {
     case IR_DT_INT64: return ((const int64_t *)p)[i];
     case IR_DT_INT32: return ((const int32_t *)p)[i];
     case IR_DT_INT16: return ((const int16_t *)p)[i];
@@ -369,21 +394,27 @@ int64_t ir_const_i64(const ir_value *v, int64_t i)
     case IR_DT_UINT64: return (int64_t)((const uint64_t *)p)[i];
     case IR_DT_UINT32: return ((const uint32_t *)p)[i];
     case IR_DT_UINT16: return ((const uint16_t *)p)[i];
-    case IR_DT_UINT8: case IR_DT_BOOL: return ((const uint8_t *)p)[i];
-    case IR_DT_FLOAT: return (int64_t)((const float *)p)[i];
-    case IR_DT_DOUBLE: return (int64_t)((const double *)p)[i];
+    case IR_DT_UINT8: return ((const uint8_t *)p)[i];
+    case IR_DT_BOOL: return ((const uint8_t *)p)[i] != 0;
+    case IR_DT_FLOAT: return ir_f64_to_i64(((const float *)p)[i]); /* a NaN condition, axis */
+    case IR_DT_DOUBLE: return ir_f64_to_i64(((const double *)p)[i]);
     default: return 0;
     }
 }
 
-double ir_const_f64(const ir_value *v, int64_t i)
+double ir_data_f64(ir_dtype dt, const void *p, int64_t i)
 {
-    switch (v->dtype) {
-    case IR_DT_FLOAT: return ((const float *)v->data)[i];
-    case IR_DT_DOUBLE: return ((const double *)v->data)[i];
-    default: return (double)ir_const_i64(v, i);
+    switch (dt) {
+    case IR_DT_FLOAT: return ((const float *)p)[i];
+    case IR_DT_DOUBLE: return ((const double *)p)[i];
+    case IR_DT_UINT64: return (double)((const uint64_t *)p)[i]; /* not through int64 */
+    default: return (double)ir_data_i64(dt, p, i);
     }
 }
+
+int64_t ir_const_i64(const ir_value *v, int64_t i) { return ir_data_i64(v->dtype, v->data, i); }
+
+double ir_const_f64(const ir_value *v, int64_t i) { return ir_data_f64(v->dtype, v->data, i); }
 
 /* ------------------------------------------------------------------ nodes */
 

@@ -165,7 +165,7 @@ typedef struct ir_value {
     ir_node *producer;       /* NULL unless kind == IR_VAL_NODE */
     int producer_slot;       /* which output of producer */
     bool is_output;          /* a graph output */
-    /* Weight tying: this PARAM equals the transpose of tied_to (bitwise); see passes/retie.c.
+    /* Weight tying: this PARAM equals the transpose of tied_to (bitwise); see passes/graph/retie.c.
      * Its uses read tied_to after the pass; the value stays so gradients can be reported
      * under both names. */
     struct ir_value *tied_to;
@@ -186,9 +186,21 @@ int ir_check_shape_size(ir_graph *g, const ir_node *n, const char *what,
 bool ir_value_shape_known(const ir_value *v);
 /* "f32[2,64,32]" / "f32[batch,sequence,32]" into buf; returns buf. */
 char *ir_value_type_str(const ir_value *v, char *buf, size_t n);
-/* For CONST values holding integers (any int dtype) or floats: element i as int64 / double. */
+/* Element i of data of type dt as int64 / double: integers of any width as their value, BOOL
+ * as 0 or 1 (any nonzero byte is true), floats to int64 by ir_f64_to_i64; 0 for a type that
+ * is neither (half precision, strings). The one reader of constant elements: the passes, shape
+ * inference, the printer and the folder (passes/graph/fold.c) all read through it. */
+int64_t ir_data_i64(ir_dtype dt, const void *data, int64_t i);
+double ir_data_f64(ir_dtype dt, const void *data, int64_t i);
+/* The same for a CONST value's own data. */
 int64_t ir_const_i64(const ir_value *v, int64_t i);
 double ir_const_f64(const ir_value *v, int64_t i);
+/* Reads a small integer (or bool) CONST of rank 0 or 1 into out[max]: the count, or -1 if v is
+ * not such a constant (not CONST, another dtype, rank > 1, more than max elements). */
+int ir_const_ints(const ir_value *v, int64_t *out, int max);
+/* Float to integer the way a C runtime would, but without undefined behaviour: NaN gives 0 and
+ * out-of-range values saturate to the int64 range. */
+int64_t ir_f64_to_i64(double x);
 bool ir_value_is_const(const ir_value *v); /* CONST (not PARAM) */
 
 /* ---------------------------------------------------------------- attributes */
@@ -239,6 +251,27 @@ struct ir_node {
     const char *scope;
 };
 
+/* A pattern a pass recognised all but one part of and so left as it was, with why, as data: a
+ * later stage that fails because of it (the training program's "no gradient rule for op
+ * MatMul" of an attention left unrecognised) names the cause from here, not from the wording
+ * of a diagnostic. The pass also warns, in the words of `msg`. */
+typedef enum {
+    /* attention whose mask is computed from constants but is neither causal nor a causal
+     * sliding window (passes/graph/recognize_attention.c) */
+    IR_REFUSED_ATTENTION_MASK_CONSTANT,
+    /* attention whose mask is computed from the model's inputs (padding, say) */
+    IR_REFUSED_ATTENTION_MASK_INPUT,
+} ir_refusal_reason;
+
+typedef struct ir_refusal {
+    ir_refusal_reason reason;
+    const ir_node *at;       /* the node the warning is about (attention: its Softmax) */
+    const ir_node *also[2];  /* the pattern's other nodes a failure may be found at, or NULL
+                              * (attention: the scores MatMul and the output MatMul) */
+    const char *msg;         /* the warning's text (in the graph's arena) */
+    struct ir_refusal *next; /* the one recorded before */
+} ir_refusal;
+
 typedef struct ir_graph {
     ir_arena *arena;         /* owns everything below */
     ir_diag *diag;           /* where passes report; not owned */
@@ -257,12 +290,13 @@ typedef struct ir_graph {
     int64_t bind_batch, bind_seq; /* 0: not given */
     int next_id;             /* for made-up names */
     /* torch.export's graph signature as the dynamo exporter wrote it (which initializers were
-     * PARAMETERs and which BUFFERs of the module), or NULL; read by passes/params.c. */
+     * PARAMETERs and which BUFFERs of the module), or NULL; read by passes/graph/params.c. */
     const char *torch_signature;
-    /* sbpc --lora, as passes/lora.c applied it (rank 0: none), for the step's description */
+    /* sbpc --lora, as passes/graph/lora.c applied it (rank 0: none), for the step's description */
     int64_t lora_rank;
     double lora_alpha;
     uint64_t lora_seed;
+    ir_refusal *refusals;    /* the patterns passes left as they were, newest first */
     struct ir_name_index *names; /* value name -> value; private to ir/ir.c */
 } ir_graph;
 
@@ -276,6 +310,10 @@ void ir_signature_each(const char *sig,
 
 ir_graph *ir_graph_new(ir_diag *diag, const char *path);
 void ir_graph_free(ir_graph *g);
+
+/* Records a refusal (a copy of *r, `next` ignored) at the front of g->refusals and warns with
+ * r->msg at r->at. IR_ERR with a diagnostic when out of memory. */
+int ir_graph_refuse(ir_graph *g, const ir_refusal *r);
 
 /* Builder. New values get fresh unique names derived from `name` when it clashes. */
 ir_value *ir_value_new(ir_graph *g, const char *name, ir_value_kind kind, ir_dtype dt, int rank,
@@ -340,8 +378,13 @@ int ir_infer_node(ir_graph *g, ir_node *n);
 int ir_infer_graph(ir_graph *g);
 /* ONNX Slice clamping of one axis of extent d (step != 0; a step below -INT64_MAX counts as
  * -INT64_MAX): the number of elements taken; *start_out (may be NULL) the first one's index.
- * Shape inference and the constant folder (passes/fold.c) both use it, so they agree. */
+ * Shape inference and the constant folder (passes/graph/fold.c) both use it, so they agree. */
 int64_t ir_slice_axis(int64_t d, int64_t start, int64_t end, int64_t step, int64_t *start_out);
+/* The dims a Shape node n (opset 15 start/end attributes) takes of an input of rank r, clamped
+ * as ONNX says (a negative one counts from the back, then each is clamped into [0, r]; start >=
+ * end: none): Slice's clamp with step 1 (ir_slice_axis). Returns the count; *start_out (may
+ * be NULL) the first. Shape inference and the folder both use it. */
+int64_t ir_shape_op_range(const ir_node *n, int64_t r, int64_t *start_out);
 
 /* ---------------------------------------------------------------- printer and verifier */
 

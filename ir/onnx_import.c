@@ -1348,7 +1348,7 @@ static void report_unsupported(importer *I)
 
 /* The dynamo exporter (torch.onnx, torch >= 2.5) writes torch.export's graph signature, which
  * says for each initializer whether it was a PARAMETER or a BUFFER of the module, into the
- * graph's metadata_props. The text is kept verbatim for passes/params.c. */
+ * graph's metadata_props. The text is kept verbatim for passes/graph/params.c. */
 #define TORCH_SIGNATURE_KEY "pkg.torch.export.ExportedProgram.graph_signature"
 
 static void import_graph_metadata(importer *I, const Onnx__GraphProto *gp)

@@ -165,9 +165,9 @@ static int set_out(ir_graph *g, ir_node *n, int slot, ir_dtype dt, const shp *s)
     return ir_check_shape_size(g, n, what, slot < n->n_out ? n->out[slot] : NULL);
 }
 
-/* Reads a small integer CONST (rank 0 or 1) into out[max]; the count, or -1 if v is not such a
- * constant. */
-static int const_ints(const ir_value *v, int64_t *out, int max)
+/* (ir.h) BOOL is read too (as 0 / 1), as the folder reads any operand: inference, the folder and
+ * the attention recogniser's lazy mask evaluation then agree on what an operand says. */
+int ir_const_ints(const ir_value *v, int64_t *out, int max)
 {
     if (!ir_value_is_const(v) || !(ir_dtype_is_int(v->dtype) || v->dtype == IR_DT_BOOL))
         return -1;
@@ -406,21 +406,13 @@ static int infer_scalar_f32(ir_graph *g, ir_node *n)
 
 /* ------------------------------------------------------------------ shapes of shapes */
 
-/* Shape: i64 [end - start], start/end attributes (opset 15) clamped to [0, rank]. */
+/* Shape: i64 [the dims taken], start/end attributes (opset 15) clamped (ir_shape_op_range). */
 static int infer_shape(ir_graph *g, ir_node *n)
 {
     const ir_value *x = in_at(n, 0);
     if (!x || x->rank < 0)
         return set_out(g, n, 0, IR_DT_INT64, &(shp){.rank = 1, .d = {{-1, NULL}}});
-    int64_t r = x->rank;
-    int64_t st = ir_attr_int(n, "start", 0), en = ir_attr_int(n, "end", r);
-    if (st < 0)
-        st += r;
-    if (en < 0)
-        en += r;
-    st = st < 0 ? 0 : st > r ? r : st;
-    en = en < 0 ? 0 : en > r ? r : en;
-    shp s = {.rank = 1, .d = {dim_known(en > st ? en - st : 0)}};
+    shp s = {.rank = 1, .d = {dim_known(ir_shape_op_range(n, x->rank, NULL))}};
     return set_out(g, n, 0, IR_DT_INT64, &s);
 }
 
@@ -674,7 +666,7 @@ static int get_axes(const ir_node *n, int64_t *axes, int max, int *count_if_know
     const ir_value *a = in_at(n, 1);
     *count_if_known = -1;
     if (a) {
-        int k = const_ints(a, axes, max);
+        int k = ir_const_ints(a, axes, max);
         if (k < 0) {
             int64_t l = len_1d(a);
             *count_if_known = l >= 0 && l <= max ? (int)l : -1;
@@ -855,7 +847,7 @@ static int infer_reshape(ir_graph *g, ir_node *n)
     const ir_value *x = in_at(n, 0), *sv = in_at(n, 1);
     ir_dtype dt = x ? x->dtype : IR_DT_UNDEFINED;
     int64_t t[IR_MAX_RANK + 1];
-    int k = sv ? const_ints(sv, t, IR_MAX_RANK + 1) : -1;
+    int k = sv ? ir_const_ints(sv, t, IR_MAX_RANK + 1) : -1;
     if (k < 0) {
         int64_t l = len_1d(sv);
         if (l > IR_MAX_RANK)
@@ -1027,6 +1019,11 @@ int64_t ir_slice_axis(int64_t d, int64_t start, int64_t end, int64_t step, int64
     return start > end ? (start - end - 1) / (-step) + 1 : 0;
 }
 
+int64_t ir_shape_op_range(const ir_node *n, int64_t r, int64_t *start_out)
+{
+    return ir_slice_axis(r, ir_attr_int(n, "start", 0), ir_attr_int(n, "end", r), 1, start_out);
+}
+
 /* Starts/ends/axes/steps of a Slice as per-axis arrays (unsliced axes: 0, INT64_MAX, 1);
  * returns IR_OK with *known = false when some of them are not constant. */
 static int slice_params(ir_graph *g, ir_node *n, int rank, int64_t *st, int64_t *en, int64_t *sp,
@@ -1041,7 +1038,7 @@ static int slice_params(ir_graph *g, ir_node *n, int rank, int64_t *st, int64_t 
         sliced[i] = false;
     }
     const ir_value *vs = in_at(n, 1), *ve = in_at(n, 2), *va = in_at(n, 3), *vp = in_at(n, 4);
-    int ks = const_ints(vs, s, IR_MAX_RANK + 1), ke = const_ints(ve, e, IR_MAX_RANK + 1);
+    int ks = ir_const_ints(vs, s, IR_MAX_RANK + 1), ke = ir_const_ints(ve, e, IR_MAX_RANK + 1);
     if (ks < 0 || ke < 0)
         return IR_OK;
     if (ks != ke)
@@ -1049,7 +1046,7 @@ static int slice_params(ir_graph *g, ir_node *n, int rank, int64_t *st, int64_t 
                         vs->name, ks, ve->name, ke);
     int ka = ks, kp = ks;
     if (va) {
-        ka = const_ints(va, a, IR_MAX_RANK + 1);
+        ka = ir_const_ints(va, a, IR_MAX_RANK + 1);
         if (ka < 0)
             return IR_OK;
     } else {
@@ -1057,7 +1054,7 @@ static int slice_params(ir_graph *g, ir_node *n, int rank, int64_t *st, int64_t 
             a[i] = i;
     }
     if (vp) {
-        kp = const_ints(vp, p, IR_MAX_RANK + 1);
+        kp = ir_const_ints(vp, p, IR_MAX_RANK + 1);
         if (kp < 0)
             return IR_OK;
     } else {
@@ -1097,7 +1094,7 @@ static int infer_slice(ir_graph *g, ir_node *n)
     shp out = shp_of(x);
     if (!known) {
         int64_t ax[IR_MAX_RANK + 1];
-        int ka = in_at(n, 3) ? const_ints(in_at(n, 3), ax, IR_MAX_RANK + 1) : -1;
+        int ka = in_at(n, 3) ? ir_const_ints(in_at(n, 3), ax, IR_MAX_RANK + 1) : -1;
         if (ka < 0) {
             out = shp_unknown_rank(x->rank);
         } else {
@@ -1207,7 +1204,7 @@ static int infer_expand(ir_graph *g, ir_node *n)
     const ir_value *x = in_at(n, 0), *sv = in_at(n, 1);
     ir_dtype dt = x ? x->dtype : IR_DT_UNDEFINED;
     int64_t t[IR_MAX_RANK + 1];
-    int k = sv ? const_ints(sv, t, IR_MAX_RANK + 1) : -1;
+    int k = sv ? ir_const_ints(sv, t, IR_MAX_RANK + 1) : -1;
     if (k < 0) {
         int64_t l = len_1d(sv);
         int r = -1;
@@ -1248,7 +1245,7 @@ static int infer_tile(ir_graph *g, ir_node *n)
     if (!x || x->rank < 0)
         return set_out(g, n, 0, dt, NULL);
     int64_t rep[IR_MAX_RANK + 1];
-    int k = rv ? const_ints(rv, rep, IR_MAX_RANK + 1) : -1;
+    int k = rv ? ir_const_ints(rv, rep, IR_MAX_RANK + 1) : -1;
     shp out = shp_of(x);
     if (k < 0) {
         out = shp_unknown_rank(x->rank);
@@ -1287,7 +1284,7 @@ static int infer_constant_of_shape(ir_graph *g, ir_node *n)
         dt = va->t->dtype;
     }
     int64_t t[IR_MAX_RANK + 1];
-    int k = sv ? const_ints(sv, t, IR_MAX_RANK + 1) : -1;
+    int k = sv ? ir_const_ints(sv, t, IR_MAX_RANK + 1) : -1;
     if (k < 0) {
         int64_t l = len_1d(sv);
         if (l > IR_MAX_RANK)

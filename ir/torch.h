@@ -1,6 +1,6 @@
 /* torch.h — what sbpc knows of PyTorch's conventions, for the code that speaks to PyTorch users:
  * the PyTorch name of an initializer as recovered from an export (sbp-train --save-safetensors,
- * train/train_export.c; sbpc --lora, passes/lora.c), and the LoRA adapters' names and
+ * train/train_export.c; sbpc --lora, passes/graph/lora.c), and the LoRA adapters' names and
  * initialisation (PEFT's layout; sbpc --lora and sbp-train, which must agree bit for bit).
  *
  * Names. An initializer's name is PyTorch's when the export says so: the dynamo exporter's

@@ -1,15 +1,16 @@
 /* flow.h — the whole compile flow, import to memory plan, as one list and one call.
  *
- *   import → bind-dims → params → fold → dce → retie → recognize → cleanup     (passes.h)
- *          → lora → packed                                                     (lora.h, train.h)
- *          → objective → freeze                                                (train.h)
- *          → autodiff → stream → plan                                          (train.h)
+ *   import → bind-dims → params → fold → dce → retie → recognize → cleanup  (graph/passes.h)
+ *          → lora → packed                                         (graph/lora.h, passes.h)
+ *          → objective → freeze                                            (graph/passes.h)
+ *          → autodiff → stream → plan                                       (train/train.h)
  *
  * The list, sbp_flow_stages (passes/pipeline.c), names each stage with the function that runs
- * it and the one that prints its result (sbpc --dump-ir=NAME). sbp_flow_run runs it up to a
- * named stage. Code generation (codegen.h: sbp_codegen_write_target) then writes the planned
- * program; sbpc, the tests and the benchmarks all compile through here rather than calling the
- * stages one by one.
+ * it and the one that prints its result (sbpc --dump-ir=NAME). The file that implements a stage
+ * is named after it: graph/NAME.c or train/NAME.c, '-' written '_' (import is ir/'s importer;
+ * tests/passes/test_flow_files.c checks it). sbp_flow_run runs it up to a named stage. Code
+ * generation (codegen.h: sbp_codegen_write_target) then writes the planned program; sbpc, the
+ * tests and the benchmarks all compile through here rather than calling the stages one by one.
  */
 #ifndef SBP_FLOW_H
 #define SBP_FLOW_H

@@ -3,7 +3,7 @@
  * the function that runs it and the one that prints its result (flow.h). Code generation
  * (codegen/) takes the planned program from here.
  *
- * --lora's adapters (passes/lora.c) are added between canonicalisation and the objective.
+ * --lora's adapters (passes/graph/lora.c) are added between canonicalisation and the objective.
  * `sbpc --dump-ir=NAME` stops after the stage called NAME and prints its result ("import"
  * stops before the first pass). The verifier runs after every graph stage: a pass that leaves a
  * broken graph is named at once. sbpc, the tests and the benchmarks all run the flow through
@@ -57,9 +57,7 @@ static int run_recognize(ir_graph *g, const sbp_pass_options *o)
 }
 static int run_cleanup(ir_graph *g, const sbp_pass_options *o)
 {
-    if (sbp_pass_fold_max(g, fold_cap(o)) != IR_OK)
-        return IR_ERR;
-    return sbp_pass_dce(g);
+    return sbp_pass_cleanup(g, fold_cap(o));
 }
 
 /* ------------------------------------------------------------------ the flow's own steps */
@@ -77,7 +75,7 @@ static int step_objective(sbp_flow *f)
     return sbp_pass_objective(f->g, f->opt->objective, &f->chosen);
 }
 
-/* --lora (passes/lora.c). After canonicalisation, because it adapts Linear ops, which exist
+/* --lora (passes/graph/lora.c). After canonicalisation, because it adapts Linear ops, which exist
  * only once recognition has folded each projection's MatMul/Gemm, transposed weight and bias
  * into one node (and the LM head's tie is restored, so the head is not taken for a projection).
  * Before the objective and --freeze: the adapters must be parameters when --freeze looks at
@@ -95,7 +93,7 @@ static int step_lora(sbp_flow *f)
     return IR_OK;
 }
 
-/* --packed (passes/packed.c): a learned position table read by the document positions. After
+/* --packed (passes/graph/packed.c): a learned position table read by the document positions. After
  * canonicalisation (the Embedding and its folded constant positions exist only then), before
  * the objective (the token-id input is still the graph's only integer input). */
 static int step_packed(sbp_flow *f)

@@ -488,9 +488,9 @@ int sbprt_device_memory(sbprt_ctx *ctx, size_t *used, size_t *total);
  *     twin and is bitwise equal to it. */
 
 /* ---- preference / RL objectives (runtime/cpu/objectives.c, runtime/cuda/objectives.cu) --
- * What the DPO and GRPO objectives add at the LM head (passes/objective_pref.c): the per-token
- * log-probability of the label comes from sbprt_label_logprob_forward; these turn a gradient
- * by it into dlogits, and compute GRPO's per-token loss and its derivative. */
+ * What the DPO and GRPO objectives add at the LM head (passes/train/objective_pref.c): the
+ * per-token log-probability of the label comes from sbprt_label_logprob_forward; these turn a
+ * gradient by it into dlogits, and compute GRPO's per-token loss and its derivative. */
 
 /* dlogits as the gradient of Σ_r dlogp[r]·logp[r], WRITTEN: for each row r with a scored
  * label, dlogits[r, :] = dlogp[r] * (onehot(labels[r]) - softmax(logits[r])); rows labelled

@@ -1,18 +1,24 @@
 #!/usr/bin/env python3
-"""check-passes-layers.py — passes/ has no circle of files: no two files call each other,
-directly or through others.
+"""check-passes-layers.py — passes/ is layered: no circle of files (no two files call each other,
+directly or through others), and its folders in order: graph/ (graph -> graph rewrites) below
+train/ (the training program) below the top (pipeline.c, the flow).
 
 The call graph is read from the compiled objects of the sbppasses library (nm: the symbols each
 object defines and the ones it needs), so it is the real one, macros and function-pointer tables
-included. Each object's file is a node; an edge f -> g means f uses a symbol g defines. Any
-strongly connected component of more than one file is a circle: it is printed with the symbols
-that close it, and the exit status is 1. Without a circle the files are printed by layer
-(layer 0 calls nothing else in passes/; layer k calls only layers below k).
+included. Each object's source file (graph/fold, train/autodiff, pipeline) is a node; an edge
+f -> g means f uses a symbol g defines. Any strongly connected component of more than one file
+is a circle: it is printed with the symbols that close it. An edge from a folder to one above it
+(graph/ -> train/, anything -> pipeline) breaks the folder order: printed the same way. Either
+makes the exit status 1. Otherwise the files are printed by layer (layer 0 calls nothing else in
+passes/; layer k calls only layers below k).
 
-The quoted #includes among passes/*.h are checked the same way when --headers DIR is given.
+With --headers DIR (passes/) the quoted #includes of DIR's files, its folders included, are
+checked the same way: no circle among the headers, and no file (.c or .h) that includes a
+header of a folder above its own.
 
   scripts/check-passes-layers.py OBJ... [--headers passes/]     (ctest: passes_layers)
-  scripts/check-passes-layers.py --self-test                     (the checker finds a circle)
+  scripts/check-passes-layers.py --self-test                     (the checker finds a circle
+                                                                  and a folder-order break)
 """
 import collections
 import os
@@ -67,29 +73,58 @@ def layers(graph):
     return memo
 
 
+# The folders of passes/, bottom up; a file outside them (pipeline.c, flow.h) is the top.
+FOLDERS = ["graph", "train"]
+
+
+def rank(f):
+    """The folder order of file f ("graph/fold", "train/memplan.h", "pipeline")."""
+    top = f.split("/")[0] if "/" in f else None
+    return FOLDERS.index(top) if top in FOLDERS else len(FOLDERS)
+
+
+def folder(f):
+    return f.split("/")[0] + "/" if rank(f) < len(FOLDERS) else "the top (passes/)"
+
+
 def check(graph, why, what):
-    circles = [c for c in sccs(graph) if len(c) > 1]
-    for c in circles:
+    ok = True
+    for c in [c for c in sccs(graph) if len(c) > 1]:
         print(f"check-passes-layers: {what}: circle of files: {' <-> '.join(c)}")
         for f in c:
             for g in sorted(graph[f]):
                 if g in c:
                     print(f"    {f} -> {g}: {', '.join(sorted(why[(f, g)]))}")
-    if circles:
+        ok = False
+    for f in sorted(graph):
+        for g in sorted(graph[f]):
+            if rank(g) > rank(f):
+                print(f"check-passes-layers: {what}: {f} (in {folder(f)}) uses {g}, which is in "
+                      f"{folder(g)}, above it: {', '.join(sorted(why[(f, g)]))}")
+                ok = False
+    if not ok:
         return False
     by = collections.defaultdict(list)
     for f, k in layers(graph).items():
         by[k].append(f)
-    print(f"{what}: no circle; layers, bottom up:")
+    print(f"{what}: no circle, folders in order; layers, bottom up:")
     for k in sorted(by):
         print(f"  {k}: {' '.join(sorted(by[k]))}")
     return True
 
 
+def source_of(obj):
+    """The source file an object was compiled from, relative to passes/ and without its
+    extension: CMake writes passes/graph/fold.c to .../sbppasses.dir/graph/fold.c.o."""
+    o = obj.replace(os.sep, "/")
+    m = re.search(r"\.dir/(.+?)(\.c)?\.o(bj)?$", o)
+    return m.group(1) if m else os.path.basename(o).split(".")[0]
+
+
 def call_graph(objs):
     defs, uses = {}, collections.defaultdict(set)
     for o in objs:
-        f = os.path.basename(o).split(".")[0]
+        f = source_of(o)
         r = subprocess.run(["nm", o], capture_output=True, text=True)
         if r.returncode != 0:
             sys.exit(f"check-passes-layers: nm {o} failed: {r.stderr.strip()}")
@@ -111,17 +146,28 @@ def call_graph(objs):
 
 
 def include_graph(d):
+    """The quoted #includes among the files under d (relative names: graph/passes.h). The
+    include path is flat (passes/, graph/, train/ are all on it), so an include names a header
+    by its file name; one that is not under d (ir.h) is not an edge. Sources (.c) only include:
+    they are checked for the folder order, and cannot close a circle."""
+    files = []
+    for root, _, names in os.walk(d):
+        for n in names:
+            if n.endswith((".h", ".c", ".def")):
+                files.append(os.path.relpath(os.path.join(root, n), d).replace(os.sep, "/"))
+    by_name = {}
+    for f in files:
+        if not f.endswith(".c"):
+            by_name[os.path.basename(f)] = f
     graph, why = {}, collections.defaultdict(set)
-    for h in sorted(os.listdir(d)):
-        if not h.endswith(".h"):
-            continue
-        graph.setdefault(h, set())
-        with open(os.path.join(d, h)) as fh:
+    for f in sorted(files):
+        graph.setdefault(f, set())
+        with open(os.path.join(d, f)) as fh:
             for m in re.finditer(r'^\s*#\s*include\s+"([^"]+)"', fh.read(), re.M):
-                inc = os.path.basename(m.group(1))
-                if os.path.exists(os.path.join(d, inc)):
-                    graph[h].add(inc)
-                    why[(h, inc)].add("#include")
+                inc = by_name.get(os.path.basename(m.group(1)))
+                if inc and inc != f:
+                    graph[f].add(inc)
+                    why[(f, inc)].add("#include")
     return graph, why
 
 
@@ -132,6 +178,19 @@ def self_test():
         print("check-passes-layers: self-test: the circle was NOT found")
         return 1
     if not check({"a": {"b"}, "b": set()}, why, "self-test (no circle)"):
+        return 1
+    up = {"graph/fold": {"train/autodiff"}, "train/autodiff": set()}
+    if check(up, collections.defaultdict(set, {("graph/fold", "train/autodiff"): {"s"}}),
+             "self-test (graph/ uses train/)"):
+        print("check-passes-layers: self-test: graph/ -> train/ was NOT found")
+        return 1
+    if check({"train/plan": {"pipeline"}, "pipeline": set()}, collections.defaultdict(set),
+             "self-test (train/ uses the top)"):
+        print("check-passes-layers: self-test: train/ -> pipeline was NOT found")
+        return 1
+    down = {"pipeline": {"train/plan", "graph/fold"}, "train/plan": {"graph/fold"},
+            "graph/fold": set()}
+    if not check(down, collections.defaultdict(set), "self-test (folders in order)"):
         return 1
     print("check-passes-layers: self-test passed")
     return 0
@@ -153,7 +212,7 @@ def main(argv):
         return 1
     ok = check(*call_graph(objs), f"passes/ call graph ({len(objs)} objects)")
     if headers:
-        ok = check(*include_graph(headers), "passes/ headers") and ok
+        ok = check(*include_graph(headers), "passes/ #includes") and ok
     return 0 if ok else 1
 
 

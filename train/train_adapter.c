@@ -288,7 +288,7 @@ static int find_param(const sbp_step_info *in, const char *name)
 }
 
 /* The PyTorch name of every step parameter that is a base matrix (names[i], malloc'd, or NULL),
- * as passes/lora.c named the weights it adapted. */
+ * as passes/graph/lora.c named the weights it adapted. */
 static int name_params(const ir_graph *g, const ir_uses *u, const sbp_step_info *in,
                        char **names, char *err, size_t errlen)
 {

@@ -1,4 +1,4 @@
-/* train_adapter.h — sbp-train's side of LoRA (sbpc --lora, passes/lora.h): the adapters'
+/* train_adapter.h — sbp-train's side of LoRA (sbpc --lora, passes/graph/lora.h): the adapters'
  * initial values, --save-adapter DIR (PEFT's format) and --merge-lora (the adapters folded into
  * the base weights of --save's ONNX copy).
  *

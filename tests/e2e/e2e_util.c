@@ -87,9 +87,17 @@ sbp_objective e2e_build(e2e_step *s, const char *model, int64_t b, int64_t t, sb
 void e2e_load_so(e2e_step *s, const sbp_train_program *p, const char *model, const char *tag,
                  ir_diag *d)
 {
+    e2e_load_so_with(s, p, model, &(sbp_codegen_options){0}, tag, d);
+}
+
+void e2e_load_so_with(e2e_step *s, const sbp_train_program *p, const char *model,
+                      const sbp_codegen_options *cg, const char *tag, ir_diag *d)
+{
     char so[1024];
     snprintf(so, sizeof so, "%s/%s.so", SBP_E2E_OUT, tag);
-    int rc = sbp_codegen_write(p, so, model, "-Werror", d);
+    sbp_codegen_options o = *cg;
+    o.model_path = model;
+    int rc = sbp_codegen_write(p, so, &o, "-Werror", d);
     if (rc != IR_OK || d->n_errors)
         e2e_print_diag(d);
     assert_int_equal(rc, IR_OK);
@@ -110,8 +118,16 @@ sbp_objective e2e_compile(e2e_step *s, const char *model, int64_t b, int64_t t,
                           sbp_objective obj, const char *freeze, const sbp_train_options *o,
                           const char *tag)
 {
+    return e2e_compile_with(s, model, b, t, obj, freeze, o, &(sbp_codegen_options){0}, tag);
+}
+
+sbp_objective e2e_compile_with(e2e_step *s, const char *model, int64_t b, int64_t t,
+                               sbp_objective obj, const char *freeze,
+                               const sbp_train_options *o, const sbp_codegen_options *cg,
+                               const char *tag)
+{
     sbp_objective chosen = e2e_build(s, model, b, t, obj, freeze, o);
-    e2e_load_so(s, s->p, model, tag, &s->diag);
+    e2e_load_so_with(s, s->p, model, cg, tag, &s->diag);
     assert_string_equal(s->info->strategy, sbp_strategy_name(o->strategy));
     return chosen;
 }
@@ -345,7 +361,8 @@ void e2e_check_warnings(const sbp_train_program *p, const char *model, const cha
     sbp_train_print(p, listing);
     fclose(listing);
     snprintf(c, sizeof c, "%s/%s.c", SBP_E2E_OUT, stem);
-    assert_int_equal(sbp_codegen_write(p, c, model, NULL, d), IR_OK);
+    assert_int_equal(sbp_codegen_write(p, c, &(sbp_codegen_options){.model_path = model}, NULL, d),
+                     IR_OK);
     for (int k = 0; k < 2; k++) {
         if (!compilers[k][0])
             continue;

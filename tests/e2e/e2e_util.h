@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codegen.h"
 #include "ir.h"
 #include "passes.h"
 #include "sbp_step.h"
@@ -73,11 +74,19 @@ sbp_objective e2e_build(e2e_step *s, const char *model, int64_t b, int64_t t, sb
  * generated header; diagnostics go to d), dlopens it and fills s->lib, s->run and s->info. */
 void e2e_load_so(e2e_step *s, const sbp_train_program *p, const char *model, const char *tag,
                  ir_diag *d);
+/* The same with the code generator's options cg (its model_path is model's). */
+void e2e_load_so_with(e2e_step *s, const sbp_train_program *p, const char *model,
+                      const sbp_codegen_options *cg, const char *tag, ir_diag *d);
 
 /* e2e_build and e2e_load_so; the step reports the strategy of o. Returns the objective chosen. */
 sbp_objective e2e_compile(e2e_step *s, const char *model, int64_t b, int64_t t,
                           sbp_objective obj, const char *freeze, const sbp_train_options *o,
                           const char *tag);
+/* The same with the code generator's options cg (e2e_load_so_with). */
+sbp_objective e2e_compile_with(e2e_step *s, const char *model, int64_t b, int64_t t,
+                               sbp_objective obj, const char *freeze,
+                               const sbp_train_options *o, const sbp_codegen_options *cg,
+                               const char *tag);
 
 /* Closes the shared object and frees the graph and diagnostics. */
 void e2e_free_step(e2e_step *s);

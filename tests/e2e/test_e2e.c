@@ -40,10 +40,11 @@
 /* The SFT step of a fixture (an export ending in its loss gets graph-loss) for strategy st,
  * with the batch and sequence length it was bound to (0: the export's static [2, 64]). */
 static void compile_step(e2e_step *s, const char *model, int64_t b, int64_t t, sbp_strategy st,
-                         const char *freeze, const char *tag)
+                         const char *freeze, const char *tag, size_t blob_min_bytes)
 {
     sbp_train_options to = {.strategy = st};
-    e2e_compile(s, model, b, t, SBP_OBJECTIVE_SFT, freeze, &to, tag);
+    const sbp_codegen_options cg = {.blob_min_bytes = blob_min_bytes};
+    e2e_compile_with(s, model, b, t, SBP_OBJECTIVE_SFT, freeze, &to, &cg, tag);
     assert_int_equal(s->info->abi_version, SBP_STEP_ABI_VERSION);
     assert_int_equal(s->info->batch, b ? b : B);
     assert_int_equal(s->info->seq_len, t ? t : T);
@@ -129,6 +130,7 @@ typedef struct family_case {
     int64_t b, t;        /* bindings (0: static) */
     bool all_refs;       /* the model has a parameter for every reference tensor */
     const char *objective;
+    size_t blob_min_bytes; /* sbp_codegen_options' (0: the default) */
 } family_case;
 
 static void run_family(const family_case *fc)
@@ -145,7 +147,8 @@ static void run_family(const family_case *fc)
         char *dot = strstr(tag, ".onnx");
         if (dot)
             memmove(dot, dot + 5, strlen(dot + 5) + 1);
-        compile_step(&st[k], fc->model, fc->b, fc->t, strategies[k], NULL, tag);
+        compile_step(&st[k], fc->model, fc->b, fc->t, strategies[k], NULL, tag,
+                     fc->blob_min_bytes);
         assert_string_equal(st[k].info->objective, fc->objective);
         float *params = e2e_param_block(st[k].info, st[k].g);
         grads[k] = malloc((st[k].info->param_elems + 1) * sizeof(float));
@@ -174,15 +177,16 @@ static void run_family(const family_case *fc)
 }
 
 static const family_case cases[] = {
-    {"gpt2_op17_dyn.onnx", "gpt2", B, T, true, "sft"},
-    {"llama_op17_dyn.onnx", "llama", B, T, true, "sft"},
-    {"qwen3_op17_dyn.onnx", "qwen3", B, T, true, "sft"},
-    {"llama_op17_loss.onnx", "llama", 0, 0, true, "graph-loss"},
+    {"gpt2_op17_dyn.onnx", "gpt2", B, T, true, "sft", 0},
+    {"llama_op17_dyn.onnx", "llama", B, T, true, "sft", 0},
+    {"qwen3_op17_dyn.onnx", "qwen3", B, T, true, "sft", 0},
+    {"llama_op17_loss.onnx", "llama", 0, 0, true, "graph-loss", 0},
     /* the tie survives as Transpose(wte): no MatMul copy, so not every reference is used */
-    {"gpt2_op17_dyn_nofold.onnx", "gpt2", B, T, false, "sft"},
+    {"gpt2_op17_dyn_nofold.onnx", "gpt2", B, T, false, "sft", 0},
     /* a static export, no bindings (the fixture's own [2, 64]) */
-    {"qwen3_op17_static.onnx", "qwen3", 0, 0, true, "sft"},
-    {"llama_op17_static.onnx", "llama", 0, 0, true, "sft"},
+    {"qwen3_op17_static.onnx", "qwen3", 0, 0, true, "sft", 0},
+    /* every constant to the constants file (test_constants_file) */
+    {"llama_op17_static.onnx", "llama", 0, 0, true, "sft", 1},
 };
 
 static void test_gpt2(void **state) { (void)state; run_family(&cases[0]); }
@@ -197,9 +201,7 @@ static void test_qwen3_static(void **state) { (void)state; run_family(&cases[5])
 static void test_constants_file(void **state)
 {
     (void)state;
-    sbp_codegen_set_blob_min_bytes(1);
-    run_family(&cases[6]);
-    sbp_codegen_set_blob_min_bytes(64u << 10);
+    run_family(&cases[6]); /* blob_min_bytes 1 */
     char path[1024];
     snprintf(path, sizeof path, "%s/llama_op17_static_store.consts.bin", SBP_E2E_OUT);
     FILE *f = fopen(path, "rb");
@@ -222,7 +224,7 @@ static void test_freeze(void **state)
     e2e_load_reference(&r, "gpt2", NULL);
     e2e_step s;
     compile_step(&s, "gpt2_op17_dyn.onnx", B, T, SBP_STRATEGY_STORE, "ln_f|wpe|wte",
-                 "gpt2_frozen");
+                 "gpt2_frozen", 0);
     int frozen = 0;
     for (int i = 0; i < s.info->n_params; i++) {
         const char *n = s.info->params[i].name;
@@ -274,7 +276,7 @@ static void test_accumulate(void **state)
     e2e_reference r;
     e2e_load_reference(&r, "llama", NULL);
     e2e_step s;
-    compile_step(&s, "llama_op17_dyn.onnx", B, T, SBP_STRATEGY_CHECKPOINT, NULL, "llama_acc");
+    compile_step(&s, "llama_op17_dyn.onnx", B, T, SBP_STRATEGY_CHECKPOINT, NULL, "llama_acc", 0);
     size_t n = s.info->param_elems;
     float *params = e2e_param_block(s.info, s.g), *g1 = malloc(n * sizeof(float)),
           *g2 = malloc(n * sizeof(float)), *g3 = malloc(n * sizeof(float));

@@ -14,7 +14,7 @@
  * RoPE is relative (q.k depends only on the position difference), so for Llama and Qwen3 the
  * references cannot tell positions within the document from positions within the row: that
  * RoPE reads the document positions is checked on the program instead; GPT-2's learned table
- * is where positions show (without passes/packed.c its loss is off by 3e-4, its gradients by
+ * is where positions show (without passes/graph/packed.c its loss is off by 3e-4, its gradients by
  * 1e0).
  *
  * Also: the evaluation entry point of a packed step gives the training loss; a packed step

@@ -194,7 +194,7 @@ if C.ok(rc == 0, "llama_init: sbp-export exit 0: %s" % se[-3000:]):
     C.ok(not bad, "llama_init: every all-ones norm its own initializer: %s" % bad[:5])
     rc, so, se = run([SBPC, path, "--batch", 2, "--seq-len", 16, "-o",
                       os.path.join(OUT, "llama_init.so")])
-    # sbpc's own check of shared weights (passes/params.c) says "read by copies of one module"
+    # sbpc's own check of shared weights (passes/graph/params.c) says "read by copies of one module"
     C.ok(rc == 0 and "copies of one module" not in se, "llama_init: sbpc compiles it without "
          "a shared-weight warning: %d %s" % (rc, se[-2000:]))
 if EXPORTER == "dynamo":

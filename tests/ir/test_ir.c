@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,6 +81,35 @@ static void test_names_unique(void **state)
         ir_value_new(g, "y", IR_VAL_CONST, IR_DT_FLOAT, 0, NULL);
     assert_ptr_equal(ir_value_find(g, "x"), a);
     assert_null(ir_value_find(g, "nope"));
+    ir_graph_free(g);
+    ir_diag_free(&d);
+}
+
+/* The one reader of constant elements (ir_data_i64 / ir_data_f64, ir_const_*): a BOOL byte
+ * other than 0 and 1 is true (1), not the byte; a float becomes an int64 without undefined
+ * behaviour (NaN 0, out of range saturated); a uint64 above INT64_MAX reads as a double in
+ * range, not through a negative int64. */
+static void test_const_readers(void **state)
+{
+    (void)state;
+    const uint8_t b[4] = {0, 1, 2, 255};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(ir_data_i64(IR_DT_BOOL, b, i), i > 0);
+        assert_true(ir_data_f64(IR_DT_BOOL, b, i) == (i > 0 ? 1.0 : 0.0));
+    }
+    const float f[4] = {NAN, 1e30f, -1e30f, -2.7f};
+    assert_int_equal(ir_data_i64(IR_DT_FLOAT, f, 0), 0);
+    assert_int_equal(ir_data_i64(IR_DT_FLOAT, f, 1), INT64_MAX);
+    assert_int_equal(ir_data_i64(IR_DT_FLOAT, f, 2), INT64_MIN);
+    assert_int_equal(ir_data_i64(IR_DT_FLOAT, f, 3), -2);
+    const uint64_t u = UINT64_MAX;
+    assert_true(ir_data_f64(IR_DT_UINT64, &u, 0) == 18446744073709551615.0);
+    ir_diag d;
+    ir_diag_init(&d, NULL);
+    ir_graph *g = ir_graph_new(&d, "m.onnx");
+    ir_value *c = ir_const_new(g, "mask", IR_DT_BOOL, 1, (int64_t[]){4}, b);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(ir_const_i64(c, i), i > 0);
     ir_graph_free(g);
     ir_diag_free(&d);
 }
@@ -205,6 +236,7 @@ int main(void)
         cmocka_unit_test(test_arena),
         cmocka_unit_test(test_diag_format),
         cmocka_unit_test(test_names_unique),
+        cmocka_unit_test(test_const_readers),
         cmocka_unit_test(test_const_and_types),
         cmocka_unit_test(test_toposort_and_verify),
         cmocka_unit_test(test_attrs_and_print),

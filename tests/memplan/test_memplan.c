@@ -1,4 +1,5 @@
-/* test_memplan.c — the memory planner (passes/memplan.c) and the memory report (codegen/report.c).
+/* test_memplan.c — the memory planner (passes/train/plan.c) and the memory report
+ * (codegen/report.c).
  *
  * Real plans: every fixture family (GPT-2, Llama, Qwen3 bound to B=2, T=64; Llama with its loss
  * in the graph) under every strategy (store, checkpoint, stream with automatic chunks, stream
@@ -20,8 +21,8 @@
  * loop's bounds moved). Last, the report's text carries the figures and the plot is
  * well-formed SVG.
  *
- * The start-order path of the offsets (memplan.h: memplan_force_start_order; otherwise taken
- * only past about 2^23 + 16n live-together pairs) is checked the same way on 200 random
+ * The start-order path of the offsets (memplan.h: mp_offset_options.start_order; otherwise
+ * taken only past about 2^23 + 16n live-together pairs) is checked the same way on 200 random
  * schedules and on every fixture plan, its peak within a stated factor of the eight orders';
  * `test_memplan scale` (ctest memplan.scale) plans a 200000-buffer chain by both paths and
  * checks that a forward-backward chain past the pair budget takes the start-order path unforced.
@@ -31,6 +32,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,7 +50,30 @@ static void print_diag(const ir_diag *d)
         print_message("  %s\n", d->entries[i].msg);
 }
 
-/* ------------------------------------------------------------------ the role table */
+/* ------------------------------------------------------------------ the kernel table */
+
+/* The ARGS column of train_kernels.def says which calls read the step's arguments: the emitter
+ * passes `args` to a block by it (a wrong 1 leaves args unused in the emitted C, which -Werror
+ * catches only where a test emits that kernel; a wrong 0 would hide a use). It must agree with
+ * the template: 1 exactly when the CALL names `args` as an identifier. */
+static void test_args_column(void **state)
+{
+    (void)state;
+    int n = 0;
+    for (int k = 0; k < TP_K_COUNT; k++) {
+        const char *call = tp_kernel_table[k].call;
+        bool names = false;
+        for (const char *c = strstr(call, "args"); c && !names; c = strstr(c + 1, "args"))
+            names = (c == call || !(isalnum((unsigned char)c[-1]) || c[-1] == '_')) &&
+                    !(isalnum((unsigned char)c[4]) || c[4] == '_');
+        if (names != tp_kernel_table[k].reads_args)
+            print_message("kernel %s: ARGS %d, but its call %s args\n", tp_kernel_table[k].name,
+                          tp_kernel_table[k].reads_args, names ? "reads" : "does not read");
+        assert_true(names == tp_kernel_table[k].reads_args);
+        n += names;
+    }
+    assert_true(n > 0); /* GRPO_LOSS and the host steps at least */
+}
 
 static void test_roles_table(void **state)
 {
@@ -56,7 +81,7 @@ static void test_roles_table(void **state)
     for (int k = 0; k < TP_K_COUNT; k++) {
         const char *r = memplan_kernel_roles((tp_kernel)k);
         if (!r || (int)strlen(r) != tp_kernel_table[k].n_buf)
-            print_message("kernel %s: no operand-role row of %d letters in passes/memplan.c\n",
+            print_message("kernel %s: no ROLES of %d letters in passes/train/train_kernels.def\n",
                           tp_kernel_table[k].name, tp_kernel_table[k].n_buf);
         assert_non_null(r);
         assert_int_equal((int)strlen(r), tp_kernel_table[k].n_buf);
@@ -127,11 +152,12 @@ static bool overlap_bytes(const size_t *off, const size_t *bytes, int a, int b)
 }
 
 /* Liveness, offsets, and the two checks every plan must pass; returns the peak. */
-static size_t plan_and_check(const mp_schedule *s, mp_liveness *lv, size_t *off, ir_arena *A)
+static size_t plan_and_check(const mp_schedule *s, mp_liveness *lv, size_t *off, ir_arena *A,
+                             const mp_offset_options *o)
 {
     assert_int_equal(memplan_liveness(s, A, lv), IR_OK);
     size_t lower = memplan_live_bytes(s, lv, NULL);
-    size_t peak = memplan_assign_offsets(s->n_bufs, s->bytes, lv, off);
+    size_t peak = memplan_assign_offsets(s->n_bufs, s->bytes, lv, off, o);
     assert_true(peak >= lower);
     for (int b = 0; b < s->n_bufs; b++) {
         assert_true(off[b] % MEMPLAN_ALIGN == 0);
@@ -184,7 +210,7 @@ static void test_loop_accumulator(void **state)
     ir_arena *A = ir_arena_new();
     mp_liveness lv;
     size_t off[16];
-    size_t peak = plan_and_check(&v, &lv, off, A);
+    size_t peak = plan_and_check(&v, &lv, off, A, NULL);
     for (int q = 0; q <= 5; q++)
         assert_true(live_at(&lv, ACC, q));
     assert_false(live_at(&lv, T, 3));
@@ -231,7 +257,7 @@ static void test_loop_carried_and_after(void **state)
     ir_arena *A = ir_arena_new();
     mp_liveness lv;
     size_t off[16];
-    plan_and_check(&v, &lv, off, A);
+    plan_and_check(&v, &lv, off, A, NULL);
     for (int q = 0; q <= 4; q++)
         assert_true(live_at(&lv, X, q));
     assert_false(live_at(&lv, X, 5));
@@ -251,7 +277,7 @@ static void test_loop_carried_and_after(void **state)
     acc(&s2, 4, 1, MP_R);
     s2.loops[s2.n_loops++] = (mp_loop){0, 3};
     mp_schedule v2 = view(&s2);
-    plan_and_check(&v2, &lv, off, A);
+    plan_and_check(&v2, &lv, off, A, NULL);
     assert_false(memplan_live_together(&lv, 0, 1));
     size_t same[2] = {0, 0};
     ir_diag d;
@@ -269,7 +295,7 @@ static void test_loop_carried_and_after(void **state)
     acc(&p, 3, 1, MP_R);
     p.loops[p.n_loops++] = (mp_loop){1, 2};
     mp_schedule pv = view(&p);
-    plan_and_check(&pv, &lv, off, A);
+    plan_and_check(&pv, &lv, off, A, NULL);
     assert_true(live_at(&lv, 0, 1) && live_at(&lv, 0, 2));
     assert_int_equal(lv.iter_loop[0], -1);
 
@@ -283,7 +309,7 @@ static void test_loop_carried_and_after(void **state)
     acc(&r, 4, 0, MP_W);
     acc(&r, 5, 0, MP_R);
     mp_schedule rv = view(&r);
-    size_t peak = plan_and_check(&rv, &lv, off, A);
+    size_t peak = plan_and_check(&rv, &lv, off, A, NULL);
     assert_int_equal(lv.start[1] - lv.start[0], 2);
     assert_int_equal(peak, 64);
     ir_arena_free(A);
@@ -375,7 +401,7 @@ static void test_random_schedules(void **state)
         mp_schedule v = view(&s);
         mp_liveness lv;
         size_t off[16];
-        size_t peak = plan_and_check(&v, &lv, off, A);
+        size_t peak = plan_and_check(&v, &lv, off, A, NULL);
         size_t lower = memplan_live_bytes(&v, &lv, NULL);
         if (lower && (double)peak / (double)lower > worst)
             worst = (double)peak / (double)lower;
@@ -388,8 +414,8 @@ static void test_random_schedules(void **state)
  *
  * memplan_assign_offsets runs one best-fit pass in start order over each buffer's hull instead
  * of its eight placement orders when the live-together pairs exceed about 2^23 + 16n; only
- * programs far beyond a unit test's size get there, so memplan_force_start_order takes that path
- * here on small schedules. Its plans must pass the same checks as the eight orders' (no two
+ * programs far beyond a unit test's size get there, so mp_offset_options.start_order takes that
+ * path here on small schedules. Its plans must pass the same checks as the eight orders' (no two
  * buffers live together share a byte, the simulated run, 64-byte offsets, peak >= the liveness
  * lower bound), and cost at most a stated factor more.
  */
@@ -414,11 +440,9 @@ static void test_start_order_random(void **state)
         mp_schedule v = view(&s);
         mp_liveness lv;
         size_t off[16];
-        memplan_force_start_order(false);
-        size_t peak8 = plan_and_check(&v, &lv, off, A);
-        memplan_force_start_order(true);
-        size_t peak1 = plan_and_check(&v, &lv, off, A);
-        memplan_force_start_order(false);
+        size_t peak8 = plan_and_check(&v, &lv, off, A, NULL);
+        const mp_offset_options start_order = {.start_order = true};
+        size_t peak1 = plan_and_check(&v, &lv, off, A, &start_order);
         size_t lower = memplan_live_bytes(&v, &lv, NULL);
         assert_true(peak8 > 0 && lower > 0);
         double r = (double)peak1 / (double)peak8;
@@ -487,7 +511,7 @@ static void big_free(big *s)
 /* The pairwise check of plan_and_check in O(sum of lifetimes): at each position the buffers
  * live there, sorted by offset, must lie apart. Two buffers are live together exactly when some
  * position has both live, so this is the same check without the n^2 pairs, written apart from
- * memplan.c's own verifier (a sweep in offset order) so that the two check each other; fine for
+ * plan.c's own verifier (a sweep in offset order) so that the two check each other; fine for
  * schedules whose lifetimes are short. */
 static void check_apart_by_position(const mp_schedule *s, const mp_liveness *lv,
                                     const size_t *off, size_t peak)
@@ -577,9 +601,8 @@ static void test_start_order_scale(void **state)
     assert_non_null(off);
     size_t peak[2];
     for (int force = 0; force < 2; force++) {
-        memplan_force_start_order(force);
-        peak[force] = memplan_assign_offsets(n, s.bytes, &lv, off);
-        memplan_force_start_order(false);
+        const mp_offset_options o = {.start_order = force};
+        peak[force] = memplan_assign_offsets(n, s.bytes, &lv, off, &o);
         assert_true(peak[force] != (size_t)-1);
         assert_true(peak[force] >= lower);
         /* a sanity bound, not a quality target: measured 1.06 (eight orders) and 1.47 (start
@@ -627,10 +650,9 @@ static void test_start_order_switch(void **state)
     size_t lower = memplan_live_bytes(&v, &lv, NULL);
     size_t *off = malloc(sizeof *off * 2 * N), *forced = malloc(sizeof *forced * 2 * N);
     assert_true(off && forced);
-    size_t peak = memplan_assign_offsets(2 * N, s.bytes, &lv, off);
-    memplan_force_start_order(true);
-    size_t peak_forced = memplan_assign_offsets(2 * N, s.bytes, &lv, forced);
-    memplan_force_start_order(false);
+    size_t peak = memplan_assign_offsets(2 * N, s.bytes, &lv, off, NULL);
+    size_t peak_forced = memplan_assign_offsets(2 * N, s.bytes, &lv, forced,
+                                                &(mp_offset_options){.start_order = true});
     assert_int_equal(peak, peak_forced);
     assert_memory_equal(off, forced, sizeof *off * 2 * N);
     assert_true(peak >= lower);
@@ -911,8 +933,8 @@ static double check_plan(const sbp_train_program *p, const char *label, double b
  * down, it does not say the loss is acceptable. */
 #define START_ORDER_FIXTURE_RATIO 2.5
 
-/* Plans p again through the start-order path (memplan_force_start_order) on the schedule and
- * lifetimes sbp_memplan left (its zeroing rewrite done), writes the offsets into p as
+/* Plans p again through the start-order path (mp_offset_options.start_order) on the schedule
+ * and lifetimes sbp_memplan left (its zeroing rewrite done), writes the offsets into p as
  * sbp_memplan does, and runs check_plan on them; returns the new workspace over the old. */
 static double replan_start_order(sbp_train_program *p, const char *label)
 {
@@ -921,9 +943,8 @@ static double replan_start_order(sbp_train_program *p, const char *label)
     assert_non_null(m);
     size_t *off = calloc((size_t)p->n_bufs + 1, sizeof *off);
     assert_non_null(off);
-    memplan_force_start_order(true);
-    size_t peak = memplan_assign_offsets(p->n_bufs, m->bytes, &m->lv, off);
-    memplan_force_start_order(false);
+    size_t peak = memplan_assign_offsets(p->n_bufs, m->bytes, &m->lv, off,
+                                         &(mp_offset_options){.start_order = true});
     assert_true(peak != (size_t)-1);
     for (int i = 0; i < p->n_bufs; i++)
         if (p->bufs[i]->kind == TP_BUF_WS)
@@ -1161,6 +1182,7 @@ int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roles_table),
+        cmocka_unit_test(test_args_column),
         cmocka_unit_test(test_loop_accumulator),
         cmocka_unit_test(test_loop_carried_and_after),
         cmocka_unit_test(test_malformed_loops),

@@ -1,5 +1,5 @@
-/* test_fold.c — constant folding (passes/fold.c): the exporters' shape arithmetic folded away
- * after binding, each evaluator against hand-computed values, float32 math done in float,
+/* test_fold.c — constant folding (passes/graph/fold.c): the exporters' shape arithmetic folded
+ * away after binding, each evaluator against hand-computed values, float32 math done in float,
  * integer division and Mod semantics, the bypasses, and what must not fold (parameters, results
  * above the size cap). */
 #include "pass_test.h"
@@ -307,6 +307,28 @@ static void test_cast(void **state)
     assert_i64s(c2->out[0], 4, (int64_t[]){1, 1, 0, 1});
     assert_f32s(c3->out[0], 2, (float[]){3.0f, -1.0f});
     assert_i64s(c4->out[0], 1, (int64_t[]){5});
+    tg_free(t);
+}
+
+/* A BOOL byte other than 0 and 1 (raw_data is stored as written: an importer does not rewrite
+ * it) is true, read by the folder and by ir_const_i64 alike: Cast of the bool constant to int64
+ * gives 1 where it is nonzero, and the constant itself reads the same. These once disagreed
+ * (the folder read 1, ir_const_i64 the byte: 2, 255), so what shape inference, the printer and
+ * the training program's constant buffers saw differed from what fold computed. */
+static void test_bool_bytes(void **state)
+{
+    (void)state;
+    tgraph *t = tg_new(17);
+    ir_graph *g = t->g;
+    ir_value *b = ir_const_new(g, "b", IR_DT_BOOL, 1, (int64_t[]){4}, (uint8_t[]){0, 1, 2, 255});
+    ir_node *c = NODE(g, IR_OP_CAST, "to_i64", 1, b);
+    ir_attr_set_int(g, c, "to", IR_DT_INT64);
+    assert_int_equal(sbp_pass_fold(g), IR_OK);
+    assert_i64s(c->out[0], 4, (int64_t[]){0, 1, 1, 1});
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(ir_const_i64(b, i), ir_const_i64(c->out[0], i));
+        assert_true(ir_const_f64(b, i) == (double)ir_const_i64(c->out[0], i));
+    }
     tg_free(t);
 }
 
@@ -770,6 +792,7 @@ int main(void)
         cmocka_unit_test(test_gather_nd_out_of_range),
         cmocka_unit_test(test_scatter_nd),
         cmocka_unit_test(test_isnan_isinf_xor),
+        cmocka_unit_test(test_bool_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,4 +1,4 @@
-/* test_params.c — which float initializers stay trainable PARAMs (passes/params.c).
+/* test_params.c — which float initializers stay trainable PARAMs (passes/graph/params.c).
  *
  * Each rule on a small hand-built graph: the exporter's graph signature first (PARAMETER keeps
  * even a scalar, BUFFER / CONSTANT_TENSOR demote even a weight-shaped tensor, names must match

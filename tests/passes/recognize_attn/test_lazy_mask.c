@@ -1,5 +1,5 @@
-/* test_lazy_mask.c — causal masks that fold does not materialise (passes/recognize_attention.c's
- * lazy verification, passes/fold.c's cap).
+/* test_lazy_mask.c — causal masks that fold does not materialise (the lazy verification of
+ * passes/graph/recognize_attention.c, passes/graph/fold.c's cap).
  *
  * Above fold's cap (16 Mi elements, i.e. T > 4096 for a T x T mask) the mask chain an exporter
  * emits stays as nodes computed from constants only; the attention recogniser must prove it

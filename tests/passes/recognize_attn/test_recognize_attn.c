@@ -1,5 +1,5 @@
 /* test_recognize_attn.c — unit tests of the RoPE and attention recognisers
- * (passes/recognize_rope.c, passes/recognize_attention.c) on small hand-built graphs.
+ * (passes/graph/recognize_rope.c, passes/graph/recognize_attention.c) on small hand-built graphs.
  *
  * Each test builds the ONNX pattern an exporter emits after bind-dims and fold (constants for
  * the tables, masks and scales), runs the recogniser alone and checks what it made — or that it
@@ -724,11 +724,14 @@ static void win_case(const win_opts *o, int expect, int64_t window)
     else
         assert_true(ir_attr_float(a, "softcap", -1) == -1);
     assert_null(attn_warning(&t));
+    assert_null(t.g->refusals);
     check_valid(&t);
     tg_free(&t);
 }
 
-/* A not-recognised case must say why, on the Softmax, as a warning naming the mask. */
+/* A not-recognised case must say why, on the Softmax, as a warning naming the mask, and record
+ * it as data (g->refusals: the reason, the Softmax, both MatMuls) for the training program's
+ * builder, which names the cause from there. */
 static void win_case_warns(const win_opts *o, const char *why)
 {
     tg t;
@@ -743,6 +746,16 @@ static void win_case_warns(const win_opts *o, const char *why)
     assert_string_equal(w->op, "Softmax");
     assert_string_equal(w->node, r.softmax->name);
     assert_non_null(strstr(w->msg, why));
+    const ir_refusal *ref = t.g->refusals;
+    assert_non_null(ref);
+    assert_null(ref->next); /* one */
+    assert_int_equal(ref->reason, o->bad == 6 ? IR_REFUSED_ATTENTION_MASK_INPUT
+                                              : IR_REFUSED_ATTENTION_MASK_CONSTANT);
+    assert_ptr_equal(ref->at, r.softmax);
+    assert_non_null(ref->also[0]);
+    assert_int_equal(ref->also[0]->op, IR_OP_MATMUL); /* the scores */
+    assert_ptr_equal(ref->also[1], r.o->producer);    /* the output */
+    assert_string_equal(ref->msg, w->msg);
     assert_int_equal(t.d.n_errors, 0);
     check_valid(&t);
     tg_free(&t);

@@ -1,5 +1,5 @@
 /* test_recognize_basic.c — unit tests of the norm, activation, Linear, Embedding and loss
- * recognisers (passes/recognize_{norms,activations,linear,embedding,loss}.c).
+ * recognisers (passes/graph/recognize_{norms,activations,linear,embedding,loss}.c).
  *
  * Each test builds, by hand, the ONNX pattern an exporter writes (after bind-dims and fold:
  * constants are constants), runs one recogniser and dce, and checks the semantic op made, its

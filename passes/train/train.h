@@ -1,20 +1,22 @@
-/* train.h — from a canonical graph to a training program (objective, autodiff, strategies).
+/* train.h — the training half of passes/ (passes/train/): from a graph that ends in its loss
+ * to a training program (autodiff, strategies, precision, the memory plan).
  *
- * After canonicalisation (passes.h) the graph holds semantic ops. Three steps turn it into
- * something codegen can print:
+ * After canonicalisation the graph holds semantic ops, and the graph half's last rewrites
+ * (passes.h) have prepared it:
  *
- *   objective    (passes/objective.c) makes the graph end in one scalar loss: a graph that
+ *   objective    (graph/objective.c) makes the graph end in one scalar loss: a graph that
  *                outputs logits [B,T,V] gets the mean SFT cross-entropy appended (a new
  *                `labels` input, -100 = not scored); a graph that already ends in a loss
  *                (SoftmaxCrossEntropyLoss, canonicalised to CrossEntropy) keeps it.
- *   freeze       (passes/objective.c) marks parameters whose name matches a regex frozen.
- *   train build  (passes/train_build.c, the driver, over train_lower.c, autodiff.c, stream.c,
- *                memplan.c; the toolkit they share is train_tx.c) lowers every node to runtime
- *                calls (forward), derives the backward by reverse mode with one gradient rule
- *                per op (a table in autodiff.c; gradients of a value with several uses are
- *                summed because the runtime's backward kernels accumulate), splits the graph
- *                into segments at the residual-stream values between layers, and lays every
- *                buffer out in one workspace.
+ *   freeze       (graph/freeze.c) marks parameters whose name matches a regex frozen.
+ *
+ * Then the train build (train_build.c, the driver, over autodiff.c, grad_rules.c, stream.c,
+ * plan.c; the toolkit they share is train_tx.c) lowers every node to runtime calls (forward),
+ * derives the backward by reverse mode with one gradient rule per op (a table in
+ * grad_rules.c; gradients of a value with several uses are summed because the runtime's
+ * backward kernels accumulate), splits the graph into segments at the residual-stream values
+ * between layers, and lays every buffer out in one workspace. Its stages are the flow's
+ * autodiff, stream and plan, each file named after the stage it implements.
  *
  * The training program is a linear schedule of blocks (one C function each) of instructions;
  * an instruction is one runtime call (train_kernels.def) on named buffers with scalar
@@ -27,14 +29,14 @@
  *   checkpoint   only values that cross a segment boundary (each layer's input) are kept;
  *                the rest of a segment lives in an overlay region that every segment reuses,
  *                and the backward of a segment first recomputes its forward there;
- *   stream       StreamBP (passes/stream.c, after the sequence analysis of passes/sequence.c):
+ *   stream       StreamBP (stream.c, after the sequence analysis of sequence.c):
  *                checkpoints as above, but each layer runs as a loop over sequence chunks in
  *                the forward and in the backward (K/V computed once per layer, weight and
  *                dK/dV gradients accumulated over the chunks), and the LM head with its loss
  *                runs chunk by chunk, forward and backward fused, so the full logits never
  *                exist. See "Chunk loops" below.
  *
- * Objectives at the LM head (passes/objective_pref.c). SFT lowers the loss node to the fused
+ * Objectives at the LM head (objective_pref.c). SFT lowers the loss node to the fused
  * cross-entropy. DPO and GRPO lower it to the label log-probability of each token
  * (sbprt_label_logprob_forward) and write dlogits from a gradient by it (sbprt_label_logprob_
  * grad), so full logits never exist with stream either. GRPO is separable over tokens: its
@@ -101,10 +103,10 @@
  * document (doc_pos_buf). Attention runs as its packed kernels (block-diagonal causal: a query
  * reads only earlier keys of its own document, key tiles of other documents skipped), reading
  * doc_start; RoPE's positions are doc_pos (tx_positions); a learned position embedding reads
- * doc_pos through the graph input sbp_doc_positions that passes/packed.c puts in place of its
+ * doc_pos through the graph input sbp_doc_positions that graph/packed.c puts in place of its
  * constant positions. Everything else is unchanged: packing is a property of the inputs.
  *
- * Memory plan (passes/memplan.h, the last step of sbp_train_build): every workspace buffer
+ * Memory plan (memplan.h and plan.c, the last step of sbp_train_build): every workspace buffer
  * gets a lifetime over the linearised schedule (loops included) and an offset in one arena by
  * a best-fit heap simulation; workspace_bytes is the plan's peak. The builder marks where a
  * region's gradients must be zero with a MEMSET_ZERO of a span buffer; the planner replaces it
@@ -114,24 +116,13 @@
 #ifndef SBP_TRAIN_H
 #define SBP_TRAIN_H
 
-#include "ir.h"
-
-/* Packed steps: the graph input through which a learned position embedding reads each token's
- * position in its document (made by sbp_pass_packed, bound to the doc_pos buffer). */
-#define SBP_DOC_POSITIONS_INPUT "sbp_doc_positions"
+#include "passes.h"
 
 typedef enum {
     SBP_STRATEGY_STORE,
     SBP_STRATEGY_CHECKPOINT,
     SBP_STRATEGY_STREAM,
 } sbp_strategy;
-
-typedef enum {
-    SBP_OBJECTIVE_SFT,        /* mean token cross-entropy over labels != -100 (appended) */
-    SBP_OBJECTIVE_GRAPH_LOSS, /* the graph's own scalar loss */
-    SBP_OBJECTIVE_DPO,        /* DPO over pairs (row i, row B/2 + i) (objective_pref.c) */
-    SBP_OBJECTIVE_GRPO,       /* GRPO, clipped ratio + KL per token (objective_pref.c) */
-} sbp_objective;
 
 /* GRPO's normalisation of the token losses. */
 typedef enum {
@@ -140,38 +131,9 @@ typedef enum {
 } sbp_grpo_norm;
 
 const char *sbp_strategy_name(sbp_strategy s);  /* "store" | "checkpoint" | "stream" */
-const char *sbp_objective_name(sbp_objective o); /* "sft" | "graph-loss" | "dpo" | "grpo" */
 const char *sbp_grpo_norm_name(sbp_grpo_norm n); /* "sequence" | "token" */
-/* The objectives' default β (DPO 0.1, GRPO 0.04; 0 for the others) and GRPO's default ε. */
-double sbp_objective_default_beta(sbp_objective o);
+/* GRPO's default ε (the objectives' default β: sbp_objective_default_beta, passes.h). */
 #define SBP_GRPO_DEFAULT_EPSILON 0.2
-
-/* ---------------------------------------------------------------- objective.c */
-
-/* requires: a canonical graph (sbp_canonicalize).
- * produces: exactly one graph output, a scalar float loss made by a CrossEntropy node; *chosen
- *           says whether it was appended (SFT) or already there (GRAPH_LOSS). Asking for
- *           GRAPH_LOSS on a graph without a loss is an error; asking for SFT on a graph that
- *           ends in a loss uses that loss. Other graph outputs are dropped (and dce'd).
- *           DPO and GRPO need the logits: they append the same CrossEntropy node (logits,
- *           labels), which then stands for the objective at the LM head and is lowered by
- *           passes/objective_pref.c; a graph that already ends in a loss is an error. */
-int sbp_pass_objective(ir_graph *g, sbp_objective requested, sbp_objective *chosen);
-
-/* Marks every used parameter whose ONNX name matches `regex` (POSIX extended, unanchored, as
- * grep -E) frozen. A re-tied copy matching freezes its owner too (they are one tensor).
- * Returns IR_ERR with a diagnostic for a bad regex; *n_frozen (may be NULL) gets the count. */
-int sbp_freeze_params(ir_graph *g, const char *regex, int *n_frozen);
-
-/* ---------------------------------------------------------------- packed.c */
-
-/* requires: a canonical graph with bound dims. For packed steps (sbpc --packed): every
- * Embedding that gathers a learned position table by constant positions 0..T-1 (GPT-2's wpe:
- * [1,T] or [T] indices) reads instead the new int32 graph input SBP_DOC_POSITIONS_INPUT [B,T],
- * each token's position within its document, and its output becomes [B,T,D]. RoPE needs no
- * rewrite (its positions are an operand of the kernel: tx_positions). *n_rewritten (may be
- * NULL) gets the count. */
-int sbp_pass_packed(ir_graph *g, int *n_rewritten);
 
 /* ---------------------------------------------------------------- sequence.c */
 
@@ -214,7 +176,7 @@ const char *sbp_seq_class_name(sbp_seq_class c); /* "static" | "row-wise" | ... 
 /* ---------------------------------------------------------------- the training program */
 
 typedef enum {
-#define K(e, nbuf, narg, roles, bf16, call) TP_K_##e,
+#define K(e, nbuf, narg, roles, bf16, args, call) TP_K_##e,
 #include "train_kernels.def"
 #undef K
     TP_K_COUNT
@@ -225,6 +187,7 @@ typedef struct tp_kernel_info {
     int n_buf, n_arg;
     const char *roles; /* one letter per buffer operand: its role (memplan.h) */
     const char *bf16;  /* one letter per buffer operand: its bf16 type, "" none (precision.c) */
+    bool reads_args;   /* the call reads the step's arguments (`args`, sbp_step_args) */
     const char *call;  /* template: @i buffer operand i, #i scalar argument i */
 } tp_kernel_info;
 extern const tp_kernel_info tp_kernel_table[TP_K_COUNT];
@@ -390,10 +353,10 @@ typedef struct sbp_train_program {
     int doc_pos_buf;         /* WS int32 [B*T]: each token's position in its document */
     int ids_buf, labels_buf; /* TP_BUF_IDS / TP_BUF_LABELS, -1 when the graph has none */
 
-    size_t workspace_bytes;  /* the planned workspace (passes/memplan.h), bytes */
+    size_t workspace_bytes;  /* the planned workspace (memplan.h), bytes */
 
-    /* DPO / GRPO (passes/objective_pref.c; loss_is_mean is false: the loss buffer holds the
-     * loss itself) */
+    /* DPO / GRPO (objective_pref.c; loss_is_mean is false: the loss buffer holds the loss
+     * itself) */
     double beta, epsilon;    /* as sbp_train_options */
     sbp_grpo_norm grpo_norm;
     int tok_logp_buf;        /* float [B*T] each token's label log-probability (DPO), or -1 */
@@ -464,7 +427,7 @@ size_t tp_buf_elem_bytes(const tp_buf *b);
 sbp_train_program *sbp_train_build(ir_graph *g, sbp_objective objective,
                                    const sbp_train_options *opt);
 
-/* The stages of sbp_train_build (passes/train_build.c), for sbpc --dump-ir:
+/* The stages of sbp_train_build (train_build.c), for sbpc --dump-ir:
  *   AUTODIFF   the reverse-mode program on the whole sequence, every activation kept (as store,
  *              whatever the strategy): block "forward", then the gradient rules of each segment
  *              in reverse; not yet planned (workspace offsets 0);

@@ -1,7 +1,7 @@
-/* autodiff.c — the gradient rule table: for every op a training step can contain, its layout
+/* grad_rules.c — the gradient rule table: for every op a training step can contain, its layout
  * plan, its forward lowering to runtime calls and its gradient rule.
  *
- * Reverse mode over the canonical IR: train_lower.c walks the nodes backwards and calls each
+ * Reverse mode over the canonical IR: autodiff.c walks the nodes backwards and calls each
  * node's gradient rule, which reads the node's saved forward values and the gradient of its
  * outputs and ACCUMULATES into the gradients of its inputs (the runtime's backward kernels
  * add, and every gradient buffer is zeroed once), so a value with several uses gets the sum of

@@ -1,4 +1,4 @@
-/* recognize.h — shared helpers of the recognisers (passes/recognize_*.c), internal to passes/.
+/* recognize.h — shared helpers of the recognisers (recognize_*.c), internal to passes/graph/.
  *
  * A recogniser matches an ONNX op pattern backwards from its last node, checks that the
  * intermediate values are not used outside the pattern (else the pattern's pieces must stay and

@@ -9,7 +9,7 @@
  *   or constant of N elements, which becomes the third input.
  *
  * Transpose(W) is how a tied LM head reads the embedding table, in an export without constant
- * folding and after passes/retie.c restored the tie, so the head and the embedding share one W.
+ * folding and after retie.c restored the tie, so the head and the embedding share one W.
  *
  * Exporters flatten the rows for Gemm (and sometimes MatMul): Reshape(x [...,K] -> [M,K]), the
  * product, Reshape(-> [...,N]). When the first Reshape keeps the last dim and the second restores

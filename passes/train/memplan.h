@@ -1,7 +1,7 @@
-/* memplan.h — buffer lifetimes and the memory plan of a training program (passes/memplan.c).
+/* memplan.h — buffer lifetimes and the memory plan of a training program (passes/train/plan.c).
  *
- * The training program (passes/train.h) is a schedule: its blocks run in order, and a loop runs
- * a range of it several times. Linearised, every instruction gets a position (0, 1, ... in
+ * The training program (train.h) is a schedule: its blocks run in order, and a loop runs a
+ * range of it several times. Linearised, every instruction gets a position (0, 1, ... in
  * execution order, a loop's body once); a loop is a range [first, last] of positions. Every
  * buffer operand of every instruction is an access with a role (read, written whole,
  * accumulated, partly written) taken from the ROLES column of train_kernels.def (checked at
@@ -23,7 +23,7 @@
  * at a time (several orders: by size, by start, by size x duration) each in the best-fitting gap
  * left by the already placed buffers whose lifetimes meet its own; the order giving the
  * smallest peak wins (with very many live-together pairs: one best-fit pass in start order
- * instead, see memplan.c). The liveness lower bound is the most bytes live at any one position;
+ * instead, see plan.c). The liveness lower bound is the most bytes live at any one position;
  * the plan's peak is at least that (on the fixtures: equal to it; on random schedules: within
  * 25%).
  *
@@ -118,17 +118,21 @@ int memplan_liveness(const mp_schedule *s, ir_arena *arena, mp_liveness *out);
 size_t memplan_live_bytes(const mp_schedule *s, const mp_liveness *lv, size_t *live);
 /* Whether buffers a and b have a position where both are live. */
 bool memplan_live_together(const mp_liveness *lv, int a, int b);
+/* How memplan_assign_offsets places the buffers (a zeroed struct, or NULL: the defaults). */
+typedef struct mp_offset_options {
+    /* Always take the start-order path (one best-fit pass in start order over each buffer's
+     * hull, O(n log n)), which otherwise runs only when the buffers have more than about
+     * 2^23 + 16n live-together pairs, i.e. on programs far larger than a unit test can check
+     * pair by pair. Lets tests check that path on small schedules and compare its peak with
+     * the eight-order plan. */
+    bool start_order;
+} mp_offset_options;
+
 /* Offsets (multiples of MEMPLAN_ALIGN) such that two buffers whose intervals intersect never
  * share a byte; returns the arena size (the plan's peak). Buffers that are never live or of
- * size 0 get offset 0. */
-size_t memplan_assign_offsets(int n, const size_t *bytes, const mp_liveness *lv, size_t *offset);
-/* For tests only: with on = true, memplan_assign_offsets always takes its start-order path
- * (one best-fit pass in start order over each buffer's hull, O(n log n)), which otherwise runs
- * only when the buffers have more than about 2^23 + 16n live-together pairs, i.e. on programs
- * far larger than a unit test can check pair by pair. Lets tests check that path on small
- * schedules and compare its peak with the eight-order plan. Off by default; a process-wide
- * setting (planning is single-threaded), so a test turns it off again when done. */
-void memplan_force_start_order(bool on);
+ * size 0 get offset 0. o may be NULL (the defaults). */
+size_t memplan_assign_offsets(int n, const size_t *bytes, const mp_liveness *lv, size_t *offset,
+                              const mp_offset_options *o);
 /* Runs the schedule (each loop body twice) over the arena given by offset[]: fails (IR_ERR, a
  * diagnostic naming the buffers through names[], which may be NULL) when an access reads a
  * buffer that is not written yet or whose bytes another buffer wrote since. */

@@ -1,4 +1,5 @@
-/* memplan.c — buffer lifetimes and offsets in one workspace arena (see memplan.h).
+/* plan.c — the flow's "plan" stage: buffer lifetimes and offsets in one workspace arena (see
+ * memplan.h).
  *
  * Approach, in order:
  *   1. roles      the ROLES column of train_kernels.def (a short row is a build error below)
@@ -30,7 +31,7 @@
  * c copy_cols' dst, z a byte-count destination (memplan.h). A row whose ROLES string does not
  * have NBUF letters fails the build here.
  */
-#define K(e, nb, na, roles, bf16, call)                                                        \
+#define K(e, nb, na, roles, bf16, args, call)                                                  \
     _Static_assert(sizeof(roles) == (nb) + 1,                                                  \
                    "train_kernels.def: the ROLES of kernel " #e " need one letter per buffer "  \
                    "operand");
@@ -491,11 +492,6 @@ bool memplan_live_together(const mp_liveness *lv, int a, int b)
  * stream and 2.1-2.4x under checkpoint (tests/memplan measures it), so the budget is generous. */
 #define CONFLICT_BUDGET(n) (((size_t)1 << 23) + (size_t)(n) * 16)
 
-/* memplan_force_start_order (tests): take the start-order path whatever the conflicts */
-static bool g_force_start_order;
-
-void memplan_force_start_order(bool on) { g_force_start_order = on; }
-
 typedef struct place_ctx {
     const size_t *bytes;
     const mp_liveness *lv;
@@ -875,7 +871,8 @@ static size_t place_sweep(int n, const int *order, const size_t *bytes, const mp
     return peak;
 }
 
-size_t memplan_assign_offsets(int n, const size_t *bytes, const mp_liveness *lv, size_t *offset)
+size_t memplan_assign_offsets(int n, const size_t *bytes, const mp_liveness *lv, size_t *offset,
+                              const mp_offset_options *o)
 {
     int *order = malloc(sizeof *order * (size_t)(n + 1));
     size_t *trial = malloc(sizeof *trial * (size_t)(n + 1));
@@ -908,7 +905,7 @@ size_t memplan_assign_offsets(int n, const size_t *bytes, const mp_liveness *lv,
     size_t e = conflicts(lv, use, limit, NULL, NULL);
     if (e == SIZE_MAX)
         goto out;
-    if (e > limit || g_force_start_order) {
+    if (e > limit || (o && o->start_order)) {
         g_pc = (place_ctx){bytes, lv, len, 1};
         qsort(order, (size_t)m, sizeof *order, cmp_order);
         best = place_sweep(m, order, bytes, lv, offset);
@@ -1543,7 +1540,7 @@ int sbp_memplan(sbp_train_program *p, ir_diag *d)
     size_t *off = calloc((size_t)p->n_bufs + 1, sizeof *off);
     if (!off)
         return ir_diag_error(d, "out of memory");
-    size_t peak = memplan_assign_offsets(p->n_bufs, m->bytes, &m->lv, off);
+    size_t peak = memplan_assign_offsets(p->n_bufs, m->bytes, &m->lv, off, NULL);
     if (peak == (size_t)-1) {
         free(off);
         return ir_diag_error(d, "out of memory");

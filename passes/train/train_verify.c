@@ -270,7 +270,7 @@ static int check_args(const sbp_train_program *p, const tp_block *blk, int i, co
     char fn[64];
     if (!ty || (int)strlen(ty) != ki->n_arg)
         return ir_diag_error(d, "verify: kernel %s: the verifier's argument types '%s' do not "
-                                "match its %d arguments (passes/train_verify.c: arg_types)",
+                                "match its %d arguments (passes/train/train_verify.c: arg_types)",
                              ki->name, ty ? ty : "", ki->n_arg);
     for (int j = 0; j < ki->n_arg; j++) {
         int64_t lo, hi;

@@ -1,11 +1,12 @@
-/* train_internal.h — what the files of the training half of passes/ share; internal to passes/.
+/* train_internal.h — what the files of the training half of passes/ share; internal to
+ * passes/train/.
  *
  * Layers, bottom up (a file calls only into its own layer's files below it or into lower
  * layers; scripts/check-passes-layers.py checks the objects' call graph has no circle):
  *   toolkit    train_tx.c (containers, buffers, emission, operands, layout planners),
- *              train_verify.c, precision.c, memplan.c, sequence.c
- *   rules      objective_pref.c (DPO / GRPO at the LM head), autodiff.c (the gradient rules)
- *   lowering   train_lower.c (the autodiff analysis, per-node lowering, store / checkpoint)
+ *              train_verify.c, precision.c, plan.c, sequence.c
+ *   rules      objective_pref.c (DPO / GRPO at the LM head), grad_rules.c (the gradient rules)
+ *   lowering   autodiff.c (the autodiff analysis, per-node lowering, store / checkpoint)
  *   strategy   stream.c (StreamBP's chunk loops)
  *   driver     train_build.c (sbp_train_build: the stages in order, the memory budget)
  *   listing    train_print.c
@@ -86,7 +87,7 @@ typedef struct tctx {
     int names_cap, names_n;
 } tctx;
 
-/* ---- the rule table (autodiff.c) */
+/* ---- the rule table (grad_rules.c) */
 
 typedef struct grad_rule {
     ir_op op;
@@ -197,7 +198,7 @@ bool pref_objective(const sbp_train_program *p);
  * it needs of the batch (DPO: an even B); no-op for SFT and the graph's own loss. */
 int pref_setup(tctx *t, const sbp_train_options *opt);
 /* The loss node's forward (store, checkpoint) and gradient (in a stream head chunk, fused: the
- * loss's forward too), for DPO / GRPO: the rules of autodiff.c's loss for these objectives. */
+ * loss's forward too), for DPO / GRPO: the rules of grad_rules.c's loss for these objectives. */
 int pref_loss_fwd(tctx *t, const ir_node *n);
 int pref_loss_bwd(tctx *t, const ir_node *n);
 /* Stream, DPO's first pass: each token's log-probability into tok_logp (in a head chunk). */
@@ -207,7 +208,7 @@ int pref_loss_logp(tctx *t, const ir_node *n);
 int pref_emit_coefficients(tctx *t);
 int pref_emit_row_weights(tctx *t);
 
-/* ---- the lowering (train_lower.c), run by the driver */
+/* ---- the lowering (autodiff.c), run by the driver */
 
 /* The autodiff stage: parameters, inputs (and the objective's setup, pref_setup), the layout
  * plan with needs_grad / grad_live (a node on the loss's path without a rule is an error), the

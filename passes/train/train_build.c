@@ -1,24 +1,25 @@
-/* train_build.c — the driver of the training half of passes/: from a graph that ends in its
- * loss to a planned training program (sbp_train_build, train.h).
+/* train_build.c — the driver of the training half of passes/ (passes/train/): from a graph
+ * that ends in its loss to a planned training program (sbp_train_build, train.h).
  *
  * The steps, in order, each one call into the layer below (no file below calls back up;
  * scripts/check-passes-layers.py checks it on every build's objects):
  *
- *   autodiff   train_lower.c   parameters, inputs, layouts, which values need and carry a
+ *   autodiff   autodiff.c      parameters, inputs, layouts, which values need and carry a
  *                              gradient (a missing rule is an error here), segments, regions
  *   stream     sequence.c      stream only: each value's and node's relation to the sequence
  *              stream.c        stream only: chunk sizes, what runs once per layer, what per chunk
- *              train_lower.c   the buffers of the alias groups
+ *              autodiff.c      the buffers of the alias groups
  *              stream.c or     the blocks: stream's chunk loops, or store / checkpoint's
- *              train_lower.c   forward + one backward per segment
+ *              autodiff.c      forward + one backward per segment
  *              train_verify.c  operands, loops and row coverage checked; sizes and int
  *                              arguments within what the target and the runtime take
  *              precision.c     bf16 programs: which buffers are stored as bf16
- *   plan       memplan.c       lifetimes and offsets in one workspace (bf16: the weights' copy
+ *   plan       plan.c          lifetimes and offsets in one workspace (bf16: the weights' copy
  *                              after it)
  *              train_verify.c  parameters + gradients + workspace within the address space
  *
- * The stage names are sbpc's --dump-ir names (sbp_train_build_until stops after one). The
+ * The stage names are sbpc's --dump-ir names (sbp_train_build_until stops after one), and the
+ * file that does each stage's main work is named after it. The
  * memory budget (--memory-budget) is handled here too: the largest stream chunks whose plan
  * fits are found by bisection over whole builds, each from the same graph (a build only reads
  * the graph).
@@ -224,6 +225,17 @@ static sbp_train_program *fit_budget(ir_graph *g, sbp_objective objective,
 }
 
 /* ------------------------------------------------------------------ entry points */
+
+const char *sbp_strategy_name(sbp_strategy s)
+{
+    return s == SBP_STRATEGY_CHECKPOINT ? "checkpoint" : s == SBP_STRATEGY_STREAM ? "stream"
+                                                                                 : "store";
+}
+
+const char *sbp_grpo_norm_name(sbp_grpo_norm n)
+{
+    return n == SBP_GRPO_NORM_TOKEN ? "token" : "sequence";
+}
 
 const char *sbp_train_stage_name(sbp_train_stage s)
 {

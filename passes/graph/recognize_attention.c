@@ -294,19 +294,6 @@ static bool lz_value_ok(const ir_value *v)
 
 static bool lz_tick(lz_ctx *c, int depth) { return depth < LZ_MAX_DEPTH && --c->budget >= 0; }
 
-/* A CONST integer vector (or scalar) of at most max elements. */
-static int lz_const_ints(const ir_value *v, int64_t *out, int max)
-{
-    if (!ir_value_is_const(v) || !ir_dtype_is_int(v->dtype) || v->rank > 1)
-        return -1;
-    int64_t n = ir_value_numel(v);
-    if (n < 0 || n > max)
-        return -1;
-    for (int64_t i = 0; i < n; i++)
-        out[i] = ir_const_i64(v, i);
-    return (int)n;
-}
-
 /* x rounded to dtype t the way an ONNX runtime stores it; false where that is not exact
  * enough to reason about (NaN into an integer, integers beyond 2^53). */
 static bool lz_round(ir_dtype t, double x, double *out)
@@ -404,7 +391,7 @@ static bool map_bcast(const ir_value *x, const ir_value *y, const lz_view *o, lz
 static int squeeze_axes(const ir_node *n, int64_t *ax)
 {
     if (n->n_in > 1 && n->in[1])
-        return lz_const_ints(n->in[1], ax, IR_MAX_RANK);
+        return ir_const_ints(n->in[1], ax, IR_MAX_RANK);
     const ir_attr *a = ir_attr_get(n, "axes");
     if (!a)
         return -1;
@@ -499,25 +486,25 @@ static bool map_transpose(const ir_node *n, const ir_value *x, const lz_view *o,
     return true;
 }
 
-/* Slice with constant starts/ends/axes/steps (clamped as ONNX does): input index = start +
- * step * output index on each sliced axis. */
+/* Slice with constant starts/ends/axes/steps (clamped as ONNX does, ir_slice_axis): input
+ * index = start + step * output index on each sliced axis. */
 static bool map_slice(const ir_node *n, const ir_value *x, const ir_value *y, const lz_view *o,
                       lz_view *in)
 {
     int64_t st[IR_MAX_RANK], en[IR_MAX_RANK], ax[IR_MAX_RANK], sp[IR_MAX_RANK];
-    int ns = lz_const_ints(n->in[1], st, IR_MAX_RANK);
-    int ne = lz_const_ints(n->in[2], en, IR_MAX_RANK);
+    int ns = ir_const_ints(n->in[1], st, IR_MAX_RANK);
+    int ne = ir_const_ints(n->in[2], en, IR_MAX_RANK);
     if (ns < 0 || ne != ns)
         return false;
     if (n->n_in > 3 && n->in[3]) {
-        if (lz_const_ints(n->in[3], ax, IR_MAX_RANK) != ns)
+        if (ir_const_ints(n->in[3], ax, IR_MAX_RANK) != ns)
             return false;
     } else {
         for (int k = 0; k < ns; k++)
             ax[k] = k;
     }
     if (n->n_in > 4 && n->in[4]) {
-        if (lz_const_ints(n->in[4], sp, IR_MAX_RANK) != ns)
+        if (ir_const_ints(n->in[4], sp, IR_MAX_RANK) != ns)
             return false;
     } else {
         for (int k = 0; k < ns; k++)
@@ -531,21 +518,9 @@ static bool map_slice(const ir_node *n, const ir_value *x, const ir_value *y, co
             sp[k] >= LZ_SPAN)
             return false;
         done[a] = true;
-        int64_t d = x->dims[a].value, s = st[k], e = en[k], step = sp[k], len;
-        if (s < 0)
-            s += d;
-        if (e < 0)
-            e += d;
-        if (step > 0) {
-            s = s < 0 ? 0 : s > d ? d : s;
-            e = e < 0 ? 0 : e > d ? d : e;
-            len = e > s ? (e - s - 1) / step + 1 : 0;
-        } else {
-            s = s < 0 ? 0 : s > d - 1 ? d - 1 : s;
-            e = e < -1 ? -1 : e > d - 1 ? d - 1 : e;
-            len = s > e ? (s - e - 1) / (-step) + 1 : 0;
-        }
-        if (len != y->dims[a].value)
+        const int64_t step = sp[k];
+        int64_t s; /* ONNX's clamp, as inference and the folder apply it (ir_slice_axis) */
+        if (ir_slice_axis(x->dims[a].value, st[k], en[k], step, &s) != y->dims[a].value)
             return false;
         const lz_axis *oa = &o->ax[a];
         in->ax[a] = (lz_axis){oa->src, s + step * oa->off, oa->src == AX_FIX ? 0 : step * oa->step};
@@ -1451,7 +1426,7 @@ static void k_dims(const attn_match *m, int64_t *d)
 }
 
 /* One MatMul as the end of an attention; fills m and returns true when it all checks out. */
-static bool match_attention(const ir_graph *g, const ir_uses *u, ir_node *mm2, attn_match *m,
+static bool match_attention(ir_graph *g, const ir_uses *u, ir_node *mm2, attn_match *m,
                             mask_memo *memo)
 {
     memset(m, 0, sizeof *m);
@@ -1546,16 +1521,24 @@ static bool match_attention(const ir_graph *g, const ir_uses *u, ir_node *mm2, a
     if (mask_is_causal_memo(memo, m, sd))
         return true;
     /* Everything but the mask is attention: say why it stays unrecognised, since the only
-     * other symptom is a later "no gradient rule for op MatMul". */
-    ir_diag_add(g->diag, IR_SEV_WARNING, sm->name, sm->op_type,
-                "attention (MatMul '%s' .. Softmax .. MatMul '%s') is not recognised: its mask "
-                "'%s' is %s; sbpc trains causal attention, optionally with a sliding window "
-                "(keys i-w < j <= i), and nothing else (no padding, no bidirectional or "
-                "input-dependent masks)",
-                mm1->name, mm2->name, m->mask->name,
-                is_const_derived(m->mask) ? "computed from constants but neither causal nor a "
-                                            "causal sliding window"
-                                          : "computed from the model's inputs");
+     * other symptom is a later "no gradient rule for op MatMul"; the training program's
+     * builder reads the refusal (g->refusals) to name this as the cause. */
+    const bool constant = is_const_derived(m->mask);
+    ir_refusal r = {
+        .reason = constant ? IR_REFUSED_ATTENTION_MASK_CONSTANT : IR_REFUSED_ATTENTION_MASK_INPUT,
+        .at = sm,
+        .also = {mm1, mm2},
+        .msg = ir_arena_printf(
+            g->arena,
+            "attention (MatMul '%s' .. Softmax .. MatMul '%s') is not recognised: its mask "
+            "'%s' is %s; sbpc trains causal attention, optionally with a sliding window "
+            "(keys i-w < j <= i), and nothing else (no padding, no bidirectional or "
+            "input-dependent masks)",
+            mm1->name, mm2->name, m->mask->name,
+            constant ? "computed from constants but neither causal nor a causal sliding window"
+                     : "computed from the model's inputs"),
+    };
+    ir_graph_refuse(g, &r); /* out of memory: an error, which stops the flow */
     return false;
 }
 

@@ -1,4 +1,4 @@
-/* train_lower.c — reverse-mode differentiation of a graph into a training program: the
+/* autodiff.c — reverse-mode differentiation of a graph into a training program: the
  * analysis (the "autodiff" stage) and the lowering of nodes to instructions that every
  * strategy uses.
  *
@@ -22,7 +22,7 @@
  *                 they read recomputed (tx_emit_rules); and the blocks of store and checkpoint
  *                 (block "forward", then one backward block per segment, last first). Stream
  *                 emits its own blocks (stream.c) with the same per-node lowering.
- * The gradient rules themselves are the table in autodiff.c.
+ * The gradient rules themselves are the table in grad_rules.c.
  */
 #include "train_internal.h"
 
@@ -112,7 +112,7 @@ static bool feeds_labels(const ir_graph *g, const ir_uses *u, const ir_value *v,
  * two int32 [B*T] workspace buffers the forward block fills first: each token's document start
  * (read whole by attention, at sequence b in a chunk) and its position in its document (one
  * per token: chunk loops slice it, RoPE reads it, and so does a learned position embedding
- * through the graph input doc_pos, when passes/packed.c made one). */
+ * through the graph input doc_pos, when passes/graph/packed.c made one). */
 static int bind_documents(tctx *t, const ir_value *doc_pos)
 {
     sbp_train_program *p = t->p;
@@ -151,7 +151,7 @@ static int bind_inputs(tctx *t)
         if (u.n_uses[v->id] == 0)
             continue;
         if (v->name && strcmp(v->name, SBP_DOC_POSITIONS_INPUT) == 0) {
-            /* passes/packed.c's: each token's position in its document */
+            /* passes/graph/packed.c's: each token's position in its document */
             if (!p->packed)
                 rc = ir_diag_error(g->diag, "graph input '%s' is for packed steps",
                                    SBP_DOC_POSITIONS_INPUT);
@@ -199,21 +199,17 @@ static int bind_inputs(tctx *t)
     return IR_OK;
 }
 
-/* The "attention ... is not recognised" warning of recognize_attention.c that names node n as
- * one of its MatMuls or is about n (its Softmax), or NULL: a MatMul of two activations with no gradient rule is, in these
- * models, nearly always an attention whose mask did not match, and the error should say that
- * rather than blame the MatMul. */
-static const ir_diag_entry *unrecognised_attention(const ir_diag *d, const ir_node *n)
+/* The attention the recogniser refused (graph/recognize_attention.c records why in
+ * g->refusals) that node n is part of, as its Softmax or one of its MatMuls, or NULL: a MatMul
+ * of two activations with no gradient rule is, in these models, nearly always an attention
+ * whose mask did not match, and the error should say that rather than blame the MatMul. */
+static const ir_refusal *unrecognised_attention(const ir_graph *g, const ir_node *n)
 {
-    if (!d || !n->name)
-        return NULL;
-    char key[300];
-    snprintf(key, sizeof key, "MatMul '%s'", n->name);
-    for (int i = 0; i < d->n; i++)
-        if (d->entries[i].sev == IR_SEV_WARNING && d->entries[i].msg && d->entries[i].node &&
-            strstr(d->entries[i].msg, "is not recognised") &&
-            (strstr(d->entries[i].msg, key) || strcmp(d->entries[i].node, n->name) == 0))
-            return &d->entries[i];
+    for (const ir_refusal *r = g->refusals; r; r = r->next)
+        if ((r->reason == IR_REFUSED_ATTENTION_MASK_CONSTANT ||
+             r->reason == IR_REFUSED_ATTENTION_MASK_INPUT) &&
+            (r->at == n || r->also[0] == n || r->also[1] == n))
+            return r;
     return NULL;
 }
 
@@ -226,11 +222,11 @@ static const ir_diag_entry *unrecognised_attention(const ir_diag *d, const ir_no
 static int report_untrainable(tctx *t, ir_node **nodes, int failed, int k, int kind)
 {
     const ir_node *n = nodes[k];
-    const ir_diag_entry *why = unrecognised_attention(t->g->diag, n);
+    const ir_refusal *why = unrecognised_attention(t->g, n);
     int rc;
     if (why) {
         /* at the attention's Softmax, the node the cause is about, in the warning's words */
-        rc = ir_diag_add(t->g->diag, IR_SEV_ERROR, why->node, why->op,
+        rc = ir_diag_add(t->g->diag, IR_SEV_ERROR, why->at->name, why->at->op_type,
                          "this attention cannot be trained (its MatMuls and Softmax have no "
                          "gradient rule): %s",
                          why->msg);
@@ -319,7 +315,7 @@ static int plan(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
                 fail_k = k, fail_kind = 2; /* in reverse: the earliest node wins */
             else
                 fail_k = k, fail_kind = 1;
-            if (unrecognised_attention(t->g->diag, n))
+            if (unrecognised_attention(t->g, n))
                 attn_k = k;
             continue;
         }

@@ -1,4 +1,4 @@
-/* recognize_util.c — the helpers every recogniser (passes/recognize_*.c) shares (recognize.h):
+/* recognize_util.c — the helpers every recogniser (recognize_*.c) shares (recognize.h):
  * finding a pattern's producers, reading scalar constants, checking that a pattern's pieces have
  * no other uses, and replacing a pattern by its semantic node. They sit below the recognisers
  * and the pass that runs them (recognize.c), so that no file calls back up.

@@ -1,8 +1,8 @@
 /* stream.c — StreamBP: the training program of the stream strategy (DESIGN.md, step 5).
  *
- * requires: the segments (train_lower.c, step 4) and the sequence analysis (sequence.c).
+ * requires: the segments (autodiff.c, step 4) and the sequence analysis (sequence.c).
  * produces: the program's blocks, with chunk loops (train.h: tp_loop), for make_group_buffers'
- * buffers; the memory planner (memplan.c) then places them.
+ * buffers; the memory planner (plan.c) then places them.
  *
  * Plan. A segment is whole (the prologue: the embeddings, run on the whole sequence and
  * recomputed in the backward, as checkpoint does), a layer (it holds attention) or the head (it
@@ -33,7 +33,7 @@
  *             prefix +=, the chunk's rows of the input gradient); after the loop the K/V path's
  *             rules on the whole sequence, which add their rows into the input gradient. Then
  *             the prologue's backward.
- * A chunk body is lowered by the ordinary rules (autodiff.c) while every TOKEN value's dims read
+ * A chunk body is lowered by the ordinary rules (grad_rules.c) while every TOKEN value's dims read
  * as one chunk ([1, n, ...] for [B, T, ...]; tctx.chunk); a chunk that does not divide the
  * sequence makes a second loop, of one iteration per sequence, for the tail.
  */

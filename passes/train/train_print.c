@@ -77,7 +77,8 @@ void sbp_train_print(const sbp_train_program *p, FILE *f)
         fputc('\n', f);
     }
     print_segments(p, f, false);
-    fprintf(f, "\nworkspace: %zu bytes (liveness-planned, passes/memplan.c)\n", p->workspace_bytes);
+    fprintf(f, "\nworkspace: %zu bytes (liveness-planned, passes/train/plan.c)\n",
+            p->workspace_bytes);
     for (int i = 0; i < p->n_bufs; i++) {
         const tp_buf *b = p->bufs[i];
         if (b->kind != TP_BUF_WS)

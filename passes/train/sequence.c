@@ -3,7 +3,7 @@
  * analysis proves row-wise, and refuses, naming the node, what it cannot.
  *
  * Approach: one walk over the nodes in order, after the training program's layout plan
- * (train_lower.c, step 3), because whether a value's rows are contiguous depends on how it is
+ * (autodiff.c, step 3), because whether a value's rows are contiguous depends on how it is
  * stored. The token ids [B, T] (and labels) start as TOKEN (batch axis 0, sequence axis 1);
  * parameters and constants are NONE. Each op's rule below derives its outputs' states from its
  * inputs' and classifies the node:

@@ -1,5 +1,5 @@
 /* packed.c — packed documents: learned position embeddings read each token's position in its
- * document (sbpc --packed; passes/train.h, "Packed documents").
+ * document (sbpc --packed; passes/train/train.h, "Packed documents").
  *
  * A packed row holds several documents back to back, and each must see positions that restart
  * at 0. RoPE needs nothing here: after recognition its positions are an operand of the kernel,
@@ -9,14 +9,14 @@
  * the Add that follows. This pass gives such an Embedding the graph input
  * SBP_DOC_POSITIONS_INPUT [B,T] (int32) instead, so its output becomes [B,T,D]: the same Add
  * then adds each token its own document position's row. The training program binds that input
- * to the buffer the step computes from the document ids (train_lower.c), so nothing else
+ * to the buffer the step computes from the document ids (train/autodiff.c), so nothing else
  * changes, gradients included (the table's gradient scatters by document position).
  *
  * requires: the canonical graph (Embedding recognised, dims bound, constants folded).
  * produces: as above; a consumer whose output shape would change is an error naming it (the
  * broadcast Add keeps its [B,T,D]).
  */
-#include "train.h"
+#include "passes.h"
 
 #include <string.h>
 

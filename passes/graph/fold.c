@@ -61,47 +61,13 @@ static int ev_err(ir_graph *g, const ir_node *n, const char *fmt, ...)
 
 /* ------------------------------------------------------------------ element access */
 
-/* Float to integer the way a C runtime would, but without undefined behaviour: NaN gives 0 and
- * out-of-range values saturate to int64 before wrapping to the target width. */
-static int64_t f2i(double x)
-{
-    if (x != x)
-        return 0;
-    if (x >= 9223372036854775807.0)
-        return INT64_MAX;
-    if (x <= -9223372036854775808.0)
-        return INT64_MIN;
-    return (int64_t)x;
-}
+/* Elements as int64 / double: ir_data_i64 / ir_data_f64 (ir.h), the readers shape inference
+ * and the recognisers use too, so that all agree (a BOOL byte 2 is true everywhere). Float to
+ * integer is ir_f64_to_i64: NaN gives 0, out-of-range values saturate to int64 before
+ * wrapping to the target width. */
+static int64_t ld_i(const tens *t, int64_t i) { return ir_data_i64(t->dt, t->data, i); }
 
-static int64_t ld_i(const tens *t, int64_t i)
-{
-    const void *p = t->data;
-    switch (t->dt) {
-    case IR_DT_INT64: return ((const int64_t *)p)[i];
-    case IR_DT_INT32: return ((const int32_t *)p)[i];
-    case IR_DT_INT16: return ((const int16_t *)p)[i];
-    case IR_DT_INT8: return ((const int8_t *)p)[i];
-    case IR_DT_UINT64: return (int64_t)((const uint64_t *)p)[i];
-    case IR_DT_UINT32: return ((const uint32_t *)p)[i];
-    case IR_DT_UINT16: return ((const uint16_t *)p)[i];
-    case IR_DT_UINT8: return ((const uint8_t *)p)[i];
-    case IR_DT_BOOL: return ((const uint8_t *)p)[i] != 0;
-    case IR_DT_FLOAT: return f2i(((const float *)p)[i]); /* a NaN condition, axis, ... */
-    case IR_DT_DOUBLE: return f2i(((const double *)p)[i]);
-    default: return 0;
-    }
-}
-
-static double ld_d(const tens *t, int64_t i)
-{
-    switch (t->dt) {
-    case IR_DT_FLOAT: return ((const float *)t->data)[i];
-    case IR_DT_DOUBLE: return ((const double *)t->data)[i];
-    case IR_DT_UINT64: return (double)((const uint64_t *)t->data)[i];
-    default: return (double)ld_i(t, i);
-    }
-}
+static double ld_d(const tens *t, int64_t i) { return ir_data_f64(t->dt, t->data, i); }
 
 static float ld_f(const tens *t, int64_t i)
 {
@@ -138,9 +104,9 @@ static void st_d(tens *t, int64_t i, double v)
     case IR_DT_UINT64:
         ((uint64_t *)t->data)[i] = v >= 18446744073709551615.0 ? UINT64_MAX
                                    : v > 0                     ? (uint64_t)v
-                                                               : (uint64_t)f2i(v);
+                                                               : (uint64_t)ir_f64_to_i64(v);
         break;
-    default: st_i(t, i, f2i(v)); break;
+    default: st_i(t, i, ir_f64_to_i64(v)); break;
     }
 }
 
@@ -236,16 +202,9 @@ static int ev_dropout(ir_graph *g, ir_node *n, tens *in, tens *out)
 
 static int ev_shape(ir_node *n, tens *in, tens *out)
 {
-    int64_t r = in[0].rank;
-    int64_t st = ir_attr_int(n, "start", 0), en = ir_attr_int(n, "end", r);
-    if (st < 0)
-        st += r;
-    if (en < 0)
-        en += r;
-    st = st < 0 ? 0 : st > r ? r : st;
-    en = en < 0 ? 0 : en > r ? r : en;
-    for (int64_t i = st; i < en; i++)
-        ((int64_t *)out[0].data)[i - st] = in[0].dims[i];
+    int64_t st, len = ir_shape_op_range(n, in[0].rank, &st); /* as inference sized out[0] */
+    for (int64_t i = 0; i < len; i++)
+        ((int64_t *)out[0].data)[i] = in[0].dims[st + i];
     return EV_OK;
 }
 

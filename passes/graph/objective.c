@@ -1,4 +1,4 @@
-/* objective.c — make the graph end in the scalar loss to train, and apply --freeze.
+/* objective.c — make the graph end in the scalar loss to train (the flow's "objective" stage).
  *
  * A causal LM export outputs logits [B,T,V]. The SFT objective is the mean token
  * cross-entropy over the positions whose label is not -100, labels[b,t] being the target of
@@ -11,21 +11,13 @@
  * CrossEntropy) is trained on that loss as it is.
  *
  * DPO and GRPO append the same node (named dpo_loss / grpo_loss): it marks where the objective
- * sits, the LM head, and passes/objective_pref.c lowers it to the objective's kernels.
+ * sits, the LM head, and passes/train/objective_pref.c lowers it to the objective's kernels.
  *
  * requires: a canonical graph (sbp_canonicalize). produces: one output, a scalar loss.
  */
 #include "passes.h"
-#include "train.h"
 
-#include <regex.h>
 #include <string.h>
-
-const char *sbp_strategy_name(sbp_strategy s)
-{
-    return s == SBP_STRATEGY_CHECKPOINT ? "checkpoint" : s == SBP_STRATEGY_STREAM ? "stream"
-                                                                                 : "store";
-}
 
 const char *sbp_objective_name(sbp_objective o)
 {
@@ -35,11 +27,6 @@ const char *sbp_objective_name(sbp_objective o)
     case SBP_OBJECTIVE_GRPO: return "grpo";
     default: return "sft";
     }
-}
-
-const char *sbp_grpo_norm_name(sbp_grpo_norm n)
-{
-    return n == SBP_GRPO_NORM_TOKEN ? "token" : "sequence";
 }
 
 double sbp_objective_default_beta(sbp_objective o)
@@ -141,58 +128,4 @@ int sbp_pass_objective(ir_graph *g, sbp_objective requested, sbp_objective *chos
         return IR_ERR;
     *chosen = pref ? requested : SBP_OBJECTIVE_SFT;
     return only_output(g, ce->out[0]);
-}
-
-int sbp_freeze_params(ir_graph *g, const char *regex, int *n_frozen)
-{
-    regex_t re;
-    int rc = regcomp(&re, regex, REG_EXTENDED | REG_NOSUB);
-    if (rc != 0) {
-        char msg[256];
-        regerror(rc, &re, msg, sizeof msg);
-        return ir_diag_error(g->diag, "--freeze '%s': %s", regex, msg);
-    }
-    int n = 0;
-    for (int i = 0; i < g->n_values; i++) {
-        ir_value *v = g->values[i];
-        if (v->kind != IR_VAL_PARAM || regexec(&re, v->name, 0, NULL, 0) != 0)
-            continue;
-        if (!v->frozen)
-            n++;
-        v->frozen = true;
-        if (v->tied_to && !v->tied_to->frozen) {
-            v->tied_to->frozen = true;
-            n++;
-        }
-    }
-    /* an owner frozen by name freezes its copies too */
-    for (int i = 0; i < g->n_values; i++) {
-        ir_value *v = g->values[i];
-        if (v->kind == IR_VAL_PARAM && v->tied_to && v->tied_to->frozen && !v->frozen) {
-            v->frozen = true;
-            n++;
-        }
-    }
-    regfree(&re);
-    if (n_frozen)
-        *n_frozen = n;
-    /* A step that trains nothing would still run, print losses and save the model as if it had
-     * trained: an error. Freezing only adds, so once nothing is left no later --freeze helps. */
-    ir_uses u = ir_uses_build(g);
-    if (!u.n_uses)
-        return ir_diag_error(g->diag, "out of memory building use lists");
-    int n_used = 0, n_left = 0;
-    for (int i = 0; i < g->n_values; i++) {
-        const ir_value *v = g->values[i];
-        if (v->kind != IR_VAL_PARAM || u.n_uses[v->id] == 0)
-            continue;
-        n_used++;
-        n_left += !v->frozen;
-    }
-    if (n_used > 0 && n_left == 0)
-        return ir_diag_error(g->diag,
-                             "--freeze '%s' leaves no parameter to train (all %d are frozen): "
-                             "the step would change nothing",
-                             regex, n_used);
-    return IR_OK;
 }

@@ -1,4 +1,4 @@
-/* precision.c — the bf16 form of a training program (sbp_train_options.bf16; passes/train.h,
+/* precision.c — the bf16 form of a training program (sbp_train_options.bf16; train.h,
  * "Precision").
  *
  * The program is built in fp32 as always; this pass only decides, per workspace buffer, how it
@@ -25,7 +25,7 @@
 
 /* The BF16 column of train_kernels.def: one letter per buffer operand, or "" (no bf16 form).
  * A row of another length fails the build here. */
-#define K(e, nb, na, roles, bf16, call)                                                        \
+#define K(e, nb, na, roles, bf16, args, call)                                                 \
     _Static_assert(sizeof(bf16) == (nb) + 1 || sizeof(bf16) == 1,                             \
                    "train_kernels.def: the BF16 types of kernel " #e " need one letter per "    \
                    "buffer operand (or none)");

@@ -16,7 +16,7 @@
 #include <string.h>
 
 const tp_kernel_info tp_kernel_table[TP_K_COUNT] = {
-#define K(e, nb, na, roles, bf16, call) [TP_K_##e] = {#e, nb, na, roles, bf16, call},
+#define K(e, nb, na, roles, bf16, args, call) [TP_K_##e] = {#e, nb, na, roles, bf16, args, call},
 #include "train_kernels.def"
 #undef K
 };
