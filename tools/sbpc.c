@@ -6,21 +6,26 @@
  *        [--chunk N] [--logits-chunk N] [--memory-budget BYTES]
  *        [--objective sft|graph-loss|dpo|grpo] [--beta F] [--epsilon F]
  *        [--grpo-norm sequence|token] [--freeze REGEX]... [--report] [--memory-plot FILE.svg]
- *        [--no-eval] [--packed [--doc-len L]] [--lora RANK [--lora-alpha A] [--lora-targets REGEX] [--lora-seed S]]
+ *        [--no-eval] [--packed [--doc-len L]]
+ *        [--lora RANK [--lora-alpha A] [--lora-targets REGEX] [--lora-seed S]]
  *        [--report --ranks N [--zero 0|1|2]]   (one rank's bytes, sbpc_dist.h)
  *
  * Reads the model, runs the canonicalisation pipeline (passes/pipeline.c) and prints the IR, the
  * parameters (--dump-params) or a summary (with each attention layer's variant and work);
  * --dump-ir=objective and =program go past canonicalisation (the graph with its loss, the
- * training program's listing); with -o it also builds the training program (passes/train.h: objective, freeze,
- * autodiff, strategy) and writes it as C (codegen/), compiled into a shared object for .so.
- * --report and --memory-plot build the program for every strategy (from the one canonical graph)
- * and print / draw their memory plans side by side (codegen/report.c).
+ * training program's listing); with -o it also builds the training program (passes/train.h:
+ * objective, freeze, autodiff, strategy) and writes it as C (codegen/), compiled into a shared
+ * object for .so. --report and --memory-plot build the program for every strategy (from the one
+ * canonical graph) and print / draw their memory plans side by side (codegen/report.c).
  * Files: the model and its external data are opened without blocking (a FIFO is an error); the
  * outputs are checked against them, and against special files, before any work; -o writes its
  * files as a set, all or none (codegen/compile.c).
- * The command line is read by tools/cli.c (getopt_long and the value checkers sbp-train shares);
- * --target and --precision are one value, sbpc_target, checked once (target_check).
+ * main is the flow, one call a step, each taking the one sbpc_options value: parse_command_line
+ * (tools/cli.c: getopt_long and the value checkers sbp-train shares), check_options (the rules
+ * between options; --target and --precision are one value, sbpc_target, checked once by
+ * target_check), choose_first_stop (how far the flow, passes/flow.h, runs before it prints),
+ * and run: the flow to that stop and what it prints (print_first_stop), then for -o, --report
+ * or --memory-plot the rest, the output and the reports (compile_and_report).
  * This is the only place where diagnostics become exit codes: library code records them, the
  * driver prints them compiler-style and exits 1.
  */
@@ -141,10 +146,6 @@ static void usage(FILE *f)
             "all of the training program at once: segments, loops, workspace, instructions");
 }
 
-/* One line per attention layer: its variant and the work of its score and value products in
- * the forward, per sequence: a causal layer reads T(T+1)/2 (query, key) pairs, a sliding window
- * of w keys about T*w, so local layers cost O(T*w), not O(T^2); the kernels skip the key tiles
- * outside (runtime/sbprt.h, sbprt_attention_forward_ex). */
 /* Pairs (query, key) of a causal attention over L tokens, with a sliding window w (0: none). */
 static double causal_pairs(int64_t L, int64_t w)
 {
@@ -152,11 +153,13 @@ static double causal_pairs(int64_t L, int64_t w)
                           : (double)L * (double)(L + 1) / 2;
 }
 
-/* --doc-len L (with --packed): the packed attention's pairs for rows of T tokens filled with
- * documents of L tokens (the last one shorter), each attending only within itself. */
-static int64_t doc_len;
-
-static void attention_work(const ir_graph *g)
+/* One line per attention layer: its variant and the work of its score and value products in
+ * the forward, per sequence: a causal layer reads T(T+1)/2 (query, key) pairs, a sliding window
+ * of w keys about T*w, so local layers cost O(T*w), not O(T^2); the kernels skip the key tiles
+ * outside (runtime/sbprt.h, sbprt_attention_forward_ex). doc_len > 0 (--doc-len L, with
+ * --packed) adds the packed attention's pairs for rows of T tokens filled with documents of L
+ * tokens (the last one shorter), each attending only within itself. */
+static void attention_work(const ir_graph *g, int64_t doc_len)
 {
     int layer = 0;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -214,7 +217,9 @@ static void dump_params(const ir_graph *g)
     printf("%d parameter tensors\n", n);
 }
 
-static void summary(const ir_graph *g)
+/* The summary without a dump or -o: the graph's size and each attention layer's work
+ * (attention_work, with doc_len). */
+static void summary(const ir_graph *g, int64_t doc_len)
 {
     int64_t params = 0;
     int nparams = 0;
@@ -227,10 +232,9 @@ static void summary(const ir_graph *g)
     }
     printf("%s: %d nodes, %d parameter tensors (%lld elements), %d attention layers\n", g->path,
            g->n_nodes, nparams, (long long)params, ir_graph_count_op(g, IR_OP_ATTENTION));
-    attention_work(g);
+    attention_work(g, doc_len);
 }
 
-/* --lora: what was adapted, and what is left to train (the adapters; the base is frozen). */
 /* --base-precision bf16: what the program keeps as bf16 only (passes/precision.c) and what
  * that saves against the fp32 master weight plus its bf16 copy. */
 static void base_bf16_summary(const sbp_train_program *p)
@@ -260,6 +264,7 @@ static void base_bf16_summary(const sbp_train_program *p)
            n, frozen, elems, tables, tables == 1 ? "" : "s", elems * 2, elems * 6);
 }
 
+/* --lora: what was adapted, and what is left to train (the adapters; the base is frozen). */
 static void lora_summary(const ir_graph *g, const sbp_lora_options *lora, int n_adapted)
 {
     int64_t trained = 0, total = 0;
@@ -376,8 +381,8 @@ typedef struct sbpc_target {
 enum { OPT_BATCH = 256, OPT_SEQ_LEN, OPT_NO_RETIE, OPT_DUMP_IR, OPT_DUMP_PARAMS, OPT_STRATEGY,
        OPT_TARGET, OPT_PRECISION, OPT_CHUNK, OPT_LOGITS_CHUNK, OPT_MEMORY_BUDGET, OPT_OBJECTIVE,
        OPT_BETA, OPT_EPSILON, OPT_GRPO_NORM, OPT_FREEZE, OPT_REPORT, OPT_MEMORY_PLOT,
-       OPT_VERSION, OPT_NO_EVAL, OPT_PACKED, OPT_DOC_LEN, OPT_LORA, OPT_LORA_ALPHA, OPT_LORA_TARGETS, OPT_LORA_SEED,
-       OPT_RANKS, OPT_ZERO, OPT_BASE_PRECISION };
+       OPT_VERSION, OPT_NO_EVAL, OPT_PACKED, OPT_DOC_LEN, OPT_LORA, OPT_LORA_ALPHA,
+       OPT_LORA_TARGETS, OPT_LORA_SEED, OPT_RANKS, OPT_ZERO, OPT_BASE_PRECISION };
 
 /* --target T or --precision P into t; 0, or -1 after a message. */
 static int target_parse(cli *c, int opt, const char *v, sbpc_target *t)
@@ -424,7 +429,172 @@ static int target_check(cli *c, const sbpc_target *t, sbp_objective objective, c
     return 0;
 }
 
-int main(int argc, char **argv)
+/* The command line, as read by parse_command_line and completed by check_options (the
+ * objective's defaults, the target's precision in `train`); then what to run, from
+ * choose_first_stop. One value, passed to each step of main. */
+typedef struct sbpc_options {
+    const char *model;            /* the positional argument */
+    const char *out;              /* -o FILE (NULL: none) */
+    const char *plot;             /* --memory-plot FILE (NULL: none) */
+    bool dump;                    /* --dump-ir[=PASS] */
+    const char *dump_pass;        /* its PASS (NULL: --dump-ir alone, the last pass) */
+    bool want_params;             /* --dump-params */
+    bool report;                  /* --report */
+    bool no_eval;                 /* --no-eval */
+    const char *freeze[MAX_FREEZE]; /* [n_freeze] --freeze REGEX... */
+    int n_freeze;
+    sbp_pass_options pass;        /* --batch, --seq-len, --no-retie; SBPC_MAX_COMPILE_BYTES */
+    sbp_train_options train;      /* --strategy, --chunk, --logits-chunk, --memory-budget,
+                                   * --beta, --epsilon (-1: unset), --grpo-norm, --packed */
+    sbp_objective objective;      /* --objective */
+    const char *beta_given;       /* "--beta" when given: DPO and GRPO only */
+    const char *grpo_given;       /* "--epsilon" / "--grpo-norm" when given: GRPO only */
+    sbpc_target tgt;              /* --target, --precision, --base-precision */
+    sbp_lora_options lora;        /* --lora RANK, --lora-alpha, --lora-targets, --lora-seed */
+    const char *lora_given;       /* a --lora-* flag seen: it needs --lora RANK */
+    int64_t ranks, zero;          /* --ranks, --zero (0 / -1: not given) */
+    int64_t doc_len;              /* --doc-len L (0: not given): the summary's packed work */
+    /* what to run (choose_first_stop) */
+    bool compile;                 /* -o, --report or --memory-plot: the flow runs to the plan */
+    const char *first_stop;       /* the stage the first run of the flow stops after */
+    int stop_index;               /* its index in sbp_flow_stages (-1: no such stage) */
+} sbpc_options;
+
+enum { NOT_MINE = 1 }; /* an option parser's answer for an option of another kind */
+
+/* A step option: the dims, the strategy and its chunks, the target, what is trained and how
+ * the step is packed. 0, -1 after a message, or NOT_MINE. */
+static int parse_step_option(cli *c, int o, const char *v, sbpc_options *s)
+{
+    static const char *const strategy_words[] = {"stream", "store", "checkpoint", NULL};
+    static const sbp_strategy strategy_values[] = {SBP_STRATEGY_STREAM, SBP_STRATEGY_STORE,
+                                                   SBP_STRATEGY_CHECKPOINT};
+    int k = 0, bad = 0;
+    switch (o) {
+    case OPT_BATCH:
+        return cli_count(c, "--batch", v, 1, SBPC_MAX_DIM, &s->pass.batch);
+    case OPT_SEQ_LEN:
+        return cli_count(c, "--seq-len", v, 1, SBPC_MAX_DIM, &s->pass.seq_len);
+    case OPT_NO_RETIE:
+        s->pass.no_retie = true;
+        return 0;
+    case OPT_STRATEGY:
+        if (!(bad = cli_choice(c, "--strategy", v, strategy_words, &k)))
+            s->train.strategy = strategy_values[k];
+        return bad;
+    case OPT_TARGET:
+    case OPT_PRECISION:
+    case OPT_BASE_PRECISION:
+        return target_parse(c, o, v, &s->tgt);
+    case OPT_CHUNK:
+        return cli_count(c, "--chunk", v, 1, SBPC_MAX_DIM, &s->train.chunk);
+    case OPT_LOGITS_CHUNK:
+        return cli_count(c, "--logits-chunk", v, 1, SBPC_MAX_DIM, &s->train.logits_chunk);
+    case OPT_MEMORY_BUDGET:
+        return cli_bytes(c, "--memory-budget", v, &s->train.memory_budget);
+    case OPT_FREEZE:
+        if (!*v || s->n_freeze == MAX_FREEZE)
+            return cli_error(c, "--freeze needs a regular expression (at most %d)", MAX_FREEZE);
+        s->freeze[s->n_freeze++] = v;
+        return 0;
+    case OPT_PACKED: /* passes/train.h, "Packed documents" */
+        s->train.packed = true;
+        return 0;
+    case OPT_DOC_LEN:
+        return cli_count(c, "--doc-len", v, 1, SBPC_MAX_DIM, &s->doc_len);
+    case OPT_NO_EVAL:
+        s->no_eval = true;
+        return 0;
+    }
+    return NOT_MINE;
+}
+
+/* The objective and its hyper-parameters, and LoRA's: 0, -1 after a message, or NOT_MINE. */
+static int parse_objective_option(cli *c, int o, const char *v, sbpc_options *s)
+{
+    static const char *const objective_words[] = {"sft", "graph-loss", "dpo", "grpo", NULL};
+    static const sbp_objective objective_values[] = {SBP_OBJECTIVE_SFT, SBP_OBJECTIVE_GRAPH_LOSS,
+                                                     SBP_OBJECTIVE_DPO, SBP_OBJECTIVE_GRPO};
+    static const char *const grpo_norm_words[] = {"sequence", "token", NULL};
+    static const sbp_grpo_norm grpo_norm_values[] = {SBP_GRPO_NORM_SEQUENCE,
+                                                     SBP_GRPO_NORM_TOKEN};
+    int k = 0, bad = 0;
+    int64_t seed = 0;
+    switch (o) {
+    case OPT_OBJECTIVE:
+        if (!(bad = cli_choice(c, "--objective", v, objective_words, &k)))
+            s->objective = objective_values[k];
+        return bad;
+    case OPT_BETA:
+        s->beta_given = "--beta";
+        return cli_real(c, "--beta", v, &s->train.beta);
+    case OPT_EPSILON:
+        s->grpo_given = "--epsilon";
+        return cli_real(c, "--epsilon", v, &s->train.epsilon);
+    case OPT_GRPO_NORM:
+        s->grpo_given = "--grpo-norm";
+        if (!(bad = cli_choice(c, "--grpo-norm", v, grpo_norm_words, &k)))
+            s->train.grpo_norm = grpo_norm_values[k];
+        return bad;
+    case OPT_LORA:
+        return cli_count(c, "--lora", v, 1, SBPC_MAX_DIM, &s->lora.rank);
+    case OPT_LORA_ALPHA:
+        s->lora_given = "--lora-alpha";
+        if ((bad = cli_real(c, "--lora-alpha", v, &s->lora.alpha)))
+            return bad;
+        if (!(s->lora.alpha > 0 && s->lora.alpha < 1e30))
+            return cli_error(c, "--lora-alpha must be a positive number, not '%s'", v);
+        return 0;
+    case OPT_LORA_TARGETS:
+        s->lora_given = "--lora-targets";
+        s->lora.targets = v;
+        return *v ? 0 : cli_error(c, "--lora-targets needs a regular expression");
+    case OPT_LORA_SEED:
+        s->lora_given = "--lora-seed";
+        if ((bad = cli_count(c, "--lora-seed", v, 0, INT64_MAX, &seed)))
+            return bad;
+        s->lora.seed = (uint64_t)seed;
+        return 0;
+    }
+    return NOT_MINE;
+}
+
+/* What to print or write, and the model: 0, -1 after a message, or NOT_MINE. */
+static int parse_output_option(cli *c, int o, const char *v, sbpc_options *s)
+{
+    switch (o) {
+    case 'o':
+        return cli_path(c, "-o", v, &s->out);
+    case OPT_DUMP_IR:
+        s->dump = true;
+        s->dump_pass = v; /* NULL: --dump-ir alone, the last pass */
+        return 0;
+    case OPT_DUMP_PARAMS:
+        s->want_params = true;
+        return 0;
+    case OPT_REPORT:
+        s->report = true;
+        return 0;
+    case OPT_RANKS:
+        return cli_count(c, "--ranks", v, 1, 1 << 20, &s->ranks);
+    case OPT_ZERO:
+        return cli_count(c, "--zero", v, 0, 2, &s->zero);
+    case OPT_MEMORY_PLOT:
+        return cli_path(c, "--memory-plot", v, &s->plot);
+    case CLI_POSITIONAL:
+        if (s->model)
+            return cli_error(c, "more than one model given ('%s' and '%s')", s->model, v);
+        s->model = v;
+        return 0;
+    }
+    return NOT_MINE;
+}
+
+enum { PARSE_RUN, PARSE_EXIT, PARSE_ERROR }; /* go on; exit 0 (--help, --version); exit 1 */
+
+/* argv into s, an option at a time, in command-line order: the first bad one stops the parse
+ * (its message printed), as do --help and --version. */
+static int parse_command_line(cli *c, int argc, char **argv, sbpc_options *s)
 {
     static const struct option options[] = {
         {"batch", required_argument, NULL, OPT_BATCH},
@@ -460,279 +630,198 @@ int main(int argc, char **argv)
         {"zero", required_argument, NULL, OPT_ZERO},
         {0},
     };
-    static const char *const strategy_words[] = {"stream", "store", "checkpoint", NULL};
-    static const sbp_strategy strategy_values[] = {SBP_STRATEGY_STREAM, SBP_STRATEGY_STORE,
-                                                   SBP_STRATEGY_CHECKPOINT};
-    static const char *const objective_words[] = {"sft", "graph-loss", "dpo", "grpo", NULL};
-    static const sbp_objective objective_values[] = {SBP_OBJECTIVE_SFT, SBP_OBJECTIVE_GRAPH_LOSS,
-                                                     SBP_OBJECTIVE_DPO, SBP_OBJECTIVE_GRPO};
-    static const char *const grpo_norm_words[] = {"sequence", "token", NULL};
-    static const sbp_grpo_norm grpo_norm_values[] = {SBP_GRPO_NORM_SEQUENCE,
-                                                     SBP_GRPO_NORM_TOKEN};
-    const char *model = NULL, *dump_pass = NULL, *out = NULL;
-    const char *freeze[MAX_FREEZE];
-    int n_freeze = 0;
-    bool dump = false, report = false, want_params = false, no_eval = false;
-    const char *plot = NULL;
-    sbp_pass_options opt = {.verify = true};
+    *s = (sbpc_options){.pass = {.verify = true},
+                        .train = {.strategy = SBP_STRATEGY_STREAM, .epsilon = -1},
+                        .objective = SBP_OBJECTIVE_SFT,
+                        .tgt = {.backend = "cpu"},
+                        .lora = {.alpha = SBP_LORA_DEFAULT_ALPHA},
+                        .zero = -1};
     /* The memory this compilation may use (passes.h: sbp_compile_mem_limit): this machine's,
      * or less with SBPC_MAX_COMPILE_BYTES (the tests use it to be machine-independent). */
     const char *max_compile = getenv("SBPC_MAX_COMPILE_BYTES");
     if (max_compile && *max_compile)
-        opt.compile_mem_limit = strtoll(max_compile, NULL, 10);
-    sbp_train_options topt = {.strategy = SBP_STRATEGY_STREAM};
-    sbp_objective objective = SBP_OBJECTIVE_SFT;
-    const char *beta_given = NULL, *grpo_given = NULL; /* a DPO / GRPO flag seen */
-    topt.epsilon = -1; /* unset */
-    sbpc_target tgt = {.backend = "cpu"};
-    sbp_lora_options lora = {.alpha = SBP_LORA_DEFAULT_ALPHA};
-    const char *lora_given = NULL; /* a --lora-* flag seen */
-    int64_t lora_seed = 0;
-    int64_t ranks = 0, zero = -1; /* --ranks, --zero (0 / -1: not given) */
-
-    cli c;
-    cli_init(&c, prog, options, argc, argv);
-    for (int o; (o = cli_next(&c)) != CLI_END;) {
-        const char *v = c.arg;
-        int k = 0, bad = 0;
-        switch (o) {
-        case CLI_ERROR:
-            return 1;
-        case 'h':
+        s->pass.compile_mem_limit = strtoll(max_compile, NULL, 10);
+    cli_init(c, prog, options, argc, argv);
+    for (int o; (o = cli_next(c)) != CLI_END;) {
+        if (o == CLI_ERROR)
+            return PARSE_ERROR;
+        if (o == 'h') {
             usage(stdout);
-            return 0;
-        case OPT_VERSION:
-            printf("sbpc %s\n", SBP_VERSION);
-            return 0;
-        case OPT_BATCH:
-            bad = cli_count(&c, "--batch", v, 1, SBPC_MAX_DIM, &opt.batch);
-            break;
-        case OPT_SEQ_LEN:
-            bad = cli_count(&c, "--seq-len", v, 1, SBPC_MAX_DIM, &opt.seq_len);
-            break;
-        case 'o':
-            bad = cli_path(&c, "-o", v, &out);
-            break;
-        case OPT_STRATEGY:
-            if (!(bad = cli_choice(&c, "--strategy", v, strategy_words, &k)))
-                topt.strategy = strategy_values[k];
-            break;
-        case OPT_TARGET:
-        case OPT_PRECISION:
-        case OPT_BASE_PRECISION:
-            bad = target_parse(&c, o, v, &tgt);
-            break;
-        case OPT_CHUNK:
-            bad = cli_count(&c, "--chunk", v, 1, SBPC_MAX_DIM, &topt.chunk);
-            break;
-        case OPT_LOGITS_CHUNK:
-            bad = cli_count(&c, "--logits-chunk", v, 1, SBPC_MAX_DIM, &topt.logits_chunk);
-            break;
-        case OPT_MEMORY_BUDGET:
-            if ((bad = cli_bytes(&c, "--memory-budget", v, &topt.memory_budget)))
-                break;
-            break;
-        case OPT_OBJECTIVE:
-            if (!(bad = cli_choice(&c, "--objective", v, objective_words, &k)))
-                objective = objective_values[k];
-            break;
-        case OPT_BETA:
-            bad = cli_real(&c, "--beta", v, &topt.beta);
-            beta_given = "--beta";
-            break;
-        case OPT_EPSILON:
-            bad = cli_real(&c, "--epsilon", v, &topt.epsilon);
-            grpo_given = "--epsilon";
-            break;
-        case OPT_GRPO_NORM:
-            if (!(bad = cli_choice(&c, "--grpo-norm", v, grpo_norm_words, &k)))
-                topt.grpo_norm = grpo_norm_values[k];
-            grpo_given = "--grpo-norm";
-            break;
-        case OPT_FREEZE:
-            if (!*v || n_freeze == MAX_FREEZE)
-                bad = cli_error(&c, "--freeze needs a regular expression (at most %d)",
-                                MAX_FREEZE);
-            else
-                freeze[n_freeze++] = v;
-            break;
-        case OPT_REPORT:
-            report = true;
-            break;
-        case OPT_LORA:
-            bad = cli_count(&c, "--lora", v, 1, SBPC_MAX_DIM, &lora.rank);
-            break;
-        case OPT_LORA_ALPHA:
-            bad = cli_real(&c, "--lora-alpha", v, &lora.alpha);
-            if (!bad && !(lora.alpha > 0 && lora.alpha < 1e30))
-                bad = cli_error(&c, "--lora-alpha must be a positive number, not '%s'", v);
-            lora_given = "--lora-alpha";
-            break;
-        case OPT_LORA_TARGETS:
-            if (!*v)
-                bad = cli_error(&c, "--lora-targets needs a regular expression");
-            lora.targets = v;
-            lora_given = "--lora-targets";
-            break;
-        case OPT_LORA_SEED:
-            bad = cli_count(&c, "--lora-seed", v, 0, INT64_MAX, &lora_seed);
-            lora.seed = (uint64_t)lora_seed;
-            lora_given = "--lora-seed";
-            break;
-        case OPT_RANKS:
-            bad = cli_count(&c, "--ranks", v, 1, 1 << 20, &ranks);
-            break;
-        case OPT_ZERO:
-            bad = cli_count(&c, "--zero", v, 0, 2, &zero);
-            break;
-        case OPT_DUMP_PARAMS:
-            want_params = true;
-            break;
-        case OPT_MEMORY_PLOT:
-            bad = cli_path(&c, "--memory-plot", v, &plot);
-            break;
-        case OPT_NO_RETIE:
-            opt.no_retie = true;
-            break;
-        case OPT_PACKED: /* passes/train.h, "Packed documents" */
-            topt.packed = true;
-            break;
-        case OPT_DOC_LEN:
-            bad = cli_count(&c, "--doc-len", v, 1, SBPC_MAX_DIM, &doc_len);
-            break;
-        case OPT_NO_EVAL:
-            no_eval = true;
-            break;
-        case OPT_DUMP_IR:
-            dump = true;
-            dump_pass = v; /* NULL: --dump-ir alone, the last pass */
-            break;
-        case CLI_POSITIONAL:
-            if (model)
-                bad = cli_error(&c, "more than one model given ('%s' and '%s')", model, v);
-            else
-                model = v;
-            break;
+            return PARSE_EXIT;
         }
-        if (bad)
-            return 1;
+        if (o == OPT_VERSION) {
+            printf("sbpc %s\n", SBP_VERSION);
+            return PARSE_EXIT;
+        }
+        int r = parse_step_option(c, o, c->arg, s);
+        if (r == NOT_MINE)
+            r = parse_objective_option(c, o, c->arg, s);
+        if (r == NOT_MINE)
+            r = parse_output_option(c, o, c->arg, s);
+        if (r != 0 && r != NOT_MINE)
+            return PARSE_ERROR;
     }
-    /* DPO / GRPO hyper-parameters: the defaults, and no flag for another objective */
-    bool pref = objective == SBP_OBJECTIVE_DPO || objective == SBP_OBJECTIVE_GRPO;
-    if ((beta_given && !pref) || (grpo_given && objective != SBP_OBJECTIVE_GRPO)) {
-        fprintf(stderr, "%s: error: %s applies to --objective %s, not %s\n", prog,
-                grpo_given && objective != SBP_OBJECTIVE_GRPO ? grpo_given : beta_given,
-                grpo_given && objective != SBP_OBJECTIVE_GRPO ? "grpo" : "dpo or grpo",
-                sbp_objective_name(objective));
-        return 1;
-    }
-    if (!beta_given)
-        topt.beta = sbp_objective_default_beta(objective);
-    if (topt.epsilon < 0)
-        topt.epsilon = objective == SBP_OBJECTIVE_GRPO ? SBP_GRPO_DEFAULT_EPSILON : 0;
-    if (lora_given && lora.rank == 0) {
-        fprintf(stderr, "%s: error: %s needs --lora RANK\n", prog, lora_given);
-        return 1;
-    }
-    if (!model) {
-        fprintf(stderr, "%s: error: no model given\n", prog);
-        usage(stderr);
-        return 1;
-    }
-    if (doc_len > 0 && !topt.packed) {
-        fprintf(stderr, "%s: error: --doc-len applies to --packed steps\n", prog);
-        return 1;
-    }
-    if (target_check(&c, &tgt, objective, out))
-        return 1;
-    char derr[256]; /* --ranks / --zero describe --report's per-rank figures */
-    if (sbpc_dist_check(ranks, zero, report, derr, sizeof derr)) {
-        fprintf(stderr, "%s: error: %s\n", prog, derr);
-        return 1;
-    }
-    topt.bf16 = tgt.bf16;
-    topt.base_bf16 = tgt.base_bf16;
-    /* the evaluation program: written with the step (-o) and shown by --report */
-    topt.eval = !no_eval && (out || report);
-    const char *const target = tgt.backend; /* codegen's name for it, below */
+    return PARSE_RUN;
+}
 
-    /* What to run: the flow (passes/flow.h) up to the stage a dump names, then, for -o, --report
-     * or --memory-plot, on through the memory plan. A dump past the canonical graph (the
-     * objective and later, or the whole program) prints and exits; a canonical dump other than
-     * the last ("cleanup") stops before the training program those flags need. */
-    const bool compile = out || report || plot;
-    const char *first_stop = "cleanup";
-    if (want_params)
-        first_stop = "freeze";
-    else if (dump_pass)
-        first_stop = strcmp(dump_pass, "program") == 0 ? "plan" : dump_pass;
-    else if (lora.rank > 0)
-        first_stop = "lora"; /* the summary (or --dump-ir) is of the adapted graph */
-    const int stop_index = sbp_flow_find(first_stop);
-    if (dump_pass && compile && stop_index != sbp_flow_find("cleanup")) {
+/* The rules between options, once the whole command line is read, and the defaults that
+ * depend on other options (the objective's hyper-parameters, the evaluation program). 0, or
+ * -1 after a message (cli_error: each is short, so none is cut at cli's 512 bytes). */
+static int check_options(cli *c, sbpc_options *s)
+{
+    sbp_train_options *t = &s->train;
+    /* DPO / GRPO hyper-parameters: the defaults, and no flag for another objective */
+    bool pref = s->objective == SBP_OBJECTIVE_DPO || s->objective == SBP_OBJECTIVE_GRPO;
+    bool not_grpo = s->grpo_given && s->objective != SBP_OBJECTIVE_GRPO;
+    if ((s->beta_given && !pref) || not_grpo)
+        return cli_error(c, "%s applies to --objective %s, not %s",
+                         not_grpo ? s->grpo_given : s->beta_given,
+                         not_grpo ? "grpo" : "dpo or grpo", sbp_objective_name(s->objective));
+    if (!s->beta_given)
+        t->beta = sbp_objective_default_beta(s->objective);
+    if (t->epsilon < 0)
+        t->epsilon = s->objective == SBP_OBJECTIVE_GRPO ? SBP_GRPO_DEFAULT_EPSILON : 0;
+    if (s->lora_given && s->lora.rank == 0)
+        return cli_error(c, "%s needs --lora RANK", s->lora_given);
+    if (!s->model) {
+        cli_error(c, "no model given");
+        usage(stderr);
+        return -1;
+    }
+    if (s->doc_len > 0 && !t->packed)
+        return cli_error(c, "--doc-len applies to --packed steps");
+    if (target_check(c, &s->tgt, s->objective, s->out))
+        return -1;
+    char derr[256]; /* --ranks / --zero describe --report's per-rank figures */
+    if (sbpc_dist_check(s->ranks, s->zero, s->report, derr, sizeof derr))
+        return cli_error(c, "%s", derr);
+    t->bf16 = s->tgt.bf16;
+    t->base_bf16 = s->tgt.base_bf16;
+    /* the evaluation program: written with the step (-o) and shown by --report */
+    t->eval = !s->no_eval && (s->out || s->report);
+    return 0;
+}
+
+/* What to run: the flow (passes/flow.h) up to the stage a dump names, then, for -o, --report
+ * or --memory-plot, on through the memory plan. A dump past the canonical graph (the
+ * objective and later, or the whole program) prints and exits; a canonical dump other than
+ * the last ("cleanup") stops before the training program those flags need. 0, or -1 after a
+ * message (printed whole, not through cli_error: it quotes PASS, of any length). */
+static int choose_first_stop(sbpc_options *s)
+{
+    const char *const out = s->out, *const plot = s->plot;
+    const bool report = s->report;
+    s->compile = out || report || plot;
+    s->first_stop = "cleanup";
+    if (s->want_params)
+        s->first_stop = "freeze";
+    else if (s->dump_pass)
+        s->first_stop = strcmp(s->dump_pass, "program") == 0 ? "plan" : s->dump_pass;
+    else if (s->lora.rank > 0)
+        s->first_stop = "lora"; /* the summary (or --dump-ir) is of the adapted graph */
+    s->stop_index = sbp_flow_find(s->first_stop);
+    const int cleanup = sbp_flow_find("cleanup");
+    if (s->dump_pass && s->compile && s->stop_index != cleanup) {
         fprintf(stderr, "%s: error: --dump-ir=%s prints and exits: not with %s%s%s (%s)\n",
-                prog, dump_pass, out ? "-o" : report ? "--report" : "--memory-plot",
+                prog, s->dump_pass, out ? "-o" : report ? "--report" : "--memory-plot",
                 out && (report || plot) ? ", " : "",
                 out && report ? "--report" : out && plot ? "--memory-plot" : "",
-                stop_index > sbp_flow_find("cleanup") || stop_index < 0
+                s->stop_index > cleanup || s->stop_index < 0
                     ? "it stops at the training program's listing"
                     : "it stops before canonicalisation ends, and they need the whole pipeline");
-        return 1;
+        return -1;
     }
-    if (want_params && (dump || compile)) {
+    if (s->want_params && (s->dump || s->compile)) {
         fprintf(stderr, "%s: error: --dump-params prints the parameters and exits: not with %s\n",
-                prog, dump ? "--dump-ir" : out ? "-o" : report ? "--report" : "--memory-plot");
-        return 1;
+                prog, s->dump ? "--dump-ir" : out ? "-o" : report ? "--report" : "--memory-plot");
+        return -1;
     }
+    return 0;
+}
 
+/* What the first stop prints: the parameters, a dump, or the summary (not with -o); and
+ * --lora's line on the adapters. */
+static void print_first_stop(const sbpc_options *s, const sbp_flow *flow)
+{
+    if (s->want_params)
+        dump_params(flow->g);
+    else if (s->dump_pass && strcmp(s->dump_pass, "program") == 0)
+        sbp_train_print(flow->program, stdout);
+    else if (s->dump_pass)
+        sbp_flow_stages[s->stop_index].dump(flow, stdout);
+    else if (s->dump)
+        ir_print(flow->g, stdout);
+    else if (!s->out)
+        summary(flow->g, s->doc_len);
+    if (s->lora.rank > 0 && !s->want_params && !s->dump)
+        lora_summary(flow->g, &s->lora, flow->n_adapted);
+}
+
+/* -o, --report, --memory-plot: the rest of the flow, through the memory plan; the step written
+ * (C, or a .so, for the target: codegen/compile.c); then the reports: --base-precision's line,
+ * the memory report or plot of every strategy, and with --ranks one rank's bytes under mpirun
+ * (sbpc_dist.h). 0, or 1 with diagnostics in diag. */
+static int compile_and_report(const sbpc_options *s, sbp_flow *flow, const sbp_flow_options *fo,
+                              ir_diag *diag)
+{
+    if (sbp_flow_run(flow, fo, diag, NULL) != IR_OK)
+        return 1;
+    if (s->out && sbp_codegen_write_target(flow->program, s->out, s->model, NULL, s->tgt.backend,
+                                           diag) != IR_OK)
+        return 1;
+    if (s->tgt.base_bf16)
+        base_bf16_summary(flow->program);
+    if ((s->report || s->plot) && memory_report(flow->g, flow->chosen, &s->train, flow->program,
+                                                s->report, s->plot, diag) != 0)
+        return 1;
+    if (s->report && s->ranks > 0)
+        sbpc_dist_report(stdout, flow->program, s->ranks, s->zero);
+    return 0;
+}
+
+/* Runs what s asks for: the import alone first, so that outputs that would replace an input
+ * are refused before any work; the flow to its first stop and what that prints; then, for -o,
+ * --report or --memory-plot, the rest. The diagnostics are printed after the first stop and
+ * again after the rest (what code generation added). The exit status. */
+static int run(const sbpc_options *s)
+{
     ir_diag diag;
-    ir_diag_init(&diag, model);
-    int rc = 0;
+    ir_diag_init(&diag, s->model);
     sbp_file_set inputs = {0}; /* what the import read: no output may replace it */
     const ir_import_options iopt = {.files = &inputs};
-    const sbp_flow_options fo = {.pass = opt, .objective = objective, .freeze = freeze,
-                                 .n_freeze = n_freeze, .lora = lora, .train = topt};
-    sbp_flow flow = {.path = model, .import = &iopt};
-    /* first the import alone: outputs that would replace an input are refused before any work */
+    const sbp_flow_options fo = {.pass = s->pass, .objective = s->objective,
+                                 .freeze = s->freeze, .n_freeze = s->n_freeze,
+                                 .lora = s->lora, .train = s->train};
+    sbp_flow flow = {.path = s->model, .import = &iopt};
+    int rc = 0;
     if (sbp_flow_run(&flow, &fo, &diag, "import") != IR_OK ||
-        check_outputs(out, plot, &inputs, &diag) != IR_OK ||
-        sbp_flow_run(&flow, &fo, &diag, first_stop) != IR_OK)
-        rc = 1;
+        check_outputs(s->out, s->plot, &inputs, &diag) != IR_OK ||
+        sbp_flow_run(&flow, &fo, &diag, s->first_stop) != IR_OK)
+        rc = 1; /* the diagnostics say why */
     ir_diag_print(&diag, stderr, prog);
-    int printed = diag.n;
-    ir_graph *g = flow.g;
-    if (rc != 0) {
-        /* the diagnostics say why */
-    } else if (want_params) {
-        dump_params(g);
-    } else if (dump_pass && strcmp(dump_pass, "program") == 0) {
-        sbp_train_print(flow.program, stdout);
-    } else if (dump_pass) {
-        sbp_flow_stages[stop_index].dump(&flow, stdout);
-    } else if (dump) {
-        ir_print(g, stdout);
-    } else if (!out) {
-        summary(g);
-    }
-    if (rc == 0 && lora.rank > 0 && !want_params && !dump)
-        lora_summary(g, &lora, flow.n_adapted);
-    if (rc == 0 && compile && !want_params) {
-        if (sbp_flow_run(&flow, &fo, &diag, NULL) != IR_OK)
-            rc = 1;
-        else if (out && sbp_codegen_write_target(flow.program, out, model, NULL, target, &diag) !=
-                            IR_OK)
-            rc = 1;
-        if (rc == 0 && tgt.base_bf16)
-            base_bf16_summary(flow.program);
-        if (rc == 0 && (report || plot) &&
-            memory_report(g, flow.chosen, &topt, flow.program, report, plot, &diag) != 0)
-            rc = 1;
-        if (rc == 0 && report && ranks > 0) /* one rank's bytes under mpirun */
-            sbpc_dist_report(stdout, flow.program, ranks, zero);
-    }
-    ir_diag_print_from(&diag, printed, stderr, prog); /* what code generation added */
-    ir_graph_free(g);
+    const int printed = diag.n;
+    if (rc == 0)
+        print_first_stop(s, &flow);
+    if (rc == 0 && s->compile && !s->want_params)
+        rc = compile_and_report(s, &flow, &fo, &diag);
+    ir_diag_print_from(&diag, printed, stderr, prog);
+    ir_graph_free(flow.g);
     ir_diag_free(&diag);
     sbp_file_set_free(&inputs);
     return rc;
+}
+
+int main(int argc, char **argv)
+{
+    cli c;
+    sbpc_options s;
+    switch (parse_command_line(&c, argc, argv, &s)) {
+    case PARSE_EXIT:
+        return 0;
+    case PARSE_ERROR:
+        return 1;
+    }
+    if (check_options(&c, &s) != 0 || choose_first_stop(&s) != 0)
+        return 1;
+    return run(&s);
 }
