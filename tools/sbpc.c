@@ -13,7 +13,7 @@
  * Reads the model, runs the canonicalisation pipeline (passes/pipeline.c) and prints the IR, the
  * parameters (--dump-params) or a summary (with each attention layer's variant and work);
  * --dump-ir=objective and =program go past canonicalisation (the graph with its loss, the
- * training program's listing); with -o it also builds the training program (passes/train.h:
+ * training program's listing); with -o it also builds the training program (passes/train/train.h:
  * objective, freeze, autodiff, strategy) and writes it as C (codegen/), compiled into a shared
  * object for .so. --report and --memory-plot build the program for every strategy (from the one
  * canonical graph) and print / draw their memory plans side by side (codegen/report.c).
@@ -235,7 +235,7 @@ static void summary(const ir_graph *g, int64_t doc_len)
     attention_work(g, doc_len);
 }
 
-/* --base-precision bf16: what the program keeps as bf16 only (passes/precision.c) and what
+/* --base-precision bf16: what the program keeps as bf16 only (passes/train/precision.c) and what
  * that saves against the fp32 master weight plus its bf16 copy. */
 static void base_bf16_summary(const sbp_train_program *p)
 {
@@ -310,7 +310,7 @@ static int check_outputs(const char *out, const char *plot, const sbp_file_set *
     return rc;
 }
 
-/* --report / --memory-plot: the program of every strategy, planned (passes/memplan.c), printed
+/* --report / --memory-plot: the program of every strategy, planned (passes/train/plan.c), printed
  * or drawn side by side. `have` is the program already built for topt->strategy; the others are
  * built from the same canonical graph with the same options (no memory budget): building a
  * program does not change the graph (stream's budget search builds many from one), so the model
@@ -373,7 +373,7 @@ static int memory_report(ir_graph *g, sbp_objective chosen, const sbp_train_opti
  * Parsed by target_parse, checked once by target_check. */
 typedef struct sbpc_target {
     const char *backend; /* "cpu" (default) or "cuda": codegen.h's target names */
-    bool bf16;           /* --precision bf16 (passes/train.h, "Precision"); else fp32 */
+    bool bf16;           /* --precision bf16 (passes/train/train.h, "Precision"); else fp32 */
     bool base_bf16;      /* --base-precision bf16: frozen GEMM weights and embedding tables
                           * kept as bf16 only */
 } sbpc_target;
@@ -497,7 +497,7 @@ static int parse_step_option(cli *c, int o, const char *v, sbpc_options *s)
             return cli_error(c, "--freeze needs a regular expression (at most %d)", MAX_FREEZE);
         s->freeze[s->n_freeze++] = v;
         return 0;
-    case OPT_PACKED: /* passes/train.h, "Packed documents" */
+    case OPT_PACKED: /* passes/train/train.h, "Packed documents" */
         s->train.packed = true;
         return 0;
     case OPT_DOC_LEN:
