@@ -20,13 +20,13 @@
  */
 #include "cli.h"
 #include "sbptrain.h"
+#include "train_log.h" /* train_log_now: the monotonic clock */
 #include "train_progress.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 #include <unistd.h>
 
 /* What the printing needs: the program's name (with the rank under mpirun), the ranks, and
@@ -38,13 +38,6 @@ static struct {
     double bar_t0;      /* the ETA is this process's mean step time (train_progress.h) */
     int64_t bar_first;  /* from the step it started at */
 } out = {.prog = "sbp-train", .bar_first = 1};
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void clear_bar(void)
 {
@@ -367,7 +360,7 @@ static void draw_bar(const train_step_stats *st, int64_t total)
     char line[256];
     const int64_t s = st->step;
     const double eta = train_progress_eta(s, total, s - out.bar_first + 1,
-                                          now_seconds() - out.bar_t0);
+                                          train_log_now() - out.bar_t0);
     train_progress_format(line, sizeof line, s, total, st->loss, st->tokens_per_s, eta);
     fprintf(stderr, "\r\033[K%s", line);
     fflush(stderr);
@@ -421,7 +414,7 @@ static int train(train_run *r)
     const bool bar = isatty(STDERR_FILENO);
     print_start(r);
     out.bar_first = train_run_next_step(r);
-    out.bar_t0 = now_seconds();
+    out.bar_t0 = train_log_now();
     train_step_stats st;
     while (!train_run_done(r)) {
         if (train_run_step(r, &st))

@@ -1,20 +1,13 @@
 /* train_refs.c — a dataset's reference log-probs (train_refs.h): the cache, the pass over the
  * examples, and each step's inputs from them. */
 #include "train_refs.h"
+#include "train_log.h" /* train_log_now: the monotonic clock */
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int train_refs_alloc(train_refs *f, const train_dataset *ds, bool grpo, const train_sink *s)
 {
@@ -168,7 +161,7 @@ int train_refs_compute(train_refs *f, const train_config *c, const train_steplib
     int32_t *labels = malloc((size_t)(B * T) * sizeof *labels);
     float *row = malloc((f->grpo ? (size_t)(B * T) : (size_t)B) * sizeof *row);
     int rc = !ids || !labels || !row ? train_err(s, "out of memory") : 0;
-    const double t0 = now_seconds();
+    const double t0 = train_log_now();
     for (int64_t e = 0; e < n && !rc; e += B)
         rc = logps_batch(f, L, m, ds, e, ids, labels, row, s);
     free(ids);
@@ -177,7 +170,7 @@ int train_refs_compute(train_refs *f, const train_config *c, const train_steplib
     if (rc)
         return -1;
     train_say(s, "note", "reference log-probs of %lld examples computed in %.2f s (the model's "
-              "initial weights, before step 1)", (long long)n, now_seconds() - t0);
+              "initial weights, before step 1)", (long long)n, train_log_now() - t0);
     const char *out = c->compute_logps ? c->compute_logps : cache[0] ? cache : NULL;
     if (!out || (d->on && d->rank != 0)) /* rank 0 writes what every rank computed */
         return 0;

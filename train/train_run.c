@@ -36,7 +36,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 struct train_run {
     train_config c;            /* the options (--epochs resolved into steps) */
@@ -62,13 +61,6 @@ struct train_run {
     train_adapter_merge_plan *merge; /* --merge-lora's base weights, planned at open */
     int64_t next;              /* the next step */
 };
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ------------------------------------------------------------------ the files of the run */
 
@@ -571,21 +563,21 @@ int train_run_step(train_run *r, train_step_stats *st)
         return -1;
     if (r->src.row_ex) /* a DPO / GRPO dataset's rows: their reference and advantages */
         train_refs_fill(&r->refs, &r->src, &r->ti);
-    double t0 = now_seconds();
+    double t0 = train_log_now();
     const double denominator = ti_denominator(&r->ti, r->src.labels);
     int64_t pad_pairs = 0; /* DPO pairs of padding on this rank */
     if (run_micro_batches(r, s, denominator, &st->loss, &pad_pairs) ||
         reduce_loss(r, s, denominator, pad_pairs, &st->loss))
         return -1;
-    double t_run = now_seconds() - t0; /* the dump is not the step's time */
+    double t_run = train_log_now() - t0; /* the dump is not the step's time */
     if (dump_first(r, s, st->loss))
         return -1;
     st->lr = train_sched_lr(&r->c.sched, r->c.lr, s, r->c.steps);
-    t0 = now_seconds();
+    t0 = train_log_now();
     if (train_optim_update(&r->optim, &r->lib, &r->mem, r->dist, s, st->lr, &st->grad_norm, r->s))
         return -1;
     train_mem_sample(&r->mem, &r->lib);
-    double dt = t_run + (now_seconds() - t0);
+    double dt = t_run + (train_log_now() - t0);
     /* the global batch's tokens (all ranks'; ti.N = K*G) */
     st->tokens_per_s = dt > 0 ? (double)r->ti.N * (double)r->lib.in->seq_len / dt : 0;
     return 0;
@@ -607,7 +599,7 @@ static int run_eval(train_run *r, int64_t s, double *out)
     const size_t ntok = (size_t)(in->batch * in->seq_len);
     const int h2d = SBPRT_COPY_HOST_TO_DEVICE;
     char err[512], why[400];
-    double sum = 0, t0 = now_seconds();
+    double sum = 0, t0 = train_log_now();
     int64_t scored = 0;
     train_eval_rewind(ev);
     for (int64_t k = 0; k < ev->K; k++) {
@@ -638,7 +630,7 @@ static int run_eval(train_run *r, int64_t s, double *out)
         sum += batch_sum;
         scored += n;
     }
-    double dt = now_seconds() - t0;
+    double dt = train_log_now() - t0;
     if (scored == 0) {
         train_say(r->s, "note", "step %lld: the evaluation batches have no scored token",
                   (long long)s);

@@ -225,7 +225,7 @@ static int open_npy(train_source *src, const sbp_step_info *bin, bool pairs, con
 }
 
 /* A packed step's document ids: --doc-ids read once, or --pack's each step. */
-static int open_doc_ids(train_source *src, const train_sink *s)
+int train_source_open_packed(train_source *src, const train_sink *s)
 {
     const train_config *o = src->c;
     const size_t ntok = (size_t)(src->B * src->T);
@@ -270,12 +270,6 @@ int train_source_open(train_source *src, const train_config *c, const sbp_step_i
         rc = train_err(s, "%s (%s was compiled for a vocabulary of %lld tokens)", err,
                        c->step_path, (long long)in->vocab);
     return rc;
-}
-
-/* The packed step's document ids, after the checks of the rest of the run's inputs. */
-int train_source_open_packed(train_source *src, const train_sink *s)
-{
-    return open_doc_ids(src, s);
 }
 
 void train_source_close(train_source *src)
