@@ -365,6 +365,13 @@ static void emit_info(const sbp_train_program *p, const sbp_codegen_options *o, 
                 "workspace */\n",
                 p->logps->workspace_bytes, p->param_elems * sizeof(float) +
                 p->logps->workspace_bytes);
+    if (p->n_transfers > 0)
+        fprintf(f,
+                "    .offload = \"checkpoints\",\n"
+                "    .host_bytes = %zu, /* the offloaded checkpoints (args->host_workspace) */\n",
+                p->host_bytes);
+    else
+        fputs("    .offload = \"\",\n", f);
     fputs("};\n", f);
     fputs("\nconst sbp_step_info *sbp_step_get_info(void) { return &step_info; }\n", f);
 }
@@ -671,6 +678,7 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
         case TP_BUF_IDS: uses[BP_IDS] = true; break;
         case TP_BUF_LABELS: uses[BP_LABELS] = true; break;
         case TP_BUF_DOCS: uses[BP_ARGS] = true; break; /* args->doc_ids */
+        case TP_BUF_HOST: uses[BP_ARGS] = true; break; /* args->host_workspace */
         default: break;
         }
     }
@@ -700,6 +708,11 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
         case TP_BUF_DOCS:
             fprintf(f, "    const int32_t *const %s = args->doc_ids; /* i32[%zu] document ids */\n",
                     b->name, b->numel);
+            break;
+        case TP_BUF_HOST:
+            fprintf(f, "    unsigned char *const %s = (unsigned char *)args->host_workspace + "
+                       "%zu; /* host copy, %zu bytes */\n",
+                    b->name, b->offset, b->numel * tp_buf_elem_bytes(b));
             break;
         case TP_BUF_GRAD:
             fprintf(f, "    float *const %s = G + %zu; /* ", b->name, b->offset);
@@ -843,6 +856,10 @@ static void emit_run(const sbp_train_program *p, const sbp_codegen_options *o, F
               f);
     if (p->packed)
         fputs("        !args->doc_ids || /* a packed step: the document ids */\n", f);
+    if (p->n_transfers > 0 && !ev)
+        fprintf(f, "        !args->host_workspace || /* the offloaded checkpoints: %zu bytes */\n"
+                "        (uintptr_t)args->host_workspace %% SBPRT_ALIGN != 0 ||\n",
+                p->host_bytes);
     fputs("        !args->labels || !args->workspace || !args->loss ||\n"
           "        (uintptr_t)args->workspace % SBPRT_ALIGN != 0 || args->denominator < 0)\n"
           "        return SBPRT_ERR_INVALID;\n"

@@ -67,7 +67,7 @@
 
 #include "sbprt.h"
 
-#define SBP_STEP_ABI_VERSION 4
+#define SBP_STEP_ABI_VERSION 5
 #define SBP_STEP_MAX_RANK 8
 
 typedef struct sbp_step_param {
@@ -124,6 +124,12 @@ typedef struct sbp_step_info {
     size_t logp_workspace_bytes;       /* sbp_step_logps's planned workspace; 0: the step has
                                         * no sbp_step_logps (SFT / graph loss, or --no-eval) */
     size_t logp_planned_peak_bytes;    /* params + log-probability workspace (no gradients) */
+    /* ABI 5: host offload (sbpc --offload checkpoints). */
+    const char *offload;               /* "" (nothing offloaded) or "checkpoints" */
+    size_t host_bytes;                 /* the host workspace sbp_step_run needs (args->
+                                        * host_workspace); 0: none. The layer checkpoints
+                                        * live there between the forward and the backward;
+                                        * planned_peak_bytes is device memory only */
 } sbp_step_info;
 
 typedef struct sbp_step_args {
@@ -152,6 +158,11 @@ typedef struct sbp_step_args {
                                         * decreasing along a row (cuda: device memory); a token
                                         * attends only to earlier tokens of its own document and
                                         * positions restart at each document. Else not read. */
+    /* ABI 5 */
+    void *host_workspace;              /* [host_bytes] host memory, SBPRT_ALIGN-aligned, from
+                                        * sbprt_host_alloc (page-locked on CUDA, so that the
+                                        * transfers overlap the kernels); required when
+                                        * host_bytes > 0, else not read */
 } sbp_step_args;
 
 /* Floats of the parameter block that parameter p occupies (a tied parameter: none). */

@@ -95,6 +95,25 @@ int sbprt_memcpy(sbprt_ctx *ctx, void *dst, const void *src, size_t bytes, int k
 /* Sets bytes of backend memory to zero (0.0f for floats). */
 int sbprt_memset_zero(sbprt_ctx *ctx, void *dst, size_t bytes);
 
+/* Host memory for what a step keeps off the device (sbpc --offload: the layer checkpoints),
+ * aligned to SBPRT_ALIGN; on the CUDA backend page-locked (cudaMallocHost), so that copies from
+ * and to it run asynchronously at full bus speed.  Contents are unspecified. */
+int sbprt_host_alloc(sbprt_ctx *ctx, void **out, size_t bytes);
+void sbprt_host_free(sbprt_ctx *ctx, void *p); /* NULL is allowed */
+
+/* Asynchronous copies between backend memory and host memory (kind as sbprt_memcpy), for the
+ * transfers a memory plan schedules.  The copy starts after everything queued on ctx before
+ * the call and runs on a stream of its own (CUDA), next to the kernels queued after it;
+ * sbprt_copy_wait(ctx, event) makes the work queued after the wait start only once the copy
+ * that last named `event` is done.  So: the source must not be written, nor the destination
+ * read or written, between the copy and its wait.  event is a small index in [0, 4096) that
+ * the caller chooses (the step numbers its transfers); reusing it names the newer copy.  The
+ * CPU backend copies at once and its wait is a no-op. */
+int sbprt_copy_async(sbprt_ctx *ctx, void *dst, const void *src, size_t bytes, int kind,
+                     int event);
+int sbprt_copy_wait(sbprt_ctx *ctx, int event);
+#define SBPRT_COPY_EVENTS 4096 /* events per context */
+
 /* ---- GEMM --------------------------------------------------------------------------- */
 
 /* c = alpha * op(a) @ op(b) + beta * c, row-major, dense.  op(x) is x or xᵀ.

@@ -4,6 +4,7 @@
  *        [-o train_step.c|train_step.so] [--strategy stream|store|checkpoint] [--target cpu|cuda]
  *        [--precision fp32|bf16] [--base-precision fp32|bf16]
  *        [--chunk N] [--logits-chunk N] [--memory-budget BYTES]
+ *        [--offload checkpoints] [--host-budget BYTES]
  *        [--objective sft|graph-loss|dpo|grpo] [--beta F] [--epsilon F]
  *        [--grpo-norm sequence|token] [--freeze REGEX]... [--report] [--memory-plot FILE.svg]
  *        [--no-eval] [--packed [--doc-len L]]
@@ -72,6 +73,13 @@ static void usage(FILE *f)
             "                     head too) are kept as bf16 alone, 2 bytes an element instead\n"
             "                     of 4 + 2 (no fp32 master, no copy); norms stay fp32; the\n"
             "                     plan counts it\n"
+            "  --offload WHAT     checkpoints (--target cuda --precision bf16; stream or\n"
+            "                     checkpoint): each layer's input lives in page-locked host\n"
+            "                     memory between its forward and its backward, copied out\n"
+            "                     and back on a second stream behind the compute; the plan\n"
+            "                     and --report count device and host bytes apart\n"
+            "  --host-budget B    the host memory the offloaded state may take (suffixes as\n"
+            "                     --memory-budget); more is refused before any work\n"
             "  --strategy S       stream (default: StreamBP, each layer and the LM head run\n"
             "                     chunk by chunk over the sequence in the forward and the\n"
             "                     backward; exact gradients), store (keep every activation) or\n"
@@ -382,7 +390,8 @@ enum { OPT_BATCH = 256, OPT_SEQ_LEN, OPT_NO_RETIE, OPT_DUMP_IR, OPT_DUMP_PARAMS,
        OPT_TARGET, OPT_PRECISION, OPT_CHUNK, OPT_LOGITS_CHUNK, OPT_MEMORY_BUDGET, OPT_OBJECTIVE,
        OPT_BETA, OPT_EPSILON, OPT_GRPO_NORM, OPT_FREEZE, OPT_REPORT, OPT_MEMORY_PLOT,
        OPT_VERSION, OPT_NO_EVAL, OPT_PACKED, OPT_DOC_LEN, OPT_LORA, OPT_LORA_ALPHA,
-       OPT_LORA_TARGETS, OPT_LORA_SEED, OPT_RANKS, OPT_ZERO, OPT_BASE_PRECISION };
+       OPT_LORA_TARGETS, OPT_LORA_SEED, OPT_RANKS, OPT_ZERO, OPT_BASE_PRECISION, OPT_OFFLOAD,
+       OPT_HOST_BUDGET };
 
 /* --target T or --precision P into t; 0, or -1 after a message. */
 static int target_parse(cli *c, int opt, const char *v, sbpc_target *t)
@@ -462,6 +471,29 @@ typedef struct sbpc_options {
 
 enum { NOT_MINE = 1 }; /* an option parser's answer for an option of another kind */
 
+/* --offload WHAT: a comma-separated list of what lives in host memory. The optimizer state
+ * (fp32 masters, AdamW's moments) is named by the interface but not built yet: said so. */
+static int offload_parse(cli *c, const char *v, sbp_train_options *t)
+{
+    const char *p = v;
+    while (*p) {
+        size_t n = strcspn(p, ",");
+        if (n == strlen("checkpoints") && strncmp(p, "checkpoints", n) == 0)
+            t->offload_checkpoints = true;
+        else if (n == strlen("optimizer") && strncmp(p, "optimizer", n) == 0)
+            return cli_error(c, "--offload optimizer: the optimizer state's offload (fp32 "
+                             "masters and AdamW's moments on the host) is not built yet; "
+                             "--offload checkpoints is");
+        else
+            return cli_error(c, "--offload: '%.*s' is not something to offload (checkpoints)",
+                             (int)n, p);
+        p += n + (p[n] == ',');
+    }
+    if (!t->offload_checkpoints)
+        return cli_error(c, "--offload needs what to offload: checkpoints");
+    return 0;
+}
+
 /* A step option: the dims, the strategy and its chunks, the target, what is trained and how
  * the step is packed. 0, -1 after a message, or NOT_MINE. */
 static int parse_step_option(cli *c, int o, const char *v, sbpc_options *s)
@@ -492,6 +524,10 @@ static int parse_step_option(cli *c, int o, const char *v, sbpc_options *s)
         return cli_count(c, "--logits-chunk", v, 1, SBPC_MAX_DIM, &s->train.logits_chunk);
     case OPT_MEMORY_BUDGET:
         return cli_bytes(c, "--memory-budget", v, &s->train.memory_budget);
+    case OPT_HOST_BUDGET:
+        return cli_bytes(c, "--host-budget", v, &s->train.host_budget);
+    case OPT_OFFLOAD:
+        return offload_parse(c, v, &s->train);
     case OPT_FREEZE:
         if (!*v || s->n_freeze == MAX_FREEZE)
             return cli_error(c, "--freeze needs a regular expression (at most %d)", MAX_FREEZE);
@@ -610,6 +646,8 @@ static int parse_command_line(cli *c, int argc, char **argv, sbpc_options *s)
         {"chunk", required_argument, NULL, OPT_CHUNK},
         {"logits-chunk", required_argument, NULL, OPT_LOGITS_CHUNK},
         {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
+        {"offload", required_argument, NULL, OPT_OFFLOAD},
+        {"host-budget", required_argument, NULL, OPT_HOST_BUDGET},
         {"objective", required_argument, NULL, OPT_OBJECTIVE},
         {"beta", required_argument, NULL, OPT_BETA},
         {"epsilon", required_argument, NULL, OPT_EPSILON},
@@ -692,6 +730,16 @@ static int check_options(cli *c, sbpc_options *s)
         return cli_error(c, "--doc-len applies to --packed steps");
     if (target_check(c, &s->tgt, s->objective, s->out))
         return -1;
+    if (t->offload_checkpoints && (strcmp(s->tgt.backend, "cuda") != 0 || !s->tgt.bf16))
+        return cli_error(c, "--offload checkpoints needs --target cuda --precision bf16: a cpu "
+                         "step's memory is host memory already, and the transfers are planned "
+                         "for bf16 checkpoints (an fp32 step would move twice the bytes over "
+                         "the bus behind the same compute)");
+    if (t->offload_checkpoints && t->strategy == SBP_STRATEGY_STORE)
+        return cli_error(c, "--offload checkpoints: --strategy store keeps every activation and "
+                         "has no layer checkpoints (use stream or checkpoint)");
+    if (t->host_budget && !t->offload_checkpoints)
+        return cli_error(c, "--host-budget applies to --offload");
     char derr[256]; /* --ranks / --zero describe --report's per-rank figures */
     if (sbpc_dist_check(s->ranks, s->zero, s->report, derr, sizeof derr))
         return cli_error(c, "%s", derr);

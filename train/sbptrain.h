@@ -147,6 +147,7 @@ typedef struct train_report {
     bool host_visible;        /* a cpu step: memory is the process's */
     size_t planned_bytes;     /* the step's planned peak (parameters, gradients, workspace) */
     size_t opt_state_bytes;   /* AdamW's moments held by this rank (its ZeRO slice) */
+    size_t host_bytes;        /* an offloading step's host workspace (sbpc --offload), or 0 */
     size_t opt_state_full;    /* the same without ZeRO */
     bool dev_known;           /* the device figures below are available */
     size_t dev_used;          /* the most in use seen after the arena, less what was before */

@@ -1,6 +1,8 @@
 /* train_mem.c — the arena and the host views of train_mem.h, and the device memory figures. */
 #include "train_mem.h"
 
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,6 +64,39 @@ static size_t layout(const train_mem *m, const sbp_step_info *in, const train_me
     return at;
 }
 
+/* The memory this machine can still give (MemAvailable of /proc/meminfo), 0 when unknown. */
+static size_t host_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib > SIZE_MAX / 1024 ? SIZE_MAX : (size_t)kib * 1024;
+}
+
+/* An offloading step's host workspace (sbp_step_info.host_bytes), checked against what the
+ * machine has before anything is allocated; the allocation itself is train_mem_alloc's. */
+static int host_check(const train_steplib *L, const train_sink *s)
+{
+    size_t need = L->in->host_bytes, avail = host_available();
+    char b1[32], b2[32];
+    if (need && avail && need > avail)
+        return train_err(s, "%s keeps %zu bytes (%s) of layer checkpoints in host memory "
+                         "(sbpc --offload), but this machine has %zu bytes (%s) available: "
+                         "recompile with a shorter --seq-len, or run where the host has more",
+                         L->path, need, cli_human_bytes(b1, sizeof b1, (double)need), avail,
+                         cli_human_bytes(b2, sizeof b2, (double)avail));
+    if (need && !L->rt.host_alloc)
+        return train_err(s, "%s needs a host workspace of %zu bytes, but its runtime exports no "
+                         "sbprt_host_alloc / sbprt_host_free", L->path, need);
+    return 0;
+}
+
 int train_mem_alloc(train_mem *m, const train_steplib *L, const train_mem_need *need,
                     const train_sink *s)
 {
@@ -76,6 +111,8 @@ int train_mem_alloc(train_mem *m, const train_steplib *L, const train_mem_need *
     m->mbytes = need->adamw ? need->state_elems * sizeof(float) : 0;
     size_t off[11];
     m->bytes = layout(m, in, need, off);
+    if (host_check(L, s))
+        return -1;
     int st = TRAIN_RT(*rt, arena_alloc, arena_ctx, (void **)&m->arena, m->bytes);
     if (st) {
         char b1[32];
@@ -86,6 +123,13 @@ int train_mem_alloc(train_mem *m, const train_steplib *L, const train_mem_need *
             fit_advice(in, m->bytes, m->dev_total - m->dev_before, need->adamw, s);
         m->arena = NULL;
         return -1;
+    }
+    if (in->host_bytes &&
+        (st = TRAIN_RT(*rt, host_alloc, arena_ctx, &m->host_ws, in->host_bytes))) {
+        m->host_ws = NULL;
+        return train_err(s, "cannot allocate the %zu bytes of host memory the offloaded "
+                         "checkpoints take: %s%s", in->host_bytes, rt->status_string(st),
+                         train_steplib_why(L, *rt->arena_ctx, why, sizeof why));
     }
     train_mem_sample(m, L);
     char *a = m->arena;
@@ -148,6 +192,8 @@ void train_mem_free(train_mem *m, const train_steplib *L)
         free(m->host_params);
         free(m->host_grads);
     }
+    if (m->host_ws)
+        L->rt.host_free(*L->rt.arena_ctx, m->host_ws);
     if (m->arena)
         L->rt.arena_free(*L->rt.arena_ctx, m->arena);
     memset(m, 0, sizeof *m);

@@ -34,6 +34,7 @@ typedef struct train_mem {
     float *d_ref, *d_old, *d_adv;
     int32_t *d_doc_ids;       /* [B*T], or NULL: not a packed step */
     float *host_params, *host_grads; /* [param_elems], [grad_elems] host views of the blocks */
+    void *host_ws;            /* [host_bytes] an offloading step's host workspace, or NULL */
     bool own_host;            /* malloc'd (not the arena itself) */
     /* device memory: in use before the arena, the device's total, the most in use seen after */
     bool dev_mem;

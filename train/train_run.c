@@ -493,7 +493,7 @@ static int run_micro_batches(train_run *r, int64_t s, double denominator, double
         sbp_step_args args = {
             .params = m->d_params, .grads = m->d_grads, .accumulate = micro > 0,
             .input_ids = m->d_ids, .labels = m->d_labels, .denominator = denominator,
-            .workspace = m->workspace, .loss = &micro_loss,
+            .workspace = m->workspace, .host_workspace = m->host_ws, .loss = &micro_loss,
             .ref_logps = ti->mb_ref ? m->d_ref : NULL, .old_logps = ti->mb_old ? m->d_old : NULL,
             .advantages = ti->mb_adv ? m->d_adv : NULL,
             .doc_ids = m->d_doc_ids, /* NULL unless the step is packed */
@@ -767,6 +767,7 @@ int train_run_finish(train_run *r, train_report *rep)
     rep->host_visible = r->lib.host_visible;
     rep->planned_bytes = in->planned_peak_bytes;
     rep->opt_state_bytes = o->adamw ? 2 * m->mbytes : 0;
+    rep->host_bytes = in->host_bytes;
     rep->opt_state_full = o->adamw ? 2 * m->gbytes : 0;
     rep->dev_known = m->dev_mem && m->dev_peak >= m->dev_before;
     rep->dev_used = rep->dev_known ? m->dev_peak - m->dev_before : 0;

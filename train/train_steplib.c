@@ -61,6 +61,15 @@ static int runtime_load(train_rt *rt, void *lib, const char *step_path, const ch
         rt->arena_free = sbprt_arena_free;
         rt->arena_ctx = &rt->own_ctx;
     }
+    void *halloc = rt->arena_ctx == &rt->step_ctx ? dlsym(lib, "sbprt_host_alloc") : NULL;
+    void *hfree = rt->arena_ctx == &rt->step_ctx ? dlsym(lib, "sbprt_host_free") : NULL;
+    if (halloc && hfree) {
+        *(void **)(&rt->host_alloc) = halloc;
+        *(void **)(&rt->host_free) = hfree;
+    } else if (rt->arena_ctx == &rt->own_ctx) {
+        rt->host_alloc = sbprt_host_alloc;
+        rt->host_free = sbprt_host_free;
+    }
     void *last = rt->ctx_from_step ? dlsym(lib, "sbprt_ctx_last_error") : NULL;
     void *mem = rt->ctx_from_step ? dlsym(lib, "sbprt_device_memory") : NULL;
     if (last)

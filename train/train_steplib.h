@@ -35,6 +35,10 @@ typedef struct train_rt {
     int (*sync)(sbprt_ctx *);
     int (*arena_alloc)(sbprt_ctx *, void **, size_t);
     void (*arena_free)(sbprt_ctx *, void *);
+    /* the host workspace of an offloading step (page-locked: the step's runtime's pair when it
+     * exports it, else ours), with arena_ctx's context */
+    int (*host_alloc)(sbprt_ctx *, void **, size_t);
+    void (*host_free)(sbprt_ctx *, void *);
     int (*copy)(sbprt_ctx *, void *, const void *, size_t, int);
     int (*sgd_update)(sbprt_ctx *, float *, const float *, size_t, double, double);
     int (*adamw_update)(sbprt_ctx *, float *, float *, float *, const float *, size_t, double,

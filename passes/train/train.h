@@ -200,6 +200,8 @@ typedef enum {
     TP_BUF_IDS,    /* the step's input_ids [B*T] */
     TP_BUF_LABELS, /* the step's labels [B*T] */
     TP_BUF_DOCS,   /* packed steps: the step's document ids [B*T] (args->doc_ids) */
+    TP_BUF_HOST,   /* --offload: a byte offset `offset` in the step's host workspace
+                    * (args->host_workspace), holding a workspace buffer's copy */
 } tp_buf_kind;
 
 /* Where a workspace buffer lives. */
@@ -318,6 +320,20 @@ typedef struct tp_segment {
     tp_seg_kind kind;
 } tp_segment;
 
+/* A workspace buffer kept in host memory while it is not needed (offload.c): copied out after
+ * its last write before a long gap (the forward of a layer's input checkpoint), waited for
+ * after its last use before the gap, copied back one block ahead of its next read and waited
+ * for just before it. Positions are (block, instruction) after the transfers were inserted. */
+#define TP_COPY_EVENTS 4096 /* transfer events a step may name (runtime/sbprt.h:
+                             * SBPRT_COPY_EVENTS) */
+typedef struct tp_transfer {
+    int buf, host;           /* the workspace buffer and its TP_BUF_HOST copy */
+    size_t bytes;            /* as stored */
+    int out_block, out_inst, out_wait_block, out_wait_inst;
+    int in_block, in_inst, in_wait_block, in_wait_inst;
+    int out_event, in_event; /* sbprt_copy_async's event numbers */
+} tp_transfer;
+
 typedef struct sbp_train_program {
     ir_graph *g;
     sbp_strategy strategy;
@@ -372,6 +388,11 @@ typedef struct sbp_train_program {
                               * ([shadow_elems] bf16, element offsets as the parameter block's),
                               * after every planned buffer */
 
+    /* Offload (sbp_train_options.offload_checkpoints; offload.c) */
+    size_t host_bytes;       /* the host workspace the transfers' host copies live in */
+    tp_transfer *transfers;  /* [n_transfers] each offloaded buffer's way out and back */
+    int n_transfers;
+
     /* Evaluation (see "Evaluation" above) */
     bool forward_only;       /* this is an evaluation program: no gradient anywhere */
     struct sbp_train_program *eval; /* the training program's evaluation program, or NULL */
@@ -405,6 +426,9 @@ typedef struct sbp_train_options {
     bool logp_only;          /* with forward_only, DPO / GRPO: build the log-probability
                               * program itself */
     bool packed;             /* packed documents: see "Packed documents" above */
+    bool offload_checkpoints; /* each layer's input checkpoint lives in host memory between
+                              * its forward and its backward (offload.c; CUDA, bf16) */
+    size_t host_budget;      /* bytes, 0 = none: the host workspace must fit */
     bool eval;               /* sbp_train_build: also build the evaluation program (p->eval:
                               * SFT, graph loss) or the log-probability program (p->logps: DPO,
                               * GRPO) */
@@ -416,6 +440,13 @@ typedef struct sbp_train_options {
  * (bf16, or fp32 for a gradient in the gradient block), 'x' typeless bytes (memset, copy: as the
  * buffer is stored). NULL: the kernel has no bf16 form (the preference objectives' kernels). */
 const char *tp_kernel_bf16_types(tp_kernel k);
+
+/* ---------------------------------------------------------------- offload.c */
+
+/* requires: the strategy's program (stream or checkpoint; store is refused), after the
+ * precision pass; not yet planned. produces: the layer checkpoints' transfers to host memory
+ * and back (tp_transfer, TP_BUF_HOST buffers, p->host_bytes): see offload.c. */
+int sbp_train_offload(sbp_train_program *p, ir_diag *d);
 
 /* Bytes of one element of b as stored: 4, or 2 for a bf16 workspace buffer. */
 size_t tp_buf_elem_bytes(const tp_buf *b);

@@ -132,6 +132,15 @@ static sbp_train_program *build_once(ir_graph *g, sbp_objective objective,
     p->shadow_elems = p->param_elems; /* the bf16 copy's range, unless base_bf16 narrows it */
     if (p->bf16 && opt->base_bf16 && sbp_train_place_base_bf16(p, g->diag) != IR_OK)
         return NULL;
+    /* offload: part of the strategy's program (its transfers show in the stream dump) */
+    if (opt && opt->offload_checkpoints && !p->forward_only &&
+        sbp_train_offload(p, g->diag) != IR_OK)
+        return NULL;
+    if (opt && opt->host_budget && p->host_bytes > opt->host_budget) {
+        ir_diag_error(g->diag, "--host-budget %zu bytes cannot hold the offloaded checkpoints: "
+                      "they need %zu bytes of host memory", opt->host_budget, p->host_bytes);
+        return NULL;
+    }
     if (stop < SBP_TRAIN_UNTIL_PLAN)
         return p;
     /* plan */

@@ -4,7 +4,7 @@
  * Layers, bottom up (a file calls only into its own layer's files below it or into lower
  * layers; scripts/check-passes-layers.py checks the objects' call graph has no circle):
  *   toolkit    train_tx.c (containers, buffers, emission, operands, layout planners),
- *              train_verify.c, precision.c, plan.c, sequence.c
+ *              train_verify.c, precision.c, plan.c, sequence.c, offload.c
  *   rules      objective_pref.c (DPO / GRPO at the LM head), grad_rules.c (the gradient rules)
  *   lowering   autodiff.c (the autodiff analysis, per-node lowering, store / checkpoint)
  *   strategy   stream.c (StreamBP's chunk loops)

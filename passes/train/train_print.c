@@ -60,6 +60,24 @@ static void print_segments(const sbp_train_program *p, FILE *f, bool newline)
         print_stream(p, f);
 }
 
+/* --offload: the host copies and each transfer's way out and back (offload.c). */
+static void print_offload(const sbp_train_program *p, FILE *f)
+{
+    if (p->n_transfers == 0)
+        return;
+    fprintf(f, "\noffload: %d buffer%s in host memory between forward and backward, %zu bytes "
+               "of host workspace; copies on the copy stream, waits on the compute stream\n",
+            p->n_transfers, p->n_transfers == 1 ? "" : "s", p->host_bytes);
+    for (int i = 0; i < p->n_transfers; i++) {
+        const tp_transfer *t = &p->transfers[i];
+        fprintf(f, "  %-48s %9zu B  host @%zu: out in %s (event %d, waited in %s), back in %s "
+                   "(event %d, waited in %s)\n",
+                p->bufs[t->buf]->name, t->bytes, p->bufs[t->host]->offset,
+                p->blocks[t->out_block]->name, t->out_event, p->blocks[t->out_wait_block]->name,
+                p->blocks[t->in_block]->name, t->in_event, p->blocks[t->in_wait_block]->name);
+    }
+}
+
 void sbp_train_print(const sbp_train_program *p, FILE *f)
 {
     fprintf(f, "training program: strategy %s, objective %s, B=%lld T=%lld V=%lld\n",
@@ -79,6 +97,7 @@ void sbp_train_print(const sbp_train_program *p, FILE *f)
     print_segments(p, f, false);
     fprintf(f, "\nworkspace: %zu bytes (liveness-planned, passes/train/plan.c)\n",
             p->workspace_bytes);
+    print_offload(p, f);
     for (int i = 0; i < p->n_bufs; i++) {
         const tp_buf *b = p->bufs[i];
         if (b->kind != TP_BUF_WS)
@@ -214,6 +233,7 @@ static void print_accumulators(const sbp_train_program *p, const tp_block *blk, 
 void sbp_train_print_schedule(const sbp_train_program *p, const char *stage, FILE *f)
 {
     print_header(p, f, stage);
+    print_offload(p, f);
     bool *seen = calloc((size_t)p->n_bufs + 1, sizeof *seen);
     if (!seen) {
         fputs("(out of memory)\n", f);
@@ -240,6 +260,12 @@ void sbp_train_print_schedule(const sbp_train_program *p, const char *stage, FIL
                 print_operand(p, in, j, f);
             if (in->node)
                 fprintf(f, "   # %s %s", in->what ? in->what : "", in->node->name);
+            else if (in->k == TP_K_OFFLOAD_OUT || in->k == TP_K_OFFLOAD_IN)
+                fprintf(f, "   # %s: %lld bytes on the copy stream, then event %lld", in->what,
+                        (long long)in->arg[0].i, (long long)in->arg[1].i);
+            else if (in->k == TP_K_OFFLOAD_WAIT)
+                fprintf(f, "   # %s: the compute stream waits for event %lld", in->what,
+                        (long long)in->arg[0].i);
             else if (in->what)
                 fprintf(f, "   # %s", in->what);
             fputc('\n', f);

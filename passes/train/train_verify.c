@@ -222,6 +222,9 @@ static const char *const arg_types[TP_K_COUNT] = {
     [TP_K_GRPO_LOSS] = "iiiff",
     [TP_K_GRPO_WEIGHTS] = "",
     [TP_K_DPO_COEF] = "",
+    [TP_K_OFFLOAD_OUT] = "zi",
+    [TP_K_OFFLOAD_IN] = "zi",
+    [TP_K_OFFLOAD_WAIT] = "i",
 };
 
 /* The runtime function a kernel calls ("sbprt_copy_cols"), from its CALL template. */

@@ -123,3 +123,30 @@ int sbprt_memset_zero(sbprt_ctx *ctx, void *dst, size_t bytes)
     memset(dst, 0, bytes);
     return SBPRT_OK;
 }
+
+int sbprt_host_alloc(sbprt_ctx *ctx, void **out, size_t bytes)
+{
+    CPU_CHECK(ctx && out);
+    *out = cpu_aligned_alloc(bytes);
+    return *out ? SBPRT_OK : SBPRT_ERR_NOMEM;
+}
+
+void sbprt_host_free(sbprt_ctx *ctx, void *p)
+{
+    (void)ctx;
+    free(p);
+}
+
+/* Host and backend memory are one here: the copy is done when the call returns. */
+int sbprt_copy_async(sbprt_ctx *ctx, void *dst, const void *src, size_t bytes, int kind,
+                     int event)
+{
+    CPU_CHECK(event >= 0 && event < SBPRT_COPY_EVENTS);
+    return sbprt_memcpy(ctx, dst, src, bytes, kind);
+}
+
+int sbprt_copy_wait(sbprt_ctx *ctx, int event)
+{
+    CPU_CHECK(ctx && event >= 0 && event < SBPRT_COPY_EVENTS);
+    return SBPRT_OK;
+}

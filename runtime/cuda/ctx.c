@@ -93,6 +93,16 @@ static void cu_release(sbprt_ctx *ctx)
         (void)cublasDestroy(ctx->blas);
     if (ctx->stream)
         (void)cudaStreamDestroy(ctx->stream);
+    if (ctx->copy) {
+        (void)cudaStreamSynchronize(ctx->copy);
+        (void)cudaStreamDestroy(ctx->copy);
+    }
+    if (ctx->queued)
+        (void)cudaEventDestroy(ctx->queued);
+    for (int i = 0; ctx->events && i < SBPRT_COPY_EVENTS; i++)
+        if (ctx->events[i])
+            (void)cudaEventDestroy(ctx->events[i]);
+    free(ctx->events);
     (void)cudaFree(ctx->scratch);
     (void)cudaFree(ctx->dev_flag);
     if (ctx->host_flag)
@@ -163,6 +173,8 @@ int sbprt_ctx_nthreads(const sbprt_ctx *ctx) { return ctx ? ctx->nthreads : 0; }
 int sbprt_sync(sbprt_ctx *ctx)
 {
     CU_CHECK(ctx);
+    if (ctx->copy) /* a transfer nobody waited for is done too */
+        CU_TRY(ctx, cudaStreamSynchronize(ctx->copy));
     CU_TRY(ctx, cudaMemcpyAsync(ctx->host_flag, ctx->dev_flag, sizeof(int),
                                 cudaMemcpyDeviceToHost, ctx->stream));
     CU_TRY(ctx, cudaStreamSynchronize(ctx->stream));
@@ -266,5 +278,74 @@ int sbprt_device_memory(sbprt_ctx *ctx, size_t *used, size_t *total)
         *used = total_b - free_b;
     if (total)
         *total = total_b;
+    return SBPRT_OK;
+}
+
+/* ---- transfers (sbpc --offload) -------------------------------------------------------- */
+
+int sbprt_host_alloc(sbprt_ctx *ctx, void **out, size_t bytes)
+{
+    CU_CHECK(ctx && out);
+    *out = NULL;
+    cudaError_t e = cudaMallocHost(out, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *out = NULL;
+        (void)cudaGetLastError();
+        return cu_error(ctx, SBPRT_ERR_NOMEM, "cudaMallocHost of %zu bytes (page-locked host "
+                        "memory) failed: %s", bytes, cudaGetErrorString(e));
+    }
+    return SBPRT_OK;
+}
+
+void sbprt_host_free(sbprt_ctx *ctx, void *p)
+{
+    if (!p)
+        return;
+    cudaError_t e = cudaFreeHost(p);
+    if (e != cudaSuccess)
+        cu_fail(ctx, e, "cudaFreeHost(p)", __FILE__, __LINE__);
+}
+
+/* The copy stream is non-blocking: it must not wait for the legacy default stream, which would
+ * serialise the transfers with the kernels they are meant to overlap. */
+static int cu_copy_event(sbprt_ctx *ctx, int event)
+{
+    if (!ctx->copy) {
+        CU_TRY(ctx, cudaStreamCreateWithFlags(&ctx->copy, cudaStreamNonBlocking));
+        CU_TRY(ctx, cudaEventCreateWithFlags(&ctx->queued, cudaEventDisableTiming));
+    }
+    if (!ctx->events && !(ctx->events = calloc(SBPRT_COPY_EVENTS, sizeof *ctx->events)))
+        return cu_error(ctx, SBPRT_ERR_NOMEM, "out of host memory for the transfer events");
+    if (!ctx->events[event])
+        CU_TRY(ctx, cudaEventCreateWithFlags(&ctx->events[event], cudaEventDisableTiming));
+    return SBPRT_OK;
+}
+
+int sbprt_copy_async(sbprt_ctx *ctx, void *dst, const void *src, size_t bytes, int kind,
+                     int event)
+{
+    CU_CHECK(ctx && event >= 0 && event < SBPRT_COPY_EVENTS);
+    CU_CHECK(kind == SBPRT_COPY_HOST_TO_DEVICE || kind == SBPRT_COPY_DEVICE_TO_HOST ||
+             kind == SBPRT_COPY_DEVICE_TO_DEVICE);
+    CU_CHECK(bytes == 0 || (dst && src));
+    CU_STATUS(cu_copy_event(ctx, event));
+    enum cudaMemcpyKind k = kind == SBPRT_COPY_HOST_TO_DEVICE   ? cudaMemcpyHostToDevice
+                            : kind == SBPRT_COPY_DEVICE_TO_HOST ? cudaMemcpyDeviceToHost
+                                                                : cudaMemcpyDeviceToDevice;
+    CU_TRY(ctx, cudaEventRecord(ctx->queued, ctx->stream));
+    CU_TRY(ctx, cudaStreamWaitEvent(ctx->copy, ctx->queued, 0));
+    if (bytes)
+        CU_TRY(ctx, cudaMemcpyAsync(dst, src, bytes, k, ctx->copy));
+    CU_TRY(ctx, cudaEventRecord(ctx->events[event], ctx->copy));
+    return SBPRT_OK;
+}
+
+int sbprt_copy_wait(sbprt_ctx *ctx, int event)
+{
+    CU_CHECK(ctx && event >= 0 && event < SBPRT_COPY_EVENTS);
+    if (!ctx->events || !ctx->events[event])
+        return cu_error(ctx, SBPRT_ERR_INVALID, "sbprt_copy_wait: no transfer named event %d",
+                        event);
+    CU_TRY(ctx, cudaStreamWaitEvent(ctx->stream, ctx->events[event], 0));
     return SBPRT_OK;
 }

@@ -54,6 +54,11 @@ struct sbprt_ctx {
     int *host_flag;       /* [1] pinned host memory that sbprt_sync copies dev_flag into */
     void *scratch;        /* device scratch, scratch_bytes long, or NULL */
     size_t scratch_bytes; /* capacity of scratch */
+    cudaStream_t copy;    /* the transfers of sbprt_copy_async (created on first use) */
+    cudaEvent_t queued;   /* recorded on stream before each transfer, which the copy stream
+                           * waits for: a transfer starts after what was queued before it */
+    cudaEvent_t *events;  /* [SBPRT_COPY_EVENTS] each transfer's completion, created on first use
+                           * (NULL until a transfer names it) */
     char msg[320];        /* diagnostic of the last failure on this context, "" if none */
 };
 

@@ -199,6 +199,27 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
                    SBPC_ARGS --strategy stream --chunk 7 --logits-chunk 13 --precision bf16)
     endif()
   endif()
+  # --offload checkpoints: the same computation as the plain step (losses, gradients and trained
+  # weights identical over 10 AdamW steps), with the device memory falling by the planned bytes
+  # (emu_offload.cmake), on 4-layer exports (tests/fixtures/hf/gen_deep.py: with two layers the
+  # backward holds both checkpoints at once and nothing is saved)
+  function(gpu_emu_offload model fam strategy)
+    add_test(NAME gpu.step_emu_offload_${fam}_${strategy}
+             COMMAND ${CMAKE_COMMAND} -DSBPC=$<TARGET_FILE:sbpc> -DTRAIN=$<TARGET_FILE:sbp-train>
+                     -DINFO=$<TARGET_FILE:sbp_step_info> -DCC=${CMAKE_C_COMPILER}
+                     -DEMU_LIB=$<TARGET_FILE:sbprt_cuda_emu>
+                     "-DINCLUDES=${SBP_ROOT}/codegen;${SBP_ROOT}/runtime" "-DCFLAGS=${_emu_cflags}"
+                     -DMODEL=${_fx}/hf/${model}.onnx -DIDS=${_fx}/hf/ref/${fam}_input_ids.npy
+                     -DLABELS=${_fx}/hf/ref/${fam}_labels.npy -DSTRATEGY=${strategy}
+                     -DOUT=${_gen}/offload_${fam}_${strategy} ${ARGN}
+                     -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_offload.cmake")
+    set_tests_properties(gpu.step_emu_offload_${fam}_${strategy} PROPERTIES LABELS "gpu;offload"
+                         TIMEOUT ${SBP_EMU_STEP_TIMEOUT})
+  endfunction()
+  foreach(_fam llama qwen3 gpt2)
+    gpu_emu_offload(${_fam}_4l_dynamo ${_fam} stream -DCHUNK=11 -DLOGITS_CHUNK=13)
+    gpu_emu_offload(${_fam}_4l_dynamo ${_fam} checkpoint)
+  endforeach()
   # --base-precision bf16 trains exactly as the fp32 master weights' bf16 copy does
   # (losses, gradients, adapters, saved model identical), with the smaller plan it states
   # (Llama: its untied embedding kept as bf16 too; GPT-2: the tied wte and wpe, 2 tables)

@@ -383,7 +383,8 @@ cudaError_t cudaFree(void *p)
 
 cudaError_t cudaMallocHost(void **p, size_t bytes)
 {
-    *p = malloc(bytes ? bytes : 1);
+    /* page-aligned, as cudaMallocHost's allocations are */
+    *p = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096 + (bytes == 0) * 4096);
     return *p ? cudaSuccess : (g_last = cudaErrorMemoryAllocation);
 }
 
@@ -408,11 +409,100 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpy
     return cudaSuccess;
 }
 
+/* ---- the deferred copy stream (cuda_emu.h) -------------------------------------------- */
+
+struct emu_copy {
+    void *dst;
+    const void *src;
+    size_t bytes;
+};
+
+struct emu_stream {
+    std::vector<emu_copy> queue; /* copies not run yet */
+    size_t done = 0;             /* copies run so far (the queue's first is number `done`) */
+};
+
+struct emu_event {
+    emu_stream *stream = NULL; /* a deferred stream, or NULL: complete when recorded */
+    size_t upto = 0;           /* the copies of stream numbered below this */
+};
+
+static std::vector<emu_stream *> g_deferred;
+
+/* Runs stream's copies numbered below upto. */
+static void emu_flush(emu_stream *s, size_t upto)
+{
+    size_t n = 0;
+    while (n < s->queue.size() && s->done + n < upto) {
+        const emu_copy &c = s->queue[n];
+        if (c.bytes)
+            memmove(c.dst, c.src, c.bytes);
+        n++;
+    }
+    s->queue.erase(s->queue.begin(), s->queue.begin() + (long)n);
+    s->done += n;
+}
+
+static bool emu_is_deferred(cudaStream_t s)
+{
+    for (emu_stream *d : g_deferred)
+        if (d == s)
+            return true;
+    return false;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags)
+{
+    if (!(flags & cudaStreamNonBlocking))
+        return cudaStreamCreate(stream);
+    emu_stream *s = new emu_stream;
+    g_deferred.push_back(s);
+    *stream = s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags)
+{
+    (void)flags;
+    *event = new emu_event;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event)
+{
+    delete event;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
+{
+    if (!event)
+        return g_last = cudaErrorInvalidValue;
+    bool d = emu_is_deferred(stream);
+    event->stream = d ? stream : NULL;
+    event->upto = d ? stream->done + stream->queue.size() : 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags)
+{
+    (void)stream;
+    (void)flags;
+    if (!event)
+        return g_last = cudaErrorInvalidValue;
+    if (event->stream)
+        emu_flush(event->stream, event->upto);
+    return cudaSuccess;
+}
+
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
                             cudaStream_t stream)
 {
-    (void)stream;
-    return cudaMemcpy(dst, src, bytes, kind);
+    if (!emu_is_deferred(stream))
+        return cudaMemcpy(dst, src, bytes, kind);
+    stream->queue.push_back(emu_copy{dst, src, bytes});
+    fill_nan(dst, bytes);
+    return cudaSuccess;
 }
 
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t stream)
@@ -432,17 +522,29 @@ cudaError_t cudaStreamCreate(cudaStream_t *stream)
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
-    (void)stream;
+    for (size_t i = 0; i < g_deferred.size(); i++)
+        if (g_deferred[i] == stream) {
+            emu_flush(stream, SIZE_MAX);
+            g_deferred.erase(g_deferred.begin() + (long)i);
+            delete stream;
+            break;
+        }
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
-    (void)stream;
+    if (emu_is_deferred(stream))
+        emu_flush(stream, SIZE_MAX);
     return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void)
+{
+    for (emu_stream *d : g_deferred)
+        emu_flush(d, SIZE_MAX);
+    return cudaSuccess;
+}
 
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value)
 {

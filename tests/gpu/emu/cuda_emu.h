@@ -88,6 +88,20 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
                             cudaStream_t stream);
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t stream);
 cudaError_t cudaStreamCreate(cudaStream_t *stream);
+/* A stream created non-blocking (the CUDA backend's copy stream) is the one concurrent thing
+ * the emulator models: its copies are deferred until an event recorded after them is waited
+ * for, or the stream or the device is synchronised, and the destination of a deferred copy
+ * is filled with NaN meanwhile.  So a kernel that reads a transfer's destination before the
+ * step waits for it reads NaN, and one that overwrites a transfer's source before the wait
+ * changes what arrives: both show up in the results, as a race on a real device would. */
+#define cudaStreamNonBlocking 0x01
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags);
+typedef struct emu_event *cudaEvent_t;
+#define cudaEventDisableTiming 0x02
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaDeviceSynchronize(void);
