@@ -2,7 +2,11 @@
  * cuda_emu.cpp — the CPU emulator behind cuda_emu.h (see there for what it does and does not
  * model).
  *
- * Blocks run one after another.  Inside a block every thread is a ucontext coroutine; the
+ * Blocks run one after another.  Inside a block every thread is a coroutine on its own stack,
+ * started with makecontext and switched with _setjmp / _longjmp, which keep the signal mask
+ * (swapcontext saves and restores it with a system call at every switch, which made most of
+ * the emulator's time); under AddressSanitizer, which follows stack switches only through
+ * swapcontext, every switch is a swapcontext.  The
  * scheduler resumes each runnable thread in thread order until it finishes or reaches a
  * barrier, then releases the barriers that are complete: a warp barrier when every lane of the
  * warp waits at one, the block barrier when every thread of the block waits at it.  A round in
@@ -13,6 +17,7 @@
 #include "cuda_emu.h"
 
 #include <math.h>
+#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +35,21 @@ const size_t kStaticSmemLimit = 48 * 1024;
 
 enum State { READY, WAIT_BLOCK, WAIT_WARP, DONE };
 
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_FAST_SWITCH 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMU_FAST_SWITCH 0
+#endif
+#endif
+#ifndef EMU_FAST_SWITCH
+#define EMU_FAST_SWITCH 1
+#endif
+
 struct Thread {
     ucontext_t uc;
+    jmp_buf jb;   /* EMU_FAST_SWITCH: where the thread yielded */
+    bool started; /* EMU_FAST_SWITCH: it runs on its stack (uc was entered once) */
     State st;
     emu_thread_ids ids;
     int linear; /* x + y*bx + z*bx*by */
@@ -40,6 +58,7 @@ struct Thread {
 struct Block {
     std::vector<Thread> th;
     ucontext_t sched;
+    jmp_buf sched_jb; /* EMU_FAST_SWITCH: the scheduler in resume() */
     std::vector<unsigned char> dyn;                                /* dynamic shared */
     std::map<const void *, std::vector<unsigned char>> stat;       /* static shared */
     size_t stat_bytes;
@@ -80,21 +99,36 @@ void trampoline()
 {
     (*g_block->body)();
     g_cur->st = DONE;
+#if EMU_FAST_SWITCH
+    _longjmp(g_block->sched_jb, 1); /* its stack is never entered again */
+#endif
     /* returning resumes uc_link, the scheduler */
 }
 
 void yield_as(State s)
 {
     g_cur->st = s;
+#if EMU_FAST_SWITCH
+    if (_setjmp(g_cur->jb) == 0)
+        _longjmp(g_block->sched_jb, 1);
+#else
     swapcontext(&g_cur->uc, &g_block->sched);
+#endif
 }
 
-/* Out of line: swapcontext returns twice, which would make the compiler treat run_block's
- * locals as clobbered. */
+/* Out of line: swapcontext and _setjmp return twice, which would make the compiler treat
+ * run_block's locals as clobbered. */
 __attribute__((noinline)) void resume(Block &b, Thread &t)
 {
     g_cur = &t;
     emu_ids = &t.ids;
+#if EMU_FAST_SWITCH
+    if (_setjmp(b.sched_jb) != 0)
+        return; /* the thread yielded or finished */
+    if (t.started)
+        _longjmp(t.jb, 1);
+    t.started = true;
+#endif
     if (swapcontext(&b.sched, &t.uc) != 0)
         fatal("swapcontext failed");
 }
@@ -108,6 +142,7 @@ __attribute__((noinline)) void start(Block &b, Thread &t, char *stack)
     t.uc.uc_link = &b.sched;
     makecontext(&t.uc, trampoline, 0);
     t.st = READY;
+    t.started = false;
 }
 
 void run_block(Block &b, int nthreads)
