@@ -94,6 +94,8 @@ static void usage(FILE *f)
             "                          eps 1e-8) or sgd (no momentum)\n"
             "  --weight-decay F        decoupled weight decay for adamw, L2 for sgd (default 0)\n"
             "  --threads N             CPU threads (default: OMP_NUM_THREADS or all cores)\n"
+            "  --host-budget B         host memory a step compiled with sbpc --offload may keep\n"
+            "                          its checkpoints in (default: what the machine has free)\n"
             "  --dump-grads FILE       write the first step's gradients as safetensors (float32,\n"
             "                          keyed by initializer name; the loss in __metadata__)\n"
             "  --save OUT.onnx         write the trained weights into a copy of the model\n"
@@ -151,7 +153,7 @@ enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT
        /* safetensors export */
        OPT_SAVE_SAFETENSORS,
        OPT_ZERO, OPT_DATASET, OPT_EPOCHS, OPT_SHUFFLE_SEED, OPT_EVAL_DATASET,
-       OPT_SAVE_PRETRAINED, OPT_TOKENIZER, OPT_COMPUTE_LOGPS, OPT_REF_CACHE };
+       OPT_SAVE_PRETRAINED, OPT_TOKENIZER, OPT_COMPUTE_LOGPS, OPT_REF_CACHE, OPT_HOST_BUDGET };
 
 /* schedule, clipping, log (consecutive, in train_sched_parse's order) */
 enum { OPT_LR_SCHEDULE = 1200, OPT_WARMUP_STEPS, OPT_MIN_LR, OPT_CLIP_GRAD_NORM, OPT_LOG };
@@ -181,6 +183,7 @@ static int parse_args(int argc, char **argv, train_config *o)
         {"grad-accum", required_argument, NULL, OPT_GRAD_ACCUM},
         {"steps", required_argument, NULL, OPT_STEPS},
         {"threads", required_argument, NULL, OPT_THREADS},
+        {"host-budget", required_argument, NULL, OPT_HOST_BUDGET},
         {"lr", required_argument, NULL, OPT_LR},
         {"weight-decay", required_argument, NULL, OPT_WEIGHT_DECAY},
         {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
@@ -283,6 +286,7 @@ static int parse_args(int argc, char **argv, train_config *o)
         case OPT_THREADS:
             bad = cli_count(&c, "--threads", v, 1, 4096, &o->threads);
             break;
+        case OPT_HOST_BUDGET: bad = cli_bytes(&c, "--host-budget", v, &o->host_budget); break;
         case OPT_LR: bad = cli_real(&c, "--lr", v, &o->lr); break;
         case OPT_WEIGHT_DECAY: bad = cli_real(&c, "--weight-decay", v, &o->weight_decay); break;
         case OPT_OPTIMIZER:

@@ -72,6 +72,8 @@ typedef struct train_config {
     double weight_decay;     /* --weight-decay, >= 0 */
     bool adamw;              /* --optimizer adamw (else sgd) */
     int64_t threads;         /* --threads, 0 = the runtime's default */
+    size_t host_budget;      /* --host-budget: the host memory an offloading step's host
+                              * workspace may take; 0 = what the machine has available */
     int64_t grad_accum;      /* --grad-accum K >= 1 */
     const char *ref_logps;   /* --ref-logps (DPO, GRPO), or NULL */
     const char *old_logps;   /* --old-logps (GRPO), or NULL */

@@ -20,6 +20,8 @@ typedef struct train_mem_need {
     bool ref;                /* a reference logp input */
     bool old, adv, doc_ids;  /* GRPO's old logps [B*T] and advantages [B]; packed doc ids */
     bool adamw;              /* for the advice when it does not fit */
+    size_t host_budget;      /* an offloading step's host workspace must fit (0: the machine's
+                              * available memory) */
 } train_mem_need;
 
 typedef struct train_mem {

@@ -302,7 +302,7 @@ static int open_memory(train_run *r)
                         ? in->eval_workspace_bytes : in->workspace_bytes,
         .state_elems = train_dist_state_elems(r->dist), .adamw = o->adamw,
         .ref = r->ti.mb_ref != NULL, .old = r->ti.mb_old != NULL, .adv = r->ti.mb_adv != NULL,
-        .doc_ids = r->src.doc_ids != NULL};
+        .doc_ids = r->src.doc_ids != NULL, .host_budget = o->host_budget};
     if (train_mem_alloc(&r->mem, L, &need, r->s))
         return -1;
     memset(r->mem.host_params, 0, r->mem.pbytes);

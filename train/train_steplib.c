@@ -17,6 +17,29 @@
 
 /* Fills rt: from the step library where it can (see above), else from the linked runtime.
  * `target` is the step's; a step for another backend than the linked one must export all. */
+/* The arena's and the host workspace's allocators, each alloc and free one copy's pair: the
+ * step's when runtime_load took arena_alloc from it, else ours. */
+static void pick_memory(train_rt *rt, void *lib)
+{
+    void *afree = rt->arena_ctx == &rt->step_ctx ? dlsym(lib, "sbprt_arena_free") : NULL;
+    if (afree) {
+        *(void **)(&rt->arena_free) = afree;
+    } else {
+        rt->arena_alloc = sbprt_arena_alloc;
+        rt->arena_free = sbprt_arena_free;
+        rt->arena_ctx = &rt->own_ctx;
+    }
+    void *halloc = rt->arena_ctx == &rt->step_ctx ? dlsym(lib, "sbprt_host_alloc") : NULL;
+    void *hfree = rt->arena_ctx == &rt->step_ctx ? dlsym(lib, "sbprt_host_free") : NULL;
+    if (halloc && hfree) {
+        *(void **)(&rt->host_alloc) = halloc;
+        *(void **)(&rt->host_free) = hfree;
+    } else if (rt->arena_ctx == &rt->own_ctx) {
+        rt->host_alloc = sbprt_host_alloc;
+        rt->host_free = sbprt_host_free;
+    }
+}
+
 static int runtime_load(train_rt *rt, void *lib, const char *step_path, const char *target,
                         const train_sink *s)
 {
@@ -52,24 +75,7 @@ static int runtime_load(train_rt *rt, void *lib, const char *step_path, const ch
     RT_PICK(scale, sbprt_scale, scale_ctx);
     RT_PICK(arena_alloc, sbprt_arena_alloc, arena_ctx);
 #undef RT_PICK
-    /* alloc and free must be one copy's pair */
-    void *afree = rt->arena_ctx == &rt->step_ctx ? dlsym(lib, "sbprt_arena_free") : NULL;
-    if (afree) {
-        *(void **)(&rt->arena_free) = afree;
-    } else {
-        rt->arena_alloc = sbprt_arena_alloc;
-        rt->arena_free = sbprt_arena_free;
-        rt->arena_ctx = &rt->own_ctx;
-    }
-    void *halloc = rt->arena_ctx == &rt->step_ctx ? dlsym(lib, "sbprt_host_alloc") : NULL;
-    void *hfree = rt->arena_ctx == &rt->step_ctx ? dlsym(lib, "sbprt_host_free") : NULL;
-    if (halloc && hfree) {
-        *(void **)(&rt->host_alloc) = halloc;
-        *(void **)(&rt->host_free) = hfree;
-    } else if (rt->arena_ctx == &rt->own_ctx) {
-        rt->host_alloc = sbprt_host_alloc;
-        rt->host_free = sbprt_host_free;
-    }
+    pick_memory(rt, lib);
     void *last = rt->ctx_from_step ? dlsym(lib, "sbprt_ctx_last_error") : NULL;
     void *mem = rt->ctx_from_step ? dlsym(lib, "sbprt_device_memory") : NULL;
     if (last)

@@ -11,7 +11,8 @@
 # a transfer waited for too late, or a source overwritten before its copy, changes the numbers.
 # And the device memory in use must fall by what the plan says: sbp-train's measured peak
 # (bytes in use above the arena's start) by the two plans' workspace difference, which must be
-# positive, while the step states its host workspace.
+# positive, while the step states its host workspace; and a --host-budget below that workspace
+# is refused before any step.
 #
 #   -DSBPC= -DTRAIN= -DINFO= -DCC= -DEMU_LIB= -DINCLUDES=a;b -DCFLAGS=... -DMODEL= -DIDS=
 #   -DLABELS= -DOUT= -DSTRATEGY= [-DSTEPS=10] [-DCHUNK=N -DLOGITS_CHUNK=N: stream's chunks]
@@ -90,6 +91,15 @@ if(NOT offload_offload STREQUAL "checkpoints" OR NOT host_offload GREATER 0)
 endif()
 if(NOT out_offload MATCHES "host workspace: ${host_offload} bytes")
   message(FATAL_ERROR "sbp-train did not report the step's ${host_offload}-byte host workspace")
+endif()
+# a host that cannot hold the checkpoints: refused before any step, naming both byte counts
+execute_process(COMMAND ${TRAIN} ${OUT}/offload.so --model ${MODEL} --input-ids ${IDS}
+                --labels ${LABELS} --steps 1 --host-budget 1K
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 1 OR NOT err MATCHES "keeps ${host_offload} bytes .* of layer checkpoints in host memory .*--host-budget allows 1024 bytes"
+   OR out MATCHES "step 1 loss")
+  message(FATAL_ERROR "sbp-train --host-budget 1K: exit ${rc}, expected 1 and the bytes named "
+                      "before any step:\n${out}${err}")
 endif()
 math(EXPR planned "${ws_plain} - ${ws_offload}")
 math(EXPR measured "${dev_plain} - ${dev_offload}")
