@@ -320,6 +320,49 @@ static void largest_buffers(FILE *out, const figures *f, int top)
     free(idx);
 }
 
+/* Kernel calls run from after (b0, i0) to before (b1, i1), a chunk loop's body once per chunk
+ * of each sequence: the work a transfer between the two can hide behind. */
+static int64_t calls_between(const sbp_train_program *p, int b0, int i0, int b1, int i1)
+{
+    int64_t n = 0;
+    for (int bi = b0; bi <= b1; bi++) {
+        const tp_block *blk = p->blocks[bi];
+        int lo = bi == b0 ? i0 + 1 : 0, hi = bi == b1 ? i1 : blk->n_insts;
+        for (int i = lo; i < hi; i++) {
+            int64_t times = 1;
+            for (int l = 0; l < blk->n_loops; l++) {
+                const tp_loop *lp = &blk->loops[l];
+                if (lp->first <= i && i < lp->end && lp->step > 0)
+                    times = lp->batch * ((lp->stop - lp->begin + lp->step - 1) / lp->step);
+            }
+            n += times;
+        }
+    }
+    return n;
+}
+
+/* --offload: each transfer, its bytes and the compute between the copy and its wait. */
+static void transfers(FILE *out, const sbp_train_program *p)
+{
+    if (p->n_transfers == 0)
+        return;
+    char h[32];
+    fprintf(out, "offload: %d buffers (%s) in host memory between forward and backward; each "
+                 "copy runs on the copy stream next to the kernel calls before its wait:\n",
+            p->n_transfers, human(h, sizeof h, p->host_bytes));
+    for (int i = 0; i < p->n_transfers; i++) {
+        const tp_transfer *t = &p->transfers[i];
+        fprintf(out, "  %-44s %10zu B  out in %s behind %lld calls, back in %s behind %lld "
+                     "calls\n",
+                p->bufs[t->buf]->name, t->bytes, p->blocks[t->out_block]->name,
+                (long long)calls_between(p, t->out_block, t->out_inst, t->out_wait_block,
+                                         t->out_wait_inst),
+                p->blocks[t->in_block]->name,
+                (long long)calls_between(p, t->in_block, t->in_inst, t->in_wait_block,
+                                         t->in_wait_inst));
+    }
+}
+
 int sbp_report_write(FILE *out, const sbp_report_entry *e, int n, int main_index, ir_diag *d)
 {
     figures *f = compute_all(e, n, d);
@@ -361,6 +404,27 @@ int sbp_report_write(FILE *out, const sbp_report_entry *e, int n, int main_index
         fprintf(out, " %*s", COLW, f[i].p ? human(h, sizeof h, f[i].total) : "-");
     }
     fputc('\n', out);
+    /* --offload: what lives in host memory instead (not in the peak above, a device figure) */
+    bool any_host = false;
+    for (int i = 0; i < n; i++)
+        any_host |= f[i].p && f[i].p->n_transfers > 0;
+    if (any_host) {
+        fprintf(out, "  %-32s", "host: offloaded checkpoints");
+        for (int i = 0; i < n; i++) {
+            if (f[i].p && f[i].p->n_transfers > 0)
+                fprintf(out, " %*zu", COLW, f[i].p->host_bytes);
+            else
+                fprintf(out, " %*s", COLW, "-");
+        }
+        fprintf(out, "\n  %-32s", "host: bytes moved per step");
+        for (int i = 0; i < n; i++) {
+            if (f[i].p && f[i].p->n_transfers > 0)
+                fprintf(out, " %*zu", COLW, 2 * f[i].p->host_bytes);
+            else
+                fprintf(out, " %*s", COLW, "-");
+        }
+        fputc('\n', out);
+    }
     /* the evaluation program (sbp_step_eval): forward only, its own plan */
     bool any_eval = false;
     for (int i = 0; i < n; i++)
@@ -461,6 +525,7 @@ int sbp_report_write(FILE *out, const sbp_report_entry *e, int n, int main_index
         else if (m->p->no_logps_why)
             fprintf(out, "%s: no log-probability entry point: %s\n", m->name,
                     m->p->no_logps_why);
+        transfers(out, m->p);
         largest_buffers(out, m, 12);
     }
     free_figures(f, n);

@@ -24,6 +24,9 @@
 #      gradient norms and its final checkpoint (parameters, m, v) against the plain run's within
 #      1e-6 (tests/dist/compare.py); skipped when sbp-train was built without NCCL or there is no
 #      mpirun; part of stage 2 (--no-fixtures leaves it out);
+#   2c. --offload checkpoints (passes/train/offload.c): the 4-layer Llama and GPT-2 exports,
+#      bf16 stream and checkpoint, plain and offloaded, 10 AdamW steps: identical losses, and
+#      both step times and device peaks printed; part of stage 2 (--no-fixtures leaves it out);
 #   3. benchmark: bench/gpu_bench.py — step time and peak device memory of store, checkpoint
 #      and stream on a Qwen3-0.6B-shaped random model for T = 4096, 8192, ..., next to PyTorch
 #      with and without per-layer checkpointing, and the largest T each fits on the card
@@ -192,6 +195,20 @@ if [ $sanitize -eq 1 ]; then
         status=1
     fi
 fi
+
+# Runs stage function FN under TITLE (stamped), then says "stage LABEL: passed", or FAILED with
+# FN's status as the count of failed UNITs (and the script's status 1).
+run_stage() {
+    local label=$1 unit=$2 fn=$3 title=$4 rc=0
+    stamp "$title"
+    "$fn" || rc=$?
+    if [ $rc -eq 0 ]; then
+        note "stage $label: passed"
+    else
+        note "stage $label: FAILED ($rc $unit)"
+        status=1
+    fi
+}
 
 # ---------------------------------------------------------------- stage 2: fixtures
 # one fixture configuration: NAME FAMILY "SBPC ARGS" "SBP-TRAIN ARGS" REF_GRADS [ADAMW_JSON
@@ -373,15 +390,8 @@ elif ! "$py" -c "import numpy" >/dev/null 2>&1; then
 elif [ "$(left)" -lt 20 ]; then
     skip_note "stage 2 (fixtures): SKIPPED, out of time"
 else
-    stamp "stage 2: fixture gradients on the GPU against PyTorch (sbpc --target cuda, sbp-train)"
-    s2=0
-    stage2 || s2=$?
-    if [ $s2 -eq 0 ]; then
-        note "stage 2 (fixtures): passed"
-    else
-        note "stage 2 (fixtures): FAILED ($s2 configurations)"
-        status=1
-    fi
+    run_stage "2 (fixtures)" configurations stage2 \
+        "stage 2: fixture gradients on the GPU against PyTorch (sbpc --target cuda, sbp-train)"
 fi
 
 # ---------------------------------------------------------------- stage 2b: NCCL
@@ -446,15 +456,65 @@ elif ! command -v mpirun >/dev/null 2>&1; then
 elif [ "$(left)" -lt 60 ]; then
     skip_note "stage 2b (NCCL): SKIPPED, out of time"
 else
-    stamp "stage 2b: data parallel over NCCL, one rank (mpirun -np 1, --zero 0/1/2)"
-    s2b=0
-    dist_nccl || s2b=$?
-    if [ $s2b -eq 0 ]; then
-        note "stage 2b (NCCL): passed"
-    else
-        note "stage 2b (NCCL): FAILED ($s2b runs)"
-        status=1
-    fi
+    run_stage "2b (NCCL)" runs dist_nccl \
+        "stage 2b: data parallel over NCCL, one rank (mpirun -np 1, --zero 0/1/2)"
+fi
+
+# ---------------------------------------------------------------- stage 2c: offload
+# sbpc --offload checkpoints on the GPU: the 4-layer Llama and GPT-2 exports
+# (tests/fixtures/hf/gen_deep.py), bf16 stream and checkpoint, plain and offloaded, 10 AdamW
+# steps each: the losses must be identical (the same kernels on the same values; the copies on
+# the second stream are bit for bit), and both runs' step times and device peaks are printed
+# (the overlap of the copies with the compute, measured where it is real).
+offload_gpu() {
+    local hf=$root/tests/fixtures/hf gen=$full/gpu_offload fails=0
+    rm -rf "$gen"
+    mkdir -p "$gen"
+    for fam in llama gpt2; do
+        for st in stream checkpoint; do
+            local -a out=()
+            for mode in plain offload; do
+                local extra=() n=$gen/${fam}_${st}_$mode
+                [ $mode = offload ] && extra=(--offload checkpoints)
+                timeout "$(cap 60)" "$full/tools/sbpc" "$hf/${fam}_4l_dynamo.onnx" --batch 2 \
+                    --seq-len 32 --target cuda --precision bf16 --strategy $st --no-eval \
+                    "${extra[@]}" -o "$n.so" >"$n.sbpc.log" 2>&1 ||
+                    { echo "  $fam $st $mode: sbpc FAILED"; tail -n 5 "$n.sbpc.log"; fails=$((fails + 1)); continue; }
+                timeout "$(cap 60)" "$full/tools/sbp-train" "$n.so" --model "$hf/${fam}_4l_dynamo.onnx" \
+                    --input-ids "$hf/ref/${fam}_input_ids.npy" --labels "$hf/ref/${fam}_labels.npy" \
+                    --steps 10 --lr 0.01 --weight-decay 0.01 --log "$n.jsonl" >"$n.log" 2>&1 ||
+                    { echo "  $fam $st $mode: sbp-train FAILED"; tail -n 5 "$n.log"; fails=$((fails + 1)); continue; }
+                out+=("$n")
+            done
+            [ ${#out[@]} -eq 2 ] || continue
+            if diff <(grep -o '^step [0-9]* loss [^ ]*' "${out[0]}.log") \
+                    <(grep -o '^step [0-9]* loss [^ ]*' "${out[1]}.log") >/dev/null; then
+                echo "  $fam $st: 10 losses identical with --offload checkpoints;" \
+                     "step 10 tokens/s plain $(grep -o '^step 10 .*tokens/s [^ ]*' "${out[0]}.log" | awk '{print $NF}')," \
+                     "offload $(grep -o '^step 10 .*tokens/s [^ ]*' "${out[1]}.log" | awk '{print $NF}')"
+                grep -h "peak device memory" "${out[0]}.log" "${out[1]}.log" | sed 's/^/    /'
+            else
+                echo "  $fam $st: FAILED: the offloaded step's losses differ"
+                paste <(grep -o '^step [0-9]* loss [^ ]*' "${out[0]}.log") \
+                      <(grep -o '^step [0-9]* loss [^ ]*' "${out[1]}.log") | sed 's/^/    /'
+                fails=$((fails + 1))
+            fi
+        done
+    done
+    return $fails
+}
+if [ $fixtures -eq 0 ]; then
+    note "stage 2c (offload): left out (--no-fixtures)"
+    left_out+=("stage 2c (offload)")
+elif [ $no_device -eq 1 ]; then
+    skip_note "stage 2c (offload): SKIPPED, no CUDA device"
+elif [ $have_full -eq 0 ]; then
+    skip_note "stage 2c (offload): SKIPPED, sbpc/sbp-train not built (see above)"
+elif [ "$(left)" -lt 40 ]; then
+    skip_note "stage 2c (offload): SKIPPED, out of time"
+else
+    run_stage "2c (offload)" configurations offload_gpu \
+        "stage 2c: --offload checkpoints against the plain step (bf16, 4-layer exports)"
 fi
 
 # ---------------------------------------------------------------- stage 3: benchmark

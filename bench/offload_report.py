@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""Device and host bytes of a bf16 CUDA step with and without sbpc --offload checkpoints, on
+Llama-3-shaped exports, and the longest sequence whose planned device peak fits an H200 and an
+H100.
+
+    .venv-hf/bin/python bench/offload_report.py [--build build] [--models llama3_8b llama3_1b]
+        [--seq-lens 8192 65536]
+
+The shapes are the real ones (Llama-3-8B: 32 layers, d = 4096, 32/8 heads of 128, MLP 14336,
+V = 128256, untied; Llama-3.2-1B: 16 layers, d = 2048, 32/8 heads of 64, MLP 8192, tied), but a
+full export of the 8B model (32 GB of fp32 weights) does not fit this machine's 24 GB. So each
+is exported twice from its `transformers` class with random weights, with 2 and with 3 layers
+at full width (bench/models/, dynamo exporter, external data), and planned by
+`sbpc --target cuda --precision bf16 --strategy stream --chunk C --logits-chunk R --report`.
+Every figure of the plan is then a + b * layers exactly (each layer adds the same parameters,
+gradients, optimizer state and, at a given T, the same checkpoint; the workspace's peak is
+reached in a backward, with the same buffers live whatever the depth, plus the checkpoints
+still waiting), so the full depth's figure is the 2-layer one plus (L - 2) times the difference
+of the two. The same holds in T at fixed chunks (each buffer is either a chunk's or every
+token's), so the longest T that fits a device follows from two lengths; it is then planned at
+that length (2 and 3 layers again) to check.
+
+The figures: the planned device peak (sbpc's "peak (params+grads+opt+workspace)": fp32 masters,
+their gradients, AdamW's two moments, and the workspace with its bf16 copy of the weights), the
+host bytes the offloaded checkpoints take, and the state that does not depend on T. A device
+peak is the plan's; the runtime's own scratch and cuBLAS's workspace come on top (some hundreds
+of MiB). Next to them: ALST's 1.2M tokens of Llama-3.1-8B on one H200 (its optimizer state and
+weights offloaded to the host, which sbpc --offload optimizer is meant to do and does not yet).
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MODELS = os.path.join(HERE, "models")
+GIB = 1 << 30
+DEVICES = (("H200", 141e9), ("H100", 80e9))
+
+
+def configs():
+    import transformers as tf
+    return {
+        "llama3_8b": (32, dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                               num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                               rope_theta=500000.0, max_position_embeddings=1 << 22,
+                               tie_word_embeddings=False)),
+        "llama3_1b": (16, dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                               num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                               rope_theta=500000.0, max_position_embeddings=1 << 22,
+                               tie_word_embeddings=True)),
+    }, tf.LlamaConfig, tf.LlamaForCausalLM
+
+
+def export(name, layers):
+    path = os.path.join(MODELS, "%s_%dl.onnx" % (name, layers))
+    if os.path.exists(path):
+        return path
+    import torch
+    from torch.export import Dim
+    cfgs, cfg_cls, model_cls = configs()
+    _, kw = cfgs[name]
+    torch.manual_seed(0)
+    cfg = cfg_cls(**dict(kw, num_hidden_layers=layers))
+    cfg._attn_implementation = "eager"
+    cfg.use_cache = False
+    model = model_cls(cfg).eval()
+    ids = torch.randint(0, kw["vocab_size"], (1, 64))
+    os.makedirs(MODELS, exist_ok=True)
+    t0 = time.time()
+    out = torch.onnx.export(model, (), None, kwargs={"input_ids": ids, "use_cache": False},
+                            input_names=["input_ids"], output_names=["logits"],
+                            dynamic_shapes={"input_ids": {0: Dim("batch", min=1, max=64),
+                                                          1: Dim("sequence", min=2,
+                                                                 max=1 << 22)},
+                                            "use_cache": None})
+    out.save(path, external_data=True)
+    print("exported %s in %.0f s" % (os.path.relpath(path), time.time() - t0), flush=True)
+    del model, out
+    return path
+
+
+def plan(sbpc, path, T, offload, chunk, logits_chunk):
+    """(device peak, workspace, host bytes, state) of the stream step at T, in bytes."""
+    cmd = [sbpc, path, "--batch", "1", "--seq-len", str(T), "--target", "cuda", "--precision",
+           "bf16", "--strategy", "stream", "--chunk", str(chunk), "--logits-chunk",
+           str(logits_chunk), "--no-eval", "--report"]
+    if offload:
+        cmd += ["--offload", "checkpoints"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("sbpc failed (%d): %s\n%s" % (r.returncode, " ".join(cmd), r.stderr[-2000:]))
+
+    def col(label):  # the stream column (the last) of a row of the table
+        m = re.search(r"^  %s\s.*?(\d+)\s*$" % re.escape(label), r.stdout, re.M)
+        return int(m.group(1)) if m else 0
+    peak = col("peak (params+grads+opt+workspace)")
+    ws = col("workspace, planned")
+    host = col("host: offloaded checkpoints")
+    return peak, ws, host, peak - ws
+
+
+class Linear:
+    """A figure as a + b * layers, from its values at 2 and 3 layers."""
+
+    def __init__(self, v2, v3):
+        self.v2, self.b = v2, v3 - v2
+
+    def at(self, layers):
+        return self.v2 + (layers - 2) * self.b
+
+
+def figures(sbpc, paths, layers, T, offload, chunk, lc):
+    p2 = plan(sbpc, paths[2], T, offload, chunk, lc)
+    p3 = plan(sbpc, paths[3], T, offload, chunk, lc)
+    return [Linear(a, b).at(layers) for a, b in zip(p2, p3)]
+
+
+def longest(sbpc, paths, layers, offload, chunk, lc, t_lo, t_hi, budget):
+    """The longest T (a multiple of chunk) whose full-depth device peak fits budget, from the
+    line through t_lo and t_hi, checked by a plan at it; None when even T = chunk does not."""
+    lo = figures(sbpc, paths, layers, t_lo, offload, chunk, lc)[0]
+    hi = figures(sbpc, paths, layers, t_hi, offload, chunk, lc)[0]
+    per_token = (hi - lo) / (t_hi - t_lo)
+    state = lo - per_token * t_lo
+    if state >= budget:
+        return None, per_token, state
+    T = int((budget - state) / per_token) // chunk * chunk
+    while T > chunk and figures(sbpc, paths, layers, T, offload, chunk, lc)[0] > budget:
+        T -= chunk  # the line is exact up to rounding of the plan; step down if it is not
+    return T, per_token, state
+
+
+def gib(x):
+    return "%.1f" % (x / GIB)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--models", nargs="*", default=["llama3_1b", "llama3_8b"])
+    ap.add_argument("--seq-lens", nargs="*", type=int, default=[8192, 65536])
+    ap.add_argument("--chunk", type=int, default=4096)
+    ap.add_argument("--logits-chunk", type=int, default=4096)
+    a = ap.parse_args()
+    sbpc = os.path.join(a.build, "tools", "sbpc")
+    cfgs = configs()[0]
+    for name in a.models:
+        layers = cfgs[name][0]
+        paths = {n: export(name, n) for n in (2, 3)}
+        print("\n%s-shaped, %d layers (planned from 2- and 3-layer exports at full width), "
+              "bf16 stream, chunk %d, logits chunk %d, GiB:" % (name, layers, a.chunk,
+                                                              a.logits_chunk))
+        print("  %9s  %-22s %12s %12s %12s %12s" % ("T", "offload", "device peak", "workspace",
+                                                   "state", "host"))
+        for T in a.seq_lens:
+            for off in (False, True):
+                peak, ws, host, state = figures(sbpc, paths, layers, T, off, a.chunk,
+                                                a.logits_chunk)
+                print("  %9d  %-22s %12s %12s %12s %12s" % (T, "checkpoints" if off else "none",
+                                                           gib(peak), gib(ws), gib(state),
+                                                           gib(host) if off else "-"))
+        lo, hi = a.seq_lens[0], a.seq_lens[-1]
+        for dev, budget in DEVICES:
+            for off in (False, True):
+                T, per_token, state = longest(sbpc, paths, layers, off, a.chunk,
+                                              a.logits_chunk, lo, hi, budget)
+                what = "offload checkpoints" if off else "plain"
+                if T is None:
+                    print("  %s (%.0f GB) %-20s: does not fit at any T: the state that does not "
+                          "depend on T is %s GiB" % (dev, budget / 1e9, what, gib(state)))
+                else:
+                    print("  %s (%.0f GB) %-20s: longest T %d (%.2fM tokens), %.1f KiB of "
+                          "device memory per token" % (dev, budget / 1e9, what, T, T / 1e6,
+                                                       per_token / 1024))
+    print("\nALST (DeepSpeed Ulysses + tiling + offload of weights, optimizer state and "
+          "checkpoints): 1.2M tokens of Llama-3.1-8B on one H200.")
+
+
+if __name__ == "__main__":
+    main()
