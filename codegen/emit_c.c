@@ -365,13 +365,13 @@ static void emit_info(const sbp_train_program *p, const sbp_codegen_options *o, 
                 "workspace */\n",
                 p->logps->workspace_bytes, p->param_elems * sizeof(float) +
                 p->logps->workspace_bytes);
+    fprintf(f, "    .offload = \"%s%s%s\",\n", p->n_transfers > 0 ? "checkpoints" : "",
+            p->n_transfers > 0 && p->offload_optimizer ? "," : "",
+            p->offload_optimizer ? "optimizer" : "");
     if (p->n_transfers > 0)
         fprintf(f,
-                "    .offload = \"checkpoints\",\n"
                 "    .host_bytes = %zu, /* the offloaded checkpoints (args->host_workspace) */\n",
                 p->host_bytes);
-    else
-        fputs("    .offload = \"\",\n", f);
     fputs("};\n", f);
     fputs("\nconst sbp_step_info *sbp_step_get_info(void) { return &step_info; }\n", f);
 }

@@ -177,7 +177,7 @@ static int compute(figures *f, ir_diag *d)
         return ir_diag_error(d, "out of memory");
     f->params = p->param_elems * sizeof(float);
     f->grads = p->grad_elems * sizeof(float); /* the trained parameters' only */
-    f->opt = 2 * f->grads;
+    f->opt = f->p->offload_optimizer ? 0 : 2 * f->grads; /* --offload optimizer: the host's */
     f->ids = (size_t)(p->batch * p->seq_len) * sizeof(int32_t) * (p->labels_buf >= 0 ? 2 : 1);
     for (int i = 0; i < p->n_bufs; i++)
         if (p->bufs[i]->kind == TP_BUF_CONST)
@@ -407,8 +407,16 @@ int sbp_report_write(FILE *out, const sbp_report_entry *e, int n, int main_index
     /* --offload: what lives in host memory instead (not in the peak above, a device figure) */
     bool any_host = false;
     for (int i = 0; i < n; i++)
-        any_host |= f[i].p && f[i].p->n_transfers > 0;
+        any_host |= f[i].p && (f[i].p->n_transfers > 0 || f[i].p->offload_optimizer);
     if (any_host) {
+        fprintf(out, "  %-32s", "host: masters, AdamW m, v, grads");
+        for (int i = 0; i < n; i++) {
+            if (f[i].p && f[i].p->offload_optimizer)
+                fprintf(out, " %*zu", COLW, sbp_train_host_state_bytes(f[i].p) - f[i].p->host_bytes);
+            else
+                fprintf(out, " %*s", COLW, "-");
+        }
+        fputc('\n', out);
         fprintf(out, "  %-32s", "host: offloaded checkpoints");
         for (int i = 0; i < n; i++) {
             if (f[i].p && f[i].p->n_transfers > 0)

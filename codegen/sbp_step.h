@@ -82,7 +82,8 @@ typedef struct sbp_step_param {
                                         * when not trainable (a tied parameter: its owner's) */
     int storage;                       /* ABI 3: SBP_STEP_PARAM_F32, or SBP_STEP_PARAM_BF16 (a
                                         * frozen weight kept as bf16 only: sbpc --base-precision
-                                        * bf16); read and write it with sbp_step_param_store /
+                                        * bf16; or a trained one whose master the caller keeps:
+                                        * --offload optimizer); read and write it with sbp_step_param_store /
                                         * sbp_step_param_fetch below */
 } sbp_step_param;
 
@@ -125,7 +126,15 @@ typedef struct sbp_step_info {
                                         * no sbp_step_logps (SFT / graph loss, or --no-eval) */
     size_t logp_planned_peak_bytes;    /* params + log-probability workspace (no gradients) */
     /* ABI 5: host offload (sbpc --offload checkpoints). */
-    const char *offload;               /* "" (nothing offloaded) or "checkpoints" */
+    const char *offload;               /* "" (nothing offloaded), "checkpoints", "optimizer" or
+                                        * "checkpoints,optimizer". With "optimizer" the caller
+                                        * keeps the fp32 master weights and the optimizer state
+                                        * in host memory: every trained weight that only matrix
+                                        * products and embedding lookups read is bf16 alone in
+                                        * the parameter block (storage SBP_STEP_PARAM_BF16), and
+                                        * after each update the caller stores the masters into
+                                        * the block with sbp_step_param_store, which rounds them
+                                        * as the step's own bf16 copy of an fp32 weight would */
     size_t host_bytes;                 /* the host workspace sbp_step_run needs (args->
                                         * host_workspace); 0: none. The layer checkpoints
                                         * live there between the forward and the backward;

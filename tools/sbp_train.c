@@ -403,9 +403,9 @@ static void print_report(const train_report *p)
                    cli_human_bytes(b2, sizeof b2, (double)p->dev_total));
         printf("\npeak host memory: %s (peak RSS)\n", cli_human_bytes(b4, sizeof b4, rss));
         if (p->host_bytes)
-            printf("host workspace: %zu bytes (%s, page-locked): the layer checkpoints the step "
-                   "offloads (sbpc --offload checkpoints)\n", p->host_bytes,
-                   cli_human_bytes(b4, sizeof b4, (double)p->host_bytes));
+            printf("host workspace: %zu bytes (%s): what the step offloads (sbpc --offload: "
+                   "layer checkpoints, page-locked; fp32 masters, gradients and AdamW state)\n",
+                   p->host_bytes, cli_human_bytes(b4, sizeof b4, (double)p->host_bytes));
     }
     if (p->data_parallel) /* cpu and cuda steps alike */
         printf("data parallel: %d ranks, ZeRO %d: optimizer state %zu bytes per rank (%zu "

@@ -4,7 +4,7 @@
  *        [-o train_step.c|train_step.so] [--strategy stream|store|checkpoint] [--target cpu|cuda]
  *        [--precision fp32|bf16] [--base-precision fp32|bf16]
  *        [--chunk N] [--logits-chunk N] [--memory-budget BYTES]
- *        [--offload checkpoints] [--host-budget BYTES]
+ *        [--offload checkpoints|optimizer|checkpoints,optimizer] [--host-budget BYTES]
  *        [--objective sft|graph-loss|dpo|grpo] [--beta F] [--epsilon F]
  *        [--grpo-norm sequence|token] [--freeze REGEX]... [--report] [--memory-plot FILE.svg]
  *        [--no-eval] [--packed [--doc-len L]]
@@ -73,11 +73,14 @@ static void usage(FILE *f)
             "                     head too) are kept as bf16 alone, 2 bytes an element instead\n"
             "                     of 4 + 2 (no fp32 master, no copy); norms stay fp32; the\n"
             "                     plan counts it\n"
-            "  --offload WHAT     checkpoints (--target cuda --precision bf16; stream or\n"
-            "                     checkpoint): each layer's input lives in page-locked host\n"
-            "                     memory between its forward and its backward, copied out\n"
-            "                     and back on a second stream behind the compute; the plan\n"
-            "                     and --report count device and host bytes apart\n"
+            "  --offload WHAT     checkpoints, optimizer or both, comma-separated (--target\n"
+            "                     cuda --precision bf16). checkpoints (stream or checkpoint):\n"
+            "                     each layer's input lives in page-locked host memory between\n"
+            "                     its forward and its backward, copied out and back on a\n"
+            "                     second stream behind the compute. optimizer: sbp-train keeps\n"
+            "                     the fp32 master weights and AdamW's moments in host memory\n"
+            "                     and updates them there; the step holds bf16 weights. The\n"
+            "                     plan and --report count device and host bytes apart\n"
             "  --host-budget B    the host memory the offloaded state may take (suffixes as\n"
             "                     --memory-budget); more is refused before any work\n"
             "  --strategy S       stream (default: StreamBP, each layer and the LM head run\n"
@@ -471,8 +474,9 @@ typedef struct sbpc_options {
 
 enum { NOT_MINE = 1 }; /* an option parser's answer for an option of another kind */
 
-/* --offload WHAT: a comma-separated list of what lives in host memory. The optimizer state
- * (fp32 masters, AdamW's moments) is named by the interface but not built yet: said so. */
+/* --offload WHAT: a comma-separated list of what lives in host memory: checkpoints (the layer
+ * checkpoints between forward and backward), optimizer (the fp32 masters and AdamW's moments:
+ * the trainer's, the step keeps bf16 weights). */
 static int offload_parse(cli *c, const char *v, sbp_train_options *t)
 {
     const char *p = v;
@@ -481,16 +485,14 @@ static int offload_parse(cli *c, const char *v, sbp_train_options *t)
         if (n == strlen("checkpoints") && strncmp(p, "checkpoints", n) == 0)
             t->offload_checkpoints = true;
         else if (n == strlen("optimizer") && strncmp(p, "optimizer", n) == 0)
-            return cli_error(c, "--offload optimizer: the optimizer state's offload (fp32 "
-                             "masters and AdamW's moments on the host) is not built yet; "
-                             "--offload checkpoints is");
+            t->offload_optimizer = true;
         else
-            return cli_error(c, "--offload: '%.*s' is not something to offload (checkpoints)",
-                             (int)n, p);
+            return cli_error(c, "--offload: '%.*s' is not something to offload (checkpoints, "
+                             "optimizer)", (int)n, p);
         p += n + (p[n] == ',');
     }
-    if (!t->offload_checkpoints)
-        return cli_error(c, "--offload needs what to offload: checkpoints");
+    if (!t->offload_checkpoints && !t->offload_optimizer)
+        return cli_error(c, "--offload needs what to offload: checkpoints, optimizer or both");
     return 0;
 }
 
@@ -735,10 +737,14 @@ static int check_options(cli *c, sbpc_options *s)
                          "step's memory is host memory already, and the transfers are planned "
                          "for bf16 checkpoints (an fp32 step would move twice the bytes over "
                          "the bus behind the same compute)");
+    if (t->offload_optimizer && (strcmp(s->tgt.backend, "cuda") != 0 || !s->tgt.bf16))
+        return cli_error(c, "--offload optimizer needs --target cuda --precision bf16: a cpu "
+                         "step's optimizer state is host memory already, and an fp32 step's "
+                         "GEMMs read fp32 weights, so the device would keep them all");
     if (t->offload_checkpoints && t->strategy == SBP_STRATEGY_STORE)
         return cli_error(c, "--offload checkpoints: --strategy store keeps every activation and "
                          "has no layer checkpoints (use stream or checkpoint)");
-    if (t->host_budget && !t->offload_checkpoints)
+    if (t->host_budget && !t->offload_checkpoints && !t->offload_optimizer)
         return cli_error(c, "--host-budget applies to --offload");
     char derr[256]; /* --ranks / --zero describe --report's per-rank figures */
     if (sbpc_dist_check(s->ranks, s->zero, s->report, derr, sizeof derr))

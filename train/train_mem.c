@@ -51,8 +51,9 @@ static size_t layout(const train_mem *m, const sbp_step_info *in, const train_me
                      size_t off[11])
 {
     const size_t ntok = (size_t)(in->batch * in->seq_len);
+    const size_t mv = m->host_state ? 0 : m->mbytes; /* host_state: m and v are the host's */
     const size_t pieces[11] = {
-        m->pbytes, m->gbytes, m->mbytes, m->mbytes, need->ws_bytes, ntok * sizeof(int32_t),
+        m->step_pbytes, m->gbytes, mv, mv, need->ws_bytes, ntok * sizeof(int32_t),
         ntok * sizeof(int32_t), need->ref ? ntok * sizeof(float) : 0,
         need->old ? ntok * sizeof(float) : 0, need->adv ? (size_t)in->batch * sizeof(float) : 0,
         need->doc_ids ? ntok * sizeof(int32_t) : 0};
@@ -98,6 +99,47 @@ static int host_check(const train_steplib *L, size_t budget, const train_sink *s
     return 0;
 }
 
+/* host_state: the masters, the gradients' copy, m, v and the upload's staging block in host
+ * memory (aligned as the CPU runtime's arena); the step gets the arena's blocks. */
+static int host_state_alloc(train_mem *m, const train_sink *s)
+{
+    float **p[5] = {&m->d_params, &m->d_grads, &m->d_m, &m->d_v, &m->staging};
+    const size_t bytes[5] = {m->pbytes, m->gbytes, m->mbytes, m->mbytes, m->step_pbytes};
+    for (int i = 0; i < 5; i++) {
+        size_t b = (bytes[i] + SBPRT_ALIGN) / SBPRT_ALIGN * SBPRT_ALIGN;
+        if (!(*p[i] = aligned_alloc(SBPRT_ALIGN, b)))
+            return train_err(s, "out of host memory for the offloaded optimizer state (%zu "
+                             "bytes)", bytes[i]);
+        memset(*p[i], 0, b); /* the staging block's padding is uploaded too */
+    }
+    m->host_params = m->d_params;
+    m->host_grads = m->d_grads;
+    return 0;
+}
+
+int train_mem_upload(train_mem *m, const train_steplib *L, const train_sink *s)
+{
+    if (m->host_state) {
+        const sbp_step_info *dev = L->step_in, *host = L->in;
+        for (int i = 0; i < dev->n_params; i++)
+            if (dev->params[i].tied_to < 0)
+                sbp_step_param_store(&dev->params[i], m->staging,
+                                     m->d_params + host->params[i].offset);
+        return train_steplib_copy(L, m->step_params, m->staging, m->step_pbytes,
+                                  SBPRT_COPY_HOST_TO_DEVICE, s);
+    }
+    return L->host_visible ? 0
+                           : train_steplib_copy(L, m->d_params, m->host_params, m->pbytes,
+                                                SBPRT_COPY_HOST_TO_DEVICE, s);
+}
+
+int train_mem_fetch_grads(train_mem *m, const train_steplib *L, const train_sink *s)
+{
+    return m->host_state ? train_steplib_copy(L, m->d_grads, m->step_grads, m->gbytes,
+                                              SBPRT_COPY_DEVICE_TO_HOST, s)
+                         : 0;
+}
+
 int train_mem_alloc(train_mem *m, const train_steplib *L, const train_mem_need *need,
                     const train_sink *s)
 {
@@ -110,6 +152,8 @@ int train_mem_alloc(train_mem *m, const train_steplib *L, const train_mem_need *
     m->pbytes = in->param_elems * sizeof(float);
     m->gbytes = in->grad_elems * sizeof(float);
     m->mbytes = need->adamw ? need->state_elems * sizeof(float) : 0;
+    m->host_state = L->host_state;
+    m->step_pbytes = L->step_in->param_elems * sizeof(float);
     size_t off[11];
     m->bytes = layout(m, in, need, off);
     if (host_check(L, need->host_budget, s))
@@ -145,6 +189,10 @@ int train_mem_alloc(train_mem *m, const train_steplib *L, const train_mem_need *
     m->d_old = (float *)(a + off[8]);
     m->d_adv = (float *)(a + off[9]);
     m->d_doc_ids = need->doc_ids ? (int32_t *)(a + off[10]) : NULL;
+    m->step_params = m->d_params;
+    m->step_grads = m->d_grads;
+    if (m->host_state)
+        return host_state_alloc(m, s);
     if (L->host_visible) {
         m->host_params = m->d_params;
         m->host_grads = m->d_grads;
@@ -168,6 +216,11 @@ int train_mem_zero_state(train_mem *m, const train_steplib *L, const train_sink 
 {
     if (!m->mbytes)
         return 0;
+    if (m->host_state) {
+        memset(m->d_m, 0, m->mbytes);
+        memset(m->d_v, 0, m->mbytes);
+        return 0;
+    }
     float *zeros = calloc(1, m->mbytes + 1);
     if (!zeros)
         return train_err(s, "out of memory");
@@ -192,6 +245,13 @@ void train_mem_free(train_mem *m, const train_steplib *L)
     if (m->own_host) {
         free(m->host_params);
         free(m->host_grads);
+    }
+    if (m->host_state) {
+        free(m->d_params);
+        free(m->d_grads);
+        free(m->d_m);
+        free(m->d_v);
+        free(m->staging);
     }
     if (m->host_ws)
         L->rt.host_free(*L->rt.arena_ctx, m->host_ws);

@@ -29,8 +29,16 @@ typedef struct train_mem {
     size_t bytes;             /* the arena's */
     size_t pbytes, gbytes;    /* the parameter block's and the gradient block's */
     size_t mbytes;            /* each AdamW moment's on this rank (its ZeRO slice) */
-    float *d_params;          /* [param_elems] */
-    float *d_grads, *d_m, *d_v; /* [grad_elems]; m, v: [state elems] (adamw) */
+    float *d_params;          /* [param_elems] the trainer's parameters (host_state: the fp32
+                               * masters, in host memory) */
+    float *d_grads, *d_m, *d_v; /* [grad_elems]; m, v: [state elems] (adamw); host_state: in
+                               * host memory */
+    /* what sbp_step_run gets: d_params and d_grads, or with host_state the device's parameter
+     * block (the step's layout: L->step_in) and gradient block */
+    float *step_params, *step_grads;
+    size_t step_pbytes;       /* the step's parameter block */
+    float *staging;           /* host_state: [step_pbytes] the block as uploaded */
+    bool host_state;          /* d_params, d_grads, d_m, d_v, staging are host memory (ours) */
     char *workspace;
     int32_t *d_ids, *d_labels; /* [B*T] each */
     float *d_ref, *d_old, *d_adv;
@@ -52,5 +60,11 @@ int train_mem_zero_state(train_mem *m, const train_steplib *L, const train_sink 
 /* A failed step's note when the runtime's scratch did not fit next to the arena. */
 void train_mem_step_nomem(const train_mem *m, const train_steplib *L, const train_sink *s);
 void train_mem_free(train_mem *m, const train_steplib *L);
+/* The trainer's parameters to the step: with host_state the masters stored into the step's
+ * block (its bf16 weights rounded as sbp_step_param_store does) and copied to the device; on a
+ * device step the host copy to the device; nothing on a cpu step. */
+int train_mem_upload(train_mem *m, const train_steplib *L, const train_sink *s);
+/* host_state: the step's gradient block into the host's d_grads (else nothing). */
+int train_mem_fetch_grads(train_mem *m, const train_steplib *L, const train_sink *s);
 
 #endif

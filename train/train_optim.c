@@ -42,7 +42,7 @@ int train_optim_update(const train_optim *o, const train_steplib *L, train_mem *
     if (train_dist_gather_params(d, in, m->d_params, m->d_grads, err, sizeof err))
         return train_err(sink, "step %lld: %s", (long long)s, err);
     /* a device's weights are checked when they come back to be written (finish, checkpoints) */
-    if (L->host_visible &&
+    if ((L->host_visible || L->host_state) &&
         train_finite_check(in, TRAIN_BLOCK_PARAMS, m->d_params, 0, in->param_elems, false,
                            "the update made a weight non-finite", err, sizeof err))
         return train_err(sink, "step %lld: %s: stopping (nothing of this step is saved; a smaller "

@@ -83,7 +83,7 @@ static int logps_batch(train_refs *f, const train_steplib *L, const train_mem *m
         train_steplib_copy(L, m->d_labels, labels, (size_t)(B * T) * sizeof *labels,
                            SBPRT_COPY_HOST_TO_DEVICE, s))
         return -1;
-    sbp_step_args args = {.params = m->d_params, .input_ids = m->d_ids, .labels = m->d_labels,
+    sbp_step_args args = {.params = m->step_params, .input_ids = m->d_ids, .labels = m->d_labels,
                           .workspace = m->workspace, .doc_ids = m->d_doc_ids};
     int st = L->logps(rt->step_ctx, &args, f->grpo ? NULL : m->d_ref, f->grpo ? m->d_ref : NULL);
     if (!st)

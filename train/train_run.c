@@ -185,6 +185,9 @@ static int plan_ranks(train_run *r, bool pairs)
                          r->lib.rt.backend_name());
     if (in->packed || o->pack.pack || o->pack.doc_ids)
         return train_err(r->s, "packed documents (--pack, --doc-ids) do not run under mpirun yet");
+    if (r->lib.host_state)
+        return train_err(r->s, "%s keeps its optimizer state on the host (sbpc --offload "
+                         "optimizer), which does not run under mpirun yet", o->step_path);
     const int64_t K = o->grad_accum;
     int64_t rows_all = -1;
     if (o->ids_path) { /* the files' rows; a bad file is the source's to report */
@@ -308,10 +311,7 @@ static int open_memory(train_run *r)
     memset(r->mem.host_params, 0, r->mem.pbytes);
     train_model_copy_weights(&r->mdl, o, in, r->mem.host_params, r->s);
     train_model_free(&r->mdl); /* the weights are in the block now */
-    if ((!L->host_visible &&
-         train_steplib_copy(L, r->mem.d_params, r->mem.host_params, r->mem.pbytes,
-                            SBPRT_COPY_HOST_TO_DEVICE, r->s)) ||
-        train_mem_zero_state(&r->mem, L, r->s))
+    if (train_mem_upload(&r->mem, L, r->s) || train_mem_zero_state(&r->mem, L, r->s))
         return -1;
     int st;
     if (L->rt.step_init && (st = L->rt.step_init(L->rt.step_ctx)))
@@ -352,7 +352,8 @@ static int open_checkpoints(train_run *r)
             .ranks = d->size, .threads = train_steplib_threads(L, o->threads),
             .state_fill = sliced ? train_dist_fill_state : NULL, .state_arg = d,
             .state_lo = d->lo, .state_n = d->hi - d->lo, /* ZeRO's slice */
-            .host_visible = L->host_visible, .copy = L->rt.copy, .copy_ctx = *L->rt.copy_ctx,
+            .host_visible = L->host_visible || L->host_state, /* the state's memory */
+            .copy = L->rt.copy, .copy_ctx = *L->rt.copy_ctx,
             .note = r->s, .packing = pack_id}, ckpt_err, sizeof ckpt_err))
         return train_err(r->s, "%s", ckpt_err);
     if (d->on && d->rank != 0) /* rank 0 alone writes checkpoints */
@@ -384,8 +385,8 @@ int train_run_open(train_run **out, const train_config *c, train_dist *dist,
     if (r->refs.logps_only)
         return 0;
     char err[512];
-    if (open_checkpoints(r))
-        return -1;
+    if (open_checkpoints(r) || (r->lib.host_state && train_mem_upload(&r->mem, &r->lib, r->s)))
+        return -1; /* (a resume restored the masters: the step's block from them) */
     r->next = train_ckpt_first_step(&r->ckpt); /* > 1 when resumed */
     r->src.epoch0 = r->src.shard.epoch;
     if (train_log_open(&r->log, r->c.sched.log_path, r->next > 1 ? r->next - 1 : -1, err,
@@ -427,7 +428,7 @@ int train_run_weights(train_run *r, const float **params)
     *params = NULL;
     if (!r->mem.arena)
         return train_err(r->s, "the run has no weights yet (it did not open)");
-    if (!r->lib.host_visible &&
+    if (!r->lib.host_visible && !r->lib.host_state &&
         train_steplib_copy(&r->lib, r->mem.host_params, r->mem.d_params, r->mem.pbytes,
                            SBPRT_COPY_DEVICE_TO_HOST, r->s))
         return -1;
@@ -491,7 +492,7 @@ static int run_micro_batches(train_run *r, int64_t s, double denominator, double
             return -1;
         double micro_loss = NAN;
         sbp_step_args args = {
-            .params = m->d_params, .grads = m->d_grads, .accumulate = micro > 0,
+            .params = m->step_params, .grads = m->step_grads, .accumulate = micro > 0,
             .input_ids = m->d_ids, .labels = m->d_labels, .denominator = denominator,
             .workspace = m->workspace, .host_workspace = m->host_ws, .loss = &micro_loss,
             .ref_logps = ti->mb_ref ? m->d_ref : NULL, .old_logps = ti->mb_old ? m->d_old : NULL,
@@ -503,8 +504,8 @@ static int run_micro_batches(train_run *r, int64_t s, double denominator, double
             st = rt->sync(*rt->sync_ctx);
         *loss += micro_loss;
     }
-    if (!st)
-        return 0;
+    if (!st) /* --offload optimizer: the gradients to the host, where the update runs */
+        return train_mem_fetch_grads(m, L, r->s);
     char mb[64] = "";
     if (K > 1)
         snprintf(mb, sizeof mb, " (micro-batch %lld of %lld)", (long long)micro, (long long)K);
@@ -547,8 +548,9 @@ static int dump_first(train_run *r, int64_t s, double loss)
     const train_steplib *L = &r->lib;
     if (s != 1 || !o->dump_grads)
         return 0;
-    if (!L->host_visible && train_steplib_copy(L, r->mem.host_grads, r->mem.d_grads,
-                                               r->mem.gbytes, SBPRT_COPY_DEVICE_TO_HOST, r->s))
+    if (!L->host_visible && !L->host_state &&
+        train_steplib_copy(L, r->mem.host_grads, r->mem.d_grads, r->mem.gbytes,
+                           SBPRT_COPY_DEVICE_TO_HOST, r->s))
         return -1;
     if (r->dist->rank == 0 && train_write_grads(o->dump_grads, L->in, r->mem.host_grads, loss, r->s))
         return -1;
@@ -574,7 +576,8 @@ int train_run_step(train_run *r, train_step_stats *st)
         return -1;
     st->lr = train_sched_lr(&r->c.sched, r->c.lr, s, r->c.steps);
     t0 = train_log_now();
-    if (train_optim_update(&r->optim, &r->lib, &r->mem, r->dist, s, st->lr, &st->grad_norm, r->s))
+    if (train_optim_update(&r->optim, &r->lib, &r->mem, r->dist, s, st->lr, &st->grad_norm, r->s) ||
+        (r->lib.host_state && train_mem_upload(&r->mem, &r->lib, r->s)))
         return -1;
     train_mem_sample(&r->mem, &r->lib);
     double dt = t_run + (train_log_now() - t0);
@@ -614,7 +617,7 @@ static int run_eval(train_run *r, int64_t s, double *out)
             return -1;
         double batch_sum = NAN;
         int64_t n = 0;
-        sbp_step_args args = {.params = m->d_params, .input_ids = m->d_ids,
+        sbp_step_args args = {.params = m->step_params, .input_ids = m->d_ids,
                               .labels = m->d_labels, .denominator = 1.0, /* the sum */
                               .workspace = m->workspace, .loss = &batch_sum, .n_scored = &n,
                               .doc_ids = in->packed ? m->d_doc_ids : NULL};
@@ -733,8 +736,9 @@ static int save_all(train_run *r)
     const sbp_step_info *in = L->in;
     if (!o->save && !o->save_safetensors && !o->adapter.save_dir && !o->pretrained.dir)
         return 0;
-    if (!L->host_visible && train_steplib_copy(L, r->mem.host_params, r->mem.d_params,
-                                               r->mem.pbytes, SBPRT_COPY_DEVICE_TO_HOST, r->s))
+    if (!L->host_visible && !L->host_state &&
+        train_steplib_copy(L, r->mem.host_params, r->mem.d_params, r->mem.pbytes,
+                           SBPRT_COPY_DEVICE_TO_HOST, r->s))
         return -1;
     train_f32_view view = {.info = *in};
     if (train_f32_view_make(&view, o, in, r->mem.host_params, r->s))
@@ -766,8 +770,10 @@ int train_run_finish(train_run *r, train_report *rep)
         train_say(r->s, "out", "wrote the first step's gradients to %s", o->dump_grads);
     rep->host_visible = r->lib.host_visible;
     rep->planned_bytes = in->planned_peak_bytes;
-    rep->opt_state_bytes = o->adamw ? 2 * m->mbytes : 0;
-    rep->host_bytes = in->host_bytes;
+    rep->opt_state_bytes = o->adamw && !m->host_state ? 2 * m->mbytes : 0; /* the device's */
+    rep->host_bytes = in->host_bytes; /* and --offload optimizer's masters, gradients, m, v */
+    if (m->host_state)
+        rep->host_bytes += m->pbytes + m->gbytes + (o->adamw ? 2 * m->mbytes : 0);
     rep->opt_state_full = o->adamw ? 2 * m->gbytes : 0;
     rep->dev_known = m->dev_mem && m->dev_peak >= m->dev_before;
     rep->dev_used = rep->dev_known ? m->dev_peak - m->dev_before : 0;

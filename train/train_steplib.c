@@ -173,6 +173,8 @@ void train_steplib_stop(train_steplib *L)
         sbprt_ctx_destroy(rt->own_ctx);
     if (rt->step_ctx)
         rt->ctx_destroy(rt->step_ctx);
+    free(L->host_params_tab);
+    L->host_params_tab = NULL;
     rt->own_ctx = rt->step_ctx = NULL;
 }
 
@@ -189,7 +191,7 @@ static int validate_info(const sbp_step_info *in, const char *step_path, const t
     if (in->n_params < 0 || (in->n_params > 0 && !in->params))
         return train_err(s, "%s: %s: %d parameters but no table", step_path, bad, in->n_params);
     if (in->param_elems > SIZE_MAX / 16 || in->workspace_bytes > SIZE_MAX / 4 ||
-        in->grad_elems > in->param_elems)
+        in->grad_elems > SIZE_MAX / 16) /* (bf16 weights take half the room of their grads) */
         return train_err(s, "%s: %s: absurd block sizes", step_path, bad);
     for (int i = 0; i < in->n_params; i++) {
         const sbp_step_param *p = &in->params[i];
@@ -223,9 +225,12 @@ static int validate_info(const sbp_step_info *in, const char *step_path, const t
                          "parameter block of %zu elements", step_path, bad, p->name, p->offset,
                          p->numel, in->param_elems);
         }
-        /* a weight kept as bf16 (--base-precision bf16) is frozen and has storage */
+        /* a weight kept as bf16 has storage, and is frozen (--base-precision bf16) or its
+         * master is the caller's (--offload optimizer) */
+        const bool masters_ours = in->offload && strstr(in->offload, "optimizer");
         if (p->storage != SBP_STEP_PARAM_F32 &&
-            (p->storage != SBP_STEP_PARAM_BF16 || p->trainable || p->tied_to >= 0))
+            (p->storage != SBP_STEP_PARAM_BF16 || (p->trainable && !masters_ours) ||
+             p->tied_to >= 0))
             return train_err(s, "%s: %s: parameter '%s' has storage %d (0: fp32, 1: bf16 for a frozen "
                          "weight with storage of its own)", step_path, bad, p->name, p->storage);
         /* the gradient block: a trained parameter's slice inside it, none for a frozen one (a
@@ -309,6 +314,46 @@ static int check_step_file(const char *path, const train_sink *s)
 
 typedef const sbp_step_info *(*step_info_fn)(void);
 
+/* sbpc --offload optimizer: the trainer's parameters are an fp32 master block in host memory,
+ * every parameter with storage at its own offset in table order (a tied one at its owner's);
+ * the optimizer, the gradient norm and clipping run there with this trainer's own runtime. */
+static int host_state_view(train_steplib *L, const train_sink *s)
+{
+    const sbp_step_info *dev = L->in;
+    L->host_state = dev->offload && strstr(dev->offload, "optimizer");
+    if (!L->host_state)
+        return 0;
+    if (L->host_visible)
+        return train_err(s, "%s: a cpu step with its optimizer offloaded is not a thing sbpc "
+                         "makes", L->path);
+    sbp_step_param *tab = L->host_params_tab = malloc(((size_t)dev->n_params + 1) * sizeof *tab);
+    if (!tab)
+        return train_err(s, "out of memory");
+    size_t off = 0;
+    for (int i = 0; i < dev->n_params; i++) {
+        tab[i] = dev->params[i];
+        tab[i].storage = SBP_STEP_PARAM_F32;
+        if (tab[i].tied_to < 0) {
+            tab[i].offset = off;
+            off += tab[i].numel;
+        }
+    }
+    for (int i = 0; i < dev->n_params; i++)
+        if (tab[i].tied_to >= 0)
+            tab[i].offset = tab[tab[i].tied_to].offset;
+    L->host_info = *dev;
+    L->host_info.params = tab;
+    L->host_info.param_elems = off;
+    L->in = &L->host_info;
+    train_rt *rt = &L->rt;
+    rt->adamw_update = sbprt_adamw_update;
+    rt->sgd_update = sbprt_sgd_update;
+    rt->grad_sq_norm = sbprt_grad_sq_norm;
+    rt->scale = sbprt_scale;
+    rt->adamw_ctx = rt->sgd_ctx = rt->norm_ctx = rt->scale_ctx = &rt->own_ctx;
+    return 0;
+}
+
 int train_steplib_open(train_steplib *L, const char *path, const train_sink *s)
 {
     memset(L, 0, sizeof *L);
@@ -346,7 +391,8 @@ int train_steplib_open(train_steplib *L, const char *path, const train_sink *s)
     if (validate_info(in, path, s) || runtime_load(&L->rt, L->lib, path, in->target, s))
         return -1;
     L->host_visible = strcmp(L->rt.backend_name(), "cpu") == 0;
-    return 0;
+    L->step_in = in;
+    return host_state_view(L, s);
 }
 
 int train_steplib_want_eval(train_steplib *L, const char *flag, const train_sink *s)

@@ -72,9 +72,19 @@ typedef struct train_steplib {
     train_step_fn eval;      /* sbp_step_eval, looked up by train_steplib_want_eval */
     /* sbp_step_logps, looked up by train_steplib_want_logps */
     int (*logps)(sbprt_ctx *, const sbp_step_args *, float *, float *);
-    const sbp_step_info *in; /* its self-description, validated */
+    const sbp_step_info *in; /* its self-description, validated; with host_state, the trainer's
+                              * view of it: the same, but the parameter table's offsets and
+                              * param_elems describe the fp32 master block (host_info) */
     train_rt rt;
     bool host_visible;       /* the backend's memory is the host's (cpu) */
+    /* sbpc --offload optimizer: the trainer keeps the fp32 masters, the gradients' copy and the
+     * optimizer state in host memory and updates them with its own (CPU) runtime, and after
+     * each update stores the masters into the step's parameter block (step_in's layout, its
+     * GEMM weights bf16) on the device */
+    bool host_state;
+    const sbp_step_info *step_in; /* the step's own self-description (in, without host_state) */
+    sbp_step_info host_info; /* host_state: *in */
+    sbp_step_param *host_params_tab; /* [n_params] host_info.params (malloc'd) */
 } train_steplib;
 
 /* Checks the file, dlopens it, checks its ABI version and table, and picks the runtime's

@@ -116,9 +116,11 @@ void sbp_train_place_bf16_shadow(sbp_train_program *p)
     p->workspace_bytes = p->bf16_shadow_offset + p->shadow_elems * 2;
 }
 
-int sbp_train_place_base_bf16(sbp_train_program *p, ir_diag *d)
+int sbp_train_place_base_bf16(sbp_train_program *p, bool trained_too, ir_diag *d)
 {
-    /* a frozen parameter qualifies when every read of it is a GEMM operand (its bf16 copy) or
+    /* (trained_too, --offload optimizer: trained ones too, whose fp32 masters the caller keeps
+     * on the host and rounds into the block after each update, as the step's copy would.)
+     * a frozen parameter qualifies when every read of it is a GEMM operand (its bf16 copy) or
      * the table of an embedding lookup, whose bf16 output is the table's bf16 rounding either
      * way (a tied embedding and LM head: one parameter, read by both; a re-tied copy reads its
      * owner's buffer, so the owner qualifies as the two together); the frozen flag is the
@@ -140,11 +142,12 @@ int sbp_train_place_base_bf16(sbp_train_program *p, ir_diag *d)
     int n = 0;
     for (int i = 0; i < p->n_params; i++) {
         tp_param *q = &p->params[i];
-        q->stored_bf16 = q->tied_to < 0 && q->buf >= 0 && q->value->frozen && !other[q->buf];
+        q->stored_bf16 = q->tied_to < 0 && q->buf >= 0 && (q->value->frozen || trained_too) &&
+                         !other[q->buf];
         n += q->stored_bf16;
     }
     free(other);
-    if (!n)
+    if (!n && !trained_too)
         return ir_diag_error(d, "--base-precision bf16: no frozen parameter is read by matrix "
                                 "products and embedding lookups alone (freeze the base model "
                                 "with --lora or --freeze; norms stay fp32)");

@@ -388,7 +388,8 @@ typedef struct sbp_train_program {
                               * ([shadow_elems] bf16, element offsets as the parameter block's),
                               * after every planned buffer */
 
-    /* Offload (sbp_train_options.offload_checkpoints; offload.c) */
+    /* Offload (sbp_train_options.offload_checkpoints; offload.c; and offload_optimizer) */
+    bool offload_optimizer;  /* the caller's masters and optimizer state are on the host */
     size_t host_bytes;       /* the host workspace the transfers' host copies live in */
     tp_transfer *transfers;  /* [n_transfers] each offloaded buffer's way out and back */
     int n_transfers;
@@ -426,6 +427,10 @@ typedef struct sbp_train_options {
     bool logp_only;          /* with forward_only, DPO / GRPO: build the log-probability
                               * program itself */
     bool packed;             /* packed documents: see "Packed documents" above */
+    bool offload_optimizer;  /* the caller keeps the fp32 master weights and the optimizer
+                              * state on the host: every trained weight that only GEMMs and
+                              * embedding lookups read is bf16 alone in the parameter block
+                              * (as base_bf16 does for frozen ones); CUDA, bf16 */
     bool offload_checkpoints; /* each layer's input checkpoint lives in host memory between
                               * its forward and its backward (offload.c; CUDA, bf16) */
     size_t host_budget;      /* bytes, 0 = none: the host workspace must fit */
@@ -480,6 +485,10 @@ sbp_train_program *sbp_train_build_until(ir_graph *g, sbp_objective objective,
  * gradients (the caller's two blocks) + the planned workspace; optimizer state is the
  * caller's and not included. */
 size_t sbp_train_planned_peak(const sbp_train_program *p);
+/* What the step's caller keeps in host memory: the offloaded checkpoints (host_bytes) and, with
+ * offload_optimizer, the fp32 masters of every parameter, AdamW's m and v and a host copy of the
+ * gradients. */
+size_t sbp_train_host_state_bytes(const sbp_train_program *p);
 
 /* Human-readable listing of the program (buffers with offsets, blocks, instructions):
  * sbpc --dump-ir=program. */

@@ -130,15 +130,21 @@ static sbp_train_program *build_once(ir_graph *g, sbp_objective objective,
     if (p->bf16 && sbp_train_mark_bf16(p, g->diag) != IR_OK)
         return NULL;
     p->shadow_elems = p->param_elems; /* the bf16 copy's range, unless base_bf16 narrows it */
-    if (p->bf16 && opt->base_bf16 && sbp_train_place_base_bf16(p, g->diag) != IR_OK)
+    if (p->bf16 && (opt->base_bf16 || opt->offload_optimizer) &&
+        sbp_train_place_base_bf16(p, opt->offload_optimizer, g->diag) != IR_OK)
         return NULL;
+    p->offload_optimizer = opt && opt->offload_optimizer;
     /* offload: part of the strategy's program (its transfers show in the stream dump) */
     if (opt && opt->offload_checkpoints && !p->forward_only &&
         sbp_train_offload(p, g->diag) != IR_OK)
         return NULL;
-    if (opt && opt->host_budget && p->host_bytes > opt->host_budget) {
-        ir_diag_error(g->diag, "--host-budget %zu bytes cannot hold the offloaded checkpoints: "
-                      "they need %zu bytes of host memory", opt->host_budget, p->host_bytes);
+    if (opt && opt->host_budget && sbp_train_host_state_bytes(p) > opt->host_budget) {
+        ir_diag_error(g->diag, "--host-budget %zu bytes cannot hold the offloaded %s: they need "
+                      "%zu bytes of host memory", opt->host_budget,
+                      p->offload_optimizer && p->n_transfers ? "checkpoints and optimizer state"
+                      : p->offload_optimizer                ? "optimizer state"
+                                                            : "checkpoints",
+                      sbp_train_host_state_bytes(p));
         return NULL;
     }
     if (stop < SBP_TRAIN_UNTIL_PLAN)
@@ -158,6 +164,17 @@ static sbp_train_program *build_once(ir_graph *g, sbp_objective objective,
 size_t sbp_train_planned_peak(const sbp_train_program *p)
 {
     return (p->param_elems + p->grad_elems) * sizeof(float) + p->workspace_bytes;
+}
+
+size_t sbp_train_host_state_bytes(const sbp_train_program *p)
+{
+    size_t masters = 0;
+    for (int i = 0; p->offload_optimizer && i < p->n_params; i++)
+        if (p->params[i].tied_to < 0)
+            masters += p->params[i].numel;
+    /* fp32 masters, AdamW's m and v and the gradients' host copy, and the checkpoints */
+    return p->host_bytes +
+           (p->offload_optimizer ? (masters + 3 * p->grad_elems) * sizeof(float) : 0);
 }
 
 static sbp_train_program *build_at(ir_graph *g, sbp_objective objective,

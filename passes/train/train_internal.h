@@ -251,7 +251,7 @@ int sbp_train_mark_bf16(sbp_train_program *p, ir_diag *d);
 void sbp_train_place_bf16_shadow(sbp_train_program *p);
 /* base_bf16: marks the frozen parameters only GEMMs and embedding lookups' tables read as
  * stored_bf16 and lays the parameter block out again (fp32 ones first, then the bf16 ones);
- * sets shadow_elems. */
-int sbp_train_place_base_bf16(sbp_train_program *p, ir_diag *d);
+ * sets shadow_elems. trained_too (--offload optimizer): the trained ones that qualify too. */
+int sbp_train_place_base_bf16(sbp_train_program *p, bool trained_too, ir_diag *d);
 
 #endif

@@ -201,24 +201,32 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
   endif()
   # --offload checkpoints: the same computation as the plain step (losses, gradients and trained
   # weights identical over 10 AdamW steps), with the device memory falling by the planned bytes
-  # (emu_offload.cmake), on 4-layer exports (tests/fixtures/hf/gen_deep.py: with two layers the
+  # (emu_offload.cmake), on 4-layer exports (tests/fixtures/deep/gen_deep.py: with two layers the
   # backward holds both checkpoints at once and nothing is saved)
-  function(gpu_emu_offload model fam strategy)
-    add_test(NAME gpu.step_emu_offload_${fam}_${strategy}
+  function(gpu_emu_offload name model fam strategy)
+    add_test(NAME gpu.step_emu_offload_${name}
              COMMAND ${CMAKE_COMMAND} -DSBPC=$<TARGET_FILE:sbpc> -DTRAIN=$<TARGET_FILE:sbp-train>
                      -DINFO=$<TARGET_FILE:sbp_step_info> -DCC=${CMAKE_C_COMPILER}
                      -DEMU_LIB=$<TARGET_FILE:sbprt_cuda_emu>
                      "-DINCLUDES=${SBP_ROOT}/codegen;${SBP_ROOT}/runtime" "-DCFLAGS=${_emu_cflags}"
-                     -DMODEL=${_fx}/hf/${model}.onnx -DIDS=${_fx}/hf/ref/${fam}_input_ids.npy
+                     -DMODEL=${_fx}/deep/${model}.onnx -DIDS=${_fx}/hf/ref/${fam}_input_ids.npy
                      -DLABELS=${_fx}/hf/ref/${fam}_labels.npy -DSTRATEGY=${strategy}
-                     -DOUT=${_gen}/offload_${fam}_${strategy} ${ARGN}
+                     -DOUT=${_gen}/offload_${name} -DPYTHON=${Python3_EXECUTABLE}
+                     -DCOMPARE=${SBP_ROOT}/tests/dist/compare.py ${ARGN}
                      -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_offload.cmake")
-    set_tests_properties(gpu.step_emu_offload_${fam}_${strategy} PROPERTIES LABELS "gpu;offload"
+    set_tests_properties(gpu.step_emu_offload_${name} PROPERTIES LABELS "gpu;offload"
                          TIMEOUT ${SBP_EMU_STEP_TIMEOUT})
   endfunction()
+  find_package(Python3 COMPONENTS Interpreter QUIET) # tests/dist/compare.py, standard library only
+  # --offload optimizer (and both): the host's AdamW within 1e-6 of the device's over 10 steps
   foreach(_fam llama qwen3 gpt2)
-    gpu_emu_offload(${_fam}_4l_dynamo ${_fam} stream -DCHUNK=11 -DLOGITS_CHUNK=13)
-    gpu_emu_offload(${_fam}_4l_dynamo ${_fam} checkpoint)
+    set(_m ${_fam}_4l_dynamo)
+    gpu_emu_offload(${_fam}_stream ${_m} ${_fam} stream -DCHUNK=11 -DLOGITS_CHUNK=13)
+    gpu_emu_offload(${_fam}_checkpoint ${_m} ${_fam} checkpoint)
+    gpu_emu_offload(${_fam}_stream_optimizer ${_m} ${_fam} stream -DCHUNK=11 -DLOGITS_CHUNK=13
+                    -DOFFLOAD=optimizer)
+    gpu_emu_offload(${_fam}_checkpoint_both ${_m} ${_fam} checkpoint
+                    -DOFFLOAD=checkpoints,optimizer)
   endforeach()
   # --base-precision bf16 trains exactly as the fp32 master weights' bf16 copy does
   # (losses, gradients, adapters, saved model identical), with the smaller plan it states

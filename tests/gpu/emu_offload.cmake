@@ -1,25 +1,47 @@
-# emu_offload.cmake — sbpc --offload checkpoints on the CUDA emulator, run by ctest
-# (tests/gpu/codegen.cmake, gpu.step_emu_offload_<model>_<strategy>).
+# emu_offload.cmake — sbpc --offload on the CUDA emulator, run by ctest
+# (tests/gpu/codegen.cmake, gpu.step_emu_offload_<model>_<strategy>[_optimizer]).
 #
-# A bf16 cuda step is compiled twice, plain and with --offload checkpoints, and both are
-# trained for STEPS AdamW steps from the same weights and batch. The offloaded step runs the
-# same kernels on the same values (its checkpoints go to host memory and come back bit for bit),
-# so everything must be identical: the loss of every step (as printed, to 6 decimals, and the
-# first step's gradients as a byte-identical --dump-grads file), and the weights after the last
-# step (byte-identical --save files). The emulator defers every copy on the copy stream to the
-# wait that names it and fills its destination with NaN meanwhile (tests/gpu/emu/cuda_emu.h), so
-# a transfer waited for too late, or a source overwritten before its copy, changes the numbers.
-# And the device memory in use must fall by what the plan says: sbp-train's measured peak
-# (bytes in use above the arena's start) by the two plans' workspace difference, which must be
-# positive, while the step states its host workspace; and a --host-budget below that workspace
-# is refused before any step.
+# A bf16 cuda step is compiled twice, plain and with --offload WHAT (OFFLOAD: checkpoints, the
+# default, or optimizer, or checkpoints,optimizer), and both are trained for STEPS AdamW steps
+# from the same weights and batch.
+#
+# checkpoints: the offloaded step runs the same kernels on the same values (its checkpoints go to
+# host memory and come back bit for bit), so everything must be identical: the loss of every step
+# (as printed, to 6 decimals, and the first step's gradients as a byte-identical --dump-grads
+# file), and the weights after the last step (byte-identical --save files). The emulator defers
+# every copy on the copy stream to the wait that names it and fills its destination with NaN
+# meanwhile (tests/gpu/emu/cuda_emu.h), so a transfer waited for too late, or a source overwritten
+# before its copy, changes the numbers. And the device memory in use must fall by what the plan
+# says: sbp-train's measured peak (bytes in use above the arena's start) by the two plans'
+# workspace difference, which must be positive, while the step states its host workspace; and a
+# --host-budget below that workspace is refused before any step.
+#
+# optimizer: sbp-train keeps the fp32 masters and AdamW's m and v on the host, updates them with
+# its own (CPU) AdamW and stores the masters into the step's bf16 weights; the plain step updates
+# on the device and its GEMMs read the bf16 copy it makes of the fp32 masters. The first step is
+# the same computation (the same bf16 values: byte-identical gradients); after it the update runs
+# in another runtime, so the losses and gradient norms of every step and the final checkpoint
+# (masters, m, v) are held to 1e-6 relative (tests/dist/compare.py); and the device memory must
+# fall by the parameter block's and the optimizer state's planned bytes.
 #
 #   -DSBPC= -DTRAIN= -DINFO= -DCC= -DEMU_LIB= -DINCLUDES=a;b -DCFLAGS=... -DMODEL= -DIDS=
 #   -DLABELS= -DOUT= -DSTRATEGY= [-DSTEPS=10] [-DCHUNK=N -DLOGITS_CHUNK=N: stream's chunks]
+#   [-DOFFLOAD=checkpoints|optimizer|checkpoints,optimizer -DPYTHON= -DCOMPARE=compare.py]
 include("${CMAKE_CURRENT_LIST_DIR}/../run_checked.cmake") # run(what cmd...)
 
 if(NOT STEPS)
   set(STEPS 10)
+endif()
+if(NOT OFFLOAD)
+  set(OFFLOAD checkpoints)
+endif()
+set(ckpts OFF)
+set(optim OFF)
+if(OFFLOAD MATCHES "checkpoints")
+  set(ckpts ON)
+endif()
+if(OFFLOAD MATCHES "optimizer")
+  set(optim ON)
 endif()
 set(chunks)
 if(CHUNK)
@@ -32,10 +54,11 @@ endforeach()
 file(MAKE_DIRECTORY "${OUT}")
 foreach(mode plain offload)
   set(n "${OUT}/${mode}")
-  file(REMOVE "${n}.so" "${n}_grads.safetensors" "${n}_saved.onnx")
+  file(REMOVE_RECURSE "${n}.so" "${n}_grads.safetensors" "${n}_saved.onnx" "${n}.jsonl"
+       "${n}_ck")
   set(extra)
   if(mode STREQUAL "offload")
-    set(extra --offload checkpoints)
+    set(extra --offload ${OFFLOAD})
   endif()
   # --no-eval: the arena holds the larger of the training and evaluation workspaces, and the
   # saving is the training one's
@@ -48,12 +71,15 @@ foreach(mode plain offload)
   run("step_info (${mode})" ${INFO} ${n}.so cuda)
   string(STRIP "${LAST_OUT}" info)
   string(REPLACE " " ";" info "${info}")
+  list(GET info 7 pelems_${mode})
   list(GET info 8 ws_${mode})
   list(GET info 9 host_${mode})
   list(GET info 10 offload_${mode})
+  list(GET info 11 gelems_${mode})
   run("sbp-train (${mode})" ${TRAIN} ${n}.so --model ${MODEL} --input-ids ${IDS}
       --labels ${LABELS} --steps ${STEPS} --lr 0.01 --weight-decay 0.01
-      --dump-grads ${n}_grads.safetensors --save ${n}_saved.onnx)
+      --dump-grads ${n}_grads.safetensors --save ${n}_saved.onnx --log ${n}.jsonl
+      --checkpoint-dir ${n}_ck --checkpoint-every ${STEPS})
   set(out_${mode} "${LAST_OUT}")
   string(REGEX MATCHALL "step [0-9]+ loss [^ ]+" losses_${mode} "${LAST_OUT}")
   if(NOT LAST_OUT MATCHES "\\(cuda, ")
@@ -69,50 +95,78 @@ list(LENGTH losses_plain n_losses)
 if(NOT n_losses EQUAL STEPS)
   message(FATAL_ERROR "expected ${STEPS} loss lines, got ${n_losses}: ${losses_plain}")
 endif()
-if(NOT losses_plain STREQUAL losses_offload)
-  message(FATAL_ERROR "the offloaded step trains differently:\n  plain:   ${losses_plain}\n"
-                      "  offload: ${losses_offload}")
+# the first step's gradients: the same computation either way
+file(SHA256 "${OUT}/plain_grads.safetensors" a)
+file(SHA256 "${OUT}/offload_grads.safetensors" b)
+if(NOT a STREQUAL b)
+  message(FATAL_ERROR "the first step's gradients differ: the offloaded step is not the same "
+                      "computation")
 endif()
-foreach(f grads.safetensors saved.onnx)
-  file(SHA256 "${OUT}/plain_${f}" a)
-  file(SHA256 "${OUT}/offload_${f}" b)
-  if(NOT a STREQUAL b)
-    message(FATAL_ERROR "plain_${f} and offload_${f} differ: the offloaded step is not the "
-                        "same computation")
+if(NOT optim)
+  if(NOT losses_plain STREQUAL losses_offload)
+    message(FATAL_ERROR "the offloaded step trains differently:\n  plain:   ${losses_plain}\n"
+                        "  offload: ${losses_offload}")
   endif()
-endforeach()
+  file(SHA256 "${OUT}/plain_saved.onnx" a)
+  file(SHA256 "${OUT}/offload_saved.onnx" b)
+  if(NOT a STREQUAL b)
+    message(FATAL_ERROR "plain_saved.onnx and offload_saved.onnx differ: the offloaded step is "
+                        "not the same computation")
+  endif()
+else() # the update in the host's runtime: 1e-6
+  set(ck "step-0000000${STEPS}.safetensors")
+  if(STEPS GREATER 9)
+    set(ck "step-000000${STEPS}.safetensors")
+  endif()
+  run("the losses and gradient norms against the plain run's (1e-6)"
+      ${PYTHON} ${COMPARE} log ${OUT}/offload.jsonl ${OUT}/plain.jsonl 1e-6)
+  run("the masters, m and v after ${STEPS} steps against the plain run's (1e-6)"
+      ${PYTHON} ${COMPARE} st2 ${OUT}/offload_ck/${ck} ${OUT}/plain_ck/${ck} 1e-6)
+endif()
 
 if(NOT offload_plain STREQUAL "-" OR NOT host_plain EQUAL 0)
   message(FATAL_ERROR "the plain step says it offloads (${offload_plain}, ${host_plain} bytes)")
 endif()
-if(NOT offload_offload STREQUAL "checkpoints" OR NOT host_offload GREATER 0)
-  message(FATAL_ERROR "the offloaded step states no host workspace (${offload_offload}, "
-                      "${host_offload} bytes)")
+if(NOT offload_offload STREQUAL OFFLOAD)
+  message(FATAL_ERROR "the offloaded step says it offloads '${offload_offload}', not ${OFFLOAD}")
 endif()
-if(NOT out_offload MATCHES "host workspace: ${host_offload} bytes")
-  message(FATAL_ERROR "sbp-train did not report the step's ${host_offload}-byte host workspace")
+if(ckpts AND NOT host_offload GREATER 0)
+  message(FATAL_ERROR "the offloaded step states no host workspace (${host_offload} bytes)")
+endif()
+if(NOT out_offload MATCHES "host workspace: ([0-9]+) bytes")
+  message(FATAL_ERROR "sbp-train did not report the host memory the offload takes")
 endif()
 # a host that cannot hold the checkpoints: refused before any step, naming both byte counts
-execute_process(COMMAND ${TRAIN} ${OUT}/offload.so --model ${MODEL} --input-ids ${IDS}
-                --labels ${LABELS} --steps 1 --host-budget 1K
-                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 1 OR NOT err MATCHES "keeps ${host_offload} bytes .* of layer checkpoints in host memory .*--host-budget allows 1024 bytes"
-   OR out MATCHES "step 1 loss")
-  message(FATAL_ERROR "sbp-train --host-budget 1K: exit ${rc}, expected 1 and the bytes named "
-                      "before any step:\n${out}${err}")
+if(ckpts)
+  execute_process(COMMAND ${TRAIN} ${OUT}/offload.so --model ${MODEL} --input-ids ${IDS}
+                  --labels ${LABELS} --steps 1 --host-budget 1K
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 1 OR NOT err MATCHES "keeps ${host_offload} bytes .* of layer checkpoints in host memory .*--host-budget allows 1024 bytes"
+     OR out MATCHES "step 1 loss")
+    message(FATAL_ERROR "sbp-train --host-budget 1K: exit ${rc}, expected 1 and the bytes named "
+                        "before any step:\n${out}${err}")
+  endif()
 endif()
-math(EXPR planned "${ws_plain} - ${ws_offload}")
+# the device's saving: the workspace's (checkpoints; optimizer: the bf16 weights need no copy
+# in it), the parameter block's (bf16 weights, no fp32 masters) and, optimizer, AdamW's m and v
+# (4 bytes each per gradient element, which the plain run keeps on the device)
+math(EXPR planned "${ws_plain} - ${ws_offload} + 4 * (${pelems_plain} - ${pelems_offload})")
+if(optim)
+  math(EXPR planned "${planned} + 8 * ${gelems_plain}")
+endif()
 math(EXPR measured "${dev_plain} - ${dev_offload}")
 if(NOT planned GREATER 0)
   message(FATAL_ERROR "the offloaded plan is not smaller: workspace ${ws_offload} bytes against "
-                      "${ws_plain}")
+                      "${ws_plain}, parameter block ${pelems_offload} floats against "
+                      "${pelems_plain}")
 endif()
 # the arena rounds each of its pieces up to SBPRT_ALIGN (64 bytes), as do the plans
-math(EXPR slack "${planned} + 64")
+math(EXPR slack "${planned} + 4 * 64")
 if(measured LESS planned OR measured GREATER slack)
   message(FATAL_ERROR "device memory fell by ${measured} bytes (${dev_plain} -> ${dev_offload}), "
-                      "the plans by ${planned} (${ws_plain} -> ${ws_offload})")
+                      "the plans by ${planned} (workspace ${ws_plain} -> ${ws_offload}, "
+                      "parameter block ${pelems_plain} -> ${pelems_offload} floats)")
 endif()
-message("offload (${STRATEGY}): ${STEPS} AdamW steps identical; device memory "
-        "${dev_plain} -> ${dev_offload} bytes (-${measured}, planned -${planned}); "
-        "host workspace ${host_offload} bytes")
+message("offload ${OFFLOAD} (${STRATEGY}): ${STEPS} AdamW steps as the plain step's; device "
+        "memory ${dev_plain} -> ${dev_offload} bytes (-${measured}, planned -${planned}); host "
+        "workspace ${host_offload} bytes")

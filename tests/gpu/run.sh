@@ -462,12 +462,12 @@ fi
 
 # ---------------------------------------------------------------- stage 2c: offload
 # sbpc --offload checkpoints on the GPU: the 4-layer Llama and GPT-2 exports
-# (tests/fixtures/hf/gen_deep.py), bf16 stream and checkpoint, plain and offloaded, 10 AdamW
+# (tests/fixtures/deep/gen_deep.py), bf16 stream and checkpoint, plain and offloaded, 10 AdamW
 # steps each: the losses must be identical (the same kernels on the same values; the copies on
 # the second stream are bit for bit), and both runs' step times and device peaks are printed
 # (the overlap of the copies with the compute, measured where it is real).
 offload_gpu() {
-    local hf=$root/tests/fixtures/hf gen=$full/gpu_offload fails=0
+    local hf=$root/tests/fixtures/hf deep=$root/tests/fixtures/deep gen=$full/gpu_offload fails=0
     rm -rf "$gen"
     mkdir -p "$gen"
     for fam in llama gpt2; do
@@ -476,11 +476,11 @@ offload_gpu() {
             for mode in plain offload; do
                 local extra=() n=$gen/${fam}_${st}_$mode
                 [ $mode = offload ] && extra=(--offload checkpoints)
-                timeout "$(cap 60)" "$full/tools/sbpc" "$hf/${fam}_4l_dynamo.onnx" --batch 2 \
+                timeout "$(cap 60)" "$full/tools/sbpc" "$deep/${fam}_4l_dynamo.onnx" --batch 2 \
                     --seq-len 32 --target cuda --precision bf16 --strategy $st --no-eval \
                     "${extra[@]}" -o "$n.so" >"$n.sbpc.log" 2>&1 ||
                     { echo "  $fam $st $mode: sbpc FAILED"; tail -n 5 "$n.sbpc.log"; fails=$((fails + 1)); continue; }
-                timeout "$(cap 60)" "$full/tools/sbp-train" "$n.so" --model "$hf/${fam}_4l_dynamo.onnx" \
+                timeout "$(cap 60)" "$full/tools/sbp-train" "$n.so" --model "$deep/${fam}_4l_dynamo.onnx" \
                     --input-ids "$hf/ref/${fam}_input_ids.npy" --labels "$hf/ref/${fam}_labels.npy" \
                     --steps 10 --lr 0.01 --weight-decay 0.01 --log "$n.jsonl" >"$n.log" 2>&1 ||
                     { echo "  $fam $st $mode: sbp-train FAILED"; tail -n 5 "$n.log"; fails=$((fails + 1)); continue; }
