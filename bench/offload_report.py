@@ -20,12 +20,14 @@ of the two. The same holds in T at fixed chunks (each buffer is either a chunk's
 token's), so the longest T that fits a device follows from two lengths; it is then planned at
 that length (2 and 3 layers again) to check.
 
-The figures: the planned device peak (sbpc's "peak (params+grads+opt+workspace)": fp32 masters,
-their gradients, AdamW's two moments, and the workspace with its bf16 copy of the weights), the
-host bytes the offloaded checkpoints take, and the state that does not depend on T. A device
-peak is the plan's; the runtime's own scratch and cuBLAS's workspace come on top (some hundreds
-of MiB). Next to them: ALST's 1.2M tokens of Llama-3.1-8B on one H200 (its optimizer state and
-weights offloaded to the host, which sbpc --offload optimizer is meant to do and does not yet).
+The figures, for --offload none, checkpoints, optimizer and both: the planned device peak (sbpc's
+"peak (params+grads+opt+workspace)": the parameter block (fp32 masters, or with --offload
+optimizer the bf16 weights), the gradients, AdamW's two moments unless offloaded, and the
+workspace with its bf16 copy of the fp32 weights), the state that does not depend on T (peak
+minus workspace), and the host bytes (the checkpoints; the fp32 masters, AdamW's m and v and the
+gradients' copy). A device peak is the plan's; the runtime's own scratch and cuBLAS's workspace
+come on top (some hundreds of MiB). Next to them: ALST's 1.2M tokens of Llama-3.1-8B on one
+H200.
 """
 import argparse
 import os
@@ -83,13 +85,20 @@ def export(name, layers):
     return path
 
 
-def plan(sbpc, path, T, offload, chunk, logits_chunk):
-    """(device peak, workspace, host bytes, state) of the stream step at T, in bytes."""
+MODES = (("none", []), ("checkpoints", ["--offload", "checkpoints"]),
+         ("optimizer", ["--offload", "optimizer"]),
+         ("both", ["--offload", "checkpoints,optimizer"]))
+_plans = {}
+
+
+def plan(sbpc, path, T, mode, chunk, logits_chunk):
+    """(device peak, workspace, host bytes) of the stream step at T, in bytes (cached)."""
+    key = (path, T, mode, chunk, logits_chunk)
+    if key in _plans:
+        return _plans[key]
     cmd = [sbpc, path, "--batch", "1", "--seq-len", str(T), "--target", "cuda", "--precision",
            "bf16", "--strategy", "stream", "--chunk", str(chunk), "--logits-chunk",
-           str(logits_chunk), "--no-eval", "--report"]
-    if offload:
-        cmd += ["--offload", "checkpoints"]
+           str(logits_chunk), "--no-eval", "--report"] + dict(MODES)[mode]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit("sbpc failed (%d): %s\n%s" % (r.returncode, " ".join(cmd), r.stderr[-2000:]))
@@ -99,38 +108,31 @@ def plan(sbpc, path, T, offload, chunk, logits_chunk):
         return int(m.group(1)) if m else 0
     peak = col("peak (params+grads+opt+workspace)")
     ws = col("workspace, planned")
-    host = col("host: offloaded checkpoints")
-    return peak, ws, host, peak - ws
+    host = col("host: offloaded checkpoints") + col("host: masters, AdamW m, v, grads")
+    _plans[key] = (peak, ws, host)
+    return _plans[key]
 
 
-class Linear:
-    """A figure as a + b * layers, from its values at 2 and 3 layers."""
-
-    def __init__(self, v2, v3):
-        self.v2, self.b = v2, v3 - v2
-
-    def at(self, layers):
-        return self.v2 + (layers - 2) * self.b
+def figures(sbpc, paths, layers, T, mode, chunk, lc):
+    """The full depth's (device peak, workspace, host bytes): a + b * layers through the 2- and
+    3-layer plans."""
+    p2 = plan(sbpc, paths[2], T, mode, chunk, lc)
+    p3 = plan(sbpc, paths[3], T, mode, chunk, lc)
+    return [a + (layers - 2) * (b - a) for a, b in zip(p2, p3)]
 
 
-def figures(sbpc, paths, layers, T, offload, chunk, lc):
-    p2 = plan(sbpc, paths[2], T, offload, chunk, lc)
-    p3 = plan(sbpc, paths[3], T, offload, chunk, lc)
-    return [Linear(a, b).at(layers) for a, b in zip(p2, p3)]
-
-
-def longest(sbpc, paths, layers, offload, chunk, lc, t_lo, t_hi, budget):
+def longest(sbpc, paths, layers, mode, chunk, lc, t_lo, t_hi, budget):
     """The longest T (a multiple of chunk) whose full-depth device peak fits budget, from the
-    line through t_lo and t_hi, checked by a plan at it; None when even T = chunk does not."""
-    lo = figures(sbpc, paths, layers, t_lo, offload, chunk, lc)[0]
-    hi = figures(sbpc, paths, layers, t_hi, offload, chunk, lc)[0]
+    line through t_lo and t_hi, checked by a plan at it; None when nothing fits."""
+    lo = figures(sbpc, paths, layers, t_lo, mode, chunk, lc)[0]
+    hi = figures(sbpc, paths, layers, t_hi, mode, chunk, lc)[0]
     per_token = (hi - lo) / (t_hi - t_lo)
     state = lo - per_token * t_lo
-    if state >= budget:
+    if state + per_token * chunk > budget:
         return None, per_token, state
     T = int((budget - state) / per_token) // chunk * chunk
-    while T > chunk and figures(sbpc, paths, layers, T, offload, chunk, lc)[0] > budget:
-        T -= chunk  # the line is exact up to rounding of the plan; step down if it is not
+    while T > chunk and figures(sbpc, paths, layers, T, mode, chunk, lc)[0] > budget:
+        T -= chunk  # the line is exact up to the plan's rounding; step down if it is not
     return T, per_token, state
 
 
@@ -152,30 +154,28 @@ def main():
         layers = cfgs[name][0]
         paths = {n: export(name, n) for n in (2, 3)}
         print("\n%s-shaped, %d layers (planned from 2- and 3-layer exports at full width), "
-              "bf16 stream, chunk %d, logits chunk %d, GiB:" % (name, layers, a.chunk,
-                                                              a.logits_chunk))
-        print("  %9s  %-22s %12s %12s %12s %12s" % ("T", "offload", "device peak", "workspace",
-                                                   "state", "host"))
+              "bf16 stream, chunk %d, logits chunk %d; GiB" % (name, layers, a.chunk,
+                                                             a.logits_chunk))
+        print("  %9s  %-12s %12s %12s %12s %12s" % ("T", "--offload", "device peak",
+                                                   "workspace", "state", "host"))
         for T in a.seq_lens:
-            for off in (False, True):
-                peak, ws, host, state = figures(sbpc, paths, layers, T, off, a.chunk,
-                                                a.logits_chunk)
-                print("  %9d  %-22s %12s %12s %12s %12s" % (T, "checkpoints" if off else "none",
-                                                           gib(peak), gib(ws), gib(state),
-                                                           gib(host) if off else "-"))
+            for mode, _ in MODES:
+                peak, ws, host = figures(sbpc, paths, layers, T, mode, a.chunk, a.logits_chunk)
+                print("  %9d  %-12s %12s %12s %12s %12s" % (T, mode, gib(peak), gib(ws),
+                                                           gib(peak - ws), gib(host)))
         lo, hi = a.seq_lens[0], a.seq_lens[-1]
         for dev, budget in DEVICES:
-            for off in (False, True):
-                T, per_token, state = longest(sbpc, paths, layers, off, a.chunk,
+            for mode, _ in MODES:
+                T, per_token, state = longest(sbpc, paths, layers, mode, a.chunk,
                                               a.logits_chunk, lo, hi, budget)
-                what = "offload checkpoints" if off else "plain"
                 if T is None:
-                    print("  %s (%.0f GB) %-20s: does not fit at any T: the state that does not "
-                          "depend on T is %s GiB" % (dev, budget / 1e9, what, gib(state)))
+                    print("  %s (%.0f GB), --offload %-12s: fits at no T: %s GiB before the "
+                          "first token" % (dev, budget / 1e9, mode, gib(state)))
                 else:
-                    print("  %s (%.0f GB) %-20s: longest T %d (%.2fM tokens), %.1f KiB of "
-                          "device memory per token" % (dev, budget / 1e9, what, T, T / 1e6,
-                                                       per_token / 1024))
+                    host = figures(sbpc, paths, layers, T, mode, a.chunk, a.logits_chunk)[2]
+                    print("  %s (%.0f GB), --offload %-12s: longest T %d (%.2fM tokens), %.1f "
+                          "KiB of device memory per token, %s GiB of host memory" %
+                          (dev, budget / 1e9, mode, T, T / 1e6, per_token / 1024, gib(host)))
     print("\nALST (DeepSpeed Ulysses + tiling + offload of weights, optimizer state and "
           "checkpoints): 1.2M tokens of Llama-3.1-8B on one H200.")
 

@@ -425,9 +425,11 @@ int sbp_report_write(FILE *out, const sbp_report_entry *e, int n, int main_index
                 fprintf(out, " %*s", COLW, "-");
         }
         fprintf(out, "\n  %-32s", "host: bytes moved per step");
-        for (int i = 0; i < n; i++) {
-            if (f[i].p && f[i].p->n_transfers > 0)
-                fprintf(out, " %*zu", COLW, 2 * f[i].p->host_bytes);
+        for (int i = 0; i < n; i++) { /* checkpoints out and back; gradients out, weights in */
+            const sbp_train_program *q = f[i].p;
+            if (q && (q->n_transfers > 0 || q->offload_optimizer))
+                fprintf(out, " %*zu", COLW, 2 * q->host_bytes +
+                        (q->offload_optimizer ? (q->grad_elems + q->param_elems) * 4 : 0));
             else
                 fprintf(out, " %*s", COLW, "-");
         }

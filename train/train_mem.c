@@ -82,18 +82,25 @@ static size_t host_available(void)
 
 /* An offloading step's host workspace (sbp_step_info.host_bytes), checked against what the
  * machine has before anything is allocated; the allocation itself is train_mem_alloc's. */
-static int host_check(const train_steplib *L, size_t budget, const train_sink *s)
+static int host_check(const train_mem *m, const train_steplib *L, size_t budget,
+                      const train_sink *s)
 {
-    size_t need = L->in->host_bytes, avail = budget ? budget : host_available();
+    /* the checkpoints; --offload optimizer: the masters, the gradients, m, v and the staging
+     * block */
+    size_t state = m->host_state ? m->pbytes + m->gbytes + 2 * m->mbytes + m->step_pbytes : 0;
+    size_t need = L->in->host_bytes + state, avail = budget ? budget : host_available();
     char b1[32], b2[32];
     if (need && avail && need > avail)
-        return train_err(s, "%s keeps %zu bytes (%s) of layer checkpoints in host memory "
-                         "(sbpc --offload), but %s %zu bytes (%s): recompile with a shorter "
-                         "--seq-len, or run where the host has more", L->path, need,
+        return train_err(s, "%s keeps %zu bytes (%s) of %s in host memory (sbpc --offload), "
+                         "but %s %zu bytes (%s): recompile with a shorter --seq-len, or run "
+                         "where the host has more", L->path, need,
                          cli_human_bytes(b1, sizeof b1, (double)need),
+                         !state ? "layer checkpoints"
+                         : L->in->host_bytes ? "layer checkpoints and optimizer state"
+                                             : "optimizer state",
                          budget ? "--host-budget allows" : "this machine has available",
                          avail, cli_human_bytes(b2, sizeof b2, (double)avail));
-    if (need && !L->rt.host_alloc)
+    if (L->in->host_bytes && !L->rt.host_alloc)
         return train_err(s, "%s needs a host workspace of %zu bytes, but its runtime exports no "
                          "sbprt_host_alloc / sbprt_host_free", L->path, need);
     return 0;
@@ -156,7 +163,7 @@ int train_mem_alloc(train_mem *m, const train_steplib *L, const train_mem_need *
     m->step_pbytes = L->step_in->param_elems * sizeof(float);
     size_t off[11];
     m->bytes = layout(m, in, need, off);
-    if (host_check(L, need->host_budget, s))
+    if (host_check(m, L, need->host_budget, s))
         return -1;
     int st = TRAIN_RT(*rt, arena_alloc, arena_ctx, (void **)&m->arena, m->bytes);
     if (st) {

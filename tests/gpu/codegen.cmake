@@ -219,7 +219,11 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
   endfunction()
   find_package(Python3 COMPONENTS Interpreter QUIET) # tests/dist/compare.py, standard library only
   # --offload optimizer (and both): the host's AdamW within 1e-6 of the device's over 10 steps
-  foreach(_fam llama qwen3 gpt2)
+  set(_offload_fams llama qwen3 gpt2)
+  if(SBP_SANITIZE) # the emulator under the sanitizers is slow: Llama's four
+    set(_offload_fams llama)
+  endif()
+  foreach(_fam ${_offload_fams})
     set(_m ${_fam}_4l_dynamo)
     gpu_emu_offload(${_fam}_stream ${_m} ${_fam} stream -DCHUNK=11 -DLOGITS_CHUNK=13)
     gpu_emu_offload(${_fam}_checkpoint ${_m} ${_fam} checkpoint)

@@ -24,9 +24,10 @@
 #      gradient norms and its final checkpoint (parameters, m, v) against the plain run's within
 #      1e-6 (tests/dist/compare.py); skipped when sbp-train was built without NCCL or there is no
 #      mpirun; part of stage 2 (--no-fixtures leaves it out);
-#   2c. --offload checkpoints (passes/train/offload.c): the 4-layer Llama and GPT-2 exports,
-#      bf16 stream and checkpoint, plain and offloaded, 10 AdamW steps: identical losses, and
-#      both step times and device peaks printed; part of stage 2 (--no-fixtures leaves it out);
+#   2c. --offload (passes/train/offload.c, train/): the 4-layer Llama and GPT-2 exports, bf16
+#      stream and checkpoint, plain, --offload checkpoints and checkpoints,optimizer, 10 AdamW
+#      steps: the checkpoints' losses identical, the optimizer's within 1e-6, each run's step
+#      time and device peak printed; part of stage 2 (--no-fixtures leaves it out);
 #   3. benchmark: bench/gpu_bench.py — step time and peak device memory of store, checkpoint
 #      and stream on a Qwen3-0.6B-shaped random model for T = 4096, 8192, ..., next to PyTorch
 #      with and without per-layer checkpointing, and the largest T each fits on the card
@@ -461,42 +462,49 @@ else
 fi
 
 # ---------------------------------------------------------------- stage 2c: offload
-# sbpc --offload checkpoints on the GPU: the 4-layer Llama and GPT-2 exports
-# (tests/fixtures/deep/gen_deep.py), bf16 stream and checkpoint, plain and offloaded, 10 AdamW
-# steps each: the losses must be identical (the same kernels on the same values; the copies on
-# the second stream are bit for bit), and both runs' step times and device peaks are printed
-# (the overlap of the copies with the compute, measured where it is real).
+# sbpc --offload on the GPU: the 4-layer Llama and GPT-2 exports (tests/fixtures/deep/
+# gen_deep.py), bf16 stream and checkpoint, plain, --offload checkpoints and --offload
+# checkpoints,optimizer, 10 AdamW steps each: the checkpoints' losses identical to the plain
+# run's (the same kernels on the same values; the copies on the second stream are bit for bit),
+# the optimizer's within 1e-6 (tests/dist/compare.py: the host's AdamW against the device's), and
+# each run's step time and device peak printed (the overlap measured where it is real).
 offload_gpu() {
-    local hf=$root/tests/fixtures/hf deep=$root/tests/fixtures/deep gen=$full/gpu_offload fails=0
+    local deep=$root/tests/fixtures/deep ref=$root/tests/fixtures/hf/ref gen=$full/gpu_offload
+    local fails=0 fam st mode
     rm -rf "$gen"
     mkdir -p "$gen"
     for fam in llama gpt2; do
         for st in stream checkpoint; do
-            local -a out=()
-            for mode in plain offload; do
-                local extra=() n=$gen/${fam}_${st}_$mode
-                [ $mode = offload ] && extra=(--offload checkpoints)
-                timeout "$(cap 60)" "$full/tools/sbpc" "$deep/${fam}_4l_dynamo.onnx" --batch 2 \
-                    --seq-len 32 --target cuda --precision bf16 --strategy $st --no-eval \
-                    "${extra[@]}" -o "$n.so" >"$n.sbpc.log" 2>&1 ||
-                    { echo "  $fam $st $mode: sbpc FAILED"; tail -n 5 "$n.sbpc.log"; fails=$((fails + 1)); continue; }
-                timeout "$(cap 60)" "$full/tools/sbp-train" "$n.so" --model "$deep/${fam}_4l_dynamo.onnx" \
-                    --input-ids "$hf/ref/${fam}_input_ids.npy" --labels "$hf/ref/${fam}_labels.npy" \
-                    --steps 10 --lr 0.01 --weight-decay 0.01 --log "$n.jsonl" >"$n.log" 2>&1 ||
-                    { echo "  $fam $st $mode: sbp-train FAILED"; tail -n 5 "$n.log"; fails=$((fails + 1)); continue; }
-                out+=("$n")
+            local ok=1
+            for mode in plain checkpoints checkpoints,optimizer; do
+                local extra=() n=$gen/${fam}_${st}_${mode/,/_}
+                [ $mode = plain ] || extra=(--offload "$mode")
+                if ! timeout "$(cap 60)" "$full/tools/sbpc" "$deep/${fam}_4l_dynamo.onnx" \
+                         --batch 2 --seq-len 32 --target cuda --precision bf16 --strategy $st \
+                         --no-eval "${extra[@]}" -o "$n.so" >"$n.sbpc.log" 2>&1 ||
+                   ! timeout "$(cap 60)" "$full/tools/sbp-train" "$n.so" \
+                         --model "$deep/${fam}_4l_dynamo.onnx" --input-ids "$ref/${fam}_input_ids.npy" \
+                         --labels "$ref/${fam}_labels.npy" --steps 10 --lr 0.01 --weight-decay 0.01 \
+                         --log "$n.jsonl" >"$n.log" 2>&1; then
+                    echo "  $fam $st --offload $mode: FAILED"
+                    tail -n 5 "$n.sbpc.log" "$n.log" 2>/dev/null
+                    ok=0
+                    continue
+                fi
+                echo "  $fam $st --offload $mode: step 10 at" \
+                     "$(grep -o '^step 10 .*tokens/s [^ ]*' "$n.log" | awk '{print $NF}') tokens/s;" \
+                     "$(grep -h "peak device memory" "$n.log" | cut -c1-90)"
             done
-            [ ${#out[@]} -eq 2 ] || continue
-            if diff <(grep -o '^step [0-9]* loss [^ ]*' "${out[0]}.log") \
-                    <(grep -o '^step [0-9]* loss [^ ]*' "${out[1]}.log") >/dev/null; then
-                echo "  $fam $st: 10 losses identical with --offload checkpoints;" \
-                     "step 10 tokens/s plain $(grep -o '^step 10 .*tokens/s [^ ]*' "${out[0]}.log" | awk '{print $NF}')," \
-                     "offload $(grep -o '^step 10 .*tokens/s [^ ]*' "${out[1]}.log" | awk '{print $NF}')"
-                grep -h "peak device memory" "${out[0]}.log" "${out[1]}.log" | sed 's/^/    /'
+            local p=$gen/${fam}_${st}_plain c=$gen/${fam}_${st}_checkpoints
+            local b=$gen/${fam}_${st}_checkpoints_optimizer
+            if [ $ok -eq 1 ] &&
+               diff <(grep -o '^step [0-9]* loss [^ ]*' "$p.log") \
+                    <(grep -o '^step [0-9]* loss [^ ]*' "$c.log") >/dev/null &&
+               "$py" "$root/tests/dist/compare.py" log "$b.jsonl" "$p.jsonl" 1e-6 >"$b.check" 2>&1; then
+                echo "  $fam $st: checkpoints' 10 losses identical, optimizer's within 1e-6"
             else
-                echo "  $fam $st: FAILED: the offloaded step's losses differ"
-                paste <(grep -o '^step [0-9]* loss [^ ]*' "${out[0]}.log") \
-                      <(grep -o '^step [0-9]* loss [^ ]*' "${out[1]}.log") | sed 's/^/    /'
+                echo "  $fam $st: FAILED against the plain run"
+                [ -f "$b.check" ] && tail -n 3 "$b.check"
                 fails=$((fails + 1))
             fi
         done
@@ -514,7 +522,7 @@ elif [ "$(left)" -lt 40 ]; then
     skip_note "stage 2c (offload): SKIPPED, out of time"
 else
     run_stage "2c (offload)" configurations offload_gpu \
-        "stage 2c: --offload checkpoints against the plain step (bf16, 4-layer exports)"
+        "stage 2c: --offload against the plain step (bf16, 4-layer exports)"
 fi
 
 # ---------------------------------------------------------------- stage 3: benchmark
