@@ -130,10 +130,21 @@ def longest(sbpc, paths, layers, mode, chunk, lc, t_lo, t_hi, budget):
     state = lo - per_token * t_lo
     if state + per_token * chunk > budget:
         return None, per_token, state
-    T = int((budget - state) / per_token) // chunk * chunk
-    while T > chunk and figures(sbpc, paths, layers, T, mode, chunk, lc)[0] > budget:
-        T -= chunk  # the line is exact up to the plan's rounding; step down if it is not
-    return T, per_token, state
+    # the secant through the last two plans until a multiple of chunk fits and the next does
+    # not (the peak is not quite linear in T: the planner's layout changes with the sizes)
+    pts = [(t_lo, lo), (t_hi, hi)]
+    best = None
+    for _ in range(12):
+        (t0, p0), (t1, p1) = pts[-2], pts[-1]
+        slope = (p1 - p0) / (t1 - t0) if t1 != t0 else per_token
+        T = max(chunk, int(t1 + (budget - p1) / slope) // chunk * chunk)
+        peak = figures(sbpc, paths, layers, T, mode, chunk, lc)[0]
+        if peak <= budget:
+            best = T if best is None or T > best else best
+            if figures(sbpc, paths, layers, T + chunk, mode, chunk, lc)[0] > budget:
+                return T, per_token, state
+        pts.append((T, peak))
+    return best, per_token, state
 
 
 def gib(x):

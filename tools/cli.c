@@ -96,6 +96,37 @@ static const char *flag_name(cli *c, int val)
     return c->flag_buf;
 }
 
+/* The long option argv element elem names ("--res" for --resume, "--log=x"), or NULL: several
+ * options may share a val (the trainer's modules' TRAIN_OPT), so the name is what tells them
+ * apart, not the val. */
+static const struct option *named_by(const cli *c, const char *elem)
+{
+    if (elem[0] != '-' || elem[1] != '-')
+        return NULL;
+    const char *name = elem + 2, *eq = strchr(name, '=');
+    size_t n = eq ? (size_t)(eq - name) : strlen(name);
+    const struct option *found = NULL;
+    int nmatch = 0;
+    for (const struct option *o = c->opts; o->name; o++)
+        if (strncmp(o->name, name, n) == 0) {
+            if (strlen(o->name) == n)
+                return o;
+            found = o;
+            nmatch++;
+        }
+    return nmatch == 1 ? found : NULL;
+}
+
+/* The spelling of the option getopt returned for elem (index li in the table, -1 unknown). */
+static const char *flag_of(cli *c, int val, int li, const char *elem)
+{
+    const struct option *o = li >= 0 ? &c->opts[li] : named_by(c, elem);
+    if (is_alnum_val(val) || !o)
+        return flag_name(c, val);
+    snprintf(c->flag_buf, sizeof c->flag_buf, "--%s", o->name);
+    return c->flag_buf;
+}
+
 /* getopt returned '?' on argv[elem]: say which of unknown, ambiguous, or given a value it does
  * not take. getopt leaves optopt 0 for an unknown or ambiguous long option, the option's val for
  * one given "=value" it does not take, and the character for an unknown short option. */
@@ -148,7 +179,8 @@ int cli_next(cli *c)
     /* the element getopt is about to read (a cluster of short options stays at its element) */
     const int at = optind < 1 ? 1 : optind;
     const char *elem = at < c->argc ? c->argv[at] : "";
-    int r = getopt_long(c->argc, c->argv, c->optstring, c->opts, NULL);
+    int li = -1;
+    int r = getopt_long(c->argc, c->argv, c->optstring, c->opts, &li);
     if (r == -1) {
         /* "--" or the end: whatever is left is positional (getopt stops at "--") */
         c->rest = true;
@@ -163,11 +195,11 @@ int cli_next(cli *c)
         return CLI_ERROR;
     }
     if (r == ':') { /* the value is missing: the checker says what was wanted */
-        c->flag = flag_name(c, optopt);
+        c->flag = flag_of(c, optopt, -1, elem);
         c->arg = "";
         return optopt;
     }
-    c->flag = flag_name(c, r);
+    c->flag = flag_of(c, r, li, elem);
     c->arg = optarg;
     /* "-o=FILE": getopt reads "=FILE" as the value; the tools have always meant FILE */
     if (optarg && is_alnum_val(r) && elem[0] == '-' && elem[1] == r && optarg == elem + 2 &&

@@ -155,16 +155,36 @@ enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT
        OPT_ZERO, OPT_DATASET, OPT_EPOCHS, OPT_SHUFFLE_SEED, OPT_EVAL_DATASET,
        OPT_SAVE_PRETRAINED, OPT_TOKENIZER, OPT_COMPUTE_LOGPS, OPT_REF_CACHE, OPT_HOST_BUDGET };
 
-/* schedule, clipping, log (consecutive, in train_sched_parse's order) */
-enum { OPT_LR_SCHEDULE = 1200, OPT_WARMUP_STEPS, OPT_MIN_LR, OPT_CLIP_GRAD_NORM, OPT_LOG };
-/* checkpoints (consecutive, in train_ckpt_parse's order) */
-enum { OPT_CHECKPOINT_DIR = 1300, OPT_CHECKPOINT_EVERY, OPT_KEEP_CHECKPOINTS, OPT_RESUME };
-/* packed documents (consecutive, in train_pack_parse's order) */
-enum { OPT_PACK = 1313, OPT_EOS, OPT_DOC_IDS };
-/* LoRA adapters (consecutive, in train_adapter_parse's order) */
-enum { OPT_SAVE_ADAPTER = 1600, OPT_MERGE_LORA };
-/* evaluation (consecutive, in train_eval_parse's order) */
-enum { OPT_EVAL_DATA = 1400, OPT_EVAL_EVERY, OPT_EVAL_BATCHES };
+/* The library's modules' options (train_opt.h): each appends its table to ours and takes its
+ * own options back by their spelling. */
+static int parse_module_option(train_config *o, cli *c, const char *v)
+{
+    int r = train_sched_parse(&o->sched, c, v);
+    if (r == TRAIN_OPT_NOT_MINE)
+        r = train_ckpt_parse(&o->ckpt, c, v);
+    if (r == TRAIN_OPT_NOT_MINE)
+        r = train_pack_parse(&o->pack, c, v);
+    if (r == TRAIN_OPT_NOT_MINE)
+        r = train_adapter_parse(&o->adapter, c, v);
+    if (r == TRAIN_OPT_NOT_MINE)
+        r = train_eval_parse(&o->eval, c, v);
+    return r == TRAIN_OPT_NOT_MINE ? cli_error(c, "internal: %s has no parser", c->flag) : r;
+}
+
+/* ours, then the modules' (the all-zero end once, at the end) */
+static const struct option *option_table(const struct option *own)
+{
+    static struct option all[128];
+    const struct option *parts[] = {own, train_sched_options, train_ckpt_options,
+                                    train_pack_options, train_adapter_options,
+                                    train_eval_options};
+    size_t n = 0;
+    for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++)
+        for (const struct option *q = parts[k]; q->name && n + 1 < 128; q++)
+            all[n++] = *q;
+    all[n] = (struct option){0};
+    return all;
+}
 
 /* Returns 0 to go on, 1 for a clean exit (--help), -1 on an error. The values are checked by
  * tools/cli.c, with the same rules and words as sbpc's. */
@@ -187,32 +207,10 @@ static int parse_args(int argc, char **argv, train_config *o)
         {"lr", required_argument, NULL, OPT_LR},
         {"weight-decay", required_argument, NULL, OPT_WEIGHT_DECAY},
         {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
-        /* schedule, clipping, log */
-        {"lr-schedule", required_argument, NULL, OPT_LR_SCHEDULE},
-        {"warmup-steps", required_argument, NULL, OPT_WARMUP_STEPS},
-        {"min-lr", required_argument, NULL, OPT_MIN_LR},
-        {"clip-grad-norm", required_argument, NULL, OPT_CLIP_GRAD_NORM},
-        {"log", required_argument, NULL, OPT_LOG},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
         /* safetensors export */
         {"save-safetensors", required_argument, NULL, OPT_SAVE_SAFETENSORS},
-        /* checkpoints */
-        {"checkpoint-dir", required_argument, NULL, OPT_CHECKPOINT_DIR},
-        {"checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY},
-        {"keep-checkpoints", required_argument, NULL, OPT_KEEP_CHECKPOINTS},
-        {"resume", required_argument, NULL, OPT_RESUME},
-        /* packed documents */
-        {"pack", no_argument, NULL, OPT_PACK},
-        {"eos", required_argument, NULL, OPT_EOS},
-        {"doc-ids", required_argument, NULL, OPT_DOC_IDS},
-        /* LoRA adapters */
-        {"save-adapter", required_argument, NULL, OPT_SAVE_ADAPTER},
-        {"merge-lora", no_argument, NULL, OPT_MERGE_LORA},
-        /* evaluation */
-        {"eval-data", required_argument, NULL, OPT_EVAL_DATA},
-        {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
-        {"eval-batches", required_argument, NULL, OPT_EVAL_BATCHES},
         {"zero", required_argument, NULL, OPT_ZERO},
         {"dataset", required_argument, NULL, OPT_DATASET},
         {"epochs", required_argument, NULL, OPT_EPOCHS},
@@ -227,7 +225,7 @@ static int parse_args(int argc, char **argv, train_config *o)
     static const char *const optimizers[] = {"adamw", "sgd", NULL};
     train_config_init(o);
     cli c;
-    cli_init(&c, out.prog, table, argc, argv);
+    cli_init(&c, out.prog, option_table(table), argc, argv);
     for (int opt; (opt = cli_next(&c)) != CLI_END;) {
         const char *v = c.arg;
         int k = 0, bad = 0;
@@ -293,27 +291,7 @@ static int parse_args(int argc, char **argv, train_config *o)
             if (!(bad = cli_choice(&c, "--optimizer", v, optimizers, &k)))
                 o->adamw = k == 0;
             break;
-        /* schedule, clipping, log */
-        case OPT_LR_SCHEDULE: case OPT_WARMUP_STEPS: case OPT_MIN_LR: case OPT_CLIP_GRAD_NORM:
-        case OPT_LOG:
-            bad = train_sched_parse(&o->sched, &c, opt, OPT_LR_SCHEDULE, v);
-            break;
-        /* checkpoints */
-        case OPT_CHECKPOINT_DIR: case OPT_CHECKPOINT_EVERY: case OPT_KEEP_CHECKPOINTS:
-        case OPT_RESUME:
-            bad = train_ckpt_parse(&o->ckpt, &c, opt, OPT_CHECKPOINT_DIR, v);
-            break;
-        /* packed documents */
-        case OPT_PACK: case OPT_EOS: case OPT_DOC_IDS:
-            bad = train_pack_parse(&o->pack, &c, opt, OPT_PACK, v);
-            break;
-        case OPT_SAVE_ADAPTER: case OPT_MERGE_LORA:
-            bad = train_adapter_parse(&o->adapter, &c, opt, OPT_SAVE_ADAPTER, v);
-            break;
-        /* evaluation */
-        case OPT_EVAL_DATA: case OPT_EVAL_EVERY: case OPT_EVAL_BATCHES:
-            bad = train_eval_parse(&o->eval, &c, opt, OPT_EVAL_DATA, v);
-            break;
+        case TRAIN_OPT: bad = parse_module_option(o, &c, v); break;
         case OPT_ZERO: bad = cli_count(&c, "--zero", v, 0, 2, &o->zero); break;
         case CLI_POSITIONAL:
             if (o->step_path)

@@ -31,12 +31,21 @@
 
 void train_adapter_opts_init(train_adapter_opts *o) { *o = (train_adapter_opts){0}; }
 
-int train_adapter_parse(train_adapter_opts *o, cli *c, int val, int base, const char *v)
+const struct option train_adapter_options[] = {
+    {"save-adapter", required_argument, NULL, TRAIN_OPT},
+    {"merge-lora", no_argument, NULL, TRAIN_OPT},
+    {0},
+};
+
+int train_adapter_parse(train_adapter_opts *o, cli *c, const char *v)
 {
-    if (val == base)
-        return cli_path(c, "--save-adapter", v, &o->save_dir);
-    o->merge = true; /* --merge-lora */
-    return 0;
+    if (!strcmp(c->flag, "--save-adapter"))
+        return cli_path(c, c->flag, v, &o->save_dir);
+    if (!strcmp(c->flag, "--merge-lora")) {
+        o->merge = true;
+        return 0;
+    }
+    return TRAIN_OPT_NOT_MINE;
 }
 
 int train_adapter_check_outputs(train_adapter_opts *o, bool save, bool save_safetensors,

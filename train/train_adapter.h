@@ -33,6 +33,7 @@
 #define SBP_TRAIN_ADAPTER_H
 
 #include <stdbool.h>
+#include "train_opt.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,10 +50,11 @@ typedef struct train_adapter_opts {
     bool save_pretrained; /* --save-pretrained DIR was (for the messages) */
 } train_adapter_opts;
 
-/* The options, in this order, have consecutive getopt vals base .. base + 1 in the tool's
- * table: --save-adapter DIR, --merge-lora (no value). Call train_adapter_opts_init first. */
+/* The options (train_opt.h): --save-adapter DIR, --merge-lora (no value); the parser answers
+ * 0, -1 after cli's message, or TRAIN_OPT_NOT_MINE. Call train_adapter_opts_init first. */
+extern const struct option train_adapter_options[];
 void train_adapter_opts_init(train_adapter_opts *o);
-int train_adapter_parse(train_adapter_opts *o, cli *c, int val, int base, const char *v);
+int train_adapter_parse(train_adapter_opts *o, cli *c, const char *v);
 /* After the parse: whether --save and --save-safetensors were given; --merge-lora needs one. */
 int train_adapter_check_outputs(train_adapter_opts *o, bool save, bool save_safetensors,
                                 char *err, size_t errlen);

@@ -32,15 +32,26 @@
 
 /* ------------------------------------------------------------------ options */
 
-int train_ckpt_parse(train_ckpt_opts *o, cli *c, int val, int base, const char *v)
+const struct option train_ckpt_options[] = {
+    {"checkpoint-dir", required_argument, NULL, TRAIN_OPT},
+    {"checkpoint-every", required_argument, NULL, TRAIN_OPT},
+    {"keep-checkpoints", required_argument, NULL, TRAIN_OPT},
+    {"resume", required_argument, NULL, TRAIN_OPT},
+    {0},
+};
+
+int train_ckpt_parse(train_ckpt_opts *o, cli *c, const char *v)
 {
-    switch (val - base) {
-    case 0: return cli_path(c, "--checkpoint-dir", v, &o->dir);
-    case 1: return cli_count(c, "--checkpoint-every", v, 1, (int64_t)1 << 30, &o->every);
-    case 2: return cli_count(c, "--keep-checkpoints", v, 1, 1 << 20, &o->keep);
-    case 3: return cli_path(c, "--resume", v, &o->resume);
-    }
-    return cli_error(c, "internal: unknown checkpoint option %d", val);
+    const char *f = c->flag;
+    if (!strcmp(f, "--checkpoint-dir"))
+        return cli_path(c, f, v, &o->dir);
+    if (!strcmp(f, "--checkpoint-every"))
+        return cli_count(c, f, v, 1, (int64_t)1 << 30, &o->every);
+    if (!strcmp(f, "--keep-checkpoints"))
+        return cli_count(c, f, v, 1, 1 << 20, &o->keep);
+    if (!strcmp(f, "--resume"))
+        return cli_path(c, f, v, &o->resume);
+    return TRAIN_OPT_NOT_MINE;
 }
 
 const char *train_ckpt_usage(void)

@@ -47,6 +47,7 @@
 #define SBP_TRAIN_CKPT_H
 
 #include <stdbool.h>
+#include "train_opt.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -66,9 +67,10 @@ typedef struct train_ckpt_opts {
     const char *resume; /* --resume DIR, or NULL */
 } train_ckpt_opts;
 
-/* The options, in this order, have consecutive getopt vals base .. base + 3 in the tool's table:
- * --checkpoint-dir, --checkpoint-every, --keep-checkpoints, --resume. */
-int train_ckpt_parse(train_ckpt_opts *o, cli *c, int val, int base, const char *v);
+/* The options (train_opt.h): --checkpoint-dir, --checkpoint-every, --keep-checkpoints,
+ * --resume; the parser answers 0, -1 after cli's message, or TRAIN_OPT_NOT_MINE. */
+extern const struct option train_ckpt_options[];
+int train_ckpt_parse(train_ckpt_opts *o, cli *c, const char *v);
 /* The usage text of the options (ends in a newline). */
 const char *train_ckpt_usage(void);
 

@@ -31,13 +31,23 @@ const char *train_eval_usage(void)
            "                          them (one a row; next-fit for a packed step)\n";
 }
 
-int train_eval_parse(train_eval_opts *o, cli *c, int val, int base, const char *v)
+const struct option train_eval_options[] = {
+    {"eval-data", required_argument, NULL, TRAIN_OPT},
+    {"eval-every", required_argument, NULL, TRAIN_OPT},
+    {"eval-batches", required_argument, NULL, TRAIN_OPT},
+    {0},
+};
+
+int train_eval_parse(train_eval_opts *o, cli *c, const char *v)
 {
-    switch (val - base) {
-    case 0: return cli_path(c, "--eval-data", v, &o->data);
-    case 1: return cli_count(c, "--eval-every", v, 1, (int64_t)1 << 30, &o->every);
-    default: return cli_count(c, "--eval-batches", v, 1, (int64_t)1 << 30, &o->batches);
-    }
+    const char *f = c->flag;
+    if (!strcmp(f, "--eval-data"))
+        return cli_path(c, f, v, &o->data);
+    if (!strcmp(f, "--eval-every"))
+        return cli_count(c, f, v, 1, (int64_t)1 << 30, &o->every);
+    if (!strcmp(f, "--eval-batches"))
+        return cli_count(c, f, v, 1, (int64_t)1 << 30, &o->batches);
+    return TRAIN_OPT_NOT_MINE;
 }
 
 int train_eval_check_opts(const train_eval_opts *o, char *err, size_t errlen)

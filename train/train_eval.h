@@ -18,6 +18,7 @@
 #define SBP_TRAIN_EVAL_H
 
 #include <stdbool.h>
+#include "train_opt.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,9 +36,10 @@ typedef struct train_eval_opts {
 
 /* The options' lines for sbp-train --help. */
 const char *train_eval_usage(void);
-/* One of the three options (val - base: 0 --eval-data, 1 --eval-every, 2 --eval-batches);
- * 0, or non-zero after cli's message. */
-int train_eval_parse(train_eval_opts *o, cli *c, int val, int base, const char *v);
+/* The options (train_opt.h): --eval-data, --eval-every, --eval-batches; the parser answers
+ * 0, -1 after cli's message, or TRAIN_OPT_NOT_MINE. */
+extern const struct option train_eval_options[];
+int train_eval_parse(train_eval_opts *o, cli *c, const char *v);
 /* --eval-every / --eval-batches without --eval-data or --eval-dataset, or both of these. */
 int train_eval_check_opts(const train_eval_opts *o, char *err, size_t errlen);
 /* Whether the run evaluates after optimizer step s of `steps`. */

@@ -174,14 +174,25 @@ void train_pack_opts_init(train_pack_opts *o)
     *o = (train_pack_opts){.pack = false, .eos = -1, .doc_ids = NULL};
 }
 
-int train_pack_parse(train_pack_opts *o, cli *c, int val, int base, const char *v)
+const struct option train_pack_options[] = {
+    {"pack", no_argument, NULL, TRAIN_OPT},
+    {"eos", required_argument, NULL, TRAIN_OPT},
+    {"doc-ids", required_argument, NULL, TRAIN_OPT},
+    {0},
+};
+
+int train_pack_parse(train_pack_opts *o, cli *c, const char *v)
 {
-    switch (val - base) {
-    case 0: o->pack = true; return 0;
-    case 1: return cli_count(c, "--eos", v, 0, INT32_MAX, &o->eos);
-    case 2: return cli_path(c, "--doc-ids", v, &o->doc_ids);
+    const char *f = c->flag;
+    if (!strcmp(f, "--pack")) {
+        o->pack = true;
+        return 0;
     }
-    return cli_error(c, "internal: unknown packing option %d", val);
+    if (!strcmp(f, "--eos"))
+        return cli_count(c, f, v, 0, INT32_MAX, &o->eos);
+    if (!strcmp(f, "--doc-ids"))
+        return cli_path(c, f, v, &o->doc_ids);
+    return TRAIN_OPT_NOT_MINE;
 }
 
 const char *train_pack_usage(void)

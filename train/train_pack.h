@@ -38,6 +38,7 @@
 #define SBP_TRAIN_PACK_H
 
 #include <stdbool.h>
+#include "train_opt.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -52,10 +53,11 @@ typedef struct train_pack_opts {
     const char *doc_ids;   /* --doc-ids D.npy (with --input-ids / --labels), or NULL */
 } train_pack_opts;
 
-/* The options, in this order, have consecutive getopt vals base .. base + 2 in the tool's table:
- * --pack (no value), --eos, --doc-ids. Call train_pack_opts_init before the parse. */
+/* The options (train_opt.h): --pack (no value), --eos, --doc-ids; the parser answers 0, -1
+ * after cli's message, or TRAIN_OPT_NOT_MINE. Call train_pack_opts_init before the parse. */
+extern const struct option train_pack_options[];
 void train_pack_opts_init(train_pack_opts *o);
-int train_pack_parse(train_pack_opts *o, cli *c, int val, int base, const char *v);
+int train_pack_parse(train_pack_opts *o, cli *c, const char *v);
 /* The usage text of the options, with the packing rule (ends in a newline). */
 const char *train_pack_usage(void);
 /* After the parse: the options against each other and the data flags (--data, --input-ids). */

@@ -7,6 +7,7 @@
  * count or the device.
  */
 #include "train_sched.h"
+#include <string.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -17,28 +18,38 @@
 static const char *const sched_names[] = {"constant", "linear", "cosine", NULL};
 
 /* the options' offsets from the tool's base val (train_sched.h) */
-enum { O_SCHED, O_WARMUP, O_MIN_LR, O_CLIP, O_LOG };
+const struct option train_sched_options[] = {
+    {"lr-schedule", required_argument, NULL, TRAIN_OPT},
+    {"warmup-steps", required_argument, NULL, TRAIN_OPT},
+    {"min-lr", required_argument, NULL, TRAIN_OPT},
+    {"clip-grad-norm", required_argument, NULL, TRAIN_OPT},
+    {"log", required_argument, NULL, TRAIN_OPT},
+    {0},
+};
 
-int train_sched_parse(train_sched_opts *t, cli *c, int val, int base, const char *v)
+int train_sched_parse(train_sched_opts *t, cli *c, const char *v)
 {
-    switch (val - base) {
-    case O_SCHED: return cli_choice(c, "--lr-schedule", v, sched_names, &t->kind);
-    case O_WARMUP:
-        return cli_count(c, "--warmup-steps", v, 0, (int64_t)1 << 30, &t->warmup);
-    case O_MIN_LR:
+    const char *f = c->flag;
+    if (!strcmp(f, "--lr-schedule"))
+        return cli_choice(c, f, v, sched_names, &t->kind);
+    if (!strcmp(f, "--warmup-steps"))
+        return cli_count(c, f, v, 0, (int64_t)1 << 30, &t->warmup);
+    if (!strcmp(f, "--min-lr")) {
         t->min_lr_set = true;
-        return cli_real(c, "--min-lr", v, &t->min_lr);
-    case O_CLIP:
-        if (cli_real(c, "--clip-grad-norm", v, &t->clip))
+        return cli_real(c, f, v, &t->min_lr);
+    }
+    if (!strcmp(f, "--clip-grad-norm")) {
+        if (cli_real(c, f, v, &t->clip))
             return -1;
         /* clip_grad_norm_(max_norm=0) zeroes every gradient: a typo, not a wish */
         if (t->clip <= 0)
             return cli_error(c, "--clip-grad-norm: '%s' must be positive (the largest gradient "
                              "norm kept)", v);
         return 0;
-    case O_LOG: return cli_path(c, "--log", v, &t->log_path);
     }
-    return -1;
+    if (!strcmp(f, "--log"))
+        return cli_path(c, f, v, &t->log_path);
+    return TRAIN_OPT_NOT_MINE;
 }
 
 int train_sched_check(const train_sched_opts *t, double lr, char *err, size_t errlen)

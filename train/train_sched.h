@@ -24,6 +24,7 @@
 #define SBP_TRAIN_SCHED_H
 
 #include <stdbool.h>
+#include "train_opt.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,10 +44,11 @@ typedef struct train_sched_opts {
     const char *log_path; /* --log FILE.jsonl, or NULL */
 } train_sched_opts;
 
-/* The options, in this order, have consecutive getopt vals base .. base + 4 in the tool's table:
- * --lr-schedule, --warmup-steps, --min-lr, --clip-grad-norm, --log. */
-/* Handles option val (base + i) with value v; 0, or -1 after the checker's message. */
-int train_sched_parse(train_sched_opts *t, cli *c, int val, int base, const char *v);
+/* The options (train_opt.h): --lr-schedule, --warmup-steps, --min-lr, --clip-grad-norm, --log.
+ * The parser takes the option cli last returned, with value v: 0, -1 after the checker's
+ * message, or TRAIN_OPT_NOT_MINE. */
+extern const struct option train_sched_options[];
+int train_sched_parse(train_sched_opts *t, cli *c, const char *v);
 /* Checks the options against each other and --lr: 0, or -1 with a message in err. */
 int train_sched_check(const train_sched_opts *t, double lr, char *err, size_t errlen);
 /* The usage text of the options (ends in a newline). */

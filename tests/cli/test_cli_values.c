@@ -182,11 +182,14 @@ static void test_choice_and_path(void **state)
 
 /* ------------------------------------------------------------------ the option loop */
 
-enum { T_BATCH = 256, T_BETA, T_REPORT, T_DUMP };
+enum { T_BATCH = 256, T_BETA, T_REPORT, T_DUMP, T_SHARED };
+/* two options that share a val, as the trainer's modules' do (train/train_opt.h): the flag
+ * names which one it was */
 static const struct option table[] = {
     {"batch", required_argument, NULL, T_BATCH}, {"beta", required_argument, NULL, T_BETA},
     {"report", no_argument, NULL, T_REPORT},     {"dump-ir", optional_argument, NULL, T_DUMP},
     {"output", required_argument, NULL, 'o'},    {"help", no_argument, NULL, 'h'},
+    {"resume", required_argument, NULL, T_SHARED}, {"log", required_argument, NULL, T_SHARED},
     {0},
 };
 
@@ -260,6 +263,10 @@ static void test_loop(void **state)
     /* "-" is a positional (stdin by convention); after "--" everything is */
     assert_trace("[-] ", "-");
     assert_trace("--batch=1 [--beta] [-o] ", "--batch", "1", "--", "--beta", "-o");
+    /* options that share a val: each by its own name, with a value, a missing one, a prefix */
+    assert_trace("--log=a --resume=b ", "--log", "a", "--resume=b");
+    assert_trace("--log= ", "--log");
+    assert_trace("--resume= ", "--res");
 }
 
 /* Two parses in one process start afresh (getopt's state is reset by cli_init). */
