@@ -773,7 +773,7 @@ int train_run_finish(train_run *r, train_report *rep)
     rep->opt_state_bytes = o->adamw && !m->host_state ? 2 * m->mbytes : 0; /* the device's */
     rep->host_bytes = in->host_bytes; /* and --offload optimizer's masters, gradients, m, v */
     if (m->host_state)
-        rep->host_bytes += m->pbytes + m->gbytes + (o->adamw ? 2 * m->mbytes : 0);
+        rep->host_bytes += m->pbytes + m->gbytes + 2 * m->mbytes + m->step_pbytes; /* staging */
     rep->opt_state_full = o->adamw ? 2 * m->gbytes : 0;
     rep->dev_known = m->dev_mem && m->dev_peak >= m->dev_before;
     rep->dev_used = rep->dev_known ? m->dev_peak - m->dev_before : 0;

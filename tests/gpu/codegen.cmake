@@ -231,6 +231,11 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
                     -DOFFLOAD=optimizer)
     gpu_emu_offload(${_fam}_checkpoint_both ${_m} ${_fam} checkpoint
                     -DOFFLOAD=checkpoints,optimizer)
+    if(NOT SBP_SANITIZE)
+      gpu_emu_offload(${_fam}_checkpoint_optimizer ${_m} ${_fam} checkpoint -DOFFLOAD=optimizer)
+      gpu_emu_offload(${_fam}_stream_both ${_m} ${_fam} stream -DCHUNK=11 -DLOGITS_CHUNK=13
+                      -DOFFLOAD=checkpoints,optimizer)
+    endif()
   endforeach()
   # --base-precision bf16 trains exactly as the fp32 master weights' bf16 copy does
   # (losses, gradients, adapters, saved model identical), with the smaller plan it states
