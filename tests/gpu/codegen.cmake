@@ -212,7 +212,7 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
                      -DMODEL=${_fx}/deep/${model}.onnx -DIDS=${_fx}/hf/ref/${fam}_input_ids.npy
                      -DLABELS=${_fx}/hf/ref/${fam}_labels.npy -DSTRATEGY=${strategy}
                      -DOUT=${_gen}/offload_${name} -DPYTHON=${Python3_EXECUTABLE}
-                     -DCOMPARE=${SBP_ROOT}/tests/dist/compare.py ${ARGN}
+                     -DCOMPARE=${SBP_ROOT}/tests/dist/compare.py ${_offload_steps} ${ARGN}
                      -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_offload.cmake")
     set_tests_properties(gpu.step_emu_offload_${name} PROPERTIES LABELS "gpu;offload"
                          TIMEOUT ${SBP_EMU_STEP_TIMEOUT})
@@ -220,8 +220,11 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
   find_package(Python3 COMPONENTS Interpreter QUIET) # tests/dist/compare.py, standard library only
   # --offload optimizer (and both): the host's AdamW within 1e-6 of the device's over 10 steps
   set(_offload_fams llama qwen3 gpt2)
-  if(SBP_SANITIZE) # the emulator under the sanitizers is slow: Llama's four
+  set(_offload_steps) # 10 (emu_offload.cmake's default)
+  if(SBP_SANITIZE) # the emulator under the sanitizers is slow (about 10 minutes for a test of
+    # 10 steps): Llama's four, 3 steps each; the plain build holds the 10-step equalities
     set(_offload_fams llama)
+    set(_offload_steps -DSTEPS=3)
   endif()
   foreach(_fam ${_offload_fams})
     set(_m ${_fam}_4l_dynamo)
