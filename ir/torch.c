@@ -12,16 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char *dup_n(const char *s, size_t n)
-{
-    char *d = malloc(n + 1);
-    if (d) {
-        memcpy(d, s, n);
-        d[n] = 0;
-    }
-    return d;
-}
-
 static int fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(char *err, size_t n, const char *fmt, ...)
 {
@@ -90,7 +80,7 @@ static char *name_scope(const char *name)
     const char *last = strrchr(name, '/');
     if (last == name)
         return NULL; /* "/Op": the top-level module, no path */
-    char *s = dup_n(name + 1, (size_t)(last - name - 1));
+    char *s = strndup(name + 1, (size_t)(last - name - 1));
     for (char *c = s; c && *c; c++)
         if (*c == '/')
             *c = '.';
@@ -158,7 +148,7 @@ static void tally_add(struct prefix_tally *t, const char *s, size_t len)
             t->count[i]++;
             return;
         }
-    if (t->n < 8 && (t->text[t->n] = dup_n(s, len)))
+    if (t->n < 8 && (t->text[t->n] = strndup(s, len)))
         t->count[t->n++] = 1;
 }
 
@@ -186,7 +176,7 @@ char *ir_torch_learn_prefix(const ir_graph *g, const ir_uses *u, int n,
     for (int i = 0; i < t.n; i++)
         if (best < 0 || t.count[i] > t.count[best])
             best = i;
-    char *p = best >= 0 ? t.text[best] : dup_n("", 0);
+    char *p = best >= 0 ? t.text[best] : strndup("", 0);
     for (int i = 0; i < t.n; i++)
         if (i != best)
             free(t.text[i]);
@@ -209,7 +199,7 @@ int ir_torch_name_from_scopes(const ir_graph *g, const ir_uses *u, const ir_valu
         pn->tr_hint = tr;
         /* The dynamo exporter's module path (node metadata, see ir_node.scope) is relative to
          * the exported module already, as its parameter names are: no prefix to strip. */
-        char *s = n->scope ? dup_n(n->scope, strlen(n->scope)) : ir_torch_node_scope(n);
+        char *s = n->scope ? strndup(n->scope, strlen(n->scope)) : ir_torch_node_scope(n);
         if (!s)
             continue;
         const char *mod = !n->scope && strncmp(s, prefix, pl) == 0 ? s + pl : s;
@@ -309,7 +299,7 @@ static bool path_shape(const char *path, char *buf, size_t n)
 static char *user_module(const ir_node *n)
 {
     if (n->scope && n->scope[0])
-        return dup_n(n->scope, strlen(n->scope));
+        return strndup(n->scope, strlen(n->scope));
     return ir_torch_node_scope(n);
 }
 

@@ -62,16 +62,6 @@ struct train_export {
 /* What is known of one step parameter while planning (ir/torch.h). */
 typedef ir_torch_name pname;
 
-static char *dup_n(const char *s, size_t n)
-{
-    char *d = malloc(n + 1);
-    if (d) {
-        memcpy(d, s, n);
-        d[n] = 0;
-    }
-    return d;
-}
-
 /* The prefix a wrapper module put on every scope (ir_torch_learn_prefix), learned from the
  * parameters whose names are PyTorch's own. */
 static char *learn_prefix(const ir_graph *g, const ir_uses *u, const sbp_step_info *in,
@@ -125,7 +115,7 @@ struct unclaimed {
 static void unclaimed_cb(const char *s, size_t n, void *ctx)
 {
     struct unclaimed *q = ctx;
-    char *name = dup_n(s, n);
+    char *name = strndup(s, n);
     if (!name)
         return;
     bool claimed = ir_value_find(q->g, name) != NULL;
@@ -203,7 +193,7 @@ static int plan_names(const ir_graph *g, const sbp_step_info *in, pname *pn,
         pn[i].tr_hint = -1;
         if (ir_lora_kind(in->params[i].name))
             continue; /* not the model's: merged, or refused by train_export_plan_lora */
-        if (ir_torch_is_name(g, in->params[i].name) && !(pn[i].name = dup_n(in->params[i].name,
+        if (ir_torch_is_name(g, in->params[i].name) && !(pn[i].name = strndup(in->params[i].name,
                                                                          strlen(in->params[i].name))))
             return cli_errf(err, errlen, "out of memory");
     }
@@ -231,7 +221,7 @@ static int plan_names(const ir_graph *g, const sbp_step_info *in, pname *pn,
     struct unclaimed q = {.g = g, .pn = pn, .n_params = in->n_params};
     ir_torch_signature_params(g->torch_signature, unclaimed_cb, &q);
     if (unnamed == 1 && q.count == 1 && pn[first].tr_hint >= 0) {
-        pn[first] = (pname){.name = dup_n(q.first, q.first_len), .transposed = pn[first].tr_hint,
+        pn[first] = (pname){.name = strndup(q.first, q.first_len), .transposed = pn[first].tr_hint,
                             .recovered = true, .via = "the graph signature (its only parameter "
                             "without an initializer)"};
         if (!pn[first].name)
