@@ -372,6 +372,8 @@ static void emit_info(const sbp_train_program *p, const sbp_codegen_options *o, 
         fprintf(f,
                 "    .host_bytes = %zu, /* the offloaded checkpoints (args->host_workspace) */\n",
                 p->host_bytes);
+    if (p->grads_on_host)
+        fputs("    .grads_on_host = 1, /* args->grads is host memory (sbprt_host_alloc) */\n", f);
     fputs("};\n", f);
     fputs("\nconst sbp_step_info *sbp_step_get_info(void) { return &step_info; }\n", f);
 }
@@ -647,6 +649,15 @@ static const char *put_loop_open(FILE *f, const tp_block *blk, const tp_loop *l)
     return ind;
 }
 
+/* Whether kernel k's call names its operand j (OFFLOAD_WAIT's and GRAD_WAIT's buffer is there
+ * for the memory plan only: the call names the event). */
+static bool names_operand(tp_kernel k, int j)
+{
+    char at[8];
+    snprintf(at, sizeof at, "@%d", j);
+    return strstr(tp_kernel_table[k].call, at) != NULL;
+}
+
 static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
 {
     bool *used = calloc((size_t)p->n_bufs + 1, sizeof *used);
@@ -662,7 +673,7 @@ static void emit_block(const sbp_train_program *p, const tp_block *blk, FILE *f)
             }
         uses[BP_ARGS] |= tp_kernel_table[in->k].reads_args; /* DPO / GRPO inputs */
         for (int j = 0; j < TP_MAX_BUFS; j++)
-            if (in->buf[j] >= 0 && used && !reads_shadow(p, in, j))
+            if (in->buf[j] >= 0 && used && !reads_shadow(p, in, j) && names_operand(in->k, j))
                 used[in->buf[j]] = true;
         for (int j = 0; j < tp_kernel_table[in->k].n_arg; j++)
             if (in->arg[j].kind == TP_ARG_EXPR && strcmp(in->arg[j].expr, "scale") == 0)
@@ -893,7 +904,11 @@ static void emit_run(const sbp_train_program *p, const sbp_codegen_options *o, F
                 p->objective == SBP_OBJECTIVE_DPO || p->objective == SBP_OBJECTIVE_GRPO
                     ? "the loss buffer holds the loss, normalised by its host steps"
                     : "the graph's loss is a sum");
-    if (!ev)
+    if (!ev && p->grads_on_host)
+        fputs("    /* G is host memory: each gradient is zeroed (or fetched, accumulating) in the\n"
+              "     * workspace before its first contribution and sent back after its last */\n",
+              f);
+    else if (!ev)
         fprintf(f, "    if (!args->accumulate)\n"
                    "        TRY(sbprt_memset_zero(ctx, G, sizeof(float) * %s_GRAD_ELEMS));\n",
                 prefix);

@@ -14,6 +14,7 @@
  *   layer checkpoints   activations that cross a segment boundary (each layer's input);
  *   per-chunk scratch   buffers that live inside one iteration of a chunk loop (stream);
  *   activation grads    other gradients of activations;
+ *   weight gradients    --offload optimizer: the parameter gradients on their way to the host;
  *   other activations   the rest (saved activations, statistics, relayout copies).
  * The plot draws, per strategy, the workspace bytes live at each position of the schedule.
  */
@@ -23,14 +24,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { CAT_LOGITS, CAT_KV, CAT_CKPT, CAT_CHUNK, CAT_AGRAD, CAT_OTHER, N_CAT };
+enum { CAT_LOGITS, CAT_KV, CAT_CKPT, CAT_CHUNK, CAT_AGRAD, CAT_WGRAD, CAT_OTHER, N_CAT };
 
 static const char *const cat_names[N_CAT] = {
     "logits", "K/V", "layer checkpoints", "per-chunk scratch", "activation gradients",
-    "other activations",
+    "weight gradients (streamed)", "other activations",
 };
-static const char *const cat_short[N_CAT] = {"logits", "K/V",       "checkpoint",
-                                             "chunk",  "act. grad", "activation"};
+static const char *const cat_short[N_CAT] = {"logits",    "K/V",     "checkpoint", "chunk",
+                                             "act. grad", "w. grad", "activation"};
 
 typedef struct figures {
     const char *name;          /* strategy */
@@ -145,7 +146,9 @@ static int categorize(figures *f)
             lg = lg || (vcat[b->value->id] & 1);
             k = k || (vcat[b->value->id] & 2);
         }
-        if (lg)
+        if (b->is_grad && b->value && b->value->kind == IR_VAL_PARAM)
+            f->cat[i] = CAT_WGRAD;
+        else if (lg)
             f->cat[i] = CAT_LOGITS;
         else if (k)
             f->cat[i] = CAT_KV;
@@ -176,8 +179,9 @@ static int compute(figures *f, ir_diag *d)
     if (categorize(f) != IR_OK)
         return ir_diag_error(d, "out of memory");
     f->params = p->param_elems * sizeof(float);
-    f->grads = p->grad_elems * sizeof(float); /* the trained parameters' only */
-    f->opt = f->p->offload_optimizer ? 0 : 2 * f->grads; /* --offload optimizer: the host's */
+    /* the trained parameters' only; --offload optimizer: the host's, as m and v */
+    f->grads = sbp_train_device_grad_bytes(p);
+    f->opt = f->p->offload_optimizer ? 0 : 2 * f->grads;
     f->ids = (size_t)(p->batch * p->seq_len) * sizeof(int32_t) * (p->labels_buf >= 0 ? 2 : 1);
     for (int i = 0; i < p->n_bufs; i++)
         if (p->bufs[i]->kind == TP_BUF_CONST)
@@ -344,9 +348,28 @@ static int64_t calls_between(const sbp_train_program *p, int b0, int i0, int b1,
 /* --offload: each transfer, its bytes and the compute between the copy and its wait. */
 static void transfers(FILE *out, const sbp_train_program *p)
 {
+    char h[32];
+    size_t gb = 0;
+    for (int i = 0; i < p->n_grad_transfers; i++)
+        gb += p->grad_transfers[i].bytes;
+    if (p->n_grad_transfers > 0)
+        fprintf(out, "offload: %d gradients (%s) accumulated on the device and sent to the host "
+                     "block after their last contribution; the copy runs next to the kernel "
+                     "calls before its wait (the copy in happens when accumulating only):\n",
+                p->n_grad_transfers, human(h, sizeof h, gb));
+    for (int i = 0; i < p->n_grad_transfers; i++) {
+        const tp_transfer *t = &p->grad_transfers[i];
+        fprintf(out, "  %-44s %10zu B  in in %s behind %lld calls, out in %s behind %lld "
+                     "calls\n",
+                p->bufs[t->buf]->name, t->bytes, p->blocks[t->in_block]->name,
+                (long long)calls_between(p, t->in_block, t->in_inst, t->in_wait_block,
+                                         t->in_wait_inst),
+                p->blocks[t->out_block]->name,
+                (long long)calls_between(p, t->out_block, t->out_inst, t->out_wait_block,
+                                         t->out_wait_inst));
+    }
     if (p->n_transfers == 0)
         return;
-    char h[32];
     fprintf(out, "offload: %d buffers (%s) in host memory between forward and backward; each "
                  "copy runs on the copy stream next to the kernel calls before its wait:\n",
             p->n_transfers, human(h, sizeof h, p->host_bytes));

@@ -67,7 +67,7 @@
 
 #include "sbprt.h"
 
-#define SBP_STEP_ABI_VERSION 5
+#define SBP_STEP_ABI_VERSION 6
 #define SBP_STEP_MAX_RANK 8
 
 typedef struct sbp_step_param {
@@ -139,11 +139,19 @@ typedef struct sbp_step_info {
                                         * host_workspace); 0: none. The layer checkpoints
                                         * live there between the forward and the backward;
                                         * planned_peak_bytes is device memory only */
+    /* ABI 6 */
+    int grads_on_host;                 /* 1 (offload "optimizer"): args->grads is HOST memory,
+                                        * from sbprt_host_alloc (page-locked on CUDA); each
+                                        * gradient is accumulated in the workspace and copied
+                                        * into it after its last contribution, so the device
+                                        * holds a few layers' gradients, not the block, and
+                                        * planned_peak_bytes counts none */
 } sbp_step_info;
 
 typedef struct sbp_step_args {
     const float *params;               /* [param_elems] */
-    float *grads;                      /* [grad_elems]; written (or added to, see below) */
+    float *grads;                      /* [grad_elems]; written (or added to, see below);
+                                        * host memory when info->grads_on_host */
     int accumulate;                    /* 0: grads are overwritten; 1: added to (grad-accum) */
     const int32_t *input_ids;          /* [B*T] token ids in [0, V) (cuda: device memory) */
     const int32_t *labels;             /* [B*T] target of position t, -100 = not scored

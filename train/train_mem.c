@@ -53,7 +53,7 @@ static size_t layout(const train_mem *m, const sbp_step_info *in, const train_me
     const size_t ntok = (size_t)(in->batch * in->seq_len);
     const size_t mv = m->host_state ? 0 : m->mbytes; /* host_state: m and v are the host's */
     const size_t pieces[11] = {
-        m->step_pbytes, m->gbytes, mv, mv, need->ws_bytes, ntok * sizeof(int32_t),
+        m->step_pbytes, m->grads_host ? 0 : m->gbytes, mv, mv, need->ws_bytes, ntok * sizeof(int32_t),
         ntok * sizeof(int32_t), need->ref ? ntok * sizeof(float) : 0,
         need->old ? ntok * sizeof(float) : 0, need->adv ? (size_t)in->batch * sizeof(float) : 0,
         need->doc_ids ? ntok * sizeof(int32_t) : 0};
@@ -100,27 +100,38 @@ static int host_check(const train_mem *m, const train_steplib *L, size_t budget,
                                              : "optimizer state",
                          budget ? "--host-budget allows" : "this machine has available",
                          avail, cli_human_bytes(b2, sizeof b2, (double)avail));
-    if (L->in->host_bytes && !L->rt.host_alloc)
+    if ((L->in->host_bytes || m->grads_host) && !L->rt.host_alloc)
         return train_err(s, "%s needs a host workspace of %zu bytes, but its runtime exports no "
                          "sbprt_host_alloc / sbprt_host_free", L->path, need);
     return 0;
 }
 
 /* host_state: the masters, the gradients' copy, m, v and the upload's staging block in host
- * memory (aligned as the CPU runtime's arena); the step gets the arena's blocks. */
-static int host_state_alloc(train_mem *m, const train_sink *s)
+ * memory (aligned as the CPU runtime's arena); the step gets the arena's parameter block, and
+ * its gradient block unless it writes the host's (grads_host: page-locked, from the step's
+ * runtime, so that its copies overlap the kernels). */
+static int host_state_alloc(train_mem *m, const train_steplib *L, const train_sink *s)
 {
     float **p[5] = {&m->d_params, &m->d_grads, &m->d_m, &m->d_v, &m->staging};
     const size_t bytes[5] = {m->pbytes, m->gbytes, m->mbytes, m->mbytes, m->step_pbytes};
     for (int i = 0; i < 5; i++) {
         size_t b = (bytes[i] + SBPRT_ALIGN) / SBPRT_ALIGN * SBPRT_ALIGN;
-        if (!(*p[i] = aligned_alloc(SBPRT_ALIGN, b)))
+        int st = SBPRT_OK;
+        if (i == 1 && m->grads_host)
+            st = TRAIN_RT(L->rt, host_alloc, arena_ctx, (void **)p[i], b);
+        else if (!(*p[i] = aligned_alloc(SBPRT_ALIGN, b)))
+            st = SBPRT_ERR_NOMEM;
+        if (st) {
+            *p[i] = NULL;
             return train_err(s, "out of host memory for the offloaded optimizer state (%zu "
-                             "bytes)", bytes[i]);
+                             "bytes): %s", bytes[i], L->rt.status_string(st));
+        }
         memset(*p[i], 0, b); /* the staging block's padding is uploaded too */
     }
     m->host_params = m->d_params;
     m->host_grads = m->d_grads;
+    if (m->grads_host)
+        m->step_grads = m->d_grads;
     return 0;
 }
 
@@ -142,9 +153,10 @@ int train_mem_upload(train_mem *m, const train_steplib *L, const train_sink *s)
 
 int train_mem_fetch_grads(train_mem *m, const train_steplib *L, const train_sink *s)
 {
-    return m->host_state ? train_steplib_copy(L, m->d_grads, m->step_grads, m->gbytes,
-                                              SBPRT_COPY_DEVICE_TO_HOST, s)
-                         : 0;
+    return m->host_state && !m->grads_host
+               ? train_steplib_copy(L, m->d_grads, m->step_grads, m->gbytes,
+                                    SBPRT_COPY_DEVICE_TO_HOST, s)
+               : 0;
 }
 
 int train_mem_alloc(train_mem *m, const train_steplib *L, const train_mem_need *need,
@@ -160,6 +172,7 @@ int train_mem_alloc(train_mem *m, const train_steplib *L, const train_mem_need *
     m->gbytes = in->grad_elems * sizeof(float);
     m->mbytes = need->adamw ? need->state_elems * sizeof(float) : 0;
     m->host_state = L->host_state;
+    m->grads_host = L->host_state && L->step_in->grads_on_host;
     m->step_pbytes = L->step_in->param_elems * sizeof(float);
     size_t off[11];
     m->bytes = layout(m, in, need, off);
@@ -199,7 +212,7 @@ int train_mem_alloc(train_mem *m, const train_steplib *L, const train_mem_need *
     m->step_params = m->d_params;
     m->step_grads = m->d_grads;
     if (m->host_state)
-        return host_state_alloc(m, s);
+        return host_state_alloc(m, L, s);
     if (L->host_visible) {
         m->host_params = m->d_params;
         m->host_grads = m->d_grads;
@@ -255,7 +268,10 @@ void train_mem_free(train_mem *m, const train_steplib *L)
     }
     if (m->host_state) {
         free(m->d_params);
-        free(m->d_grads);
+        if (m->grads_host && m->d_grads)
+            L->rt.host_free(*L->rt.arena_ctx, m->d_grads);
+        else
+            free(m->d_grads);
         free(m->d_m);
         free(m->d_v);
         free(m->staging);

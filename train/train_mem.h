@@ -39,6 +39,9 @@ typedef struct train_mem {
     size_t step_pbytes;       /* the step's parameter block */
     float *staging;           /* host_state: [step_pbytes] the block as uploaded */
     bool host_state;          /* d_params, d_grads, d_m, d_v, staging are host memory (ours) */
+    bool grads_host;          /* host_state and the step writes its gradients into host memory
+                               * (sbp_step_info.grads_on_host): step_grads is d_grads, from the
+                               * runtime's sbprt_host_alloc, and the arena holds none */
     char *workspace;
     int32_t *d_ids, *d_labels; /* [B*T] each */
     float *d_ref, *d_old, *d_adv;
@@ -64,7 +67,8 @@ void train_mem_free(train_mem *m, const train_steplib *L);
  * block (its bf16 weights rounded as sbp_step_param_store does) and copied to the device; on a
  * device step the host copy to the device; nothing on a cpu step. */
 int train_mem_upload(train_mem *m, const train_steplib *L, const train_sink *s);
-/* host_state: the step's gradient block into the host's d_grads (else nothing). */
+/* host_state: the step's gradient block into the host's d_grads (else, or when the step
+ * streams them there itself, nothing). */
 int train_mem_fetch_grads(train_mem *m, const train_steplib *L, const train_sink *s);
 
 #endif

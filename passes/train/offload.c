@@ -28,6 +28,21 @@
  *
  * Exactness: the same kernels run on the same values (a copy out and back is bit for bit), so
  * an offloaded step computes what the plain one does.
+ *
+ * Gradients (sbpc --offload optimizer: the caller's gradient block is host memory). Each trained
+ * parameter's gradient becomes a workspace buffer of its own, which the plan places like any
+ * other, and a transfer (p->grad_transfers) to the parameter's place in the host block:
+ *   - GRAD_IN at the start of the block before the one of its first contribution (one layer
+ *     ahead in the backward; for the first backward block's, after its gradient zeroing) fills
+ *     it with what earlier micro-batches accumulated (a copy from the host block, when the step
+ *     accumulates) or zeros, and GRAD_WAIT waits for the copy just before the chunk loop of
+ *     the first contribution;
+ *   - OFFLOAD_OUT right after its last contribution (its block's chunk loop) sends it to the
+ *     host block, and its wait, which frees the bytes, comes at the end of the next block, so
+ *     that the copy runs behind a layer's backward.
+ * So the device holds about three layers' gradients (the one being accumulated, the one
+ * arriving and the one leaving) instead of the whole block, and the contributions add up in the
+ * order they would in the gradient block: the gradients are bit for bit the plain step's.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -36,11 +51,11 @@
 #include "train_internal.h"
 
 /* One instruction to insert before instruction `at` of block `block` (at == n_insts: at the
- * end); among those at one place, lower `order` first. */
+ * end); among those at one place, lower `order` first, then earlier `seq`. */
 typedef struct ins {
-    int block, at, order;
+    int block, at, order, seq;
     tp_inst inst;
-    int transfer, which; /* the transfer it belongs to; 0 out, 1 out wait, 2 in, 3 in wait */
+    int *slot; /* its transfer's field that records where it landed */
 } ins;
 
 static int cmp_ins(const void *x, const void *y)
@@ -52,7 +67,28 @@ static int cmp_ins(const void *x, const void *y)
         return a->at < b->at ? -1 : 1;
     if (a->order != b->order)
         return a->order < b->order ? -1 : 1;
-    return a->transfer < b->transfer ? -1 : a->transfer > b->transfer;
+    return a->seq < b->seq ? -1 : a->seq > b->seq;
+}
+
+/* The insertions so far. */
+typedef struct ins_list {
+    ins *v;
+    int n, cap;
+} ins_list;
+
+static int push(ins_list *l, int block, int at, int order, tp_inst inst, int *slot)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        ins *g = realloc(l->v, (size_t)cap * sizeof *g);
+        if (!g)
+            return -1;
+        l->v = g;
+        l->cap = cap;
+    }
+    l->v[l->n] = (ins){block, at, order, l->n, inst, slot};
+    l->n++;
+    return 0;
 }
 
 /* The first index after instruction i outside any chunk loop (i's loop's end, or i + 1). */
@@ -135,7 +171,7 @@ static tp_inst mk(tp_kernel k, int b0, int b1, size_t bytes, int event, const ch
         in.buf[j] = -1;
     in.buf[0] = b0;
     in.buf[1] = b1;
-    if (k == TP_K_OFFLOAD_WAIT)
+    if (k == TP_K_OFFLOAD_WAIT || k == TP_K_GRAD_WAIT)
         in.arg[0] = (tp_arg){.kind = TP_ARG_INT, .i = event};
     else {
         in.arg[0] = (tp_arg){.kind = TP_ARG_INT, .i = (int64_t)bytes};
@@ -155,12 +191,7 @@ static int apply_block(sbp_train_program *p, ir_arena *arena, int bi, ins *list,
     int o = 0, k = lo;
     for (int i = 0; i <= blk->n_insts; i++) {
         for (; k < hi && list[k].at == i; k++) {
-            tp_transfer *t = &p->transfers[list[k].transfer];
-            int *slot = list[k].which == 0   ? &t->out_inst
-                        : list[k].which == 1 ? &t->out_wait_inst
-                        : list[k].which == 2 ? &t->in_inst
-                                             : &t->in_wait_inst;
-            *slot = o;
+            *list[k].slot = o;
             out[o++] = list[k].inst;
         }
         if (i < blk->n_insts)
@@ -181,10 +212,9 @@ static int apply_block(sbp_train_program *p, ir_arena *arena, int bi, ins *list,
     return 0;
 }
 
-/* A TP_BUF_HOST copy of workspace buffer b at host offset *off (advanced past it). */
-static int host_copy(sbp_train_program *p, ir_arena *arena, int b, size_t *off)
+/* A new buffer of the program, a copy of buffer b's description; its id, -1 out of memory. */
+static int buf_copy(sbp_train_program *p, ir_arena *arena, int b)
 {
-    const tp_buf *src = p->bufs[b];
     if (p->n_bufs == p->cap_bufs) {
         int cap = p->cap_bufs ? 2 * p->cap_bufs : 64;
         tp_buf **g = ir_arena_alloc(arena, (size_t)cap * sizeof *g);
@@ -197,49 +227,50 @@ static int host_copy(sbp_train_program *p, ir_arena *arena, int b, size_t *off)
     tp_buf *h = ir_arena_alloc(arena, sizeof *h);
     if (!h)
         return -1;
-    *h = *src;
+    *h = *p->bufs[b];
     h->id = p->n_bufs;
-    h->kind = TP_BUF_HOST;
-    h->name = ir_arena_printf(arena, "h_%s", src->name);
-    h->what = "its host copy";
-    h->region = TP_REGION_PERSIST;
-    h->offset = *off;
-    *off += (src->numel * tp_buf_elem_bytes(src) + MEMPLAN_ALIGN - 1) / MEMPLAN_ALIGN *
-            MEMPLAN_ALIGN;
     p->bufs[p->n_bufs++] = h;
     return h->id;
 }
 
-int sbp_train_offload(sbp_train_program *p, ir_diag *d)
+/* A TP_BUF_HOST copy of workspace buffer b at host offset *off (advanced past it). */
+static int host_copy(sbp_train_program *p, ir_arena *arena, int b, size_t *off)
 {
-    ir_arena *arena = p->g->arena;
-    if (p->strategy == SBP_STRATEGY_STORE)
-        return ir_diag_error(d, "--offload checkpoints: the store strategy keeps every "
-                             "activation and has no layer checkpoints (use stream or "
-                             "checkpoint)");
-    int nb = p->n_bufs, n_ins = 0;
-    ins *list = malloc(((size_t)nb * 4 + 1) * sizeof *list);
+    const tp_buf *src = p->bufs[b];
+    int h = buf_copy(p, arena, b);
+    if (h < 0)
+        return -1;
+    tp_buf *hb = p->bufs[h];
+    hb->kind = TP_BUF_HOST;
+    hb->name = ir_arena_printf(arena, "h_%s", src->name);
+    hb->what = "its host copy";
+    hb->region = TP_REGION_PERSIST;
+    hb->offset = *off;
+    *off += (src->numel * tp_buf_elem_bytes(src) + MEMPLAN_ALIGN - 1) / MEMPLAN_ALIGN *
+            MEMPLAN_ALIGN;
+    return h;
+}
+
+/* The layer checkpoints' transfers (the file's header): into p->transfers and the list. */
+static int plan_checkpoints(sbp_train_program *p, ir_arena *arena, ins_list *list, ir_diag *d)
+{
+    int nb = p->n_bufs;
     p->transfers = ir_arena_alloc(arena, ((size_t)nb + 1) * sizeof *p->transfers);
-    if (!list || !p->transfers) {
-        free(list);
+    if (!p->transfers)
         return ir_diag_error(d, "out of memory");
-    }
     p->n_transfers = 0;
     size_t host_off = 0;
     for (int b = 0; b < nb; b++) {
         acc *a = NULL;
         int n = accesses(p, b, &a), g = -1;
-        if (n < 0) {
-            free(list);
+        if (n < 0)
             return ir_diag_error(d, "out of memory");
-        }
         if (!find_gap(p, b, a, n, &g)) {
             free(a);
             continue;
         }
         if (2 * p->n_transfers + 1 >= TP_COPY_EVENTS) {
             free(a);
-            free(list);
             return ir_diag_error(d, "--offload checkpoints: more than %d buffers to offload",
                                  TP_COPY_EVENTS / 2);
         }
@@ -249,7 +280,6 @@ int sbp_train_offload(sbp_train_program *p, ir_diag *d)
         int t = p->n_transfers++, h = host_copy(p, arena, b, &host_off);
         if (h < 0) {
             free(a);
-            free(list);
             return ir_diag_error(d, "out of memory");
         }
         size_t bytes = p->bufs[b]->numel * tp_buf_elem_bytes(p->bufs[b]);
@@ -262,31 +292,177 @@ int sbp_train_offload(sbp_train_program *p, ir_diag *d)
         tr->out_wait_block = a[g].block;
         tr->in_block = a[g + 1].block - 1;
         tr->in_wait_block = a[g + 1].block;
-        list[n_ins++] = (ins){tr->out_block, after_loops(wb, a[w].inst), 0,
-                              mk(TP_K_OFFLOAD_OUT, h, b, bytes, tr->out_event, "offload out"), t,
-                              0};
-        int wait_at = after_loops(lb, a[g].inst);
-        if (tr->out_wait_block == tr->out_block && wait_at < list[n_ins - 1].at)
-            wait_at = list[n_ins - 1].at; /* never before its copy */
-        list[n_ins++] = (ins){tr->out_wait_block, wait_at, 2,
-                              mk(TP_K_OFFLOAD_WAIT, b, -1, 0, tr->out_event, "offload out"), t,
-                              1};
-        list[n_ins++] = (ins){tr->in_block, 0, 1,
-                              mk(TP_K_OFFLOAD_IN, b, h, bytes, tr->in_event, "offload in"), t, 2};
-        list[n_ins++] = (ins){tr->in_wait_block, before_loops(rb, a[g + 1].inst), 3,
-                              mk(TP_K_OFFLOAD_WAIT, b, -1, 0, tr->in_event, "offload in"), t, 3};
+        int out_at = after_loops(wb, a[w].inst), wait_at = after_loops(lb, a[g].inst);
+        if (tr->out_wait_block == tr->out_block && wait_at < out_at)
+            wait_at = out_at; /* never before its copy */
+        int rc = push(list, tr->out_block, out_at, 0,
+                      mk(TP_K_OFFLOAD_OUT, h, b, bytes, tr->out_event, "offload out"),
+                      &tr->out_inst) ||
+                 push(list, tr->out_wait_block, wait_at, 2,
+                      mk(TP_K_OFFLOAD_WAIT, b, -1, 0, tr->out_event, "offload out"),
+                      &tr->out_wait_inst) ||
+                 push(list, tr->in_block, 0, 1,
+                      mk(TP_K_OFFLOAD_IN, b, h, bytes, tr->in_event, "offload in"),
+                      &tr->in_inst) ||
+                 push(list, tr->in_wait_block, before_loops(rb, a[g + 1].inst), 3,
+                      mk(TP_K_OFFLOAD_WAIT, b, -1, 0, tr->in_event, "offload in"),
+                      &tr->in_wait_inst);
         free(a);
+        if (rc)
+            return ir_diag_error(d, "out of memory");
     }
-    qsort(list, (size_t)n_ins, sizeof *list, cmp_ins);
-    for (int lo = 0, hi; lo < n_ins; lo = hi) {
-        for (hi = lo; hi < n_ins && list[hi].block == list[lo].block; hi++)
-            ;
-        if (apply_block(p, arena, list[lo].block, list, lo, hi)) {
-            free(list);
+    p->host_bytes = host_off;
+    return IR_OK;
+}
+
+/* Whether instruction i of block bi zeroes the persistent region's gradients (the backward's
+ * first span zero, which the planner turns into per-buffer zeroing: plan.c). */
+static bool persist_zero(const sbp_train_program *p, int bi, int i)
+{
+    const tp_inst *in = &p->blocks[bi]->insts[i];
+    return in->k == TP_K_MEMSET_ZERO && in->buf[0] >= 0 && p->bufs[in->buf[0]]->span &&
+           p->bufs[in->buf[0]]->region == TP_REGION_PERSIST;
+}
+
+/* The gradients' transfers (the file's header): each trained parameter's gradient moves to a
+ * workspace buffer of its own, the gradient block's buffer becoming its host side; into
+ * p->grad_transfers and the list, events from first_event. */
+static int plan_grads(sbp_train_program *p, ir_arena *arena, ins_list *list, int first_event,
+                      ir_diag *d)
+{
+    int nb = p->n_bufs;
+    int *dev = malloc(((size_t)nb + 1) * sizeof *dev); /* by gradient block buffer */
+    p->grad_transfers = ir_arena_alloc(arena, ((size_t)p->n_params + 1) *
+                                                  sizeof *p->grad_transfers);
+    if (!dev || !p->grad_transfers) {
+        free(dev);
+        return ir_diag_error(d, "out of memory");
+    }
+    for (int b = 0; b < nb; b++)
+        dev[b] = -1;
+    for (int i = 0; i < p->n_params; i++) {
+        const tp_param *q = &p->params[i];
+        int gb = q->grad;
+        if (q->tied_to >= 0 || !q->trainable || gb < 0 || p->bufs[gb]->kind != TP_BUF_GRAD ||
+            dev[gb] >= 0)
+            continue;
+        int w = buf_copy(p, arena, gb);
+        if (w < 0) {
+            free(dev);
+            return ir_diag_error(d, "out of memory");
+        }
+        tp_buf *wb = p->bufs[w], *hb = p->bufs[gb];
+        wb->kind = TP_BUF_WS;
+        wb->region = TP_REGION_PERSIST;
+        wb->offset = 0;
+        wb->what = "parameter gradient (streamed to the host)";
+        hb->name = ir_arena_printf(arena, "h_%s", hb->name);
+        hb->what = "its place in the host gradient block";
+        dev[gb] = w;
+    }
+    for (int bi = 0; bi < p->n_blocks; bi++)
+        for (int i = 0; i < p->blocks[bi]->n_insts; i++) {
+            tp_inst *in = &p->blocks[bi]->insts[i];
+            for (int j = 0; j < tp_kernel_table[in->k].n_buf; j++)
+                if (in->buf[j] >= 0 && in->buf[j] < nb && dev[in->buf[j]] >= 0)
+                    in->buf[j] = dev[in->buf[j]];
+        }
+    p->n_grad_transfers = 0;
+    for (int gb = 0; gb < nb; gb++) {
+        int w = dev[gb];
+        if (w < 0)
+            continue;
+        acc *a = NULL;
+        int n = accesses(p, w, &a);
+        if (n < 0) {
+            free(dev);
+            return ir_diag_error(d, "out of memory");
+        }
+        if (n == 0) {
+            free(a);
+            continue;
+        }
+        int t = p->n_grad_transfers++, ev = first_event + 2 * t;
+        if (ev + 1 >= TP_COPY_EVENTS) {
+            free(a);
+            free(dev);
+            return ir_diag_error(d, "--offload optimizer: more than %d gradients and "
+                                 "checkpoints to move", TP_COPY_EVENTS / 2);
+        }
+        size_t bytes = p->bufs[w]->numel * sizeof(float);
+        tp_transfer *tr = &p->grad_transfers[t];
+        *tr = (tp_transfer){.buf = w, .host = gb, .bytes = bytes, .in_event = ev,
+                            .out_event = ev + 1};
+        const acc *first = &a[0], *last = &a[n - 1];
+        /* in: at the start of the block before the first contribution's, unless the backward's
+         * gradient zeroing comes in between (it would zero what came in): right after it */
+        int in_block = first->block > 0 ? first->block - 1 : 0, in_at = 0;
+        for (int bi = in_block; bi <= first->block; bi++)
+            for (int i = 0; i < (bi == first->block ? first->inst : p->blocks[bi]->n_insts); i++)
+                if (persist_zero(p, bi, i)) {
+                    in_block = bi;
+                    in_at = after_loops(p->blocks[bi], i);
+                }
+        int wait_at = before_loops(p->blocks[first->block], first->inst);
+        if (in_block == first->block && wait_at < in_at) {
+            free(a);
+            free(dev);
+            return ir_diag_error(d, "--offload optimizer: the gradient '%s' is accumulated in "
+                                 "the chunk loop that zeroes the backward's gradients",
+                                 p->bufs[w]->name);
+        }
+        tr->in_block = in_block;
+        tr->in_wait_block = first->block;
+        /* out: after its last contribution; waited for at the end of the next block */
+        tr->out_block = last->block;
+        tr->out_wait_block = last->block + 1 < p->n_blocks ? last->block + 1 : last->block;
+        int rc = push(list, tr->in_block, in_at, 1,
+                      mk(TP_K_GRAD_IN, w, gb, bytes, tr->in_event, "gradient in"),
+                      &tr->in_inst) ||
+                 push(list, tr->in_wait_block, wait_at, 3,
+                      mk(TP_K_GRAD_WAIT, w, -1, 0, tr->in_event, "gradient in"),
+                      &tr->in_wait_inst) ||
+                 push(list, tr->out_block, after_loops(p->blocks[last->block], last->inst), 0,
+                      mk(TP_K_OFFLOAD_OUT, gb, w, bytes, tr->out_event, "gradient out"),
+                      &tr->out_inst) ||
+                 push(list, tr->out_wait_block, p->blocks[tr->out_wait_block]->n_insts, 2,
+                      mk(TP_K_OFFLOAD_WAIT, w, -1, 0, tr->out_event, "gradient out"),
+                      &tr->out_wait_inst);
+        free(a);
+        if (rc) {
+            free(dev);
             return ir_diag_error(d, "out of memory");
         }
     }
-    free(list);
-    p->host_bytes = host_off;
+    free(dev);
+    p->grads_on_host = true;
+    return IR_OK;
+}
+
+int sbp_train_offload(sbp_train_program *p, bool checkpoints, bool grads, ir_diag *d)
+{
+    ir_arena *arena = p->g->arena;
+    if (checkpoints && p->strategy == SBP_STRATEGY_STORE)
+        return ir_diag_error(d, "--offload checkpoints: the store strategy keeps every "
+                             "activation and has no layer checkpoints (use stream or "
+                             "checkpoint)");
+    ins_list list = {0};
+    /* both sets of positions are taken on the program as it is, then inserted at once (the
+     * transfers record where their instructions land) */
+    if ((checkpoints && plan_checkpoints(p, arena, &list, d) != IR_OK) ||
+        (grads && plan_grads(p, arena, &list, 2 * p->n_transfers, d) != IR_OK)) {
+        free(list.v);
+        return IR_ERR;
+    }
+    qsort(list.v, (size_t)list.n, sizeof *list.v, cmp_ins);
+    for (int lo = 0, hi; lo < list.n; lo = hi) {
+        for (hi = lo; hi < list.n && list.v[hi].block == list.v[lo].block; hi++)
+            ;
+        if (apply_block(p, arena, list.v[lo].block, list.v, lo, hi)) {
+            free(list.v);
+            return ir_diag_error(d, "out of memory");
+        }
+    }
+    free(list.v);
     return IR_OK;
 }

@@ -327,12 +327,19 @@ typedef struct tp_segment {
 #define TP_COPY_EVENTS 4096 /* transfer events a step may name (runtime/sbprt.h:
                              * SBPRT_COPY_EVENTS) */
 typedef struct tp_transfer {
-    int buf, host;           /* the workspace buffer and its TP_BUF_HOST copy */
+    int buf, host;           /* the workspace buffer and its TP_BUF_HOST copy (a gradient's:
+                              * its TP_BUF_GRAD buffer, in the caller's host gradient block) */
     size_t bytes;            /* as stored */
     int out_block, out_inst, out_wait_block, out_wait_inst;
     int in_block, in_inst, in_wait_block, in_wait_inst;
     int out_event, in_event; /* sbprt_copy_async's event numbers */
 } tp_transfer;
+/* A parameter gradient streamed to the host (offload_optimizer; offload.c) is a tp_transfer of
+ * p->grad_transfers: its device buffer is a workspace buffer the plan places like any other,
+ * from a GRAD_IN one block ahead of its first contribution (the gradient earlier micro-batches
+ * left in the host block when accumulating, else zeros) to the wait of its way out, at the end
+ * of the block after its last contribution. "in" is GRAD_IN / GRAD_WAIT, "out" OFFLOAD_OUT /
+ * OFFLOAD_WAIT. */
 
 typedef struct sbp_train_program {
     ir_graph *g;
@@ -393,6 +400,11 @@ typedef struct sbp_train_program {
     size_t host_bytes;       /* the host workspace the transfers' host copies live in */
     tp_transfer *transfers;  /* [n_transfers] each offloaded buffer's way out and back */
     int n_transfers;
+    bool grads_on_host;      /* offload_optimizer: the gradient block is host memory; each
+                              * trained parameter's gradient is accumulated in the workspace
+                              * and leaves the device after its last contribution */
+    tp_transfer *grad_transfers; /* [n_grad_transfers] one per trained parameter */
+    int n_grad_transfers;
 
     /* Evaluation (see "Evaluation" above) */
     bool forward_only;       /* this is an evaluation program: no gradient anywhere */
@@ -448,10 +460,15 @@ const char *tp_kernel_bf16_types(tp_kernel k);
 
 /* ---------------------------------------------------------------- offload.c */
 
-/* requires: the strategy's program (stream or checkpoint; store is refused), after the
- * precision pass; not yet planned. produces: the layer checkpoints' transfers to host memory
- * and back (tp_transfer, TP_BUF_HOST buffers, p->host_bytes): see offload.c. */
-int sbp_train_offload(sbp_train_program *p, ir_diag *d);
+/* requires: the strategy's program (checkpoints: stream or checkpoint; store is refused),
+ * after the precision pass; not yet planned. produces, with checkpoints: the layer
+ * checkpoints' transfers to host memory and back (tp_transfer, TP_BUF_HOST buffers,
+ * p->host_bytes); with grads: each trained parameter's gradient in the workspace and its way
+ * to the caller's host gradient block (p->grad_transfers, grads_on_host). See offload.c. */
+int sbp_train_offload(sbp_train_program *p, bool checkpoints, bool grads, ir_diag *d);
+
+/* Bytes of the gradient block on the device: grad_elems floats, none when grads_on_host. */
+size_t sbp_train_device_grad_bytes(const sbp_train_program *p);
 
 /* Bytes of one element of b as stored: 4, or 2 for a bf16 workspace buffer. */
 size_t tp_buf_elem_bytes(const tp_buf *b);

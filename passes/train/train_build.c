@@ -134,9 +134,10 @@ static sbp_train_program *build_once(ir_graph *g, sbp_objective objective,
         sbp_train_place_base_bf16(p, opt->offload_optimizer, g->diag) != IR_OK)
         return NULL;
     p->offload_optimizer = opt && opt->offload_optimizer;
-    /* offload: part of the strategy's program (its transfers show in the stream dump) */
-    if (opt && opt->offload_checkpoints && !p->forward_only &&
-        sbp_train_offload(p, g->diag) != IR_OK)
+    /* offload: part of the strategy's program (its transfers show in the stream dump); the
+     * optimizer's: the gradients leave the device as the backward finishes them */
+    bool ck = opt && opt->offload_checkpoints, gr = p->offload_optimizer;
+    if ((ck || gr) && !p->forward_only && sbp_train_offload(p, ck, gr, g->diag) != IR_OK)
         return NULL;
     if (opt && opt->host_budget && sbp_train_host_state_bytes(p) > opt->host_budget) {
         ir_diag_error(g->diag, "--host-budget %zu bytes cannot hold the offloaded %s: they need "
@@ -161,9 +162,14 @@ static sbp_train_program *build_once(ir_graph *g, sbp_objective objective,
 
 /* ------------------------------------------------------------------ the memory budget */
 
+size_t sbp_train_device_grad_bytes(const sbp_train_program *p)
+{
+    return p->grads_on_host ? 0 : p->grad_elems * sizeof(float);
+}
+
 size_t sbp_train_planned_peak(const sbp_train_program *p)
 {
-    return (p->param_elems + p->grad_elems) * sizeof(float) + p->workspace_bytes;
+    return p->param_elems * sizeof(float) + sbp_train_device_grad_bytes(p) + p->workspace_bytes;
 }
 
 size_t sbp_train_host_state_bytes(const sbp_train_program *p)
@@ -230,7 +236,7 @@ static sbp_train_program *fit_budget(ir_graph *g, sbp_objective objective,
                       stream ? ir_arena_printf(g->arena, " (chunk %lld, logits chunk %lld)",
                                                (long long)p->chunk, (long long)p->logits_chunk)
                              : "",
-                      need, p->param_elems * sizeof(float), p->grad_elems * sizeof(float),
+                      need, p->param_elems * sizeof(float), sbp_train_device_grad_bytes(p),
                       p->workspace_bytes);
         return NULL;
     }

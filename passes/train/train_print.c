@@ -63,6 +63,18 @@ static void print_segments(const sbp_train_program *p, FILE *f, bool newline)
 /* --offload: the host copies and each transfer's way out and back (offload.c). */
 static void print_offload(const sbp_train_program *p, FILE *f)
 {
+    if (p->n_grad_transfers > 0)
+        fprintf(f, "\noffload: %d gradient%s accumulated in the workspace and sent to the host "
+                   "gradient block after the last contribution\n",
+                p->n_grad_transfers, p->n_grad_transfers == 1 ? "" : "s");
+    for (int i = 0; i < p->n_grad_transfers; i++) {
+        const tp_transfer *t = &p->grad_transfers[i];
+        fprintf(f, "  %-48s %9zu B  in from %s in %s (event %d, waited in %s), out in %s "
+                   "(event %d, waited in %s)\n",
+                p->bufs[t->buf]->name, t->bytes, p->bufs[t->host]->name,
+                p->blocks[t->in_block]->name, t->in_event, p->blocks[t->in_wait_block]->name,
+                p->blocks[t->out_block]->name, t->out_event, p->blocks[t->out_wait_block]->name);
+    }
     if (p->n_transfers == 0)
         return;
     fprintf(f, "\noffload: %d buffer%s in host memory between forward and backward, %zu bytes "
@@ -263,6 +275,13 @@ void sbp_train_print_schedule(const sbp_train_program *p, const char *stage, FIL
             else if (in->k == TP_K_OFFLOAD_OUT || in->k == TP_K_OFFLOAD_IN)
                 fprintf(f, "   # %s: %lld bytes on the copy stream, then event %lld", in->what,
                         (long long)in->arg[0].i, (long long)in->arg[1].i);
+            else if (in->k == TP_K_GRAD_IN)
+                fprintf(f, "   # %s: accumulating, %lld bytes on the copy stream, then event "
+                           "%lld; else zeros", in->what, (long long)in->arg[0].i,
+                        (long long)in->arg[1].i);
+            else if (in->k == TP_K_GRAD_WAIT)
+                fprintf(f, "   # %s: accumulating, the compute stream waits for event %lld",
+                        in->what, (long long)in->arg[0].i);
             else if (in->k == TP_K_OFFLOAD_WAIT)
                 fprintf(f, "   # %s: the compute stream waits for event %lld", in->what,
                         (long long)in->arg[0].i);
@@ -307,7 +326,7 @@ void sbp_train_print_plan(const sbp_train_program *p, FILE *f)
     fprintf(f, "memory plan: strategy %s, B=%lld T=%lld%s\n", sbp_strategy_name(p->strategy),
             (long long)p->batch, (long long)p->seq_len, p->bf16 ? ", bf16 activations" : "");
     fprintf(f, "  parameters %zu B + gradients %zu B + workspace %zu B = planned peak %zu B\n",
-            p->param_elems * sizeof(float), p->grad_elems * sizeof(float), p->workspace_bytes,
+            p->param_elems * sizeof(float), sbp_train_device_grad_bytes(p), p->workspace_bytes,
             sbp_train_planned_peak(p));
     fprintf(f, "  liveness lower bound %zu B (at %s); the plan's workspace is %.3fx of it\n",
             m->lower_bound, m->lower_bound ? memplan_pos_name(m, m->lower_bound_pos) : "-",

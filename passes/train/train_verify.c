@@ -225,13 +225,18 @@ static const char *const arg_types[TP_K_COUNT] = {
     [TP_K_OFFLOAD_OUT] = "zi",
     [TP_K_OFFLOAD_IN] = "zi",
     [TP_K_OFFLOAD_WAIT] = "i",
+    [TP_K_GRAD_IN] = "zi",
+    [TP_K_GRAD_WAIT] = "i",
 };
 
 /* The runtime function a kernel calls ("sbprt_copy_cols"), from its CALL template. */
 static const char *kernel_fn(const tp_kernel_info *ki, char *buf, size_t n)
 {
-    size_t len = strcspn(ki->call, "(");
-    snprintf(buf, n, "%.*s", (int)(len < n ? len : n - 1), ki->call);
+    const char *c = ki->call, *q = strstr(c, "? "); /* "(args->... ? call : ...)" */
+    if (*c == '(' && q)
+        c = q + 2;
+    size_t len = strcspn(c, "(");
+    snprintf(buf, n, "%.*s", (int)(len < n ? len : n - 1), c);
     return buf;
 }
 

@@ -240,6 +240,15 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
                       -DOFFLOAD=checkpoints,optimizer)
     endif()
   endforeach()
+  # gradient accumulation: the streamed gradients come back from the host for each later
+  # micro-batch (Llama's untied weights; GPT-2's tied embedding, whose gradient spans the
+  # backward)
+  gpu_emu_offload(llama_stream_optimizer_accum llama_4l_dynamo llama stream -DCHUNK=11
+                  -DLOGITS_CHUNK=13 -DOFFLOAD=optimizer -DGRAD_ACCUM=2)
+  if(NOT SBP_SANITIZE)
+    gpu_emu_offload(gpt2_checkpoint_both_accum gpt2_4l_dynamo gpt2 checkpoint
+                    -DOFFLOAD=checkpoints,optimizer -DGRAD_ACCUM=2)
+  endif()
   # --base-precision bf16 trains exactly as the fp32 master weights' bf16 copy does
   # (losses, gradients, adapters, saved model identical), with the smaller plan it states
   # (Llama: its untied embedding kept as bf16 too; GPT-2: the tied wte and wpe, 2 tables)

@@ -22,11 +22,16 @@
 # the same computation (the same bf16 values: byte-identical gradients); after it the update runs
 # in another runtime, so the losses and gradient norms of every step and the final checkpoint
 # (masters, m, v) are held to 1e-6 relative (tests/dist/compare.py); and the device memory must
-# fall by the parameter block's and the optimizer state's planned bytes.
+# fall by the parameter block's, the optimizer state's and the gradient block's planned bytes
+# (the step says its gradients go to host memory: each is accumulated in the workspace and sent
+# to the host block after its last contribution, which the workspace's growth pays for).
+# With GRAD_ACCUM=K both steps are compiled for one row and trained with --grad-accum K, so the
+# offloaded step's gradients come back from the host before each later micro-batch adds to them.
 #
 #   -DSBPC= -DTRAIN= -DINFO= -DCC= -DEMU_LIB= -DINCLUDES=a;b -DCFLAGS=... -DMODEL= -DIDS=
 #   -DLABELS= -DOUT= -DSTRATEGY= [-DSTEPS=10] [-DCHUNK=N -DLOGITS_CHUNK=N: stream's chunks]
 #   [-DOFFLOAD=checkpoints|optimizer|checkpoints,optimizer -DPYTHON= -DCOMPARE=compare.py]
+#   [-DGRAD_ACCUM=K]
 include("${CMAKE_CURRENT_LIST_DIR}/../run_checked.cmake") # run(what cmd...)
 
 if(NOT STEPS)
@@ -42,6 +47,12 @@ if(OFFLOAD MATCHES "checkpoints")
 endif()
 if(OFFLOAD MATCHES "optimizer")
   set(optim ON)
+endif()
+set(batch 2)
+set(accum)
+if(GRAD_ACCUM)
+  set(batch 1)
+  set(accum --grad-accum ${GRAD_ACCUM})
 endif()
 set(chunks)
 if(CHUNK)
@@ -62,7 +73,7 @@ foreach(mode plain offload)
   endif()
   # --no-eval: the arena holds the larger of the training and evaluation workspaces, and the
   # saving is the training one's
-  run("sbpc (${mode})" ${SBPC} ${MODEL} --batch 2 --seq-len 32 --target cuda --precision bf16
+  run("sbpc (${mode})" ${SBPC} ${MODEL} --batch ${batch} --seq-len 32 --target cuda --precision bf16
       --strategy ${STRATEGY} ${chunks} --no-eval ${extra} -o ${n}.c)
   # -Bsymbolic: the step's cuda* calls bind to the emulator inside it (emu_step.cmake says why)
   run("compiling the ${mode} step against the emulated CUDA runtime"
@@ -76,8 +87,9 @@ foreach(mode plain offload)
   list(GET info 9 host_${mode})
   list(GET info 10 offload_${mode})
   list(GET info 11 gelems_${mode})
+  list(GET info 12 ghost_${mode})
   run("sbp-train (${mode})" ${TRAIN} ${n}.so --model ${MODEL} --input-ids ${IDS}
-      --labels ${LABELS} --steps ${STEPS} --lr 0.01 --weight-decay 0.01
+      --labels ${LABELS} --steps ${STEPS} --lr 0.01 --weight-decay 0.01 ${accum}
       --dump-grads ${n}_grads.safetensors --save ${n}_saved.onnx --log ${n}.jsonl
       --checkpoint-dir ${n}_ck --checkpoint-every ${STEPS})
   set(out_${mode} "${LAST_OUT}")
@@ -130,6 +142,11 @@ endif()
 if(NOT offload_offload STREQUAL OFFLOAD)
   message(FATAL_ERROR "the offloaded step says it offloads '${offload_offload}', not ${OFFLOAD}")
 endif()
+if(NOT ghost_plain EQUAL 0 OR (optim AND NOT ghost_offload EQUAL 1) OR
+   (NOT optim AND NOT ghost_offload EQUAL 0))
+  message(FATAL_ERROR "the steps say their gradients are host memory: plain ${ghost_plain}, "
+                      "offload ${ghost_offload} (expected 1 exactly with --offload optimizer)")
+endif()
 if(ckpts AND NOT host_offload GREATER 0)
   message(FATAL_ERROR "the offloaded step states no host workspace (${host_offload} bytes)")
 endif()
@@ -139,7 +156,7 @@ endif()
 # a host that cannot hold what is offloaded: refused before any step, naming both byte counts,
 # which are what the run reports it keeps on the host
 execute_process(COMMAND ${TRAIN} ${OUT}/offload.so --model ${MODEL} --input-ids ${IDS}
-                --labels ${LABELS} --steps 1 --host-budget 1K
+                --labels ${LABELS} --steps 1 --host-budget 1K ${accum}
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 string(REGEX MATCH "host workspace: ([0-9]+) bytes" m "${out_offload}")
 set(host_all "${CMAKE_MATCH_1}")
@@ -149,11 +166,12 @@ if(NOT rc EQUAL 1 OR NOT err MATCHES "keeps ${host_all} bytes .* in host memory 
                       "bytes named before any step:\n${out}${err}")
 endif()
 # the device's saving: the workspace's (checkpoints; optimizer: the bf16 weights need no copy
-# in it), the parameter block's (bf16 weights, no fp32 masters) and, optimizer, AdamW's m and v
-# (4 bytes each per gradient element, which the plain run keeps on the device)
+# in it, and the gradients on their way out take some), the parameter block's (bf16 weights, no
+# fp32 masters) and, optimizer, AdamW's m and v and the gradient block (4 bytes each per
+# gradient element, which the plain run keeps on the device)
 math(EXPR planned "${ws_plain} - ${ws_offload} + 4 * (${pelems_plain} - ${pelems_offload})")
 if(optim)
-  math(EXPR planned "${planned} + 8 * ${gelems_plain}")
+  math(EXPR planned "${planned} + 12 * ${gelems_plain}")
 endif()
 math(EXPR measured "${dev_plain} - ${dev_offload}")
 if(NOT planned GREATER 0)

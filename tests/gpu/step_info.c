@@ -4,7 +4,7 @@
  *
  * dlopens the step (which needs no device: a CUDA step registers its kernels lazily), prints
  * "target strategy objective B T V n_params param_elems workspace_bytes host_bytes offload
- * grad_elems" (offload "-" when nothing is) and exits 0 when
+ * grad_elems grads_on_host" (offload "-" when nothing is) and exits 0 when
  * info->target is TARGET and the step exports what the code generator promises for it:
  * sbp_step_init / sbp_step_release, sbp_step_eval / sbp_step_logps exactly when the info gives
  * their workspace, and for a cuda step every runtime function sbp-train takes from it (the
@@ -34,10 +34,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "step_info: %s has no sbp_step_get_info\n", argv[1]);
         return 1;
     }
-    printf("%s %s %s %lld %lld %lld %d %zu %zu %zu %s %zu\n", in->target ? in->target : "(null)",
+    printf("%s %s %s %lld %lld %lld %d %zu %zu %zu %s %zu %d\n", in->target ? in->target : "(null)",
            in->strategy, in->objective, (long long)in->batch, (long long)in->seq_len,
            (long long)in->vocab, in->n_params, in->param_elems, in->workspace_bytes,
-           in->host_bytes, in->offload && *in->offload ? in->offload : "-", in->grad_elems);
+           in->host_bytes, in->offload && *in->offload ? in->offload : "-", in->grad_elems,
+           in->grads_on_host);
     int rc = 0;
     if (in->abi_version != SBP_STEP_ABI_VERSION || !in->target || strcmp(in->target, argv[2])) {
         fprintf(stderr, "step_info: %s: ABI %d, target '%s'; expected ABI %d, target '%s'\n",
