@@ -23,8 +23,10 @@ that length (2 and 3 layers again) to check.
 The figures, for --offload none, checkpoints, optimizer and both: the planned device peak (sbpc's
 "peak (params+grads+opt+workspace)": the parameter block (fp32 masters, or with --offload
 optimizer the bf16 weights), the gradients, AdamW's two moments unless offloaded, and the
-workspace with its bf16 copy of the fp32 weights), the state that does not depend on T (peak
-minus workspace), and the host bytes (the checkpoints; the fp32 masters, AdamW's m and v and the
+workspace with its bf16 copy of the fp32 weights; with --offload optimizer also the gradients
+on their way to the host, a few layers' at a time), the blocks outside the workspace (peak minus
+workspace: the parameter block, and without --offload optimizer the gradient block and AdamW's
+moments), and the host bytes (the checkpoints; the fp32 masters, AdamW's m and v and the
 gradients' copy). A device peak is the plan's; the runtime's own scratch and cuBLAS's workspace
 come on top (some hundreds of MiB). Next to them: ALST's 1.2M tokens of Llama-3.1-8B on one
 H200.
@@ -168,7 +170,7 @@ def main():
               "bf16 stream, chunk %d, logits chunk %d; GiB" % (name, layers, a.chunk,
                                                              a.logits_chunk))
         print("  %9s  %-12s %12s %12s %12s %12s" % ("T", "--offload", "device peak",
-                                                   "workspace", "state", "host"))
+                                                   "workspace", "blocks", "host"))
         for T in a.seq_lens:
             for mode, _ in MODES:
                 peak, ws, host = figures(sbpc, paths, layers, T, mode, a.chunk, a.logits_chunk)
