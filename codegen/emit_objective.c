@@ -9,7 +9,9 @@
  *   obj_dpo_coefficients  (DPO, after the per-token logp) the loss and dL/dlogp of each row,
  *                         written to each of its tokens: pairs (row i, row B/2 + i),
  *                         z = β ((logp_i - ref_i) - (logp_j - ref_j)), loss = Σ -log σ(z) /
- *                         pairs, dL/dlogp_i = -β σ(-z) / pairs = -dL/dlogp_j;
+ *                         pairs, dL/dlogp_i = -β σ(-z) / pairs = -dL/dlogp_j; the row sums
+ *                         it has on the host anyway also go to args->row_logps when given
+ *                         (host memory on either target, so no copy back is needed);
  *   obj_logp_outputs      (sbp_step_logps, after the log-probability program) its outputs:
  *                         each row's logp summed as obj_dpo_coefficients sums it, and a copy
  *                         of the per-token values.
@@ -176,6 +178,8 @@ static void emit_dpo(const sbp_train_program *p, FILE *f)
             "            TRY(obj_sum(ctx, token_logp + row * %lld, %lld, &lp[s]));\n"
             "            TRY(sbprt_memcpy(ctx, &ref[s], args->ref_logps + row, sizeof(float),\n"
             "                             SBPRT_COPY_DEVICE_TO_HOST));\n"
+            "            if (args->row_logps) /* host memory: the caller's rewards */\n"
+            "                args->row_logps[row] = lp[s];\n"
             "        }\n"
             "        const double z = beta * ((lp[0] - ref[0]) - (lp[1] - ref[1]));\n"
             "        /* -log sigmoid(z) and sigmoid(-z), stable on both sides */\n"

@@ -36,7 +36,11 @@
  *   "dpo"   rows 0..B/2-1 are the chosen responses, B/2..B-1 the rejected ones, pair i =
  *           (row i, row B/2 + i): loss = Σ over pairs of -log σ(β ((logp_c - ref_c) - (logp_r -
  *           ref_r))) / denominator (pairs). The step computes each row's logp first (with
- *           stream, a first pass over the LM head only), then the backward: exact.
+ *           stream, a first pass over the LM head only), then the backward: exact. With
+ *           args->row_logps (ABI 6) it also hands those logps back (host memory, double),
+ *           from which the caller gets DPO's rewards β (logp - ref) of the pairs it trained
+ *           on (sbp-train logs them as TRL does). A GRPO step does not write row_logps: its
+ *           per-token logp lives in the head's chunks only (sbp_step_logps gives them).
  *   "grpo"  per scored token: ratio = exp(logp - old), l = -min(ratio A, clip(ratio, 1-ε,
  *           1+ε) A) + β (exp(ref - logp) - (ref - logp) - 1), A the row's advantage; loss =
  *           Σ_rows (Σ_t l / the row's scored tokens) / denominator (rows) for grpo_norm
@@ -180,6 +184,13 @@ typedef struct sbp_step_args {
                                         * sbprt_host_alloc (page-locked on CUDA, so that the
                                         * transfers overlap the kernels); required when
                                         * host_bytes > 0, else not read */
+    /* ABI 6 */
+    double *row_logps;                 /* out, may be NULL: DPO: [B] each row's logp as this
+                                        * step's forward computed it before the backward
+                                        * (summed in double: the value its loss uses), HOST
+                                        * memory on every target, so that the caller can log
+                                        * the rewards β (logp - ref); other objectives do not
+                                        * write it (see "Objectives") */
 } sbp_step_args;
 
 /* Floats of the parameter block that parameter p occupies (a tied parameter: none). */

@@ -137,8 +137,9 @@ static void usage(FILE *f)
             "same; a long option may be shortened to any unambiguous prefix (--grad for\n"
             "--grad-accum); everything after -- is STEP.so.\n"
             "\n"
-            "Prints 'step N loss X tokens/s Y lr Z grad_norm G' per step (G: before clipping)\n"
-            "and the peak memory at the end.\n",
+            "Prints 'step N loss X tokens/s Y lr Z grad_norm G' per step (G: before clipping;\n"
+            "a DPO step adds rewards_chosen, rewards_rejected, rewards_margin and\n"
+            "rewards_accuracy, TRL's rewards/*) and the peak memory at the end.\n",
             train_sched_usage(), train_ckpt_usage() /* checkpoints */,
             train_pack_usage(), train_eval_usage(),
             train_adapter_usage(), train_pretrained_usage(), train_dataset_usage(),
@@ -332,8 +333,13 @@ static void print_step(const train_step_stats *st)
 {
     clear_bar();
     /* "step N loss X" first: scripts parse that prefix; the other fields follow */
-    printf("step %lld loss %.6f tokens/s %.1f lr %.9g grad_norm %.9g\n", (long long)st->step,
+    printf("step %lld loss %.6f tokens/s %.1f lr %.9g grad_norm %.9g", (long long)st->step,
            st->loss, st->tokens_per_s, st->lr, st->grad_norm);
+    const train_rewards_stats *w = &st->rewards; /* DPO: TRL's rewards/... */
+    if (!isnan(w->margin))
+        printf(" rewards_chosen %.9g rewards_rejected %.9g rewards_margin %.9g "
+               "rewards_accuracy %.6g", w->chosen, w->rejected, w->margin, w->accuracy);
+    putchar('\n');
     fflush(stdout);
 }
 

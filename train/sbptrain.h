@@ -31,6 +31,7 @@
  *   train_refs.c      a DPO / GRPO dataset's reference log-probs: computed before step 1 from
  *                     the initial weights, cached beside the checkpoints
  *   train_inputs.c    micro-batches and the DPO / GRPO inputs; train_sched.c the schedule;
+ *   train_rewards.c   DPO's rewards per step (as TRL logs them), from the step's row logps;
  *   train_log.c       --log; train_ckpt.c checkpoints; train_eval.c held-out evaluation;
  *   train_pack.c      packed documents; train_dataset.c datasets; train_adapter.c LoRA;
  *   train_export.c    safetensors under PyTorch names; train_pretrained.c a model folder;
@@ -53,6 +54,7 @@
 #include "train_eval.h"
 #include "train_pack.h"
 #include "train_pretrained.h"
+#include "train_rewards.h"
 #include "train_say.h"
 #include "train_sched.h"
 
@@ -135,6 +137,9 @@ typedef struct train_step_stats {
     double lr;           /* this step's learning rate (the schedule's) */
     double grad_norm;    /* before clipping */
     double eval_loss;    /* NaN unless an evaluation ran after this step */
+    train_rewards_stats rewards; /* DPO: the mean rewards of the step's pairs (train_rewards.h,
+                                  * TRL's rewards/chosen, rejected, margins, accuracies);
+                                  * NaN for other objectives */
 } train_step_stats;
 
 /* The next optimizer step: its batch, the step on every micro-batch, the sums over ranks, the

@@ -383,6 +383,19 @@ int train_dist_reduce(train_dist *d, float *grads, double *loss, bool full, char
 #endif
 }
 
+int train_dist_sum(const train_dist *d, double *x, int n, char *err, size_t errlen)
+{
+    if (!d->on)
+        return 0;
+#ifdef SBP_WITH_MPI
+    int st = MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    return st == MPI_SUCCESS ? 0 : mpi_fail(err, errlen, "MPI_Allreduce of the rewards", st);
+#else
+    (void)x, (void)n;
+    return cli_errf(err, errlen, "built without MPI");
+#endif
+}
+
 bool train_dist_owned(const train_dist *d, const sbp_step_param *p, size_t *from, size_t *n)
 {
     const size_t g = p->grad_offset, e = g + p->numel;

@@ -142,6 +142,9 @@ int64_t train_dist_micro(const train_dist *d, train_inputs *ti, const int32_t *i
  * this rank's slice only, unless `full`). Returns 0 or -1 with err. */
 int train_dist_reduce(train_dist *d, float *grads, double *loss, bool full, char *err,
                       size_t errlen);
+/* x[0 .. n) summed over the ranks, in place (host memory; DPO's reward sums). 0, or -1 with
+ * err. */
+int train_dist_sum(const train_dist *d, double *x, int n, char *err, size_t errlen);
 /* The part [*from, *from + *n) of parameter p (elements) this rank updates; 0 when none. */
 bool train_dist_owned(const train_dist *d, const sbp_step_param *p, size_t *from, size_t *n);
 /* The gradient norm (and clipping, when max_norm > 0) over this rank's slices, summed over the

@@ -117,11 +117,12 @@ static size_t put_number(char *buf, size_t n, size_t k, const char *key, double 
 }
 
 int train_log_step(train_log *l, int64_t s, double loss, double lr, double grad_norm,
-                   double tokens_per_s, double eval_loss, char *err, size_t errlen)
+                   double tokens_per_s, double eval_loss, const train_rewards_stats *rewards,
+                   char *err, size_t errlen)
 {
     if (!l->f)
         return 0;
-    char line[512];
+    char line[768]; /* 11 numbers of at most 24 characters and their keys */
     size_t k = (size_t)snprintf(line, sizeof line, "{\"step\":%lld", (long long)s);
     k = put_number(line, sizeof line, k, "loss", loss);
     k = put_number(line, sizeof line, k, "lr", lr);
@@ -130,6 +131,12 @@ int train_log_step(train_log *l, int64_t s, double loss, double lr, double grad_
     k = put_number(line, sizeof line, k, "elapsed_s", train_log_now() - l->t0);
     if (!isnan(eval_loss))
         k = put_number(line, sizeof line, k, "eval_loss", eval_loss);
+    if (rewards && !isnan(rewards->margin)) {
+        k = put_number(line, sizeof line, k, "rewards_chosen", rewards->chosen);
+        k = put_number(line, sizeof line, k, "rewards_rejected", rewards->rejected);
+        k = put_number(line, sizeof line, k, "rewards_margin", rewards->margin);
+        k = put_number(line, sizeof line, k, "rewards_accuracy", rewards->accuracy);
+    }
     if (k < sizeof line)
         snprintf(line + k, sizeof line - k, "}\n");
     if (fputs(line, l->f) == EOF || fflush(l->f) == EOF) {

@@ -2,8 +2,9 @@
  *
  *   {"step":3,"loss":4.1,"lr":0.002,"grad_norm":1.7,"tokens_per_s":51234.5,"elapsed_s":0.42}
  *
- * with "eval_loss" added on the steps that have one (reserved: sbp-train has no evaluation
- * yet). Numbers are written in their shortest round-trip form (as Python's repr), a non-finite
+ * with "eval_loss" added on the steps that have one, and on a DPO step's every line its
+ * rewards (train_rewards.h; TRL's rewards/chosen, rejected, margins, accuracies) as
+ * "rewards_chosen", "rewards_rejected", "rewards_margin" and "rewards_accuracy". Numbers are written in their shortest round-trip form (as Python's repr), a non-finite
  * one as null (JSON has no NaN). The file is flushed after each line, so a run that dies keeps
  * every step it finished, and `tail -f` follows it.
  *
@@ -20,6 +21,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "train_rewards.h"
+
 typedef struct train_log {
     FILE *f;          /* the open log, or NULL (no --log) */
     const char *path; /* for messages */
@@ -32,9 +35,11 @@ typedef struct train_log {
  * last checkpoint, which the resumed run redoes), rewritten atomically, then appended to. */
 int train_log_open(train_log *l, const char *path, int64_t keep_through, char *err,
                    size_t errlen);
-/* Appends step s's line and flushes it; eval_loss NaN: none. 0, or -1 with a message. */
+/* Appends step s's line and flushes it; eval_loss NaN: none; rewards NULL or NaN: none. 0, or
+ * -1 with a message. */
 int train_log_step(train_log *l, int64_t s, double loss, double lr, double grad_norm,
-                   double tokens_per_s, double eval_loss, char *err, size_t errlen);
+                   double tokens_per_s, double eval_loss, const train_rewards_stats *rewards,
+                   char *err, size_t errlen);
 /* Closes the log; 0, or -1 with a message when the last writes failed. NULL-safe. */
 int train_log_close(train_log *l, char *err, size_t errlen);
 /* CLOCK_MONOTONIC, in seconds. */

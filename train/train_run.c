@@ -29,6 +29,7 @@
 #include "train_optim.h"
 #include "train_outputs.h"
 #include "train_refs.h"
+#include "train_rewards.h"
 #include "train_source.h"
 #include "train_steplib.h"
 
@@ -52,6 +53,7 @@ struct train_run {
     train_mem mem;
     train_optim optim;
     train_refs refs;           /* a DPO / GRPO dataset's reference log-probs */
+    train_rewards rewards;     /* DPO: the step's rewards (the row logps it hands back) */
     bool have_refs;
     train_eval ev;             /* --eval-data / --eval-dataset */
     train_log log;
@@ -377,6 +379,8 @@ int train_run_open(train_run **out, const train_config *c, train_dist *dist,
                              .clip = c->sched.clip};
     if (open_files(r) || open_step_and_data(r) || open_model(r) || open_memory(r))
         return -1;
+    if (train_rewards_open(&r->rewards, r->lib.in))
+        return train_err(r->s, "out of memory");
     /* the reference log-probs, from the model's initial weights: before a resume restores
      * later ones (GRPO needs them only with a KL term, beta > 0) */
     if (r->have_refs && (!r->refs.grpo || r->ti.ref || r->c.compute_logps) &&
@@ -409,6 +413,7 @@ void train_run_close(train_run *r)
     ti_free(&r->ti);
     train_source_close(&r->src);
     train_refs_free(&r->refs);
+    train_rewards_free(&r->rewards);
     train_model_free(&r->mdl);
     train_export_free(r->export);
     train_pretrained_free(&r->pre);
@@ -487,6 +492,7 @@ static int run_micro_batches(train_run *r, int64_t s, double denominator, double
     char why[400];
     int st = SBPRT_OK;
     int64_t micro = 0; /* after a failure: the failed micro-batch's number, from 1 */
+    train_rewards_begin(&r->rewards);
     for (*loss = 0; micro < K && st == SBPRT_OK; micro++) {
         if (load_micro(r, micro, pad_pairs))
             return -1;
@@ -498,11 +504,14 @@ static int run_micro_batches(train_run *r, int64_t s, double denominator, double
             .ref_logps = ti->mb_ref ? m->d_ref : NULL, .old_logps = ti->mb_old ? m->d_old : NULL,
             .advantages = ti->mb_adv ? m->d_adv : NULL,
             .doc_ids = m->d_doc_ids, /* NULL unless the step is packed */
+            .row_logps = train_rewards_out(&r->rewards), /* DPO: host memory */
         };
         st = L->run(rt->step_ctx, &args);
         if (!st)
             st = rt->sync(*rt->sync_ctx);
         *loss += micro_loss;
+        if (!st)
+            train_rewards_add(&r->rewards, ti->mb_ref);
     }
     if (!st) /* --offload optimizer: the gradients to the host, where the update runs */
         return train_mem_fetch_grads(m, L, r->s);
@@ -568,9 +577,12 @@ int train_run_step(train_run *r, train_step_stats *st)
     double t0 = train_log_now();
     const double denominator = ti_denominator(&r->ti, r->src.labels);
     int64_t pad_pairs = 0; /* DPO pairs of padding on this rank */
+    char err[512];
     if (run_micro_batches(r, s, denominator, &st->loss, &pad_pairs) ||
         reduce_loss(r, s, denominator, pad_pairs, &st->loss))
         return -1;
+    if (train_rewards_finish(&r->rewards, r->dist, denominator, &st->rewards, err, sizeof err))
+        return train_err(r->s, "step %lld: %s", (long long)s, err);
     double t_run = train_log_now() - t0; /* the dump is not the step's time */
     if (dump_first(r, s, st->loss))
         return -1;
@@ -658,7 +670,7 @@ int train_run_end_step(train_run *r, train_step_stats *st)
     if (train_eval_due(&o->eval, s, o->steps) && run_eval(r, s, &st->eval_loss))
         return -1;
     if (train_log_step(&r->log, s, st->loss, st->lr, st->grad_norm, st->tokens_per_s,
-                       st->eval_loss, err, sizeof err))
+                       st->eval_loss, &st->rewards, err, sizeof err))
         return train_err(r->s, "step %lld: %s", (long long)s, err);
     /* the signal this step acts on, read once: under mpirun the ranks' combined one, so that
      * every rank decides alike whether a checkpoint is due */

@@ -84,7 +84,8 @@ const char *train_sched_usage(void)
            "                          (as torch.nn.utils.clip_grad_norm_); the norm is printed\n"
            "                          every step either way\n"
            "  --log FILE.jsonl        one JSON object per step (step, loss, lr, grad_norm,\n"
-           "                          tokens_per_s, elapsed_s), flushed after each step\n";
+           "                          tokens_per_s, elapsed_s; DPO: its rewards_*),\n"
+           "                          flushed after each step\n";
 }
 
 double train_sched_lr(const train_sched_opts *t, double lr, int64_t s, int64_t total)

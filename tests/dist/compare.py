@@ -85,7 +85,23 @@ def cmp_log(pa, pb, tol):
             if not rel <= tol:
                 sys.exit(f"compare: step {x['step']}: {key} {x[key]!r} vs {y[key]!r}: {rel:.3g} "
                          f"relative > {tol}")
-    print(f"compare: {len(lb)} steps agree (loss, grad_norm), worst {worst:.3g} relative")
+    # DPO's rewards: both logs have them or neither; each relative to the run's largest reward
+    # (they pass near zero: step 1's are 0); the accuracy is not compared, as a pair whose
+    # margin is a rounding error from 0 (step 1's all are) may count either way
+    keys = ("rewards_chosen", "rewards_rejected", "rewards_margin")
+    if any((k in x) != (k in y) for x, y in zip(la, lb) for k in keys):
+        sys.exit(f"compare: {pa} and {pb}: one logs DPO's rewards and the other does not")
+    have = bool(lb) and all(k in lb[0] for k in keys)
+    big = max((abs(y[k]) for y in lb for k in keys), default=0.0) if have else 0.0
+    for x, y in zip(la, lb) if have else ():
+        for k in keys:
+            rel = abs(x[k] - y[k]) / max(big, 1e-30)
+            worst = max(worst, rel)
+            if not rel <= tol:
+                sys.exit(f"compare: step {x['step']}: {k} {x[k]!r} vs {y[k]!r}: {rel:.3g} "
+                         f"relative > {tol}")
+    print(f"compare: {len(lb)} steps agree (loss, grad_norm{', rewards' if have else ''}), "
+          f"worst {worst:.3g} relative")
 
 
 def shard(path, v, n, seed):

@@ -13,7 +13,17 @@ log-probs, and each step takes the pairs in the order dataset_ref.py computes in
 (the same Fisher-Yates shuffle over pairs), loss = mean over pairs of
 -log sigmoid(beta ((logp_c - ref_c) - (logp_r - ref_r))), torch.optim.AdamW (lr 1e-2, weight
 decay 0.01). Every step's loss must be within 1e-5 relative, the final weights within 1e-4 per
-tensor. --compute-logps must write the reference log-probs (equal to float64 PyTorch's within
+tensor. Every step's rewards as TRL's DPOTrainer logs them (the mean over the step's pairs of
+beta (logp - ref) of the chosen and of the rejected rows, their mean margin, the fraction of
+pairs whose chosen reward is the larger), from --log and from the printed step line (which must
+agree with the log to its 9 digits), against the same loop's float64 rewards of each step's
+forward: chosen, rejected and margin each within 1e-5 relative, with an absolute floor of
+1e-5 * REWARD_FLOOR (REWARD_FLOOR = 0.1: step 1's rewards are 0, the policy being the reference,
+and the step's float32 log-probs differ from float64 by ~1e-6 nats, so a reward near zero is
+compared to 1e-6 absolute); the accuracy exactly, except that a pair whose float64 margin is
+within AMBIGUOUS (1e-5) of 0 may count either way. The same 8 steps with --grad-accum 2 on a
+step of B = 2 (one pair per micro-batch) must log the same rewards (the means are over every
+micro-batch's pairs), against the same reference. --compute-logps must write the reference log-probs (equal to float64 PyTorch's within
 1e-5) and train nothing; the log-probs kept beside the checkpoints are reused by a resumed run
 (whose losses equal the uninterrupted run's) and recomputed for another dataset. Without torch or transformers: SKIPPED, exit 77.
 """
@@ -30,6 +40,8 @@ from torch_ref import LLAMA as MODEL, run, step_losses, llama_float64, check_los
 
 B, T, V = 4, 32, 96
 STEPS, LR, WD, SEED, BETA = 8, 1e-2, 0.01, 9, 0.1
+REWARD_TOL, REWARD_FLOOR, AMBIGUOUS = 1e-5, 0.1, 1e-5
+REWARD_KEYS = ("rewards_chosen", "rewards_rejected", "rewards_margin", "rewards_accuracy")
 
 
 def pairs():
@@ -51,6 +63,51 @@ def logp(torch, model, ids, labels):
     lp = torch.log_softmax(model(input_ids=x, use_cache=False).logits[0], dim=-1)
     m = lab != dr.IGNORE
     return lp[m.nonzero().squeeze(1), lab[m]].sum()
+
+
+def logged_rewards(out, log_path):
+    """Each step's rewards from the --log file, checked against the printed step lines."""
+    import json
+    logged = [json.loads(x) for x in open(log_path) if x.strip()]
+    printed = re.findall(r"^step (\d+) loss .* rewards_chosen (\S+) rewards_rejected (\S+) "
+                         r"rewards_margin (\S+) rewards_accuracy (\S+)$", out, re.M)
+    if len(printed) != len(logged) or len(logged) != STEPS:
+        sys.exit("FAIL: %d logged and %d printed steps with rewards, %d wanted:\n%s"
+                 % (len(logged), len(printed), STEPS, out))
+    for rec, pr in zip(logged, printed):
+        if int(pr[0]) != rec["step"] or any(k not in rec for k in REWARD_KEYS):
+            sys.exit("FAIL: a log line without the rewards, or of another step: %r" % rec)
+        for k, v in zip(REWARD_KEYS, pr[1:]):
+            if abs(float(v) - rec[k]) > 1e-8 * max(abs(rec[k]), 1e-3):
+                sys.exit("FAIL: step %d: printed %s %s, logged %r" % (rec["step"], k, v, rec[k]))
+    return logged
+
+
+def check_rewards(tag, logged, want):
+    """The logged rewards against the float64 reference's (per step: the pairs' chosen and
+    rejected rewards); returns the worst relative difference (of chosen, rejected, margin)."""
+    worst = 0.0
+    for rec, (cs, rs) in zip(logged, want):
+        n = len(cs)
+        ref = {"rewards_chosen": sum(cs) / n, "rewards_rejected": sum(rs) / n,
+               "rewards_margin": sum(c - r for c, r in zip(cs, rs)) / n}
+        for k, w in ref.items():
+            d = abs(rec[k] - w) / max(abs(w), REWARD_FLOOR)
+            worst = max(worst, d)
+            if not d <= REWARD_TOL:
+                for r2, (c2, x2) in zip(logged, want):
+                    print("step %d: sbp-train %r reference chosen %r rejected %r"
+                          % (r2["step"], {q: r2[q] for q in REWARD_KEYS}, c2, x2))
+                sys.exit("FAIL: %s: step %d: %s %.9g, float64 PyTorch %.9g (%.3g relative)"
+                         % (tag, rec["step"], k, rec[k], w, d))
+        sure = sum(1 for c, r in zip(cs, rs) if c - r > AMBIGUOUS)
+        maybe = sum(1 for c, r in zip(cs, rs) if abs(c - r) <= AMBIGUOUS)
+        got = rec["rewards_accuracy"] * n
+        if not (sure - 1e-9 <= got <= sure + maybe + 1e-9):
+            sys.exit("FAIL: %s: step %d: rewards_accuracy %r, float64 PyTorch %d of %d pairs "
+                     "(%d within %g of a tie)" % (tag, rec["step"], rec["rewards_accuracy"],
+                                                 sure, n, maybe, AMBIGUOUS))
+    return worst
 
 
 def main():
@@ -76,9 +133,20 @@ def main():
     run([sbp_train, step, "--model", MODEL, "--dataset", data, "--steps", "1", "--lr", "0",
          "--save-safetensors", init])
     final = os.path.join(work, "final.safetensors")
+    log = os.path.join(work, "train.jsonl")
     out = run([sbp_train, step, "--model", MODEL, "--dataset", data, "--steps", str(STEPS),
                "--lr", str(LR), "--weight-decay", str(WD), "--shuffle-seed", str(SEED),
-               "--threads", "2", "--save-safetensors", final])
+               "--threads", "2", "--save-safetensors", final, "--log", log])
+    logged = logged_rewards(out, log)
+    # the same steps as two micro-batches of one pair each
+    step2 = os.path.join(work, "dpo_b2.so")
+    run([sbpc, MODEL, "--batch", "2", "--seq-len", str(T), "--objective", "dpo", "--beta",
+         str(BETA), "-o", step2])
+    log2 = os.path.join(work, "accum.jsonl")
+    out_accum = run([sbp_train, step2, "--model", MODEL, "--dataset", data, "--steps",
+                     str(STEPS), "--grad-accum", "2", "--lr", str(LR), "--weight-decay", str(WD),
+                     "--shuffle-seed", str(SEED), "--threads", "2", "--log", log2])
+    logged_accum = logged_rewards(out_accum, log2)
     if not re.search(r"note: reference log-probs of 10 examples computed in", out):
         sys.exit("FAIL: no note of the reference pass:\n" + out)
     got = step_losses(out)
@@ -121,24 +189,32 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=WD)
     order = [p for ep in range(STEPS) for p in dr.order(len(exs) // 2, SEED, ep)]
-    want = []
+    want, want_rewards = [], []
     for s in range(STEPS):
         opt.zero_grad()
         total = 0
+        chosen, rejected = [], []  # this step's rewards, of the forward before its update
         for pr in order[s * (B // 2):(s + 1) * (B // 2)]:
             c, r_ = exs[2 * pr], exs[2 * pr + 1]
-            z = BETA * ((logp(torch, model, *c) - ref[2 * pr]) -
-                        (logp(torch, model, *r_) - ref[2 * pr + 1]))
+            rc = BETA * (logp(torch, model, *c) - ref[2 * pr])
+            rr = BETA * (logp(torch, model, *r_) - ref[2 * pr + 1])
+            chosen.append(float(rc.detach()))
+            rejected.append(float(rr.detach()))
+            z = rc - rr
             total = total - torch.nn.functional.logsigmoid(z)
         loss = total / (B // 2)
         loss.backward()
         opt.step()
         want.append(float(loss.detach()))
+        want_rewards.append((chosen, rejected))
     worst = check_losses("dpo", got, want)
     wworst = check_weights("dpo", final, model)
+    rworst = check_rewards("dpo", logged, want_rewards)
+    aworst = check_rewards("dpo --grad-accum 2", logged_accum, want_rewards)
     print("dpo: %d steps over 5 shuffled pairs, losses within %.2e of float64 PyTorch, final "
-          "weights within %.2e, reference log-probs within %.2e" % (STEPS, worst, wworst,
-                                                                     worst_ref))
+          "weights within %.2e, reference log-probs within %.2e, rewards within %.2e (with "
+          "--grad-accum 2: %.2e)" % (STEPS, worst, wworst, worst_ref, rworst, aworst))
+    print("rewards_margin per step: %s" % " ".join("%.4g" % x["rewards_margin"] for x in logged))
     print("PASS")
     return 0
 

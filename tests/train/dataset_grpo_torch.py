@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """dataset_grpo_torch.py — sbp-train --dataset on a GRPO step against a PyTorch float64 loop.
 
-    dataset_grpo_torch.py SBP_TRAIN SBPC WORK     (python with torch and transformers: .venv-hf)
+    dataset_grpo_torch.py SBP_TRAIN SBPC WORK [sequence|token]   (python with torch and
+                                                                  transformers: .venv-hf)
 
 The Llama fixture (tests/fixtures/hf/llama_dynamo_scoped.onnx) compiled with sbpc --objective
-grpo --beta 0.04 --epsilon 0.2 --grpo-norm sequence at B = 2. A grpo dataset of 6 rollouts (a
+grpo --beta 0.04 --epsilon 0.2 --grpo-norm NORM (the last argument, default sequence) at B = 2. A grpo dataset of 6 rollouts (a
 prompt, not scored, and a completion) with their advantages is written by dataset_ref.py's
 writer; sbp-train computes every scored token's reference log-probability itself before step 1
 (the model's initial weights, sbp_step_logps), takes the advantages from the file and the old
 log-probs on-policy, and trains 6 AdamW steps, shuffled per pass. The reference is transformers'
 own model in float64: per scored token ratio = exp(logp - old) with old = logp detached,
 l = -min(ratio A, clip(ratio, 1 - eps, 1 + eps) A) + beta (exp(ref - logp) - (ref - logp) - 1),
-the loss the mean over rows of each row's mean over its scored tokens, the rows in the order
-dataset_ref.py computes, torch.optim.AdamW (lr 1e-2, weight decay 0.01). Every step's loss
+the loss (--grpo-norm sequence) the mean over rows of each row's mean over its scored tokens,
+or (token) the sum of every token loss of the batch over the batch's scored tokens (its two rows
+together: a longer completion weighs more), the rows in the order dataset_ref.py computes, torch.optim.AdamW (lr 1e-2, weight decay 0.01). Every step's loss
 within 1e-5 relative, the final weights within 1e-4 per tensor; --compute-logps writes every
 token's reference log-prob (within 1e-5 of float64 PyTorch's). SKIPPED (exit 77) without torch.
 """
@@ -51,9 +53,10 @@ def token_logps(torch, model, ids, labels):
 
 
 def main():
-    if len(sys.argv) != 4:
+    if len(sys.argv) not in (4, 5) or sys.argv[4:] not in ([], ["sequence"], ["token"]):
         sys.exit(__doc__)
-    sbp_train, sbpc, work = sys.argv[1:]
+    sbp_train, sbpc, work = sys.argv[1:4]
+    norm = sys.argv[4] if len(sys.argv) == 5 else "sequence"
     try:
         import copy
         import torch
@@ -70,7 +73,7 @@ def main():
                                              struct.pack("<%df" % len(adv), *adv))})
     step = os.path.join(work, "grpo.so")
     run([sbpc, MODEL, "--batch", str(B), "--seq-len", str(T), "--objective", "grpo", "--beta",
-         str(BETA), "--epsilon", str(EPS), "--grpo-norm", "sequence", "-o", step])
+         str(BETA), "--epsilon", str(EPS), "--grpo-norm", norm, "-o", step])
     init = os.path.join(work, "init.safetensors")
     run([sbp_train, step, "--model", MODEL, "--dataset", data, "--steps", "1", "--lr", "0",
          "--save-safetensors", init])
@@ -101,7 +104,7 @@ def main():
     want = []
     for s in range(STEPS):
         opt.zero_grad()
-        total = 0
+        total, scored = 0, 0
         for i in order[s * B:(s + 1) * B]:
             _, lp = token_logps(torch, model, *exs[i])
             ratio = torch.exp(lp - lp.detach())
@@ -109,16 +112,20 @@ def main():
             pg = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - EPS, 1 + EPS) * a)
             d = ref[i] - lp
             l_tok = pg + BETA * (torch.exp(d) - d - 1)
-            total = total + l_tok.sum() / len(lp)
-        loss = total / B
+            if norm == "sequence":
+                total = total + l_tok.sum() / len(lp)
+            else:
+                total = total + l_tok.sum()
+            scored += len(lp)
+        loss = total / (B if norm == "sequence" else scored)
         loss.backward()
         opt.step()
         want.append(float(loss.detach()))
-    worst = check_losses("grpo", got, want)
-    wworst = check_weights("grpo", final, model)
-    print("grpo: %d steps over 6 shuffled rollouts, losses within %.2e of float64 PyTorch, final "
-          "weights within %.2e, reference token log-probs within %.2e" % (STEPS, worst, wworst,
-                                                                          worst_ref))
+    worst = check_losses("grpo " + norm, got, want)
+    wworst = check_weights("grpo " + norm, final, model)
+    print("grpo (%s normalisation): %d steps over 6 shuffled rollouts, losses within %.2e of float64 PyTorch, final "
+          "weights within %.2e, reference token log-probs within %.2e" % (norm, STEPS, worst,
+                                                                          wworst, worst_ref))
     print("PASS")
     return 0
 
