@@ -4,21 +4,25 @@ Llama-3-shaped exports, and the longest sequence whose planned device peak fits 
 H100.
 
     .venv-hf/bin/python bench/offload_report.py [--build build] [--models llama3_8b llama3_1b]
-        [--seq-lens 8192 65536]
+        [--seq-lens 8192 65536] [--depth 4]
 
 The shapes are the real ones (Llama-3-8B: 32 layers, d = 4096, 32/8 heads of 128, MLP 14336,
 V = 128256, untied; Llama-3.2-1B: 16 layers, d = 2048, 32/8 heads of 64, MLP 8192, tied), but a
 full export of the 8B model (32 GB of fp32 weights) does not fit this machine's 24 GB. So each
-is exported twice from its `transformers` class with random weights, with 2 and with 3 layers
-at full width (bench/models/, dynamo exporter, external data), and planned by
+is exported twice from its `transformers` class with random weights, with D and D + 1 layers at
+full width (--depth D, default 4; bench/models/, dynamo exporter, external data), and planned by
 `sbpc --target cuda --precision bf16 --strategy stream --chunk C --logits-chunk R --report`.
 Every figure of the plan is then a + b * layers exactly (each layer adds the same parameters,
 gradients, optimizer state and, at a given T, the same checkpoint; the workspace's peak is
 reached in a backward, with the same buffers live whatever the depth, plus the checkpoints
-still waiting), so the full depth's figure is the 2-layer one plus (L - 2) times the difference
-of the two. The same holds in T at fixed chunks (each buffer is either a chunk's or every
-token's), so the longest T that fits a device follows from two lengths; it is then planned at
-that length (2 and 3 layers again) to check.
+still waiting), so the full depth's figure is the D-layer one plus (L - D) times the difference
+of the two. That needs D of at least 4 once the gradients are streamed (--offload optimizer):
+about three layers' gradients are on the device at once (arriving, accumulating, leaving), so a
+model of 2 or 3 layers has all of them live and the difference would count a layer's gradients
+that the deep model does not keep (measured on the 1B shape: the streamed gradients at the peak
+are the same at 4, 5 and 6 layers). The same holds in T at fixed chunks (each buffer is either a
+chunk's or every token's), so the longest T that fits a device follows from two lengths; it is
+then planned at that length (D and D + 1 layers again) to check.
 
 The figures, for --offload none, checkpoints, optimizer and both: the planned device peak (sbpc's
 "peak (params+grads+opt+workspace)": the parameter block (fp32 masters, or with --offload
@@ -116,11 +120,12 @@ def plan(sbpc, path, T, mode, chunk, logits_chunk):
 
 
 def figures(sbpc, paths, layers, T, mode, chunk, lc):
-    """The full depth's (device peak, workspace, host bytes): a + b * layers through the 2- and
-    3-layer plans."""
-    p2 = plan(sbpc, paths[2], T, mode, chunk, lc)
-    p3 = plan(sbpc, paths[3], T, mode, chunk, lc)
-    return [a + (layers - 2) * (b - a) for a, b in zip(p2, p3)]
+    """The full depth's (device peak, workspace, host bytes): a + b * layers through the D- and
+    (D + 1)-layer plans (paths: {depth: export})."""
+    d0, d1 = sorted(paths)
+    p0 = plan(sbpc, paths[d0], T, mode, chunk, lc)
+    p1 = plan(sbpc, paths[d1], T, mode, chunk, lc)
+    return [a + (layers - d0) * (b - a) for a, b in zip(p0, p1)]
 
 
 def longest(sbpc, paths, layers, mode, chunk, lc, t_lo, t_hi, budget):
@@ -158,6 +163,7 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--models", nargs="*", default=["llama3_1b", "llama3_8b"])
     ap.add_argument("--seq-lens", nargs="*", type=int, default=[8192, 65536])
+    ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--chunk", type=int, default=4096)
     ap.add_argument("--logits-chunk", type=int, default=4096)
     a = ap.parse_args()
@@ -165,10 +171,10 @@ def main():
     cfgs = configs()[0]
     for name in a.models:
         layers = cfgs[name][0]
-        paths = {n: export(name, n) for n in (2, 3)}
-        print("\n%s-shaped, %d layers (planned from 2- and 3-layer exports at full width), "
-              "bf16 stream, chunk %d, logits chunk %d; GiB" % (name, layers, a.chunk,
-                                                             a.logits_chunk))
+        paths = {n: export(name, n) for n in (a.depth, a.depth + 1)}
+        print("\n%s-shaped, %d layers (planned from %d- and %d-layer exports at full width), "
+              "bf16 stream, chunk %d, logits chunk %d; GiB" % (name, layers, a.depth, a.depth + 1,
+                                                             a.chunk, a.logits_chunk))
         print("  %9s  %-12s %12s %12s %12s %12s" % ("T", "--offload", "device peak",
                                                    "workspace", "blocks", "host"))
         for T in a.seq_lens:
