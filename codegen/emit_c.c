@@ -374,6 +374,10 @@ static void emit_info(const sbp_train_program *p, const sbp_codegen_options *o, 
                 p->host_bytes);
     if (p->grads_on_host)
         fputs("    .grads_on_host = 1, /* args->grads is host memory (sbprt_host_alloc) */\n", f);
+    fprintf(f, "    .seq_parallel = %d,%s\n", p->seq_parallel,
+            p->seq_parallel >= 1 ? " /* one rank of a group that shares every row: seq_len is "
+                                  "its share */"
+                                : "");
     fputs("};\n", f);
     fputs("\nconst sbp_step_info *sbp_step_get_info(void) { return &step_info; }\n", f);
 }
@@ -554,12 +558,17 @@ static void put_call(const sbp_train_program *p, FILE *f, const tp_inst *in)
         if (s == paren)
             fputs(suffix, f);
         if ((*s == '@' || *s == '#') && isdigit((unsigned char)s[1])) {
-            int k = s[1] - '0';
+            /* an index of one or two digits (the exchanging attention has 14 operands) */
+            int k = s[1] - '0', len = 1;
+            if (isdigit((unsigned char)s[2])) {
+                k = k * 10 + (s[2] - '0');
+                len = 2;
+            }
             if (*s == '@')
                 put_operand(p, f, in, k);
             else if (!put_bf16_arg(p, f, in, k))
                 put_arg(f, &in->arg[k]);
-            s++;
+            s += len;
         } else {
             fputc(*s, f);
         }
@@ -873,8 +882,15 @@ static void emit_run(const sbp_train_program *p, const sbp_codegen_options *o, F
                 p->host_bytes);
     fputs("        !args->labels || !args->workspace || !args->loss ||\n"
           "        (uintptr_t)args->workspace % SBPRT_ALIGN != 0 || args->denominator < 0)\n"
-          "        return SBPRT_ERR_INVALID;\n"
-          "    const float *P = args->params;\n",
+          "        return SBPRT_ERR_INVALID;\n",
+          f);
+    if (p->seq_parallel >= 1)
+        fprintf(f, "    /* one rank of %d that share every row: the mean's divisor is the whole "
+                   "rows', and\n     * the attention exchanges heads with the others */\n"
+                   "    if (!(args->denominator > 0) || sbprt_ctx_comm_size(ctx) != %d)\n"
+                   "        return SBPRT_ERR_INVALID;\n",
+                p->seq_parallel, p->seq_parallel);
+    fputs("    const float *P = args->params;\n",
           f);
     fputs(ev ? "    float *G = NULL; /* no gradients */\n" : "    float *G = args->grads;\n", f);
     fputs("    unsigned char *ws = (unsigned char *)args->workspace;\n"

@@ -71,7 +71,7 @@
 
 #include "sbprt.h"
 
-#define SBP_STEP_ABI_VERSION 6
+#define SBP_STEP_ABI_VERSION 7
 #define SBP_STEP_MAX_RANK 8
 
 typedef struct sbp_step_param {
@@ -150,6 +150,24 @@ typedef struct sbp_step_info {
                                         * into it after its last contribution, so the device
                                         * holds a few layers' gradients, not the block, and
                                         * planned_peak_bytes counts none */
+    /* ABI 7: sequence parallelism (sbpc --seq-parallel N). */
+    int seq_parallel;                  /* 0: an ordinary step. N >= 1 (sbpc --seq-parallel N;
+                                        * N = 1 runs the exchanges through a group of one, to
+                                        * test their paths): the step is one rank of a group of N
+                                        * that share every row: seq_len is this rank's share
+                                        * (T / N consecutive tokens; rank r holds positions
+                                        * r*seq_len ..), args' [B*seq_len] arrays (input_ids,
+                                        * labels, doc_ids) hold those tokens, and the context
+                                        * must carry a communicator of size N
+                                        * (sbprt_ctx_set_comm) whose rank says which share it
+                                        * is. args->denominator must be the whole rows' (all N
+                                        * ranks'; 0 is refused), and *n_scored counts this
+                                        * rank's tokens. Every rank of the group must call
+                                        * sbp_step_run (and sbp_step_eval) together: the
+                                        * attention exchanges heads between them. The weight
+                                        * gradients are this rank's tokens' share: summed over
+                                        * the group (and any data-parallel ranks) they are the
+                                        * whole batch's. */
 } sbp_step_info;
 
 typedef struct sbp_step_args {

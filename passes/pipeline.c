@@ -98,7 +98,8 @@ static int step_lora(sbp_flow *f)
  * the objective (the token-id input is still the graph's only integer input). */
 static int step_packed(sbp_flow *f)
 {
-    if (!f->opt->train.packed)
+    /* a sequence-parallel step reads each token's position in its whole row the same way */
+    if (!f->opt->train.packed && f->opt->train.seq_parallel < 1)
         return IR_OK;
     if (sbp_pass_packed(f->g, NULL) != IR_OK)
         return IR_ERR;

@@ -364,6 +364,108 @@ int sbprt_attention_backward_packed(sbprt_ctx *ctx, float *dq, float *dk, float 
 int sbprt_doc_starts(sbprt_ctx *ctx, int32_t *doc_start, const int32_t *doc_ids, int b, int t);
 int sbprt_doc_positions(sbprt_ctx *ctx, int32_t *pos, const int32_t *doc_ids, int b, int t);
 
+/* ---- sequence parallelism (sbpc --seq-parallel N; runtime/cpu/seqpar.c) ----------------
+ * A sequence-parallel step runs on N ranks (a group), each holding tl = T / N consecutive tokens
+ * of every row: rank r holds the tokens at positions r*tl .. r*tl + tl - 1 of each sequence.
+ * Everything but attention is token-wise and runs on the rank's own tokens. At each attention
+ * (DeepSpeed Ulysses' scheme) an all-to-all turns [tl local rows, all heads] into [all T rows,
+ * this rank's heads] for Q, K and V, the attention runs on the rank's heads over the whole
+ * sequence, and an all-to-all turns its output back; the backward mirrors it.
+ *
+ * Heads: rank r holds query heads r*hq/N .. (r+1)*hq/N - 1 (hq % N == 0) and the kv heads they
+ * read: hkv_r = hkv / N of them from kv0(r) = r * hkv / N when hkv % N == 0, or one, kv0(r) =
+ * (r * hq / N) / (hq / hkv), replicated on N / hkv ranks, when N % hkv == 0 (the query heads of
+ * a rank then share one group). Any other hq, hkv, N gives SBPRT_ERR_INVALID. Within a rank the
+ * attention is the ordinary grouped-query one with hq / N query and hkv_r kv heads.
+ *
+ * The collective itself is the caller's: the context carries a communicator (below), which
+ * sbp-train implements with MPI_Alltoall (cpu steps, and the CUDA emulator) or ncclSend /
+ * ncclRecv in a group (cuda steps). Every rank of a group must make the same calls in the same
+ * order with the same sizes (the compiled steps do: every rank runs one program). Each kernel
+ * here takes nranks, the N it was compiled for, and gives SBPRT_ERR_INVALID when the context
+ * has no communicator of that size (a one-rank kernel with nranks == 1 needs none). A failed
+ * all-to-all gives SBPRT_ERR_BACKEND. */
+
+typedef struct sbprt_comm {
+    int rank; /* 0 .. size - 1: this rank's place in its group (which tokens it holds) */
+    int size; /* N, the ranks that share each sequence */
+    /* All-to-all of equal blocks of `bytes` bytes: block i of send [size, bytes] goes to rank
+     * i, and block i of recv [size, bytes] is what rank i sent to this one. Buffers are backend
+     * memory (device memory on CUDA) and do not overlap. Returns 0 on success. stream is the
+     * context's CUDA stream (cudaStream_t; NULL on the CPU backend): with stream_ordered set
+     * the call only queues the exchange on it (NCCL); otherwise the CUDA backend first waits
+     * for its stream, so the callback may read send at once and must have filled recv when it
+     * returns (MPI on host or emulated memory). */
+    int (*alltoall)(void *user, const void *send, void *recv, size_t bytes, void *stream);
+    void *user;
+    int stream_ordered;
+} sbprt_comm;
+
+/* Installs a copy of *comm in ctx (NULL removes it). SBPRT_ERR_INVALID when size < 1, rank is
+ * not in [0, size) or alltoall is NULL. */
+int sbprt_ctx_set_comm(sbprt_ctx *ctx, const sbprt_comm *comm);
+/* The communicator's size and rank: 1 and 0 without one. */
+int sbprt_ctx_comm_size(const sbprt_ctx *ctx);
+int sbprt_ctx_comm_rank(const sbprt_ctx *ctx);
+
+/* pos[b, i] = rank * tl + i: each local token's position in its whole sequence.
+ *   pos: [b, tl] (int32) */
+int sbprt_sp_positions(sbprt_ctx *ctx, int32_t *pos, int b, int tl, int nranks);
+
+/* The whole sequence of every row from each rank's share (document ids, for packed steps):
+ *   all[b, n * tl + i] = rank n's mine[b, i].
+ *   all: [b, nranks * tl] (int32)    mine: [b, tl] (int32)    scratch: [nranks, tl] (int32) */
+int sbprt_sp_gather_rows(sbprt_ctx *ctx, int32_t *all, const int32_t *mine, int32_t *scratch,
+                         int b, int tl, int nranks);
+
+/* Packed steps: each local token's position in its document, from the whole rows' document
+ * starts (sbprt_doc_starts over `all` above):
+ *   pos[b, i] = rank * tl + i - doc_start[b, rank * tl + i].
+ *   pos: [b, tl] (int32)    doc_start: [b, nranks * tl] (int32) */
+int sbprt_sp_doc_positions(sbprt_ctx *ctx, int32_t *pos, const int32_t *doc_start, int b,
+                           int tl, int nranks);
+
+/* K or V for this rank's heads over the whole sequence, from every rank's local rows:
+ *   kh[b, n * tl + i, j, :] = rank n's k[b, i, kv0(rank) + j, :]   (0 <= j < hkv_r)
+ * (one all-to-all per batch row). Used for V as well.
+ *   kh: [b, nranks * tl, hkv_r, d]    k: [b, tl, hkv, d]    scratch: [nranks, tl, hkv_r, d] */
+int sbprt_sp_kv_gather(sbprt_ctx *ctx, float *kh, const float *k, float *scratch, int b,
+                       int tl, int hq, int hkv, int d, int nranks);
+/* Its backward, ACCUMULATED: every rank's dkh rows of this rank's tokens, added to the kv heads
+ * they belong to (replicated heads: the ranks' contributions in rank order):
+ *   dk[b, i, kv0(n) + j, :] += rank n's dkh[b, rank * tl + i, j, :]   for every rank n.
+ * dkh is read only. dkh: [b, nranks * tl, hkv_r, d]    dk: [b, tl, hkv, d]
+ *   scratch: [nranks, tl, hkv_r, d] */
+int sbprt_sp_kv_scatter(sbprt_ctx *ctx, float *dk, const float *dkh, float *scratch, int b,
+                        int tl, int hq, int hkv, int d, int nranks);
+
+/* Causal attention of a chunk of this rank's query rows (local rows q_start .. q_start + t - 1
+ * of its tl, all heads), as sbprt_attention_forward_packed over the whole sequence: the same
+ * chunk of every rank is exchanged, so this rank computes its heads for N chunks, the one of
+ * rank n at absolute positions n * tl + q_start + i, against kh, vh (sbprt_sp_kv_gather's);
+ * then the outputs go back to the ranks that own the rows.
+ *   out: [b, t, hq, d]    q: [b, t, hq, d]    kh, vh: [b, nranks * tl, hkv_r, d]
+ *   lse: [nranks, b, hq / nranks, t] (this rank's heads, for the backward)
+ *   doc_start: [b, nranks * tl] (int32) the whole rows' document starts, or NULL (one
+ *   document per row)    s1, s2: scratch of b * t * hq * d floats each
+ * window and softcap as sbprt_attention_forward_ex. */
+int sbprt_sp_attention_forward(sbprt_ctx *ctx, float *out, float *lse, const float *q,
+                               const float *kh, const float *vh, const int32_t *doc_start,
+                               float *s1, float *s2, int b, int t, int tl, int hq, int hkv,
+                               int d, int q_start, float scale, int window, float softcap,
+                               int nranks);
+/* Its backward, ACCUMULATED into dq [b, t, hq, d] (this rank's rows, all heads) and into dkh,
+ * dvh [b, nranks * tl, hkv_r, d] (this rank's heads, the whole sequence; sbprt_sp_kv_scatter
+ * then returns them to the ranks that own the rows). dout, out, q: [b, t, hq, d] (this rank's
+ * rows); lse as the forward wrote it; s1 .. s4: scratch of b * t * hq * d floats each. */
+int sbprt_sp_attention_backward(sbprt_ctx *ctx, float *dq, float *dkh, float *dvh,
+                                const float *dout, const float *q, const float *kh,
+                                const float *vh, const float *out, const float *lse,
+                                const int32_t *doc_start, float *s1, float *s2, float *s3,
+                                float *s4, int b, int t, int tl, int hq, int hkv, int d,
+                                int q_start, float scale, int window, float softcap,
+                                int nranks);
+
 /* ---- losses ------------------------------------------------------------------------- */
 
 #define SBPRT_IGNORE_INDEX (-100) /* a label that is not scored (as torch's ignore_index) */

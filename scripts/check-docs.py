@@ -8,9 +8,11 @@ dead by a reader. Checks, over README.md, docs/*.md and python/README.md:
   - README.md has at most 150 lines;
   - every relative Markdown link [text](path) names a file or folder that exists (the #anchor
     is dropped; http(s), mailto and in-page #links are not checked);
-  - each pair of markers that a script rewrites (<!-- hf-table --> ... <!-- /hf-table -->,
-    <!-- dist-bench --> ... <!-- /dist-bench -->) is there exactly once, in README.md or docs/,
-    so that tests/fixtures/hf/table.py --write finds its table;
+  - each pair of markers around a generated table (<!-- hf-table --> ... <!-- /hf-table -->,
+    which tests/fixtures/hf/table.py --write rewrites, and the benches' tables pasted between
+    <!-- dist-bench -->, <!-- offload-bench -->, <!-- seqpar-bench --> and
+    <!-- ref-logps-bench --> pairs) is there exactly once, in README.md or docs/, so that the
+    next run of the script or bench finds where its figures go;
   - README.md and docs/ never cite a tracker item as "issue" plus a number.
 
 Prints FILE:LINE: message for each failure and exits 1; exits 0 with a one-line summary.
@@ -27,7 +29,7 @@ import sys
 import tempfile
 
 MAX_README_LINES = 150
-MARKERS = ("hf-table", "dist-bench")
+MARKERS = ("hf-table", "dist-bench", "offload-bench", "seqpar-bench", "ref-logps-bench")
 # [text](target): the target up to the first space or ")"; an image ![alt](target) too
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 ISSUE = re.compile(r"\bissue\s[0-9]", re.I)
@@ -118,6 +120,8 @@ def selftest():
         with open(os.path.join(root, "docs", "page.md"), "w") as f:
             f.write("[home](../README.md) `[code](nowhere.md)`\n\n    [block](nowhere.md)\n")
             f.write("<!-- hf-table -->\n<!-- /hf-table -->\n<!-- dist-bench -->\n")
+            for mk in MARKERS[2:]:
+                f.write("<!-- %s -->\n<!-- /%s -->\n" % (mk, mk))
         errors, _ = check(root)
         want = ["more than 150", "dead link to docs/gone.md#part", "issue number",
                 "<!-- /dist-bench --> is there 0 times"]

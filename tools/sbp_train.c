@@ -153,7 +153,7 @@ enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT
        OPT_LR, OPT_WEIGHT_DECAY, OPT_OPTIMIZER, OPT_VERSION,
        /* safetensors export */
        OPT_SAVE_SAFETENSORS,
-       OPT_ZERO, OPT_DATASET, OPT_EPOCHS, OPT_SHUFFLE_SEED, OPT_EVAL_DATASET,
+       OPT_ZERO, OPT_SEQ_PARALLEL, OPT_DATASET, OPT_EPOCHS, OPT_SHUFFLE_SEED, OPT_EVAL_DATASET,
        OPT_SAVE_PRETRAINED, OPT_TOKENIZER, OPT_COMPUTE_LOGPS, OPT_REF_CACHE, OPT_HOST_BUDGET };
 
 /* The library's modules' options (train_opt.h): each appends its table to ours and takes its
@@ -213,6 +213,7 @@ static int parse_args(int argc, char **argv, train_config *o)
         /* safetensors export */
         {"save-safetensors", required_argument, NULL, OPT_SAVE_SAFETENSORS},
         {"zero", required_argument, NULL, OPT_ZERO},
+        {"seq-parallel", required_argument, NULL, OPT_SEQ_PARALLEL},
         {"dataset", required_argument, NULL, OPT_DATASET},
         {"epochs", required_argument, NULL, OPT_EPOCHS},
         {"shuffle-seed", required_argument, NULL, OPT_SHUFFLE_SEED},
@@ -294,6 +295,9 @@ static int parse_args(int argc, char **argv, train_config *o)
             break;
         case TRAIN_OPT: bad = parse_module_option(o, &c, v); break;
         case OPT_ZERO: bad = cli_count(&c, "--zero", v, 0, 2, &o->zero); break;
+        case OPT_SEQ_PARALLEL:
+            bad = cli_count(&c, "--seq-parallel", v, 1, 4096, &o->seq_parallel);
+            break;
         case CLI_POSITIONAL:
             if (o->step_path)
                 bad = cli_error(&c, "more than one step library given ('%s' and '%s')",
@@ -395,6 +399,11 @@ static void print_report(const train_report *p)
         printf("data parallel: %d ranks, ZeRO %d: optimizer state %zu bytes per rank (%zu "
                "without ZeRO), global batch %lld rows per micro-batch\n", p->ranks, p->zero,
                p->opt_state_bytes, p->opt_state_full, (long long)p->global_rows);
+    if (p->seq_parallel > 0)
+        printf("sequence parallel: %d data group%s of %d ranks, each rank %lld of every row's "
+               "%lld tokens\n", p->ranks / p->seq_parallel, p->ranks / p->seq_parallel == 1 ? ""
+               : "s", p->seq_parallel, (long long)(p->row_tokens / p->seq_parallel),
+               (long long)p->row_tokens);
 }
 
 /* ------------------------------------------------------------------ main */

@@ -7,7 +7,7 @@
  *        [--offload checkpoints|optimizer|checkpoints,optimizer] [--host-budget BYTES]
  *        [--objective sft|graph-loss|dpo|grpo] [--beta F] [--epsilon F]
  *        [--grpo-norm sequence|token] [--freeze REGEX]... [--report] [--memory-plot FILE.svg]
- *        [--no-eval] [--packed [--doc-len L]]
+ *        [--no-eval] [--packed [--doc-len L]] [--seq-parallel N]
  *        [--lora RANK [--lora-alpha A] [--lora-targets REGEX] [--lora-seed S]]
  *        [--report --ranks N [--zero 0|1|2]]   (one rank's bytes, sbpc_dist.h)
  *
@@ -131,6 +131,11 @@ static void usage(FILE *f)
             "  --zero 0|1|2       with --ranks: AdamW's moments divided over the ranks (1, 2)\n"
             "  --memory-plot F    write an SVG plot of the workspace bytes live over the\n"
             "                     schedule, one line per strategy\n"
+            "  --seq-parallel N   sequence parallelism: one rank's step of N that share\n"
+            "                     every row (mpirun -np D*N sbp-train): --seq-len T is the\n"
+            "                     whole row, each rank holds T/N consecutive tokens of it, and\n"
+            "                     at each attention the ranks exchange heads (all-to-all) so\n"
+            "                     that each runs its H/N heads over the whole sequence\n"
             "  --packed           packed documents: the step also takes one document id per\n"
             "                     token (ids non-decreasing along a row); a token attends only\n"
             "                     to earlier tokens of its own document (other documents' key\n"
@@ -396,7 +401,7 @@ enum { OPT_BATCH = 256, OPT_SEQ_LEN, OPT_NO_RETIE, OPT_DUMP_IR, OPT_DUMP_PARAMS,
        OPT_BETA, OPT_EPSILON, OPT_GRPO_NORM, OPT_FREEZE, OPT_REPORT, OPT_MEMORY_PLOT,
        OPT_VERSION, OPT_NO_EVAL, OPT_PACKED, OPT_DOC_LEN, OPT_LORA, OPT_LORA_ALPHA,
        OPT_LORA_TARGETS, OPT_LORA_SEED, OPT_RANKS, OPT_ZERO, OPT_BASE_PRECISION, OPT_OFFLOAD,
-       OPT_HOST_BUDGET };
+       OPT_HOST_BUDGET, OPT_SEQ_PARALLEL };
 
 /* --target T or --precision P into t; 0, or -1 after a message. */
 static int target_parse(cli *c, int opt, const char *v, sbpc_target *t)
@@ -537,6 +542,12 @@ static int parse_step_option(cli *c, int o, const char *v, sbpc_options *s)
             return cli_error(c, "--freeze needs a regular expression (at most %d)", MAX_FREEZE);
         s->freeze[s->n_freeze++] = v;
         return 0;
+    case OPT_SEQ_PARALLEL: { /* passes/train/train.h, "Sequence parallelism" */
+        int64_t n = 0;
+        int r = cli_count(c, "--seq-parallel", v, 1, 4096, &n);
+        s->train.seq_parallel = (int)n;
+        return r;
+    }
     case OPT_PACKED: /* passes/train/train.h, "Packed documents" */
         s->train.packed = true;
         return 0;
@@ -661,6 +672,7 @@ static int parse_command_line(cli *c, int argc, char **argv, sbpc_options *s)
         {"memory-plot", required_argument, NULL, OPT_MEMORY_PLOT},
         {"no-eval", no_argument, NULL, OPT_NO_EVAL},
         {"packed", no_argument, NULL, OPT_PACKED},
+        {"seq-parallel", required_argument, NULL, OPT_SEQ_PARALLEL},
         {"doc-len", required_argument, NULL, OPT_DOC_LEN},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
@@ -729,6 +741,14 @@ static int check_options(cli *c, sbpc_options *s)
         cli_error(c, "no model given");
         usage(stderr);
         return -1;
+    }
+    if (t->seq_parallel >= 1 && s->pass.seq_len > 0 && s->pass.seq_len % t->seq_parallel) {
+        int64_t n = t->seq_parallel, lo = s->pass.seq_len / n * n;
+        return cli_error(c, "--seq-parallel %lld needs a sequence length that %lld ranks share "
+                         "equally: %lld is not a multiple of %lld (the nearest are --seq-len "
+                         "%lld and %lld)", (long long)n, (long long)n,
+                         (long long)s->pass.seq_len, (long long)n,
+                         (long long)(lo > 0 ? lo : n), (long long)(lo > 0 ? lo + n : 2 * n));
     }
     if (s->doc_len > 0 && !t->packed)
         return cli_error(c, "--doc-len applies to --packed steps");
@@ -832,6 +852,8 @@ static int compile_and_report(const sbpc_options *s, sbp_flow *flow, const sbp_f
         return 1;
     if (s->report && s->ranks > 0)
         sbpc_dist_report(stdout, flow->program, s->ranks, s->zero);
+    if (s->report && s->train.seq_parallel >= 1)
+        sbpc_sp_report(stdout, flow->program, s->ranks, s->zero);
     return 0;
 }
 

@@ -7,6 +7,8 @@
 
 #include "cli.h"
 
+#include <string.h>
+
 int sbpc_dist_check(int64_t ranks, int64_t zero, bool report, char *err, size_t errlen)
 {
     if (zero >= 0 && ranks == 0)
@@ -52,4 +54,63 @@ void sbpc_dist_report(FILE *out, const sbp_train_program *p, int64_t ranks, int6
         fprintf(out, "  (with checkpoints, rank 0 also buffers one other rank's moment slice on "
                      "the host while it writes them: %llu bytes)\n",
                 (unsigned long long)(4 * ceil_div(E, N)));
+}
+
+/* The buffers the sequence-parallel lowering adds (passes/train/grad_rules.c, seqpar.c), by
+ * their description. */
+static bool is_exchange_buffer(const tp_buf *b)
+{
+    static const char *const whats[] = {"k_heads", "v_heads", "dk_heads", "dv_heads",
+                                        "kv_exchange", "sp_exchange_1", "sp_exchange_2",
+                                        "sp_exchange_3", "sp_exchange_4", "unused_dq",
+                                        "the document ids' exchange (one row)",
+                                        "every rank's document ids (the whole rows)"};
+    for (size_t i = 0; b->what && i < sizeof whats / sizeof *whats; i++)
+        if (strcmp(b->what, whats[i]) == 0)
+            return true;
+    return false;
+}
+
+void sbpc_sp_report(FILE *out, const sbp_train_program *p, int64_t ranks, int64_t zero)
+{
+    if (p->seq_parallel < 1)
+        return;
+    const uint64_t N = (uint64_t)p->seq_parallel, E = p->grad_elems;
+    const uint64_t R = ranks > 0 ? (uint64_t)ranks : N;
+    if (zero < 0)
+        zero = 0;
+    const uint64_t params = (uint64_t)p->param_elems * 4, grads = E * 4;
+    const uint64_t moments = 8 * (zero > 0 ? ceil_div(E, R) : E);
+    const uint64_t ws = p->workspace_bytes, total = params + grads + moments + ws;
+    uint64_t xbytes = 0;
+    int nx = 0;
+    for (int i = 0; i < p->n_bufs; i++)
+        if (p->bufs[i]->kind == TP_BUF_WS && is_exchange_buffer(p->bufs[i])) {
+            xbytes += p->bufs[i]->numel * 4;
+            nx++;
+        }
+    char h[32], h2[32];
+    fprintf(out, "\nsequence parallel, per rank (--seq-parallel %llu): each row's %lld tokens "
+                 "over %llu ranks, %lld each; %llu ranks in all (%llu data group%s), --zero "
+                 "%lld\n",
+            (unsigned long long)N, (long long)p->seq_len_global, (unsigned long long)N,
+            (long long)p->seq_len, (unsigned long long)R, (unsigned long long)(R / N),
+            R / N == 1 ? "" : "s", (long long)zero);
+    fprintf(out, "  per rank: parameters          %16llu\n", (unsigned long long)params);
+    fprintf(out, "  per rank: gradient block      %16llu  (this rank's tokens' share; summed over "
+                 "all ranks once per optimizer step)\n", (unsigned long long)grads);
+    fprintf(out, "  per rank: AdamW moments m, v  %16llu%s\n", (unsigned long long)moments,
+            zero > 0 ? "  (ZeRO: ceil(grad elems / ranks) elements)" : "");
+    fprintf(out, "  per rank: workspace           %16llu\n", (unsigned long long)ws);
+    fprintf(out, "    of it, exchange buffers     %16llu  (%d buffers: the rank's heads' K/V over "
+                 "the whole rows and their gradients, the all-to-alls' send and receive "
+                 "buffers; sizes summed, not all live at once)\n",
+            (unsigned long long)xbytes, nx);
+    fprintf(out, "  per rank: total               %16llu  (%s)\n", (unsigned long long)total,
+            cli_human_bytes(h, sizeof h, (double)total));
+    int64_t sent = sbp_train_sp_bytes_sent(p);
+    fprintf(out, "  per rank: sent per step       %16lld  (%s to the other %llu ranks of its rows, "
+                 "as much received)\n",
+            (long long)sent, cli_human_bytes(h2, sizeof h2, (double)sent),
+            (unsigned long long)(N - 1));
 }

@@ -29,4 +29,11 @@ int sbpc_dist_check(int64_t ranks, int64_t zero, bool report, char *err, size_t 
  * printed after the memory report. */
 void sbpc_dist_report(FILE *out, const sbp_train_program *p, int64_t ranks, int64_t zero);
 
+/* `sbpc --report --seq-parallel N [--ranks R [--zero Z]]`: what one rank of a sequence-parallel
+ * run holds (the same parameters, gradient block and moments as any data-parallel rank: the
+ * ranks of a row are data-parallel ranks over different tokens; the moments divided over the
+ * R ranks of the run under ZeRO), its workspace with the exchanges' buffers in it, and the bytes
+ * it sends to the other ranks of its row in one step. */
+void sbpc_sp_report(FILE *out, const sbp_train_program *p, int64_t ranks, int64_t zero);
+
 #endif

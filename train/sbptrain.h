@@ -86,6 +86,8 @@ typedef struct train_config {
     train_adapter_opts adapter; /* --save-adapter, --merge-lora */
     train_eval_opts eval;    /* --eval-data, --eval-dataset, --eval-every, --eval-batches */
     int64_t zero;            /* --zero 0|1|2 */
+    int64_t seq_parallel;    /* --seq-parallel N: must be the step's own N (0: not given; the
+                              * step's is used) */
     train_dataset_opts dataset; /* --dataset, --epochs, --shuffle-seed */
     train_pretrained_opts pretrained; /* --save-pretrained, --tokenizer */
     const char *compute_logps; /* --compute-logps OUT.safetensors: log-probs only, no training */
@@ -161,6 +163,8 @@ typedef struct train_report {
     size_t dev_peak, dev_total;
     bool data_parallel;       /* under mpirun (also one rank through the collectives) */
     int ranks, zero;          /* data parallel: ranks and ZeRO stage */
+    int seq_parallel;         /* ranks per row under mpirun (sbpc --seq-parallel; 0: none) */
+    int64_t row_tokens;       /* tokens of each row (all its ranks' together) */
     int64_t global_rows;      /* rows of one micro-batch over all ranks */
     int64_t docs, rows, seq_len; /* packed documents trained on (rows == 0: not packed) */
     double pairs_packed, pairs_full; /* attention's query-key pairs, packed and unpacked */

@@ -346,6 +346,9 @@ static const char *sched_name(const train_sched_opts *t)
 /* The identity keys (compared on resume) come first; the state and the schedule after them. */
 static const char *const identity_keys[] = {"ranks" /* first, as another number of ranks
                                                      * needs another batch too */,
+                                            "seq_parallel" /* the same ranks and step shape
+                                                            * with another N are another
+                                                            * global batch */,
                                             "batch", "seq_len", "vocab", "objective",
                                             "optimizer", "grad_accum", "param_elems",
                                             "model_hash", "data", "data_hash",
@@ -371,6 +374,7 @@ static int build_meta(const train_ckpt *c, int64_t s, ckpt_meta *m)
     meta_add(m, "data_hash", "%016" PRIx64, c->data_hash);
     meta_add(m, "packing", "%s", c->packing[0] ? c->packing : "none");
     meta_add(m, "ranks", "%d", r->ranks > 1 ? r->ranks : 1);
+    meta_add(m, "seq_parallel", "%d", r->seq_parallel > 1 ? r->seq_parallel : 1);
     if (r->threads > 0)
         meta_add(m, "threads", "%d", r->threads);
     /* the state */
@@ -618,6 +622,8 @@ static int compare_key(const train_ckpt *c, const ckpt_meta *now, const char *ke
         theirs = "none";
     if (!theirs && strcmp(key, "ranks") == 0) /* written before mpirun: one process */
         theirs = "1";
+    if (!theirs && strcmp(key, "seq_parallel") == 0) /* before sequence parallelism: whole rows */
+        theirs = "1";
     if (mine && theirs && strcmp(mine, theirs) == 0)
         return 0;
     const char *what = strcmp(key, "model_hash") == 0 ? "another model's initial weights (--model)"
@@ -630,6 +636,9 @@ static int compare_key(const train_ckpt *c, const ckpt_meta *now, const char *ke
                            ? "another packing of the data (--pack, --eos, --doc-ids)"
                        : strcmp(key, "ranks") == 0
                            ? "another number of ranks (mpirun -np; resume with the same N)"
+                       : strcmp(key, "seq_parallel") == 0
+                           ? "another number of ranks per row (sbpc --seq-parallel; resume "
+                             "with a step of the same N)"
                                                         : "a step of another shape";
     char b[80];
     return cli_errf(err, errlen, "--resume: %s was written for %s: %s is %s there but %s here "

@@ -14,7 +14,8 @@
  *             the shard position and pass; --input-ids: the step is the cursor), the schedule
  *             flags of the run (--lr, --lr-schedule, ...: recorded, a change is only a note), and
  *             the identity of the run: the step's parameter table (names, shapes, offsets, ties,
- *             trainable), B, T, V, objective, optimizer, --grad-accum, a hash of the model's
+ *             trainable), the ranks (mpirun -np) and the ranks per row (sbpc --seq-parallel), B, T
+ *             (the whole rows), V, objective, optimizer, --grad-accum, a hash of the model's
  *             initial weights and of the training data, and its packing into documents
  *             ("packing"; a packed run's cursor is the shard position too, train_pack.h). On
  *             resume the identity must match field by field, else the run is refused with one
@@ -113,6 +114,8 @@ typedef struct train_ckpt_run {
     const train_sink *note; /* where its notes go (train_say.h) */
     int ranks;                 /* mpirun's ranks (0 or 1: one process), part of the
                                 * identity ("ranks"; a checkpoint without it: 1) */
+    int seq_parallel;          /* ranks per row (sbpc --seq-parallel N; 0 or 1: whole rows),
+                                * part of the identity ("seq_parallel"; absent: 1) */
     int threads;               /* a cpu step's threads (0: another target, or unknown); kept as
                                 * "threads", and a resume with another count is told that it is
                                 * exact but not bit for bit the uninterrupted run */

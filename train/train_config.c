@@ -26,6 +26,10 @@ int train_config_check(train_config *o, const train_sink *s)
         return train_err(s, "--ref-cache FILE keeps the reference log-probs of --dataset FILE");
     if (o->compute_logps && !o->dataset.path)
         return train_err(s, "--compute-logps OUT.safetensors scores the examples of --dataset FILE");
+    if (o->compute_logps && (o->ref_logps || o->old_logps))
+        return train_err(s, "%s is an input of training, and --compute-logps OUT only scores the "
+                         "examples with the model given (nothing is trained)",
+                         o->ref_logps ? "--ref-logps" : "--old-logps");
     if (o->pretrained.tokenizer && !o->pretrained.dir)
         return train_err(s, "--tokenizer TOKDIR is read with --save-pretrained DIR (its files are "
                      "copied there)");
@@ -119,6 +123,7 @@ int train_config_agree(const train_config *o, train_dist *d, bool leaving, const
     train_dist_digest_real(&g, "--weight-decay", o->weight_decay);
     train_dist_digest_int(&g, "--grad-accum", o->grad_accum);
     train_dist_digest_int(&g, "--zero", o->zero);
+    train_dist_digest_int(&g, "--seq-parallel", o->seq_parallel);
     train_dist_digest_str(&g, "--lr-schedule", o->sched.kind >= 0 && o->sched.kind < 3
                                                    ? scheds[o->sched.kind] : "?");
     train_dist_digest_int(&g, "--warmup-steps", o->sched.warmup);

@@ -28,6 +28,10 @@
 #include <nccl.h>
 #endif
 
+#ifdef SBP_WITH_MPI
+static int mpi_fail(char *err, size_t errlen, const char *what, int code);
+#endif
+
 /* The launcher's own count of ranks, or NULL when not launched by one. Open MPI's mpirun sets
  * OMPI_COMM_WORLD_SIZE; PMI/PMIx launchers (srun, hydra) set PMI_SIZE or PMIX_RANK. */
 static const char *launcher_size(void)
@@ -47,6 +51,9 @@ const char *train_dist_usage(void)
            "  --zero 0|1|2            0: every rank keeps the whole optimizer state (default);\n"
            "                          1: AdamW's m and v split over the ranks; 2: the\n"
            "                          gradients reduce-scattered too\n"
+           "sequence parallel (a step compiled with sbpc --seq-parallel N; mpirun -np D*N:\n"
+           "D data groups of N ranks, each rank T/N tokens of every row of its group):\n"
+           "  --seq-parallel N        the step's N, checked (by default the step's own)\n"
            "  (SBP_TRAIN_DIST_ONE_RANK=1 with mpirun -np 1: one rank through the collectives,\n"
            "  NCCL's for a cuda step; WORLD_SIZE > 1 without mpirun is refused)\n";
 }
@@ -54,7 +61,7 @@ const char *train_dist_usage(void)
 int train_dist_init(train_dist *d, int *argc, char ***argv, char *err, size_t errlen)
 {
     memset(d, 0, sizeof *d);
-    d->size = 1;
+    d->size = d->groups = d->sp = 1;
     snprintf(d->prog, sizeof d->prog, "sbp-train");
     const char *n = launcher_size();
     if (!n) {
@@ -161,13 +168,185 @@ int train_dist_nccl_start(train_dist *d, char *err, size_t errlen)
 #endif
 }
 
+/* ------------------------------------------------------------------ sequence parallelism */
+
+int train_dist_seq_start(train_dist *d, int step_n, int flag_n, char *err, size_t errlen)
+{
+    d->sp = 1;
+    d->sp_rank = 0;
+    d->groups = d->size;
+    d->group = d->rank;
+    if (flag_n > 0 && step_n < 1)
+        return cli_errf(err, errlen, "--seq-parallel %d, but the step is not sequence-parallel: "
+                        "compile it with sbpc --seq-parallel %d", flag_n, flag_n);
+    if (flag_n > 0 && flag_n != step_n)
+        return cli_errf(err, errlen, "--seq-parallel %d, but the step was compiled for %d "
+                        "ranks per row (sbpc --seq-parallel %d): recompile it, or drop the "
+                        "flag", flag_n, step_n, step_n);
+    if (step_n < 1 || (step_n == 1 && !d->on))
+        return 0; /* ordinary, or one rank alone: its exchanges are local copies */
+    if (!d->on || d->size < step_n)
+        return cli_errf(err, errlen, "the step was compiled for %d ranks per row (sbpc "
+                        "--seq-parallel %d): run it as mpirun -np %d sbp-train ... (or a "
+                        "multiple of %d: data groups of %d)", step_n, step_n, step_n, step_n,
+                        step_n);
+    if (d->size % step_n)
+        return cli_errf(err, errlen, "mpirun -np %d: the step was compiled for %d ranks per row "
+                        "(sbpc --seq-parallel %d), and %d ranks are not whole groups of %d: use "
+                        "-np %d or %d", d->size, step_n, step_n, d->size, step_n,
+                        d->size / step_n * step_n > 0 ? d->size / step_n * step_n : step_n,
+                        (d->size / step_n + 1) * step_n);
+#ifdef SBP_WITH_MPI
+    d->sp = step_n;
+    d->sp_rank = d->rank % step_n;
+    d->groups = d->size / step_n;
+    d->group = d->rank / step_n;
+    MPI_Comm *c = malloc(sizeof *c);
+    if (!c)
+        return cli_errf(err, errlen, "out of memory");
+    int st = MPI_Comm_split(MPI_COMM_WORLD, d->group, d->sp_rank, c);
+    if (st != MPI_SUCCESS) {
+        free(c);
+        return mpi_fail(err, errlen, "MPI_Comm_split into the sequence groups", st);
+    }
+    MPI_Comm_set_errhandler(*c, MPI_ERRORS_RETURN);
+    d->sp_mpi = c;
+    return 0;
+#else
+    return cli_errf(err, errlen, "built without MPI");
+#endif
+}
+
+#ifdef SBP_WITH_MPI
+/* MPI_Alltoall of `bytes` per rank, which may pass MPI's int counts: below 2^20 bytes plain
+ * MPI_BYTEs; a multiple of 2^20, that many contiguous 2^20-byte units; otherwise one struct type
+ * of the units and the rest, whose extent is the whole block (so block i sits at i * bytes). */
+static int seq_mpi_alltoall(void *user, const void *send, void *recv, size_t bytes, void *stream)
+{
+    (void)stream;
+    const train_dist *d = user;
+    MPI_Comm comm = *(MPI_Comm *)d->sp_mpi;
+    const size_t unit = (size_t)1 << 20, big = bytes / unit, rest = bytes % unit;
+    if (big > (size_t)0x7fffffff)
+        return 1;
+    if (big && !rest) {
+        MPI_Datatype t;
+        if (MPI_Type_contiguous((int)unit, MPI_BYTE, &t) != MPI_SUCCESS ||
+            MPI_Type_commit(&t) != MPI_SUCCESS)
+            return 1;
+        int st = MPI_Alltoall(send, (int)big, t, recv, (int)big, t, comm);
+        MPI_Type_free(&t);
+        return st != MPI_SUCCESS;
+    }
+    if (!big)
+        return MPI_Alltoall(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, comm) !=
+               MPI_SUCCESS;
+    /* a size that is neither: one type of the whole block */
+    MPI_Datatype t;
+    if (bytes > (size_t)0x7fffffff * unit)
+        return 1;
+    MPI_Datatype u;
+    if (MPI_Type_contiguous((int)unit, MPI_BYTE, &u) != MPI_SUCCESS)
+        return 1;
+    int blens[2] = {(int)big, (int)rest};
+    MPI_Aint disp[2] = {0, (MPI_Aint)(big * unit)};
+    MPI_Datatype types[2] = {u, MPI_BYTE};
+    int st = MPI_Type_create_struct(2, blens, disp, types, &t);
+    MPI_Type_free(&u);
+    if (st != MPI_SUCCESS || MPI_Type_commit(&t) != MPI_SUCCESS)
+        return 1;
+    st = MPI_Alltoall(send, 1, t, recv, 1, t, comm);
+    MPI_Type_free(&t);
+    return st != MPI_SUCCESS;
+}
+#endif
+
+#ifdef SBP_WITH_NCCL
+/* ncclSend / ncclRecv of one block to and from every rank of the group, queued on the step's
+ * stream (stream_ordered): NCCL has no all-to-all of its own. */
+static int seq_nccl_alltoall(void *user, const void *send, void *recv, size_t bytes, void *stream)
+{
+    const train_dist *d = user;
+    ncclComm_t comm = (ncclComm_t)d->sp_nccl;
+    cudaStream_t st = (cudaStream_t)stream;
+    if (ncclGroupStart() != ncclSuccess)
+        return 1;
+    int bad = 0;
+    for (int r = 0; r < d->sp && !bad; r++) {
+        bad |= ncclSend((const char *)send + (size_t)r * bytes, bytes, ncclChar, r, comm, st) !=
+               ncclSuccess;
+        bad |= ncclRecv((char *)recv + (size_t)r * bytes, bytes, ncclChar, r, comm, st) !=
+               ncclSuccess;
+    }
+    return (ncclGroupEnd() != ncclSuccess) | bad;
+}
+#endif
+
+int train_dist_seq_nccl(train_dist *d, char *err, size_t errlen)
+{
+    if (!d->sp_mpi)
+        return 0;
+#ifdef SBP_WITH_NCCL
+    ncclComm_t c;
+    ncclResult_t nr = ncclCommSplit((ncclComm_t)d->nccl, d->group, d->sp_rank, &c, NULL);
+    if (nr != ncclSuccess)
+        return cli_errf(err, errlen, "NCCL: ncclCommSplit into the sequence groups failed: %s",
+                        ncclGetErrorString(nr));
+    d->sp_nccl = c;
+    return 0;
+#else
+    return cli_errf(err, errlen, "this sbp-train was built without NCCL");
+#endif
+}
+
+void train_dist_seq_comm(train_dist *d, bool cuda, sbprt_comm *c)
+{
+    memset(c, 0, sizeof *c);
+    c->rank = d->sp_rank;
+    c->size = d->sp;
+    c->user = d;
+#ifdef SBP_WITH_NCCL
+    if (cuda && d->sp_nccl) {
+        c->alltoall = seq_nccl_alltoall;
+        c->stream_ordered = 1;
+        return;
+    }
+#endif
+    (void)cuda;
+#ifdef SBP_WITH_MPI
+    c->alltoall = seq_mpi_alltoall;
+#endif
+}
+
+int train_dist_seq_sum(const train_dist *d, double *x, int n, char *err, size_t errlen)
+{
+    if (!d->sp_mpi)
+        return 0;
+#ifdef SBP_WITH_MPI
+    int st = MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, *(MPI_Comm *)d->sp_mpi);
+    return st == MPI_SUCCESS ? 0 : mpi_fail(err, errlen, "MPI_Allreduce over the group", st);
+#else
+    (void)x, (void)n;
+    return cli_errf(err, errlen, "built without MPI");
+#endif
+}
+
 void train_dist_end(train_dist *d, int rc)
 {
 #ifdef SBP_WITH_NCCL
+    if (d->sp_nccl && rc == 0)
+        ncclCommDestroy((ncclComm_t)d->sp_nccl);
+    d->sp_nccl = NULL;
     if (d->nccl && rc == 0)
         ncclCommDestroy((ncclComm_t)d->nccl);
     d->nccl = NULL;
 #endif
+#ifdef SBP_WITH_MPI
+    if (d->sp_mpi && rc == 0)
+        MPI_Comm_free((MPI_Comm *)d->sp_mpi);
+#endif
+    free(d->sp_mpi);
+    d->sp_mpi = NULL;
     free(d->counts);
     free(d->displs);
     free(d->recv);
@@ -192,7 +371,8 @@ void train_dist_end(train_dist *d, int rc)
 int train_dist_plan_rows(train_dist *d, const sbp_step_info *in, int64_t rows_all, int64_t k,
                          bool dpo, char *err, size_t errlen)
 {
-    const int64_t N = d->size, B = in->batch;
+    /* the data groups share the rows (each group's N sequence ranks hold the same rows) */
+    const int64_t N = d->groups, B = in->batch;
     d->B = B;
     if (rows_all < 0) { /* --data: each micro-batch is N*B rows of the shard */
         d->G = N * B;
@@ -252,26 +432,42 @@ int train_dist_plan_slices(train_dist *d, const sbp_step_info *in, char *err, si
 
 size_t train_dist_state_elems(const train_dist *d) { return d->hi - d->lo; }
 
+/* The global batch's row that this rank's (data group's) row j of micro-batch k holds, or -1:
+ * padding. */
+static int64_t global_row(const train_dist *d, const train_inputs *ti, int64_t j, int64_t k)
+{
+    const int64_t B = d->B, G = d->G, h = B / 2, P = G / 2, r = d->group;
+    if (!ti->dpo)
+        return r * B + j < G ? k * G + r * B + j : -1;
+    const int64_t q = r * h + (j < h ? j : j - h); /* the pair in micro-batch k */
+    if (q >= P)
+        return -1;
+    return j < h ? k * P + q : ti->N / 2 + k * P + q;
+}
+
 int64_t train_dist_micro(const train_dist *d, train_inputs *ti, const int32_t *ids,
                          const int32_t *labels, int64_t k)
 {
-    const int64_t B = d->B, G = d->G, h = B / 2, P = G / 2, r = d->rank;
     int64_t pad_pairs = 0;
-    for (int64_t j = 0; j < B; j++) {
-        int64_t g = -1; /* the files' row for local row j; -1: padding */
-        if (!ti->dpo) {
-            if (r * B + j < G)
-                g = k * G + r * B + j;
-        } else {
-            const int64_t q = r * h + (j < h ? j : j - h); /* the pair in micro-batch k */
-            if (q < P)
-                g = j < h ? k * P + q : ti->N / 2 + k * P + q;
-            else if (j < h)
-                pad_pairs++;
-        }
+    for (int64_t j = 0; j < d->B; j++) {
+        const int64_t g = global_row(d, ti, j, k);
+        pad_pairs += ti->dpo && g < 0 && j < d->B / 2;
         ti_row(ti, j, ids, labels, g);
     }
     return pad_pairs;
+}
+
+void train_dist_micro_docs(const train_dist *d, const train_inputs *ti, const int32_t *doc_ids,
+                           int32_t *out, int64_t k)
+{
+    const int64_t T = ti->T;
+    for (int64_t j = 0; j < d->B; j++) {
+        const int64_t g = global_row(d, ti, j, k);
+        if (g < 0)
+            memset(out + j * T, 0, (size_t)T * sizeof *out);
+        else
+            memcpy(out + j * T, doc_ids + g * T, (size_t)T * sizeof *out);
+    }
 }
 
 #ifdef SBP_WITH_MPI
@@ -390,6 +586,26 @@ int train_dist_sum(const train_dist *d, double *x, int n, char *err, size_t errl
 #ifdef SBP_WITH_MPI
     int st = MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     return st == MPI_SUCCESS ? 0 : mpi_fail(err, errlen, "MPI_Allreduce of the rewards", st);
+#else
+    (void)x, (void)n;
+    return cli_errf(err, errlen, "built without MPI");
+#endif
+}
+
+int train_dist_share_bits(const train_dist *d, uint32_t *x, size_t n, char *err, size_t errlen)
+{
+    if (!d->on)
+        return 0;
+#ifdef SBP_WITH_MPI
+    const size_t most = (size_t)1 << 30; /* MPI's counts are int */
+    for (size_t at = 0; at < n; at += most) {
+        const size_t k = n - at < most ? n - at : most;
+        int st = MPI_Allreduce(MPI_IN_PLACE, x + at, (int)k, MPI_UINT32_T, MPI_BOR,
+                               MPI_COMM_WORLD);
+        if (st != MPI_SUCCESS)
+            return mpi_fail(err, errlen, "MPI_Allreduce of the ranks' shares", st);
+    }
+    return 0;
 #else
     (void)x, (void)n;
     return cli_errf(err, errlen, "built without MPI");

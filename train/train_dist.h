@@ -113,6 +113,15 @@ typedef struct train_dist {
     void *nccl;         /* ncclComm_t once train_dist_nccl_start ran (cuda steps), else NULL */
     float *host_slice;  /* cuda steps under ZeRO with checkpoints, ranks but 0: [2 * (hi - lo)]
                          * this rank's moments on the host, to send (else NULL) */
+    /* Sequence parallelism (a step compiled with sbpc --seq-parallel N): world rank w is
+     * sequence rank w % N of data group w / N. Rows are the data groups' (groups, group play
+     * the part size, rank play in plain data parallelism); within a group each rank holds
+     * T/N consecutive tokens of every row, and the step exchanges heads over the group's
+     * communicator. Without it sp = 1, groups = size, group = rank. */
+    int sp, sp_rank;    /* N, and this rank's place in its group (which tokens it holds) */
+    int groups, group;  /* D = size / N data groups, and this rank's */
+    void *sp_mpi;       /* the group's MPI_Comm (malloc'd), or NULL */
+    void *sp_nccl;      /* cuda steps: the group's ncclComm_t, or NULL */
 } train_dist;
 
 /* Before the command line: when launched by mpirun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
@@ -124,6 +133,18 @@ int train_dist_init(train_dist *d, int *argc, char ***argv, char *err, size_t er
 void train_dist_end(train_dist *d, int rc);
 /* The --zero option's usage text (ends in a newline). */
 const char *train_dist_usage(void);
+
+/* Sequence parallelism: the step's N (its info->seq_parallel) against --seq-parallel (0: not
+ * given) and the launch (size a multiple of N; N > 1 needs mpirun), then the groups and the
+ * group's MPI communicator. Every run calls it (N = 1 sets groups = size). Collective. */
+int train_dist_seq_start(train_dist *d, int step_n, int flag_n, char *err, size_t errlen);
+/* The group's NCCL communicator, for a cuda step (after train_dist_nccl_start). */
+int train_dist_seq_nccl(train_dist *d, char *err, size_t errlen);
+/* The communicator a sequence-parallel step's context carries (runtime/sbprt.h, sbprt_comm):
+ * MPI_Alltoall over the group for a cpu step, NCCL's sends and receives for a cuda one. */
+void train_dist_seq_comm(train_dist *d, bool cuda, sbprt_comm *c);
+/* Sums x[0..n) over the ranks of this rank's group (a step's partial sums of its tokens). */
+int train_dist_seq_sum(const train_dist *d, double *x, int n, char *err, size_t errlen);
 
 /* The global rows G of one micro-batch and the check of the step's B against them: `rows_all`
  * is the files' row count (K*G), or -1 for --data (G = N*B). */
@@ -137,6 +158,10 @@ size_t train_dist_state_elems(const train_dist *d);
  * [K*G*T]) into ti->mb_*, in the step's row order; returns the padded DPO pairs. */
 int64_t train_dist_micro(const train_dist *d, train_inputs *ti, const int32_t *ids,
                          const int32_t *labels, int64_t k);
+/* The same rows' document ids (a packed step): out [B*T] from the global batch's doc_ids
+ * [K*G*T]; a padding row is one document (id 0), as its labels score nothing. */
+void train_dist_micro_docs(const train_dist *d, const train_inputs *ti, const int32_t *doc_ids,
+                           int32_t *out, int64_t k);
 
 /* After the K micro-batches: the loss summed over the ranks and the gradients summed (ZeRO 2:
  * this rank's slice only, unless `full`). Returns 0 or -1 with err. */
@@ -145,6 +170,10 @@ int train_dist_reduce(train_dist *d, float *grads, double *loss, bool full, char
 /* x[0 .. n) summed over the ranks, in place (host memory; DPO's reward sums). 0, or -1 with
  * err. */
 int train_dist_sum(const train_dist *d, double *x, int n, char *err, size_t errlen);
+/* Every rank's x[n] bitwise OR-ed into every rank's: where each element was written by one
+ * rank and left 0 by all others, every rank gets exactly that rank's bits (floats as well,
+ * -0.0 included, which a floating-point sum would not promise). */
+int train_dist_share_bits(const train_dist *d, uint32_t *x, size_t n, char *err, size_t errlen);
 /* The part [*from, *from + *n) of parameter p (elements) this rank updates; 0 when none. */
 bool train_dist_owned(const train_dist *d, const sbp_step_param *p, size_t *from, size_t *n);
 /* The gradient norm (and clipping, when max_norm > 0) over this rank's slices, summed over the

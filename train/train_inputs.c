@@ -95,7 +95,9 @@ static int open_inputs(train_inputs *ti, const sbp_step_info *in, int64_t k,
         ti->adv = calloc((size_t)N, sizeof *ti->adv);
         if (ti->beta > 0)
             ti->ref = calloc((size_t)(N * T), sizeof *ti->ref);
-        if (!ti->adv || (ti->beta > 0 && !ti->ref))
+        if (old_path) /* --old-logps FILE: the dataset's, from the file */
+            ti->old = calloc((size_t)(N * T), sizeof *ti->old);
+        if (!ti->adv || (ti->beta > 0 && !ti->ref) || (old_path && !ti->old))
             return cli_errf(err, errlen, "out of memory");
     } else {
         if (!adv_path)
@@ -139,10 +141,10 @@ int ti_open(train_inputs *ti, const sbp_step_info *in, int64_t k, const char *re
     return open_inputs(ti, in, k, ref_path, old_path, adv_path, false, note, err, errlen);
 }
 
-int ti_open_self_ref(train_inputs *ti, const sbp_step_info *in, int64_t k,
+int ti_open_self_ref(train_inputs *ti, const sbp_step_info *in, int64_t k, bool old,
                      const train_sink *note, char *err, size_t errlen)
 {
-    return open_inputs(ti, in, k, NULL, NULL, NULL, true, note, err, errlen);
+    return open_inputs(ti, in, k, NULL, old ? "" : NULL, NULL, true, note, err, errlen);
 }
 
 void ti_free(train_inputs *ti)

@@ -39,11 +39,12 @@ typedef struct train_inputs {
 int ti_open(train_inputs *ti, const sbp_step_info *in, int64_t k, const char *ref_path,
             const char *old_path, const char *adv_path, const train_sink *note,
             char *err, size_t errlen);
-/* DPO / GRPO on a dataset: the reference logps are the trainer's own (computed before step 1
- * from the model's initial weights) and GRPO's advantages the dataset's, so ref (DPO [N], GRPO
- * [N*T] when beta > 0) and adv (GRPO [N]) are allocated here and filled by the caller each step
- * instead of read from --ref-logps / --advantages; GRPO's old logps are on-policy. */
-int ti_open_self_ref(train_inputs *ti, const sbp_step_info *in, int64_t k,
+/* DPO / GRPO on a dataset: the reference logps are per example (the trainer's own, computed
+ * before step 1 from the model's initial weights, or a --compute-logps file) and GRPO's
+ * advantages the dataset's, so ref (DPO [N], GRPO [N*T] when beta > 0), adv (GRPO [N]) and,
+ * when `old` (GRPO's --old-logps FILE, per example too), old [N*T] are allocated here and
+ * filled by the caller each step; without `old` GRPO's old logps are on-policy. */
+int ti_open_self_ref(train_inputs *ti, const sbp_step_info *in, int64_t k, bool old,
                      const train_sink *note, char *err, size_t errlen);
 void ti_free(train_inputs *ti);
 

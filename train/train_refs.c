@@ -23,6 +23,7 @@ void train_refs_free(train_refs *f)
 {
     free(f->ex);
     free(f->tok);
+    free(f->old);
     memset(f, 0, sizeof *f);
 }
 
@@ -55,6 +56,63 @@ static int cache_read(train_refs *f, const char *cache, const char *key, const t
     }
     train_say(s, "note", "%s holds reference log-probs of another model, step or dataset (or is "
               "damaged): computing them again", cache);
+    return 0;
+}
+
+/* A file of --compute-logps given as `flag` (--ref-logps, --old-logps): its row_logps into
+ * ex [examples] and its token_logps into tok [dataset tokens] (either may be NULL: not read),
+ * after checking that it is one, and of this dataset (its key's middle part is the dataset's
+ * hash; the initial weights' and the model's parts are another model's, which is the point),
+ * and that every value is finite. */
+static int load_file(const char *flag, const char *path, const train_dataset *ds, float *ex,
+                     float *tok, const train_sink *s)
+{
+    const size_t len = strlen(path);
+    if (len >= 4 && strcmp(path + len - 4, ".npy") == 0)
+        return train_err(s, "%s %s: with --dataset the log-probs are one per example of the "
+                         "dataset (per token for GRPO), a file that sbp-train --compute-logps "
+                         "OUT.safetensors writes, not an array of one batch's rows", flag, path);
+    sbpio_st_file *fh = NULL;
+    char why[700], want[20];
+    if (sbpio_st_open(path, &fh, why, sizeof why) != SBPIO_OK)
+        return train_err(s, "%s: %s", flag, why);
+    const char *fmt = sbpio_st_meta(fh, "format"), *key = sbpio_st_meta(fh, "key");
+    snprintf(want, sizeof want, "%016llx", (unsigned long long)ds->d.hash);
+    int rc = 0;
+    if (!fmt || strcmp(fmt, "sbp-logps") != 0)
+        rc = train_err(s, "%s: %s is not a file of sbp-train --compute-logps (its __metadata__ "
+                       "has no \"format\": \"sbp-logps\")", flag, path);
+    else if (!key || strlen(key) != 50 || strncmp(key + 17, want, 16) != 0)
+        rc = train_err(s, "%s: %s holds the log-probs of another dataset (its key is %s; this "
+                       "dataset's hash is %s): compute them with sbp-train --compute-logps on "
+                       "this one", flag, path, key ? key : "missing", want);
+    else if ((ex && sbpio_st_copy_f32(fh, "row_logps", ex, ds->d.n_ex, why, sizeof why)) ||
+             (tok && sbpio_st_copy_f32(fh, "token_logps", tok, ds->d.n_tok, why, sizeof why)))
+        rc = train_err(s, "%s: %s%s", flag, why,
+                       tok && !sbpio_st_find(fh, "token_logps")
+                           ? " (a GRPO dataset's log-probs are per token: --compute-logps with "
+                             "a grpo step writes them)" : "");
+    sbpio_st_close(fh);
+    for (int64_t i = 0; !rc && ex && i < ds->d.n_ex; i++)
+        if (!isfinite(ex[i]))
+            rc = train_err(s, "%s: %s: row_logps[%lld] is %g", flag, path, (long long)i,
+                           (double)ex[i]);
+    for (int64_t i = 0; !rc && tok && i < ds->d.n_tok; i++)
+        if (!isfinite(tok[i]))
+            rc = train_err(s, "%s: %s: token_logps[%lld] is %g", flag, path, (long long)i,
+                           (double)tok[i]);
+    return rc;
+}
+
+int train_refs_load_old(train_refs *f, const char *path, const train_dataset *ds,
+                        const train_sink *s)
+{
+    if (!(f->old = calloc((size_t)ds->d.n_tok + 1, sizeof *f->old)))
+        return train_err(s, "out of memory");
+    if (load_file("--old-logps", path, ds, NULL, f->old, s))
+        return -1;
+    train_say(s, "note", "--old-logps: the token log-probs of %s (%lld examples)", path,
+              (long long)ds->d.n_ex);
     return 0;
 }
 
@@ -132,7 +190,6 @@ static int cache_write(train_refs *f, const train_config *c, const char *out, co
     if (c->compute_logps) {
         train_say(s, "out", "wrote the log-probs of %lld examples to %s", (long long)n,
                   c->compute_logps);
-        f->logps_only = true;
     }
     return 0;
 }
@@ -143,6 +200,13 @@ int train_refs_compute(train_refs *f, const train_config *c, const train_steplib
 {
     const sbp_step_info *in = L->in;
     const int64_t B = in->batch, T = in->seq_len, n = ds->d.n_ex;
+    if (c->ref_logps) { /* another model's, from --compute-logps */
+        if (load_file("--ref-logps", c->ref_logps, ds, f->ex, f->grpo ? f->tok : NULL, s))
+            return -1;
+        train_say(s, "note", "--ref-logps: the reference log-probs of %s (%lld examples)",
+                  c->ref_logps, (long long)n);
+        return 0;
+    }
     /* the cache: kept beside the checkpoints (or in --ref-cache), valid for this model's
      * initial weights, this step's model and this dataset, and reused only then */
     char cache[4200] = "", key[128];
@@ -155,22 +219,43 @@ int train_refs_compute(train_refs *f, const train_config *c, const train_steplib
                                    in->param_elems * sizeof(float)); /* the initial weights */
     snprintf(key, sizeof key, "%016llx-%016llx-%016llx", (unsigned long long)h,
              (unsigned long long)ds->d.hash, (unsigned long long)in->model_fingerprint);
-    if (cache[0] && access(cache, F_OK) == 0 && cache_read(f, cache, key, ds, s))
-        return 0;
+    if (cache[0] && access(cache, F_OK) == 0 && cache_read(f, cache, key, ds, s)) {
+        if (!c->compute_logps) /* (--compute-logps with a valid --ref-cache: copied out) */
+            return 0;
+        f->logps_only = true;
+        return d->on && d->rank != 0 ? 0 : cache_write(f, c, c->compute_logps, key, ds, s);
+    }
     int32_t *ids = malloc((size_t)(B * T) * sizeof *ids);
     int32_t *labels = malloc((size_t)(B * T) * sizeof *labels);
     float *row = malloc((f->grpo ? (size_t)(B * T) : (size_t)B) * sizeof *row);
     int rc = !ids || !labels || !row ? train_err(s, "out of memory") : 0;
     const double t0 = train_log_now();
-    for (int64_t e = 0; e < n && !rc; e += B)
+    /* batch k on rank k mod size (one process: all), the others' values left 0 for the share */
+    memset(f->ex, 0, (size_t)n * sizeof *f->ex);
+    if (f->grpo)
+        memset(f->tok, 0, (size_t)ds->d.n_tok * sizeof *f->tok);
+    const int ranks = d->on ? d->size : 1, me = d->on ? d->rank : 0;
+    for (int64_t e = (int64_t)me * B; e < n && !rc; e += (int64_t)ranks * B)
         rc = logps_batch(f, L, m, ds, e, ids, labels, row, s);
     free(ids);
     free(labels);
     free(row);
+    if (d->on && train_dist_any(d, rc != 0)) /* none waits in the share for a failed rank */
+        return rc ? -1 : train_err(s, "another rank failed in the reference log-probs");
     if (rc)
         return -1;
-    train_say(s, "note", "reference log-probs of %lld examples computed in %.2f s (the model's "
-              "initial weights, before step 1)", (long long)n, train_log_now() - t0);
+    char err[512], over[48] = "";
+    if (d->on && (train_dist_share_bits(d, (uint32_t *)(void *)f->ex, (size_t)n, err,
+                                        sizeof err) ||
+                  (f->grpo && train_dist_share_bits(d, (uint32_t *)(void *)f->tok,
+                                                    (size_t)ds->d.n_tok, err, sizeof err))))
+        return train_err(s, "%s", err);
+    if (d->on)
+        snprintf(over, sizeof over, " over %d ranks", ranks);
+    train_say(s, "note", "reference log-probs of %lld examples computed in %.2f s%s (the "
+              "model's initial weights, before step 1)", (long long)n, train_log_now() - t0,
+              over);
+    f->logps_only = c->compute_logps != NULL; /* on every rank: none goes on to train */
     const char *out = c->compute_logps ? c->compute_logps : cache[0] ? cache : NULL;
     if (!out || (d->on && d->rank != 0)) /* rank 0 writes what every rank computed */
         return 0;
@@ -191,5 +276,7 @@ void train_refs_fill(const train_refs *f, const train_source *src, train_inputs 
         ti->adv[i] = ds->d.advantages[e];
         for (int64_t t = 0; ti->ref && t < T; t++)
             ti->ref[i * T + t] = t < len ? f->tok[ds->d.offsets[e] + t] : 0;
+        for (int64_t t = 0; ti->old && t < T; t++)
+            ti->old[i * T + t] = t < len ? f->old[ds->d.offsets[e] + t] : 0;
     }
 }

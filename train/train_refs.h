@@ -2,13 +2,20 @@
  * itself from the model's initial weights (the reference model) before step 1, with the step's
  * log-probability entry point (sbp_step_logps): B examples a call in file order (padding rows
  * score nothing), in the training workspace (the step's own forward, no gradient), so no memory
- * is added to the run's peak. Every rank computes all of them (the values one process gets).
+ * is added to the run's peak. Under mpirun the batches are dealt out to the ranks in turn (batch
+ * k to rank k mod size), and every rank then holds them all: each batch is one process's batch,
+ * so the values, and the cache, are bitwise one process's.
  *
  * DPO: each example's summed logp; GRPO: each scored token's (0 where not scored) and their
  * sum. The values are kept in a cache — DIR/ref-logps.safetensors beside the checkpoints, or
  * --ref-cache FILE — keyed by hashes of the initial weights, the dataset and the step's model,
  * and reused only when the key matches and every value is finite. --compute-logps OUT writes
  * them there instead, and the run ends.
+ *
+ * A file of that format (--compute-logps of any model: a reference that is not the starting
+ * point) is also read instead: --ref-logps FILE, and for GRPO --old-logps FILE (the sampling
+ * policy's token logps). It must be of this very dataset (the dataset's hash in its key);
+ * the model's part of the key is not compared, since another model is the point.
  */
 #ifndef SBP_TRAIN_REFS_H
 #define SBP_TRAIN_REFS_H
@@ -22,18 +29,23 @@
 typedef struct train_refs {
     float *ex;       /* [examples] each example's logp (DPO) or its scored tokens' sum (GRPO) */
     float *tok;      /* GRPO: [dataset tokens] each token's, 0 where not scored; else NULL */
+    float *old;      /* GRPO with --old-logps FILE: [dataset tokens] its token logps; else NULL */
     bool grpo;
     bool logps_only; /* --compute-logps wrote them: nothing to train */
 } train_refs;
 
 /* Room for the dataset's values (grpo: per token too). */
 int train_refs_alloc(train_refs *f, const train_dataset *ds, bool grpo, const train_sink *s);
-/* Read from the cache, or computed (and written to the cache or --compute-logps). */
+/* Read from --ref-logps FILE or the cache, or computed (and written to the cache or
+ * --compute-logps); then, for GRPO, --old-logps FILE's when given. */
 int train_refs_compute(train_refs *f, const train_config *c, const train_steplib *L,
                        const train_mem *m, train_dataset *ds, const train_dist *d,
                        const train_sink *s);
+/* GRPO with --old-logps FILE: the sampling policy's token logps of the dataset, from FILE. */
+int train_refs_load_old(train_refs *f, const char *path, const train_dataset *ds,
+                        const train_sink *s);
 /* The step's inputs from its rows' examples: DPO's reference logp per row; GRPO's advantage
- * per row and reference logp per token. */
+ * per row, reference logp per token and, with --old-logps, the old logp per token. */
 void train_refs_fill(const train_refs *f, const train_source *src, train_inputs *ti);
 void train_refs_free(train_refs *f);
 

@@ -49,6 +49,7 @@ struct train_run {
     train_source src;
     train_inputs ti;
     int32_t *mb_doc_ids;       /* [B*T] one micro-batch's document ids (packed steps) */
+    int32_t *sp_stage;         /* sequence parallel: [B*tl] this rank's columns of a batch */
     train_model mdl;           /* until its weights are in the arena */
     train_mem mem;
     train_optim optim;
@@ -179,14 +180,16 @@ static int plan_ranks(train_run *r, bool pairs)
     train_dist *d = r->dist;
     char err[512];
     r->gin = *in;
+    /* sequence parallelism: the groups (every run: a plain one is D = 1 group of one) */
+    if (train_dist_seq_start(d, r->lib.step_in->seq_parallel, (int)o->seq_parallel, err,
+                             sizeof err))
+        return train_err(r->s, "%s: %s", o->step_path, err);
     if (!d->on)
         return 0;
     if (!r->lib.host_visible && !train_dist_have_nccl())
         return train_err(r->s, "%s is a %s step: this sbp-train was built without NCCL, so "
                          "under mpirun only cpu steps run (MPI sums host memory)", o->step_path,
                          r->lib.rt.backend_name());
-    if (in->packed || o->pack.pack || o->pack.doc_ids)
-        return train_err(r->s, "packed documents (--pack, --doc-ids) do not run under mpirun yet");
     if (r->lib.host_state)
         return train_err(r->s, "%s keeps its optimizer state on the host (sbpc --offload "
                          "optimizer), which does not run under mpirun yet", o->step_path);
@@ -194,7 +197,7 @@ static int plan_ranks(train_run *r, bool pairs)
     int64_t rows_all = -1;
     if (o->ids_path) { /* the files' rows; a bad file is the source's to report */
         sbpio_array a;
-        rows_all = K * in->batch * d->size;
+        rows_all = K * in->batch * d->groups;
         if (sbpio_npy_read(o->ids_path, &a, err, sizeof err) == SBPIO_OK) {
             if (a.rank == 2)
                 rows_all = a.shape[0];
@@ -216,17 +219,19 @@ static int open_inputs(train_run *r)
     const bool grpo_ds = src->have_ds && strcmp(src->ds.d.task, "grpo") == 0;
     const bool self_ref = src->have_ds && (src->ds.pairs || grpo_ds);
     char err[512];
-    if (self_ref && o->ref_logps)
-        return train_err(r->s, "--ref-logps: with --dataset the reference log-probs are computed "
-                         "from the model's initial weights before step 1 (a file of them is not "
-                         "read yet)");
     if (src->have_ds && !self_ref && o->compute_logps)
         return train_err(r->s, "--compute-logps scores the examples of a dpo or grpo step (the "
                          "step here is %s)", in->objective ? in->objective : "sft");
-    if (self_ref && (o->old_logps || o->advantages))
-        return train_err(r->s, "%s: with --dataset GRPO's advantages are the dataset's and its "
-                         "old log-probs on-policy", o->old_logps ? "--old-logps" : "--advantages");
-    if ((self_ref ? ti_open_self_ref(&r->ti, &r->gin, o->grad_accum, r->s, err, sizeof err)
+    if (self_ref && o->advantages)
+        return train_err(r->s, "--advantages: with --dataset GRPO's advantages are the "
+                         "dataset's (sbp-prepare --task grpo)");
+    if (self_ref && o->old_logps && !grpo_ds)
+        return train_err(r->s, "--old-logps is an input of GRPO steps; the step's objective is "
+                         "dpo (it takes --ref-logps only)");
+    if (self_ref && grpo_ds && o->ref_logps && in->beta == 0)
+        train_note(r->s, "--ref-logps is not used: the step's beta is 0 (no KL term)");
+    if ((self_ref ? ti_open_self_ref(&r->ti, &r->gin, o->grad_accum, o->old_logps != NULL,
+                                     r->s, err, sizeof err)
                   : ti_open(&r->ti, &r->gin, o->grad_accum, o->ref_logps, o->old_logps,
                             o->advantages, r->s, err, sizeof err)) ||
         (o->ids_path && ti_check(&r->ti, src->labels, o->labels_path, err, sizeof err)))
@@ -256,6 +261,9 @@ static int open_step_and_data(train_run *r)
         train_source_open(&r->src, o, in, &r->gin, o->grad_accum, &o->steps, r->s) ||
         open_inputs(r))
         return -1;
+    if (r->lib.sp > 1 &&
+        !(r->sp_stage = malloc((size_t)(in->batch * r->lib.sp_tl) * sizeof *r->sp_stage)))
+        return train_err(r->s, "out of memory");
     if (!in->packed)
         return 0;
     if (!(r->mb_doc_ids = malloc((size_t)(in->batch * in->seq_len) * sizeof *r->mb_doc_ids)))
@@ -277,6 +285,17 @@ static int open_model(train_run *r)
     /* a cuda step's gradients are summed on the GPUs (NCCL), once its context exists */
     if (r->dist->on && !r->lib.host_visible && train_dist_nccl_start(r->dist, err, sizeof err))
         return train_err(r->s, "%s", err);
+    /* sequence parallelism: the step exchanges heads through its context's communicator */
+    if (r->dist->sp_mpi) {
+        sbprt_comm c;
+        if (!r->lib.host_visible && train_dist_seq_nccl(r->dist, err, sizeof err))
+            return train_err(r->s, "%s", err);
+        train_dist_seq_comm(r->dist, !r->lib.host_visible, &c);
+        int st = c.alltoall ? r->lib.set_comm(r->lib.rt.step_ctx, &c) : SBPRT_ERR_INVALID;
+        if (st)
+            return train_err(r->s, "%s: cannot give the step its communicator: %s",
+                             o->step_path, r->lib.rt.status_string(st));
+    }
     if ((o->save_safetensors || o->pretrained.dir) &&
         !(r->export = train_export_plan_lora(r->mdl.g, in, o->adapter.merge, r->s, err,
                                              sizeof err)))
@@ -335,9 +354,9 @@ static int open_checkpoints(train_run *r)
     d->state_sliced = sliced;
     d->state_m = r->mem.d_m;
     d->state_v = r->mem.d_v;
-    const size_t ntok = (size_t)(L->in->batch * L->in->seq_len);
+    const size_t gtok = (size_t)(r->gin.batch * L->in->seq_len); /* the global micro-batch */
     char ckpt_err[1024], pack_id[64]; /* the packing is part of the run's identity */
-    train_pack_identity(&o->pack, r->src.doc_ids, (size_t)o->grad_accum * ntok, pack_id,
+    train_pack_identity(&o->pack, r->src.doc_ids, (size_t)o->grad_accum * gtok, pack_id,
                         sizeof pack_id);
     if (r->src.have_ds && r->src.ds.packed) /* a dataset's examples, packed next-fit */
         snprintf(pack_id, sizeof pack_id, "next-fit");
@@ -351,7 +370,8 @@ static int open_checkpoints(train_run *r)
             .ntok_all = (size_t)(r->ti.N * L->in->seq_len) /* the global batch */,
             .pbytes = r->mem.pbytes, .gbytes = r->mem.gbytes, .d_params = r->mem.d_params,
             .d_m = r->mem.d_m, .d_v = r->mem.d_v, .host_params = r->mem.host_params,
-            .ranks = d->size, .threads = train_steplib_threads(L, o->threads),
+            .ranks = d->size, .seq_parallel = d->sp,
+            .threads = train_steplib_threads(L, o->threads),
             .state_fill = sliced ? train_dist_fill_state : NULL, .state_arg = d,
             .state_lo = d->lo, .state_n = d->hi - d->lo, /* ZeRO's slice */
             .host_visible = L->host_visible || L->host_state, /* the state's memory */
@@ -386,6 +406,9 @@ int train_run_open(train_run **out, const train_config *c, train_dist *dist,
     if (r->have_refs && (!r->refs.grpo || r->ti.ref || r->c.compute_logps) &&
         train_refs_compute(&r->refs, &r->c, &r->lib, &r->mem, &r->src.ds, r->dist, r->s))
         return -1;
+    if (r->have_refs && r->ti.old &&
+        train_refs_load_old(&r->refs, r->c.old_logps, &r->src.ds, r->s))
+        return -1;
     if (r->refs.logps_only)
         return 0;
     char err[512];
@@ -409,6 +432,7 @@ void train_run_close(train_run *r)
     train_mem_free(&r->mem, &r->lib);
     train_steplib_stop(&r->lib);
     free(r->mb_doc_ids);
+    free(r->sp_stage);
     train_eval_close(&r->ev);
     ti_free(&r->ti);
     train_source_close(&r->src);
@@ -445,6 +469,21 @@ int train_run_weights(train_run *r, const float **params)
 
 /* Micro-batch k's rows, document ids and objective inputs into the arena; the padded DPO
  * pairs on this rank go to *pad_pairs. */
+/* Host token arrays [B, T] (the whole rows) to the step's memory: a sequence-parallel step
+ * takes this rank's columns [s*tl, (s+1)*tl) of each row, cut out into r->sp_stage. */
+static int copy_rows(train_run *r, void *dst, const int32_t *src)
+{
+    const train_steplib *L = &r->lib;
+    const int64_t B = L->in->batch, T = L->in->seq_len, tl = L->sp_tl;
+    const int h2d = SBPRT_COPY_HOST_TO_DEVICE;
+    if (L->sp <= 1)
+        return train_steplib_copy(L, dst, src, (size_t)(B * T) * sizeof *src, h2d, r->s);
+    const int64_t off = (int64_t)r->dist->sp_rank * tl;
+    for (int64_t b = 0; b < B; b++)
+        memcpy(r->sp_stage + b * tl, src + b * T + off, (size_t)tl * sizeof *src);
+    return train_steplib_copy(L, dst, r->sp_stage, (size_t)(B * tl) * sizeof *src, h2d, r->s);
+}
+
 static int load_micro(train_run *r, int64_t k, int64_t *pad_pairs)
 {
     const train_steplib *L = &r->lib;
@@ -459,15 +498,15 @@ static int load_micro(train_run *r, int64_t k, int64_t *pad_pairs)
     else
         ti_micro(ti, r->src.ids, r->src.labels, k);
     if (r->src.doc_ids) { /* the micro-batch's document ids, in its row order */
-        train_pack_micro(r->src.doc_ids, r->mb_doc_ids, r->c.grad_accum * B, B, in->seq_len, k,
-                         ti->dpo);
-        if (train_steplib_copy(L, m->d_doc_ids, r->mb_doc_ids, ntok * sizeof *r->mb_doc_ids,
-                               h2d, r->s))
+        if (r->dist->on) /* this rank's rows of the global batch's, as its ids above */
+            train_dist_micro_docs(r->dist, ti, r->src.doc_ids, r->mb_doc_ids, k);
+        else
+            train_pack_micro(r->src.doc_ids, r->mb_doc_ids, r->c.grad_accum * B, B, in->seq_len,
+                             k, ti->dpo);
+        if (copy_rows(r, m->d_doc_ids, r->mb_doc_ids))
             return -1;
     }
-    return train_steplib_copy(L, m->d_ids, ti->mb_ids, ntok * sizeof(int32_t), h2d, r->s) ||
-                   train_steplib_copy(L, m->d_labels, ti->mb_labels, ntok * sizeof(int32_t), h2d,
-                                      r->s) ||
+    return copy_rows(r, m->d_ids, ti->mb_ids) || copy_rows(r, m->d_labels, ti->mb_labels) ||
                    (ti->mb_ref && train_steplib_copy(L, m->d_ref, ti->mb_ref,
                                                      (ti->dpo ? (size_t)B : ntok) * sizeof(float),
                                                      h2d, r->s)) ||
@@ -612,7 +651,6 @@ static int run_eval(train_run *r, int64_t s, double *out)
     train_eval *ev = &r->ev;
     train_mem *m = &r->mem;
     const size_t ntok = (size_t)(in->batch * in->seq_len);
-    const int h2d = SBPRT_COPY_HOST_TO_DEVICE;
     char err[512], why[400];
     double sum = 0, t0 = train_log_now();
     int64_t scored = 0;
@@ -621,11 +659,8 @@ static int run_eval(train_run *r, int64_t s, double *out)
         if (train_eval_next(ev, err, sizeof err))
             return train_err(r->s, "step %lld: evaluation batch %lld: %s", (long long)s,
                              (long long)k + 1, err);
-        if (train_steplib_copy(L, m->d_ids, ev->ids, ntok * sizeof *ev->ids, h2d, r->s) ||
-            train_steplib_copy(L, m->d_labels, ev->labels, ntok * sizeof *ev->labels, h2d, r->s) ||
-            (in->packed && ev->doc_ids &&
-             train_steplib_copy(L, m->d_doc_ids, ev->doc_ids, ntok * sizeof *ev->doc_ids, h2d,
-                                r->s)))
+        if (copy_rows(r, m->d_ids, ev->ids) || copy_rows(r, m->d_labels, ev->labels) ||
+            (in->packed && ev->doc_ids && copy_rows(r, m->d_doc_ids, ev->doc_ids)))
             return -1;
         double batch_sum = NAN;
         int64_t n = 0;
@@ -642,6 +677,13 @@ static int run_eval(train_run *r, int64_t s, double *out)
                              st == SBPRT_ERR_RANGE ? " (a token id or label outside the "
                                                      "vocabulary)" : "",
                              train_steplib_why(L, rt->step_ctx, why, sizeof why));
+        if (r->dist->sp_mpi) { /* this rank's tokens' share: the group's sum is the rows' */
+            double part[2] = {batch_sum, (double)n};
+            if (train_dist_seq_sum(r->dist, part, 2, err, sizeof err))
+                return train_err(r->s, "step %lld: evaluation: %s", (long long)s, err);
+            batch_sum = part[0];
+            n = (int64_t)part[1];
+        }
         sum += batch_sum;
         scored += n;
     }
@@ -793,6 +835,8 @@ int train_run_finish(train_run *r, train_report *rep)
     rep->dev_total = m->dev_total;
     rep->data_parallel = r->dist->on;
     rep->ranks = r->dist->on ? r->dist->size : 1;
+    rep->seq_parallel = r->dist->sp_mpi ? r->dist->sp : 0;
+    rep->row_tokens = r->lib.in->seq_len;
     rep->zero = r->dist->zero;
     rep->global_rows = r->gin.batch;
     rep->seq_len = in->seq_len;

@@ -94,15 +94,15 @@ static int next_npy(train_source *src, int64_t s, const train_sink *sink)
 static int next_shard(train_source *src, int64_t s, const train_sink *sink)
 {
     const train_config *o = src->c;
-    const int64_t B = src->B, G = src->G, T = src->T;
-    const size_t ntok = (size_t)(B * T), gtok = (size_t)(G * T);
+    const int64_t G = src->G, T = src->T;
+    const size_t gtok = (size_t)(G * T);
     char err[512];
     for (int64_t k = 0; k < src->K; k++) {
         int64_t epoch = src->shard.epoch;
         if (o->pack.pack /* rows of whole documents, the same shard cursor */
-                ? train_pack_shard(&src->shard, (uint32_t)o->pack.eos, T, B,
-                                   src->ids + (size_t)k * ntok, src->labels + (size_t)k * ntok,
-                                   src->doc_ids + (size_t)k * ntok, err, sizeof err)
+                ? train_pack_shard(&src->shard, (uint32_t)o->pack.eos, T, G,
+                                   src->ids + (size_t)k * gtok, src->labels + (size_t)k * gtok,
+                                   src->doc_ids + (size_t)k * gtok, err, sizeof err)
                 : sbpio_shard_next_batch(&src->shard, (int)G, (int)T,
                                          src->ids + (size_t)k * gtok,
                                          src->labels + (size_t)k * gtok, err, sizeof err))
@@ -131,11 +131,11 @@ static int next_dataset(train_source *src, int64_t s, const train_sink *sink)
     } else if (strcmp(ds->d.task, "grpo") == 0) {
         rc = train_dataset_next_rows(ds, N, src->ids, src->labels, src->row_ex, err, sizeof err);
     } else {
-        const size_t gtok = (size_t)(G * T), ntok = (size_t)(src->B * T);
+        const size_t gtok = (size_t)(G * T);
         for (int64_t k = 0; k < K && !rc; k++)
             rc = train_dataset_next(ds, G, src->ids + (size_t)k * gtok,
                                     src->labels + (size_t)k * gtok,
-                                    src->doc_ids ? src->doc_ids + (size_t)k * ntok : NULL, NULL,
+                                    src->doc_ids ? src->doc_ids + (size_t)k * gtok : NULL, NULL,
                                     err, sizeof err);
     }
     if (rc)
@@ -155,10 +155,10 @@ int train_source_next(train_source *src, int64_t s, const train_sink *sink)
 {
     if (src->ops->next(src, s, sink))
         return -1;
-    if (src->doc_ids) { /* what packing saves of attention, measured on the data */
-        train_pack_attention_work(src->doc_ids, src->K * src->B, src->T, &src->pairs_packed,
+    if (src->doc_ids) { /* what packing saves of attention, measured on the (global) data */
+        train_pack_attention_work(src->doc_ids, src->K * src->G, src->T, &src->pairs_packed,
                                   &src->pairs_full, &src->n_docs);
-        src->n_rows += src->K * src->B;
+        src->n_rows += src->K * src->G;
     }
     return 0;
 }
@@ -224,15 +224,16 @@ static int open_npy(train_source *src, const sbp_step_info *bin, bool pairs, con
     return 0;
 }
 
-/* A packed step's document ids: --doc-ids read once, or --pack's each step. */
+/* A packed step's document ids, of the global batch as the ids and labels: --doc-ids read once,
+ * or --pack's each step. */
 int train_source_open_packed(train_source *src, const train_sink *s)
 {
     const train_config *o = src->c;
-    const size_t ntok = (size_t)(src->B * src->T);
+    const size_t gtok = (size_t)(src->G * src->T);
     char err[512];
-    if (!(src->doc_ids = malloc((size_t)src->K * ntok * sizeof *src->doc_ids)))
+    if (!(src->doc_ids = malloc((size_t)src->K * gtok * sizeof *src->doc_ids)))
         return train_err(s, "out of memory");
-    if (o->pack.doc_ids && train_pack_load_doc_ids(o->pack.doc_ids, src->K * src->B, src->T,
+    if (o->pack.doc_ids && train_pack_load_doc_ids(o->pack.doc_ids, src->K * src->G, src->T,
                                                    src->doc_ids, err, sizeof err))
         return train_err(s, "%s", err);
     if (o->pack.pack && src->have_shard &&

@@ -2,7 +2,7 @@
  *
  * A source fills, for step s, the K micro-batches of G rows (G: the global rows of a
  * micro-batch, B with one rank; under mpirun every rank reads the global batch and keeps its own
- * rows): ids and labels [K*G*T], the document ids [K*B*T] of a packed step, and for a dataset
+ * rows): ids and labels [K*G*T], the document ids [K*G*T] of a packed step, and for a dataset
  * with reference log-probs the example each row holds. The kinds:
  *   npy      --input-ids X.npy --labels Y.npy: one batch, read and checked once (dtype, shape,
  *            range, pairs for DPO, something scored), the same every step; --doc-ids for a
@@ -33,14 +33,15 @@ struct train_source {
     const train_config *c;
     int64_t K, B, G, T;      /* micro-batches, rows per rank, global rows, sequence length */
     int32_t *ids, *labels;   /* [K*G*T] the step's batch */
-    int32_t *doc_ids;        /* [K*B*T] packed steps (packed from --data, or --doc-ids), or NULL */
+    int32_t *doc_ids;        /* [K*G*T] packed steps (packed from --data, or --doc-ids), or NULL */
     int64_t *row_ex;         /* [K*G] the example of each row (a DPO / GRPO dataset), or NULL */
     sbpio_shard shard;       /* --data */
     bool have_shard;
     train_dataset ds;        /* --dataset */
     bool have_ds;
     int64_t epoch0;          /* the shard's pass when the run began (its notes start after it) */
-    /* what packing saves of attention, measured on the data (train_pack_attention_work) */
+    /* what packing saves of attention, measured on the global batch's rows
+     * (train_pack_attention_work) */
     double pairs_packed, pairs_full;
     int64_t n_docs, n_rows;
 };

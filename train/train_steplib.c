@@ -354,6 +354,36 @@ static int host_state_view(train_steplib *L, const train_sink *s)
     return 0;
 }
 
+/* A sequence-parallel step: the trainer's view of it reads whole rows (see sp_info). */
+static int seq_view(train_steplib *L, const train_sink *s)
+{
+    const sbp_step_info *in = L->in;
+    L->sp = in->seq_parallel >= 1 ? in->seq_parallel : 1;
+    L->sp_tl = in->seq_len;
+    if (in->seq_parallel < 1)
+        return 0;
+    if (L->host_state)
+        return train_err(s, "%s: a sequence-parallel step with its optimizer offloaded is not a "
+                         "thing sbpc makes", L->path);
+    /* sbpc refuses them too; a step from another compiler would train on a wrong loss */
+    if (in->objective && (!strcmp(in->objective, "dpo") || !strcmp(in->objective, "grpo")))
+        return train_err(s, "%s: a sequence-parallel %s step does not train yet (a row's "
+                         "log-probability would be summed over its ranks first)", L->path,
+                         in->objective);
+    *(void **)(&L->set_comm) = dlsym(L->lib, "sbprt_ctx_set_comm");
+    if (!L->set_comm)
+        return train_err(s, "%s is compiled for --seq-parallel %d but does not export "
+                         "sbprt_ctx_set_comm: recompile it with the matching sbpc", L->path,
+                         L->sp);
+    if (in->seq_len > INT32_MAX / L->sp || in->batch * in->seq_len * L->sp > INT32_MAX)
+        return train_err(s, "%s: its whole rows (%d x %lld tokens) are too long", L->path, L->sp,
+                         (long long)in->seq_len);
+    L->sp_info = *in;
+    L->sp_info.seq_len = in->seq_len * L->sp;
+    L->in = &L->sp_info;
+    return 0;
+}
+
 int train_steplib_open(train_steplib *L, const char *path, const train_sink *s)
 {
     memset(L, 0, sizeof *L);
@@ -392,7 +422,9 @@ int train_steplib_open(train_steplib *L, const char *path, const train_sink *s)
         return -1;
     L->host_visible = strcmp(L->rt.backend_name(), "cpu") == 0;
     L->step_in = in;
-    return host_state_view(L, s);
+    if (host_state_view(L, s))
+        return -1;
+    return seq_view(L, s);
 }
 
 int train_steplib_want_eval(train_steplib *L, const char *flag, const train_sink *s)

@@ -85,6 +85,13 @@ typedef struct train_steplib {
     const sbp_step_info *step_in; /* the step's own self-description (in, without host_state) */
     sbp_step_info host_info; /* host_state: *in */
     sbp_step_param *host_params_tab; /* [n_params] host_info.params (malloc'd) */
+    /* sbpc --seq-parallel N: every data path reads whole rows, so `in` is the trainer's view
+     * with seq_len the rows' whole length N * tl; the step itself takes tl of each row's
+     * tokens (step_in->seq_len), which the caller cuts out of the whole rows */
+    int sp;                  /* N (1 for an ordinary step too: see step_in->seq_parallel) */
+    int64_t sp_tl;           /* the step's own seq_len, tl */
+    sbp_step_info sp_info;   /* sp > 1: *in */
+    int (*set_comm)(sbprt_ctx *, const sbprt_comm *); /* the step's sbprt_ctx_set_comm */
 } train_steplib;
 
 /* Checks the file, dlopens it, checks its ABI version and table, and picks the runtime's

@@ -136,6 +136,28 @@ static int bind_documents(tctx *t, const ir_value *doc_pos)
     return IR_OK;
 }
 
+/* Sequence-parallel steps without documents: each token's position in the whole row, one int32
+ * per token (sliced by chunk loops), which RoPE and a learned position embedding (through the
+ * graph input doc_pos, graph/packed.c's) read. The forward fills it (SP_POSITIONS). */
+static int bind_sp_positions(tctx *t, const ir_value *doc_pos)
+{
+    sbp_train_program *p = t->p;
+    size_t n = (size_t)(p->batch * p->seq_len);
+    p->doc_pos_buf = tx_new_buf(t, TP_BUF_WS, "sp_pos", doc_pos, n, true, false,
+                                TP_REGION_PERSIST, "each token's position in its whole row");
+    if (p->doc_pos_buf < 0)
+        return ir_diag_error(t->g->diag, "out of memory");
+    p->bufs[p->doc_pos_buf]->rows = (int64_t)n;
+    p->bufs[p->doc_pos_buf]->row_elems = 1;
+    if (doc_pos) {
+        if ((int64_t)tx_numel(doc_pos) != (int64_t)n)
+            return ir_diag_error(t->g->diag, "'%s' must have batch x sequence elements",
+                                 doc_pos->name);
+        t->v[doc_pos->id].buf = p->doc_pos_buf;
+    }
+    return IR_OK;
+}
+
 static int bind_inputs(tctx *t)
 {
     ir_graph *g = t->g;
@@ -146,14 +168,16 @@ static int bind_inputs(tctx *t)
     ir_value *ids = NULL, *labels = NULL, *doc_pos = NULL;
     int rc = IR_OK;
     p->docs_buf = p->doc_start_buf = p->doc_pos_buf = -1;
+    p->doc_all_buf = p->doc_gather_buf = -1;
     for (int i = 0; i < g->n_inputs; i++) {
         ir_value *v = g->inputs[i];
         if (u.n_uses[v->id] == 0)
             continue;
         if (v->name && strcmp(v->name, SBP_DOC_POSITIONS_INPUT) == 0) {
             /* passes/graph/packed.c's: each token's position in its document */
-            if (!p->packed)
-                rc = ir_diag_error(g->diag, "graph input '%s' is for packed steps",
+            if (!p->packed && p->seq_parallel < 1)
+                rc = ir_diag_error(g->diag, "graph input '%s' is for packed and "
+                                            "sequence-parallel steps",
                                    SBP_DOC_POSITIONS_INPUT);
             doc_pos = v;
         } else if (!ir_dtype_is_int(v->dtype)) {
@@ -196,6 +220,8 @@ static int bind_inputs(tctx *t)
     }
     if (p->packed) /* the document ids, and what the forward derives from them */
         return bind_documents(t, doc_pos);
+    if (p->seq_parallel >= 1) /* each token's position in its whole row (seqpar.c) */
+        return bind_sp_positions(t, doc_pos);
     return IR_OK;
 }
 

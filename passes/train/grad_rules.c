@@ -559,8 +559,179 @@ static void doc_start_at_batch(tctx *t, tp_inst *in, int op)
         in->off[op].per_batch = t->T;
 }
 
+/* ---- sequence parallelism (train.h, "Sequence parallelism"; runtime/sbprt.h) */
+
+enum { SP_AUX_KH = 3, SP_AUX_VH, SP_AUX_DKH, SP_AUX_DVH, SP_AUX_KV_X, SP_AUX_S1 };
+
+static bool sp_on(const tctx *t) { return t->p->seq_parallel >= 1; }
+
+/* Rank-heads K/V over the whole sequence ([B, N*T/N, hkv_r, hd]) and their gradients: made
+ * outside any chunk body (they span every token), read at sequence b inside one. */
+static int sp_kv_buf(tctx *t, const ir_node *n, int idx, bool grad, const char *what)
+{
+    const ir_value *q = n->in[0], *k = n->in[1];
+    const char *why;
+    int64_t hr = sp_kv_heads(dim(q, 1), dim(k, 1), t->p->seq_parallel, &why);
+    int b = tx_aux(t, n, idx, (size_t)(t->B * t->p->seq_len_global * hr * dim(k, 3)), false,
+                   grad, what);
+    if (b >= 0) {
+        t->p->bufs[b]->chunk_local = false;
+        t->p->bufs[b]->rows = 0; /* not one row per local token: never sliced */
+    }
+    return b;
+}
+
+/* The all-to-all's scratch of the K/V exchange: [N, T/N, hkv_r, hd] (one batch row). */
+static int sp_kv_scratch(tctx *t, const ir_node *n)
+{
+    const ir_value *q = n->in[0], *k = n->in[1];
+    const char *why;
+    int64_t hr = sp_kv_heads(dim(q, 1), dim(k, 1), t->p->seq_parallel, &why);
+    int b = tx_aux(t, n, SP_AUX_KV_X, (size_t)(t->p->seq_len_global * hr * dim(k, 3)), false,
+                   false, "kv_exchange");
+    if (b >= 0)
+        t->p->bufs[b]->chunk_local = false;
+    return b;
+}
+
+/* b, tl, hq, hkv, d, N of the K/V exchange */
+static void sp_kv_args(tctx *t, const ir_node *n, tp_arg *a)
+{
+    const ir_value *q = n->in[0], *k = n->in[1];
+    a[0] = A_I(t->B);
+    a[1] = A_I(t->T);
+    a[2] = A_I(dim(q, 1));
+    a[3] = A_I(dim(k, 1));
+    a[4] = A_I(dim(k, 3));
+    a[5] = A_I(t->p->seq_parallel);
+}
+
+int sp_kv_gather(tctx *t, const ir_node *n)
+{
+    int kh = sp_kv_buf(t, n, SP_AUX_KH, false, "k_heads");
+    int vh = sp_kv_buf(t, n, SP_AUX_VH, false, "v_heads");
+    int x = sp_kv_scratch(t, n);
+    if (kh < 0 || vh < 0 || x < 0)
+        return IR_ERR;
+    tp_arg a[6];
+    sp_kv_args(t, n, a);
+    t->cur_node = n;
+    t->cur_what = t->cur_what && strcmp(t->cur_what, "recompute") == 0 ? "recompute" : "forward";
+    tx_emit(t, TP_K_SP_KV_GATHER, BUFS(kh, tx_in(t, n, 1), x), a);
+    tx_emit(t, TP_K_SP_KV_GATHER, BUFS(vh, tx_in(t, n, 2), x), a);
+    return IR_OK;
+}
+
+int sp_kv_scatter(tctx *t, const ir_node *n)
+{
+    int gk = tx_gin(t, n, 1), gv = tx_gin(t, n, 2);
+    if (tx_gout(t, n, 0) < 0 || (gk < 0 && gv < 0))
+        return IR_OK;
+    int dkh = sp_kv_buf(t, n, SP_AUX_DKH, true, "dk_heads");
+    int dvh = sp_kv_buf(t, n, SP_AUX_DVH, true, "dv_heads");
+    int x = sp_kv_scratch(t, n);
+    if (dkh < 0 || dvh < 0 || x < 0)
+        return IR_ERR;
+    tp_arg a[6];
+    sp_kv_args(t, n, a);
+    t->cur_node = n;
+    t->cur_what = "gradient";
+    if (gk >= 0)
+        tx_emit(t, TP_K_SP_KV_SCATTER, BUFS(gk, dkh, x), a);
+    if (gv >= 0)
+        tx_emit(t, TP_K_SP_KV_SCATTER, BUFS(gv, dvh, x), a);
+    return IR_OK;
+}
+
+/* b, t, tl, hq, hkv, d, q_start, scale, window, softcap, N of the exchanging attention: in a
+ * chunk body one query chunk of one sequence, as attention_args */
+static void sp_attention_args(tctx *t, const ir_node *n, tp_arg *a)
+{
+    const ir_value *q = n->in[0], *k = n->in[1];
+    a[0] = A_I(dim(q, 0));
+    a[1] = A_I(dim(q, 2));
+    a[2] = A_I(t->T);
+    a[3] = A_I(dim(q, 1));
+    a[4] = A_I(dim(k, 1));
+    a[5] = A_I(dim(q, 3));
+    a[6] = t->chunk ? A_T0(0) : A_I(0);
+    a[7] = A_F(ir_attr_float(n, "scale", 1.0));
+    a[8] = A_I(ir_attr_int(n, "window", 0));
+    a[9] = A_F(ir_attr_float(n, "softcap", 0.0));
+    a[10] = A_I(t->p->seq_parallel);
+}
+
+/* Chunk body: the rank-heads K/V (and their gradients) and the whole rows' document starts
+ * at sequence b. */
+static void sp_at_batch(tctx *t, const ir_node *n, tp_inst *in, const int *ops, int nops,
+                        int doc_op)
+{
+    if (!t->chunk || !in)
+        return;
+    const ir_value *q = n->in[0], *k = n->in[1];
+    const char *why;
+    int64_t hr = sp_kv_heads(dim(q, 1), dim(k, 1), t->p->seq_parallel, &why);
+    for (int i = 0; i < nops; i++)
+        in->off[ops[i]].per_batch = t->p->seq_len_global * hr * dim(k, 3);
+    if (t->p->packed)
+        in->off[doc_op].per_batch = t->p->seq_len_global;
+}
+
+static int sp_attention_fwd(tctx *t, const ir_node *n)
+{
+    const ir_value *q = n->in[0];
+    if (!t->chunk && sp_kv_gather(t, n) != IR_OK)
+        return IR_ERR;
+    t->cur_node = n;
+    t->cur_what = "forward";
+    int lse = tx_aux(t, n, 0, (size_t)(dim(q, 0) * dim(q, 1) * dim(q, 2)), false, false, "lse");
+    int s1 = tx_aux(t, n, SP_AUX_S1, tx_numel(q), false, false, "sp_exchange_1");
+    int s2 = tx_aux(t, n, SP_AUX_S1 + 1, tx_numel(q), false, false, "sp_exchange_2");
+    tp_arg a[11];
+    sp_attention_args(t, n, a);
+    tp_inst *in = tx_emit(t, TP_K_SP_ATTENTION_FWD,
+                          BUFS(tx_out(t, n, 0), lse, tx_in(t, n, 0), tx_node(t, n)->aux[SP_AUX_KH],
+                               tx_node(t, n)->aux[SP_AUX_VH],
+                               t->p->packed ? t->p->doc_start_buf : -1, s1, s2),
+                          a);
+    sp_at_batch(t, n, in, (const int[]){3, 4}, 2, 5);
+    return IR_OK;
+}
+
+static int sp_attention_bwd(tctx *t, const ir_node *n)
+{
+    const ir_value *q = n->in[0];
+    int gy = tx_gout(t, n, 0), gq = tx_gin(t, n, 0), gk = tx_gin(t, n, 1), gv = tx_gin(t, n, 2);
+    if (gy < 0 || (gq < 0 && gk < 0 && gv < 0))
+        return IR_OK;
+    /* the kernel computes dk and dv of the rank's heads always (they are exchanged back only
+     * where wanted: sp_kv_scatter) */
+    int dkh = sp_kv_buf(t, n, SP_AUX_DKH, true, "dk_heads");
+    int dvh = sp_kv_buf(t, n, SP_AUX_DVH, true, "dv_heads");
+    int s[4];
+    for (int i = 0; i < 4; i++)
+        s[i] = tx_aux(t, n, SP_AUX_S1 + i, tx_numel(q), false, false,
+                      ir_arena_printf(t->g->arena, "sp_exchange_%d", i + 1));
+    if (gq < 0) /* every rank's dq comes back through the exchange: a scratch for it */
+        gq = tx_aux(t, n, TN_MAX_AUX - 1, tx_numel(q), false, true, "unused_dq");
+    tp_arg a[11];
+    sp_attention_args(t, n, a);
+    tn *r = tx_node(t, n);
+    tp_inst *in = tx_emit(t, TP_K_SP_ATTENTION_BWD,
+                          BUFS(gq, dkh, dvh, gy, tx_in(t, n, 0), r->aux[SP_AUX_KH],
+                               r->aux[SP_AUX_VH], tx_out(t, n, 0), r->aux[0],
+                               t->p->packed ? t->p->doc_start_buf : -1, s[0], s[1], s[2], s[3]),
+                          a);
+    sp_at_batch(t, n, in, (const int[]){1, 2, 5, 6}, 4, 9);
+    if (!t->chunk)
+        return sp_kv_scatter(t, n);
+    return IR_OK;
+}
+
 static int attention_fwd(tctx *t, const ir_node *n)
 {
+    if (sp_on(t))
+        return sp_attention_fwd(t, n);
     const ir_value *q = n->in[0];
     int lse = tx_aux(t, n, 0, (size_t)(dim(q, 0) * dim(q, 1) * dim(q, 2)), false, false, "lse");
     tp_arg a[10];
@@ -595,6 +766,8 @@ static int unused_kv_grad(tctx *t, const ir_node *n, int slot, int idx, const ch
 
 static int attention_bwd(tctx *t, const ir_node *n)
 {
+    if (sp_on(t))
+        return sp_attention_bwd(t, n);
     int gy = tx_gout(t, n, 0), gq = tx_gin(t, n, 0), gk = tx_gin(t, n, 1), gv = tx_gin(t, n, 2);
     if (gy < 0 || (gq < 0 && gk < 0 && gv < 0))
         return IR_OK;

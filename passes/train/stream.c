@@ -426,6 +426,20 @@ static int lower_nodes(tctx *t, ir_node **nodes, const tp_segment *seg, const bo
     return IR_OK;
 }
 
+/* Sequence parallelism: around a layer's chunk loop, each attention's K/V of the rank's heads
+ * over the whole sequence (before: the K/V path has run), or their gradients back to the
+ * ranks that own the rows (after, before the K/V path's rules). */
+static int sp_around_loop(tctx *t, ir_node **nodes, const tp_segment *seg, bool after)
+{
+    if (t->p->seq_parallel < 1)
+        return IR_OK;
+    for (int k = seg->first_node; k < seg->end_node; k++)
+        if (nodes[k]->op == IR_OP_ATTENTION &&
+            (after ? sp_kv_scatter(t, nodes[k]) : sp_kv_gather(t, nodes[k])) != IR_OK)
+            return IR_ERR;
+    return IR_OK;
+}
+
 int stream_emit(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
 {
     sbp_train_program *p = t->p;
@@ -468,6 +482,8 @@ int stream_emit(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
             continue;
         }
         rc = lower_nodes(t, nodes, seg, pre, "forward");
+        if (rc == IR_OK)
+            rc = sp_around_loop(t, nodes, seg, false);
         chunk_job j = {nodes, nn, loss, seg, sel, CH_FORWARD, -1};
         if (rc == IR_OK)
             rc = chunk_loop(t, &j);
@@ -557,9 +573,13 @@ int stream_emit(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
             continue;
         }
         rc = lower_nodes(t, nodes, seg, pre, "recompute");
+        if (rc == IR_OK)
+            rc = sp_around_loop(t, nodes, seg, false);
         chunk_job j = {nodes, nn, loss, seg, sel, CH_BACKWARD, -1};
         if (rc == IR_OK)
             rc = chunk_loop(t, &j);
+        if (rc == IR_OK)
+            rc = sp_around_loop(t, nodes, seg, true);
         if (rc == IR_OK)
             rc = tx_emit_rules(t, nodes, nn, pre, seg->first_node, seg->end_node, loss, false);
     }

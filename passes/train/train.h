@@ -106,6 +106,17 @@
  * doc_pos through the graph input sbp_doc_positions that graph/packed.c puts in place of its
  * constant positions. Everything else is unchanged: packing is a property of the inputs.
  *
+ * Sequence parallelism (sbp_train_options.seq_parallel = N, sbpc --seq-parallel N; seqpar.c).
+ * The graph is bound at the whole length T (so RoPE's tables and every constant are the whole
+ * sequence's); after the sequence analysis every TOKEN value's sequence axis becomes T/N, the
+ * rank's share, and the program is one rank's: every op but attention is row-wise and runs on
+ * the rank's tokens; RoPE and a learned position embedding read each token's position in the
+ * whole row (doc_pos_buf, filled by SP_POSITIONS, or for packed documents by SP_DOC_POSITIONS
+ * from the whole rows' document starts); attention runs as SP_ATTENTION_FWD / _BWD on K/V of
+ * the rank's heads over the whole sequence (SP_KV_GATHER before, SP_KV_SCATTER after: with
+ * stream once per layer, around the chunk loop). The runtime's all-to-alls exchange heads;
+ * the weight gradients stay the rank's share (the caller sums them over the ranks).
+ *
  * Memory plan (memplan.h and plan.c, the last step of sbp_train_build): every workspace buffer
  * gets a lifetime over the linearised schedule (loops included) and an offset in one arena by
  * a best-fit heap simulation; workspace_bytes is the plan's peak. The builder marks where a
@@ -255,8 +266,8 @@ typedef struct tp_arg {
     const char *expr;
 } tp_arg;
 
-#define TP_MAX_BUFS 10
-#define TP_MAX_ARGS 10
+#define TP_MAX_BUFS 16
+#define TP_MAX_ARGS 12
 
 /* Where an operand starts inside its buffer, in a chunk loop: element per_row * r0 +
  * per_batch * b (r0 = b * seq + t0, the chunk's first row). Both 0 outside loops. */
@@ -375,6 +386,13 @@ typedef struct sbp_train_program {
     int doc_start_buf;       /* WS int32 [B*T]: where each token's document starts in its row */
     int doc_pos_buf;         /* WS int32 [B*T]: each token's position in its document */
     int ids_buf, labels_buf; /* TP_BUF_IDS / TP_BUF_LABELS, -1 when the graph has none */
+    /* Sequence parallelism (sbp_train_options.seq_parallel; seqpar.c). seq_len is the rank's
+     * share T/N; every [B*T] buffer above holds the rank's tokens, except doc_start, which a
+     * packed program holds for the whole rows ([B, N*T]) */
+    int seq_parallel;        /* N; 0: none */
+    int64_t seq_len_global;  /* N * seq_len: the rows' whole length */
+    int doc_all_buf;         /* packed, N > 1: WS int32 [B, N*T] every rank's document ids */
+    int doc_gather_buf;      /* packed, N > 1: WS int32 [N, T] the exchange's scratch */
 
     size_t workspace_bytes;  /* the planned workspace (memplan.h), bytes */
 
@@ -446,6 +464,10 @@ typedef struct sbp_train_options {
     bool offload_checkpoints; /* each layer's input checkpoint lives in host memory between
                               * its forward and its backward (offload.c; CUDA, bf16) */
     size_t host_budget;      /* bytes, 0 = none: the host workspace must fit */
+    int seq_parallel;        /* N >= 1: sequence parallelism, one rank's program for T/N of
+                              * each row's tokens (seqpar.c; "Sequence parallelism" above; N =
+                              * 1: one rank through the exchanges, which tests their paths on
+                              * one device); 0: none */
     bool eval;               /* sbp_train_build: also build the evaluation program (p->eval:
                               * SFT, graph loss) or the log-probability program (p->logps: DPO,
                               * GRPO) */
@@ -469,6 +491,12 @@ int sbp_train_offload(sbp_train_program *p, bool checkpoints, bool grads, ir_dia
 
 /* Bytes of the gradient block on the device: grad_elems floats, none when grads_on_host. */
 size_t sbp_train_device_grad_bytes(const sbp_train_program *p);
+
+/* Sequence parallelism: the bytes one rank sends to the others in one sbp_step_run (every
+ * all-to-all of the program, loops counted); 0 without --seq-parallel. */
+int64_t sbp_train_sp_bytes_sent(const sbp_train_program *p);
+/* The bytes one call of in puts through all-to-alls (its send buffers), 0 for other kernels. */
+int64_t sp_inst_exchange_bytes(const tp_inst *in);
 
 /* Bytes of one element of b as stored: 4, or 2 for a bf16 workspace buffer. */
 size_t tp_buf_elem_bytes(const tp_buf *b);

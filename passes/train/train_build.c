@@ -69,8 +69,9 @@ static tctx *new_ctx(ir_graph *g, sbp_train_program *p)
 }
 
 /* One build at the options' chunk sizes (no budget search). */
-static sbp_train_program *build_once(ir_graph *g, sbp_objective objective,
-                                     const sbp_train_options *opt, sbp_train_stage stop)
+static sbp_train_program *build_inner(ir_graph *g, sbp_objective objective,
+                                      const sbp_train_options *opt, sbp_train_stage stop,
+                                      sp_undo *undo)
 {
     ir_graph_compact(g);
     if (g->n_outputs != 1) {
@@ -88,6 +89,7 @@ static sbp_train_program *build_once(ir_graph *g, sbp_objective objective,
     if (!t)
         return oom(g);
     p->g = g;
+    t->sp_undo = undo;
     /* the autodiff stage's program is the plain reverse-mode one: every value kept (store) */
     p->strategy = stop == SBP_TRAIN_UNTIL_AUTODIFF ? SBP_STRATEGY_STORE
                   : opt                            ? opt->strategy
@@ -101,6 +103,20 @@ static sbp_train_program *build_once(ir_graph *g, sbp_objective objective,
         return NULL;
     }
     p->packed = opt && opt->packed;
+    p->seq_parallel = opt && opt->seq_parallel >= 1 ? opt->seq_parallel : 0;
+    if (p->seq_parallel >= 1) {
+        const char *why = opt->bf16 ? "--precision bf16 (the exchanging kernels are fp32)"
+                          : opt->offload_checkpoints || opt->offload_optimizer
+                              ? "--offload"
+                          : objective == SBP_OBJECTIVE_DPO || objective == SBP_OBJECTIVE_GRPO
+                              ? "the dpo and grpo objectives (a row's log-probability and "
+                                "token count would be summed over the ranks)"
+                              : NULL;
+        if (why) {
+            ir_diag_error(g->diag, "--seq-parallel does not yet support %s", why);
+            return NULL;
+        }
+    }
     const char *red = ir_attr_string(loss->producer, "reduction", "mean");
     p->loss_is_mean = strcmp(red, "sum") != 0;
     p->vocab = loss->producer->in[0]->rank > 0
@@ -114,8 +130,13 @@ static sbp_train_program *build_once(ir_graph *g, sbp_objective objective,
         return NULL;
     /* stream (the strategy's schedule) */
     bool stream = p->strategy == SBP_STRATEGY_STREAM;
-    if (stream && (seq_analyze(t, nodes, nn) != IR_OK ||
-                   stream_plan(t, nodes, nn, loss, opt) != IR_OK))
+    if ((stream || p->seq_parallel >= 1) && seq_analyze(t, nodes, nn) != IR_OK)
+        return NULL;
+    /* sequence parallelism: the rank's share of every row (seqpar.c) */
+    p->seq_len_global = p->seq_len;
+    if (p->seq_parallel >= 1 && sp_localize(t, nodes, nn) != IR_OK)
+        return NULL;
+    if (stream && stream_plan(t, nodes, nn, loss, opt) != IR_OK)
         return NULL;
     if (lower_group_buffers(t) != IR_OK)
         return NULL;
@@ -157,6 +178,18 @@ static sbp_train_program *build_once(ir_graph *g, sbp_objective objective,
         sbp_train_place_bf16_shadow(p);
     if (sbp_train_check_totals(p, g->diag) != IR_OK)
         return NULL;
+    return p;
+}
+
+/* build_inner, with the graph's dims as they were after it: a sequence-parallel build
+ * shrinks the sequence axes (seqpar.c), and the next build of the same graph (the budget's
+ * search, the evaluation program) starts from the whole rows again. */
+static sbp_train_program *build_once(ir_graph *g, sbp_objective objective,
+                                     const sbp_train_options *opt, sbp_train_stage stop)
+{
+    sp_undo undo = {0};
+    sbp_train_program *p = build_inner(g, objective, opt, stop, &undo);
+    sp_restore(g, &undo);
     return p;
 }
 

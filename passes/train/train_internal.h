@@ -32,7 +32,7 @@
 
 enum { TL_NAT = 0, TL_SWAP = 1 };
 
-#define TN_MAX_AUX 8
+#define TN_MAX_AUX 16
 #define TN_MAX_IN 16
 
 typedef struct tv {
@@ -68,6 +68,14 @@ typedef struct tchunk {
     bool fused_loss;    /* the head: the loss rule accumulates the loss sum and writes dlogits */
 } tchunk;
 
+/* What sp_localize changed in the graph, so that the build can put it back (seqpar.c). */
+typedef struct sp_undo {
+    int n;
+    int *value;       /* [n] value ids */
+    int *axis;        /* [n] */
+    int64_t *dim;     /* [n] the axis's extent before */
+} sp_undo;
+
 typedef struct tctx {
     ir_graph *g;
     sbp_train_program *p;
@@ -85,7 +93,18 @@ typedef struct tctx {
     int n_loop_groups;
     const char **names;           /* [names_cap] hash set of the buffers' names (tx_cname) */
     int names_cap, names_n;
+    sp_undo *sp_undo;             /* where sp_localize records what it changes */
 } tctx;
+
+/* ---- sequence parallelism (seqpar.c) */
+
+/* One rank's kv heads of Hq query and Hkv kv heads split N ways (runtime/sbprt.h: hkv_r); 0,
+ * with *why, when they cannot be. */
+int64_t sp_kv_heads(int64_t hq, int64_t hkv, int64_t n, const char **why);
+/* After the sequence analysis: every TOKEN value's sequence axis from T to T/N (see seqpar.c). */
+int sp_localize(tctx *t, ir_node **nodes, int nn);
+/* Puts back the dims sp_localize changed (nothing when it changed none). */
+void sp_restore(ir_graph *g, const sp_undo *u);
 
 /* ---- the rule table (grad_rules.c) */
 
@@ -98,6 +117,12 @@ typedef struct grad_rule {
     int (*fwd)(tctx *t, const ir_node *n);  /* emits the forward (NULL for views) */
     int (*bwd)(tctx *t, const ir_node *n);  /* emits the gradient; NULL: no rule */
 } grad_rule;
+
+/* Sequence parallelism, stream: an attention's K/V of the rank's heads over the whole sequence
+ * before a chunk loop (sp_kv_gather), and their gradients returned to the ranks that own the
+ * rows after it (sp_kv_scatter); store and checkpoint emit both around the call themselves. */
+int sp_kv_gather(tctx *t, const ir_node *n);
+int sp_kv_scatter(tctx *t, const ir_node *n);
 
 /* The rule of op, or NULL when the op cannot be lowered at all. */
 const grad_rule *train_rule(ir_op op);

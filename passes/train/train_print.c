@@ -270,7 +270,13 @@ void sbp_train_print_schedule(const sbp_train_program *p, const char *stage, FIL
             fprintf(f, "  %s%-16s", inside ? "  " : "", tp_kernel_table[in->k].name);
             for (int j = 0; j < tp_kernel_table[in->k].n_buf; j++)
                 print_operand(p, in, j, f);
-            if (in->node)
+            int64_t xb = sp_inst_exchange_bytes(in);
+            if (xb > 0) /* sequence parallelism: the all-to-all's size */
+                fprintf(f, "   # %s%s%s: all-to-all of %lld bytes (%lld to each other rank)",
+                        in->what ? in->what : "", in->node ? " " : "",
+                        in->node ? in->node->name : "", (long long)xb,
+                        (long long)(xb / p->seq_parallel));
+            else if (in->node)
                 fprintf(f, "   # %s %s", in->what ? in->what : "", in->node->name);
             else if (in->k == TP_K_OFFLOAD_OUT || in->k == TP_K_OFFLOAD_IN)
                 fprintf(f, "   # %s: %lld bytes on the copy stream, then event %lld", in->what,

@@ -347,6 +347,25 @@ int tx_aux(tctx *t, const ir_node *n, int idx, size_t numel, bool is_int, bool i
 void tx_emit_doc_setup(tctx *t)
 {
     sbp_train_program *p = t->p;
+    if (p->seq_parallel >= 1) {
+        /* one rank's tokens of every row: their positions in the whole row; packed, the
+         * whole rows' document ids and starts first (seqpar.c) */
+        t->cur_node = NULL;
+        const tp_arg a[3] = {A_I(t->B), A_I(t->T), A_I(p->seq_parallel)};
+        if (!p->packed) {
+            t->cur_what = "each token's position in its whole row";
+            tx_emit(t, TP_K_SP_POSITIONS, (const int[]){p->doc_pos_buf}, a);
+            return;
+        }
+        t->cur_what = "every rank's document ids, their starts, and this rank's tokens' "
+                      "positions in their documents";
+        tx_emit(t, TP_K_SP_GATHER_ROWS,
+                (const int[]){p->doc_all_buf, p->docs_buf, p->doc_gather_buf}, a);
+        tx_emit(t, TP_K_DOC_STARTS, (const int[]){p->doc_start_buf, p->doc_all_buf},
+                (const tp_arg[]){A_I(t->B), A_I(p->seq_len_global)});
+        tx_emit(t, TP_K_SP_DOC_POSITIONS, (const int[]){p->doc_pos_buf, p->doc_start_buf}, a);
+        return;
+    }
     if (!p->packed)
         return;
     t->cur_node = NULL;
@@ -358,12 +377,14 @@ void tx_emit_doc_setup(tctx *t)
 
 int tx_positions(tctx *t, int64_t rows, int64_t T)
 {
-    if (t->p->packed) { /* packed: the position of each token in its document */
-        if (rows == t->B * t->T && T == t->T)
+    if (t->p->packed || t->p->seq_parallel >= 1) { /* packed: the position of each token in
+                                                      * its document; sequence-parallel: in
+                                                      * its whole row */
+        if (rows == t->B * t->T && T == t->p->seq_len_global)
             return t->p->doc_pos_buf;
-        ir_diag_error(t->g->diag, "--packed: positions over %lld rows of a %lld-long table are "
+        ir_diag_error(t->g->diag, "%s: positions over %lld rows of a %lld-long table are "
                                   "not one per token (batch %lld x sequence %lld)",
-                      (long long)rows, (long long)T, (long long)t->B, (long long)t->T);
+                      t->p->packed ? "--packed" : "--seq-parallel", (long long)rows, (long long)T, (long long)t->B, (long long)t->T);
         return -1;
     }
     for (int i = 0; i < t->n_rope_pos; i++)

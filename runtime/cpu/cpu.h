@@ -4,7 +4,9 @@
  * The context is a thread count plus one scratch buffer that kernels needing temporary
  * space (attention's per-thread tiles, per-row loss partials) borrow for the duration of a
  * call; it grows on demand and is freed with the context, so steady-state steps allocate
- * nothing.  Parallel loops name the team size explicitly (num_threads(ctx->nthreads)) and
+ * nothing.  A sequence-parallel step also installs a communicator (the caller's all-to-all,
+ * seqpar.c): the context keeps a copy of it, so the caller's struct need not outlive the
+ * call that installed it.  Parallel loops name the team size explicitly (num_threads(ctx->nthreads)) and
  * use a static schedule over work items whose results never depend on which thread ran
  * them, which is what makes every kernel here independent of the thread count.
  */
@@ -20,6 +22,8 @@ struct sbprt_ctx {
     int nthreads;         /* OpenMP team size for every parallel loop */
     void *scratch;        /* SBPRT_ALIGN-aligned, scratch_bytes long, or NULL */
     size_t scratch_bytes; /* capacity of scratch */
+    sbprt_comm comm;      /* sbprt_ctx_set_comm's copy; meaningful only when has_comm */
+    int has_comm;         /* 0: no communicator (size 1, rank 0) */
 };
 
 /* Returns ctx's scratch buffer, grown to at least `bytes`; its contents are garbage.

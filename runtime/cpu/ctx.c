@@ -3,7 +3,8 @@
  *
  * "Backend memory" is host memory here, so copies are memcpy and the arena is one
  * aligned_alloc.  OpenBLAS keeps its thread count in process-wide state; the context sets
- * it at creation so that sbprt_ctx_create(…, n) means n threads for GEMMs too.
+ * it at creation so that sbprt_ctx_create(…, n) means n threads for GEMMs too.  The context
+ * also holds the communicator of a sequence-parallel step (sbprt_ctx_set_comm; seqpar.c).
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -62,6 +63,26 @@ int sbprt_sync(sbprt_ctx *ctx)
     CPU_CHECK(ctx);
     return SBPRT_OK;
 }
+
+/* The communicator of a sequence-parallel step (seqpar.c uses it).  A copy is kept, so the
+ * caller's struct may go away; the user pointer it carries must stay valid while installed. */
+int sbprt_ctx_set_comm(sbprt_ctx *ctx, const sbprt_comm *comm)
+{
+    CPU_CHECK(ctx);
+    if (!comm) {
+        memset(&ctx->comm, 0, sizeof ctx->comm);
+        ctx->has_comm = 0;
+        return SBPRT_OK;
+    }
+    CPU_CHECK(comm->size >= 1 && comm->rank >= 0 && comm->rank < comm->size && comm->alltoall);
+    ctx->comm = *comm;
+    ctx->has_comm = 1;
+    return SBPRT_OK;
+}
+
+int sbprt_ctx_comm_size(const sbprt_ctx *ctx) { return ctx && ctx->has_comm ? ctx->comm.size : 1; }
+
+int sbprt_ctx_comm_rank(const sbprt_ctx *ctx) { return ctx && ctx->has_comm ? ctx->comm.rank : 0; }
 
 /* aligned_alloc wants a size that is a multiple of the alignment; round up, guarding the
  * overflow that rounding could cause. */

@@ -579,6 +579,15 @@ static int att_fits(sbprt_ctx *ctx, int b, int hq, int d, size_t smem)
     return SBPRT_OK;
 }
 
+/* The limits above for a forward (backward = 0) or backward call of b, hq, d: what the
+ * entry points below would refuse with SBPRT_ERR_INVALID beyond att_check's rules.  For
+ * callers that must refuse before queuing anything (seqpar.cu: before an exchange). */
+extern "C" int cu_attention_fits(sbprt_ctx *ctx, int b, int hq, int d, int backward)
+{
+    const size_t tiles = backward ? 2 * ATT_BR + 2 * ATT_BC : ATT_BR + 2 * ATT_BC;
+    return att_fits(ctx, b, hq, d, tiles * (size_t)(d | 1) * sizeof(float));
+}
+
 /* Raises a kernel's dynamic shared memory limit when it needs more than the default. */
 static int att_optin(sbprt_ctx *ctx, const void *kernel, size_t smem)
 {

@@ -8,7 +8,8 @@
  * aligned, which covers SBPRT_ALIGN).  Failures never print: they return a status and leave
  * a one-line diagnostic that sbprt_ctx_last_error returns — for an allocation, the bytes
  * asked and the bytes the device had free; for a machine without a usable device, a message
- * that starts with "no CUDA device".  sbprt_device_memory is cudaMemGetInfo.
+ * that starts with "no CUDA device".  sbprt_device_memory is cudaMemGetInfo.  The context
+ * also holds the communicator of a sequence-parallel step (sbprt_ctx_set_comm; seqpar.cu).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -187,6 +188,26 @@ int sbprt_sync(sbprt_ctx *ctx)
     }
     return SBPRT_OK;
 }
+
+/* The communicator of a sequence-parallel step (seqpar.cu uses it).  A copy is kept, so the
+ * caller's struct may go away; the user pointer it carries must stay valid while installed. */
+int sbprt_ctx_set_comm(sbprt_ctx *ctx, const sbprt_comm *comm)
+{
+    CU_CHECK(ctx);
+    if (!comm) {
+        memset(&ctx->comm, 0, sizeof ctx->comm);
+        ctx->has_comm = 0;
+        return SBPRT_OK;
+    }
+    CU_CHECK(comm->size >= 1 && comm->rank >= 0 && comm->rank < comm->size && comm->alltoall);
+    ctx->comm = *comm;
+    ctx->has_comm = 1;
+    return SBPRT_OK;
+}
+
+int sbprt_ctx_comm_size(const sbprt_ctx *ctx) { return ctx && ctx->has_comm ? ctx->comm.size : 1; }
+
+int sbprt_ctx_comm_rank(const sbprt_ctx *ctx) { return ctx && ctx->has_comm ? ctx->comm.rank : 0; }
 
 int sbprt_ctx_set_tf32(sbprt_ctx *ctx, int enable)
 {

@@ -3,7 +3,9 @@
  *
  * The context owns one stream, a cuBLAS handle bound to it, a device-side error flag and a
  * device scratch buffer.  Everything a call queues goes to that stream, so calls on one
- * context run in order and a kernel can reuse the scratch buffer of an earlier call.
+ * context run in order and a kernel can reuse the scratch buffer of an earlier call.  A
+ * sequence-parallel step also installs a communicator (the caller's all-to-all; seqpar.cu),
+ * of which the context keeps a copy.
  *
  * Error handling: every runtime/cuBLAS call goes through CU_TRY / CU_BLAS_TRY and every
  * launch through CU_LAUNCH, which checks cudaGetLastError() right after it; a failure records
@@ -59,6 +61,9 @@ struct sbprt_ctx {
                            * waits for: a transfer starts after what was queued before it */
     cudaEvent_t *events;  /* [SBPRT_COPY_EVENTS] each transfer's completion, created on first use
                            * (NULL until a transfer names it) */
+    sbprt_comm comm;      /* sbprt_ctx_set_comm's copy (seqpar.cu); meaningful only when
+                           * has_comm */
+    int has_comm;         /* 0: no communicator (size 1, rank 0) */
     char msg[320];        /* diagnostic of the last failure on this context, "" if none */
 };
 
@@ -80,6 +85,10 @@ int cu_malloc(sbprt_ctx *ctx, void **out, size_t bytes);
 /* Returns ctx's device scratch buffer, grown to at least `bytes` (contents are garbage).
  * Valid until the next call that borrows scratch; growing waits for the stream first. */
 int cu_scratch(sbprt_ctx *ctx, size_t bytes, void **out);
+/* SBPRT_OK if a packed attention call (forward: backward = 0) with these b, hq, d fits this
+ * backend's limits (head size, grid, shared memory); else SBPRT_ERR_INVALID with a message, as
+ * the call itself would return (attention.cu). */
+int cu_attention_fits(sbprt_ctx *ctx, int b, int hq, int d, int backward);
 /* out[0] += (float) Σ parts[i] (double, summed in a fixed order on the device).
  *   out: [1]    parts: [n] (device) */
 int cu_sum_doubles_into(sbprt_ctx *ctx, float *out, const double *parts, size_t n);

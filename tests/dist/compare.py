@@ -10,7 +10,8 @@ the check is a relative tolerance, not bytes.
                                                    sum that cancels) is normalised to +-1 by
                                                    m/sqrt(v), so a few elements may move apart by
                                                    ~lr*1e-4 while the whole agrees to 1e-7
-  compare.py log A.jsonl B.jsonl TOL               the same steps, loss and grad_norm within TOL
+  compare.py log A.jsonl B.jsonl TOL [NTOL]        the same steps, loss and grad_norm within TOL
+                                                   (grad_norm within NTOL when given)
                                                    relative (the loss: relative to the largest
                                                    |loss| of the run, as a GRPO loss may pass
                                                    near zero, where its own magnitude means
@@ -71,7 +72,7 @@ def cmp_st(pa, pb, tol, l2=False, per_name=None):
           f"relative (<= {tol})")
 
 
-def cmp_log(pa, pb, tol):
+def cmp_log(pa, pb, tol, norm_tol=None):
     la = [json.loads(x) for x in open(pa) if x.strip()]
     lb = [json.loads(x) for x in open(pb) if x.strip()]
     if [x["step"] for x in la] != [x["step"] for x in lb]:
@@ -82,7 +83,7 @@ def cmp_log(pa, pb, tol):
         for key in ("loss", "grad_norm"):
             rel = abs(x[key] - y[key]) / max(abs(y[key]) if key == "grad_norm" else big, 1e-30)
             worst = max(worst, rel)
-            if not rel <= tol:
+            if not rel <= (norm_tol if key == "grad_norm" and norm_tol else tol):
                 sys.exit(f"compare: step {x['step']}: {key} {x[key]!r} vs {y[key]!r}: {rel:.3g} "
                          f"relative > {tol}")
     # DPO's rewards: both logs have them or neither; each relative to the run's largest reward
@@ -135,7 +136,8 @@ if __name__ == "__main__":
         cmp_st(sys.argv[2], sys.argv[3], float(sys.argv[4]), l2=True,
                per_name={a.split("=")[0]: float(a.split("=")[1]) for a in sys.argv[5:]})
     elif mode == "log":
-        cmp_log(sys.argv[2], sys.argv[3], float(sys.argv[4]))
+        cmp_log(sys.argv[2], sys.argv[3], float(sys.argv[4]),
+                float(sys.argv[5]) if len(sys.argv) > 5 else None)
     elif mode == "rows":
         rows(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif mode == "shard":

@@ -15,6 +15,10 @@
 #                                     of 2 rows the last holds one row and one of padding
 #   dist_case.sh data NP ZERO         --data: one process with N*B rows per step
 #   dist_case.sh dataset NP ZERO      --dataset (shuffled): one process with N*B rows per step
+#   dist_case.sh dataset_refs NP ZERO a dpo and a grpo dataset's reference log-probs computed
+#                                     over the ranks: one process's bytes; DPO trained on them
+#                                     as one process with N*B rows per step (NP = 2; with
+#                                     NP = 3, 11 batches over 3 ranks, the bytes only)
 #   dist_case.sh resume NP ZERO       stop after 3 steps, resume to 6: the same checkpoint bytes
 #                                     as 6 steps at once; another -np is refused
 #   dist_case.sh abort NP             one rank fails at step 2: the job ends, naming the rank
@@ -78,7 +82,7 @@ inputs_of() { # OBJ
 }
 
 lr=0.01
-[ "$case_" = dpo ] && lr=0.002
+[ "$case_" = dpo ] || [ "$case_" = dataset_refs ] && lr=0.002
 # random tokens leave many gradient elements at rounding-noise level, which AdamW normalises
 [ "$case_" = data ] || [ "$case_" = agree ] || [ "$case_" = dataset ] && lr=0.003
 TRAIN_FLAGS=(--steps 10 --lr "$lr" --weight-decay 0.01 --clip-grad-norm 0.3)
@@ -165,6 +169,54 @@ PYEOF
       --shuffle-seed 4 "${TRAIN_FLAGS[@]}" --zero "$zero" --dump-grads "$work/dist/grads.st" \
       --log "$work/dist/log.jsonl" --checkpoint-dir "$work/dist/ck" > "$work/dist/out.txt"
     compare_runs "$work/dist" "$work/one"
+    ;;
+  dataset_refs)
+    # a dpo and a grpo dataset (dataset_ref.py's writer): the reference log-probs that each
+    # rank computes for its share of the batches (batch k on rank k mod NP), shared, are the
+    # very file one process writes with the same step (--compute-logps: cmp); DPO then trains
+    # on them over the ranks as one process does on the whole batch
+    "$PY" - "$here/../train" "$work" <<'PYEOF'
+import random, struct, sys
+sys.path.insert(0, sys.argv[1])
+import dataset_ref as d
+r = random.Random(6)
+exs = []
+for _ in range(11):  # pairs: 22 examples, 11 batches of one pair, dealt to the ranks
+    prompt = [r.randrange(64) for _ in range(r.randint(2, 20))]
+    for _side in range(2):
+        exs.append(d.example(prompt + [r.randrange(64) for _ in range(r.randint(2, 30))],
+                             len(prompt)))
+d.write_dataset(sys.argv[2] + "/dpo.safetensors", exs, task="dpo", vocab=64, max_len=64)
+adv = [r.uniform(-1, 1) for _ in exs]
+d.write_dataset(sys.argv[2] + "/grpo.safetensors", exs, task="grpo", vocab=64, max_len=64,
+                tensors={"advantages": ("F32", [len(adv)], struct.pack("<%df" % len(adv), *adv))})
+PYEOF
+    for t in dpo grpo; do
+      obj=$t
+      [ "$t" = grpo ] && obj=grpo_seq
+      s=$(step_for "$obj" 2)
+      "$SBP_TRAIN" "$s" --model "$LDYN" --dataset "$work/$t.safetensors" \
+        --compute-logps "$work/$t-one.st" > /dev/null
+      mpi "$SBP_TRAIN" "$s" --model "$LDYN" --dataset "$work/$t.safetensors" \
+        --compute-logps "$work/$t-dist.st" > "$work/$t-out.txt" 2>&1
+      grep -q "reference log-probs of 22 examples computed in .* over $np ranks" \
+        "$work/$t-out.txt" || { cat "$work/$t-out.txt" >&2; fail "$t: no note of the ranks' pass"; }
+      cmp "$work/$t-one.st" "$work/$t-dist.st" ||
+        fail "$t: the ranks' log-probs differ from one process's"
+    done
+    if [ ! -f "$TRAIN_D/dpo_b$((2 * np)).so" ]; then # (-np 3: the uneven shares only)
+      echo "dist_case: dataset_refs: the ranks' dpo and grpo log-probs are one process's bytes"
+      exit 0
+    fi
+    mkdir -p "$work/one" "$work/dist"
+    "$SBP_TRAIN" "$(step_for dpo $((2 * np)))" --model "$LDYN" --dataset "$work/dpo.safetensors" \
+      --shuffle-seed 4 "${TRAIN_FLAGS[@]}" --dump-grads "$work/one/grads.st" \
+      --log "$work/one/log.jsonl" --checkpoint-dir "$work/one/ck" > "$work/one/out.txt"
+    mpi "$SBP_TRAIN" "$(step_for dpo 2)" --model "$LDYN" --dataset "$work/dpo.safetensors" \
+      --shuffle-seed 4 "${TRAIN_FLAGS[@]}" --zero "$zero" --dump-grads "$work/dist/grads.st" \
+      --log "$work/dist/log.jsonl" --checkpoint-dir "$work/dist/ck" > "$work/dist/out.txt"
+    compare_runs "$work/dist" "$work/one"
+    echo "dist_case: dataset_refs: the ranks' dpo and grpo log-probs are one process's bytes"
     ;;
   resume)
     s=$(step_for sft 2)

@@ -31,8 +31,9 @@
 #                         as a coroutine: these take 15-70 s each. (qwen3 runs on a real GPU in
 #                         tests/gpu/run.sh; its kernels are in gpu.kernels_emu.)
 #   gpu.step_emu_logps    (emulator enabled) sbp_step_logps of cuda DPO / GRPO steps, every
-#                         buffer in the step's device memory, against float64 transformers
-#                         (step_logps_emu.c)
+#                         buffer in the step's device memory, against float64 transformers:
+#                         unpacked, --packed (each document run alone) and --lora 4 (the base
+#                         model's), Llama and GPT-2 (step_logps_emu.c)
 if(NOT TARGET sbpc OR NOT TARGET sbp-train)
   return()
 endif()
@@ -276,8 +277,9 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
                    -DFX=${_fx} -DOUT=${_gen} -DDEVICE=300000
                    -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_oom.cmake")
   set_tests_properties(gpu.step_emu_oom PROPERTIES LABELS gpu TIMEOUT ${SBP_EMU_STEP_TIMEOUT})
-  # sbp_step_logps of cuda DPO and GRPO steps on the emulator, every buffer in the step's device
-  # memory, against the float64 transformers values (step_logps_emu.c).
+  # sbp_step_logps of cuda DPO and GRPO steps (unpacked, packed, LoRA) on the emulator, every
+  # buffer in the step's device memory, against the float64 transformers values of
+  # hf/ref/logps.safetensors and hf/ref/logps_packed.safetensors (step_logps_emu.c).
   if(TARGET e2e_util)
     add_executable(step_logps_emu step_logps_emu.c)
     target_link_libraries(step_logps_emu PRIVATE e2e_util)

@@ -22,7 +22,10 @@
 #      ncclAllReduce, and for --zero 1|2 the grouped ncclReduce / ncclBroadcast and the moments
 #      gathered through the host for checkpoints), --zero 0, 1, 2: its 10 AdamW losses and
 #      gradient norms and its final checkpoint (parameters, m, v) against the plain run's within
-#      1e-6 (tests/dist/compare.py); skipped when sbp-train was built without NCCL or there is no
+#      1e-6 (tests/dist/compare.py); and sequence parallelism's all-to-alls through NCCL's
+#      grouped ncclSend / ncclRecv (a stream step of sbpc --seq-parallel 1, the same one-rank
+#      launch, its losses against the plain stream step's within 1e-6); the kernels of
+#      sequence parallelism are stage 1's (seqpar); skipped when sbp-train was built without NCCL or there is no
 #      mpirun; part of stage 2 (--no-fixtures leaves it out);
 #   2c. --offload (passes/train/offload.c, train/): the 4-layer Llama and GPT-2 exports, bf16
 #      stream and checkpoint, plain, --offload checkpoints and checkpoints,optimizer, 10 AdamW
@@ -440,6 +443,32 @@ dist_nccl() {
             fails=$((fails + 1))
         fi
     done
+    # sequence parallelism's exchanges through NCCL (ncclSend / ncclRecv in a group on the
+    # step's stream): a step of one rank per row (sbpc --seq-parallel 1) as one MPI rank,
+    # against the plain stream step
+    timeout "$(cap 60)" "$full/tools/sbpc" "$model" --strategy stream --target cuda \
+        -o "$gen/stream.so" >"$gen/sbpc_sp.log" 2>&1 &&
+    timeout "$(cap 60)" "$full/tools/sbpc" "$model" --strategy stream --target cuda \
+        --seq-parallel 1 -o "$gen/sp1.so" >>"$gen/sbpc_sp.log" 2>&1 ||
+        { tail -n 5 "$gen/sbpc_sp.log"; return $((fails + 1)); }
+    local rc=0
+    timeout "$(cap 60)" "$full/tools/sbp-train" "$gen/stream.so" "${args[@]}" \
+        --log "$gen/stream.jsonl" >"$gen/stream.log" 2>&1 || rc=$?
+    SBP_TRAIN_DIST_ONE_RANK=1 NCCL_DEBUG=VERSION OMPI_MCA_btl_vader_single_copy_mechanism=none \
+        timeout "$(cap 90)" "$mpirun_" --allow-run-as-root --oversubscribe -np 1 \
+        "$full/tools/sbp-train" "$gen/sp1.so" "${args[@]}" --log "$gen/sp1.jsonl" \
+        >"$gen/sp1.log" 2>&1 || rc=$?
+    if [ $rc -eq 0 ] && grep -q "sequence parallel: 1 data group of 1 ranks" "$gen/sp1.log" &&
+       grep -q "NCCL version" "$gen/sp1.log" &&
+       "$py" "$root/tests/dist/compare.py" log "$gen/sp1.jsonl" "$gen/stream.jsonl" 1e-6 \
+           >"$gen/sp1.check" 2>&1; then
+        echo "  NCCL sequence-parallel exchanges (--seq-parallel 1, one rank): losses as the" \
+             "plain stream run's"
+    else
+        echo "  NCCL sequence-parallel exchanges: FAILED ($rc)"
+        tail -n 12 "$gen/sp1.log" "$gen/sp1.check" 2>/dev/null
+        fails=$((fails + 1))
+    fi
     grep -h "^step 10 " "$gen/plain.log" "$gen"/z*.log | sed 's/^/  /'
     return $fails
 }

@@ -13,14 +13,18 @@
  * state and must give bitwise equal outputs (the backend is deterministic), then timed.
  * Besides the kernels: the memory calls, the device-side index checks (the call succeeds,
  * sbprt_sync reports SBPRT_ERR_RANGE once), the out-of-memory diagnostic, argument errors.
+ * The sequence-parallel functions (sbprt_sp_*) run on groups of 1, 2 and 4 ranks, one thread
+ * and one context each, with a loopback communicator (see "sequence parallelism" below).
  *
  * Prints a table per kernel (cases, max error, tolerance, determinism, time of the largest
  * case) and a summary; exits 0 if everything passed, 1 otherwise, and 77 ("skipped" to
  * ctest) after printing "SKIPPED: no CUDA device" when there is no GPU.  --quick picks small
- * sizes (the CPU emulator build runs with it).
+ * sizes (the CPU emulator build runs with it); --only GROUP runs one group of main()'s list.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +49,7 @@
 static sbprt_ctx *G; /* the CUDA backend */
 static sbprt_ctx *C; /* the CPU twin */
 static int quick;    /* --quick: small sizes */
+static const char *only; /* --only GROUP: that group of tests alone (e.g. "seqpar") */
 static int reps = 5; /* timed repetitions per case (0 with --quick) */
 static int nfail;    /* failed checks */
 
@@ -1998,6 +2003,819 @@ static void t_errors(void)
         s->fails++;
 }
 
+/* ---- sequence parallelism ----------------------------------------------------------------
+ * sbprt_sp_* on a group of N ranks, each rank a thread with its own context (CUDA backend, or
+ * the CPU twin) and a loopback communicator: the group's all-to-all is a barrier at which
+ * every rank posts its send and receive buffers, then each rank copies its blocks out of the
+ * others' send buffers (cudaMemcpy device to device, or memcpy for the twin), then a second
+ * barrier (no send buffer is reused before everyone has read it).
+ *
+ * The emulator is not thread-safe (one global scheduler, one set of coroutine stacks, one
+ * "last error"), so the ranks do not run at the same time: they take turns under one mutex
+ * (sp_mu), which a rank holds from its first call to its last and gives up only while it waits
+ * at the communicator's barriers (pthread_cond_wait on that mutex).  Each emulated call then
+ * runs alone and completes, as it does single-threaded, and a collective works as a real one:
+ * each rank runs until it reaches the exchange, the last to arrive releases the others.  On a
+ * real GPU the same test runs the same way (the turns cost little at these sizes).  With
+ * stream_ordered set the callback first waits for the stream it is given (legal for an
+ * exchange "queued" on it), so that path of the backend is run too.
+ *
+ * Each case runs a layer's whole sequence-parallel pipeline on every rank: positions, (packed
+ * cases) the gather of document ids, doc starts and doc positions, the K and V gathers, the
+ * forward of each query chunk, the backward of each chunk (dq from random values, dkh and dvh
+ * accumulated over the chunks from zero), the K and V scatters into random dk, dv.  It runs on
+ * the CPU twin's group once and on the CUDA group twice (the second must be bitwise equal),
+ * and compares every output of every rank: integers and the K/V gathers (pure copies)
+ * exactly, the rest at 1e-5 as elsewhere.  Both groups' assembled out, dq, dk, dv are also
+ * compared with the twin's plain packed attention over the whole sequence (the scheme itself).
+ */
+
+#define SP_MAXR 4
+
+typedef struct {
+    int n;                    /* ranks */
+    int device;               /* buffers are CUDA memory (cudaMemcpy), else host memory */
+    int ordered;              /* stream_ordered: the callback waits for the stream itself */
+    int arrived, gen;         /* the barrier */
+    pthread_cond_t cv;
+    const void *send[SP_MAXR];
+    void *recv[SP_MAXR];
+    size_t bytes[SP_MAXR];
+    int calls[SP_MAXR];     /* exchanges each rank has entered */
+    int fail_call[SP_MAXR]; /* > 0: that exchange of the rank returns nonzero at once */
+} sp_group;
+
+typedef struct {
+    sp_group *g;
+    int rank;
+} sp_member;
+
+static pthread_mutex_t sp_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Called with sp_mu held; gives it up while waiting. */
+static void sp_barrier(sp_group *g)
+{
+    const int gen = g->gen;
+    if (++g->arrived == g->n) {
+        g->arrived = 0;
+        g->gen++;
+        pthread_cond_broadcast(&g->cv);
+    } else {
+        while (gen == g->gen)
+            pthread_cond_wait(&g->cv, &sp_mu);
+    }
+}
+
+static int sp_loopback(void *user, const void *send, void *recv, size_t bytes, void *stream)
+{
+    sp_member *me = user;
+    sp_group *g = me->g;
+    if (++g->calls[me->rank] == g->fail_call[me->rank])
+        return 7;
+    if (g->device && g->ordered && cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess)
+        return 8;
+    g->send[me->rank] = send;
+    g->recv[me->rank] = recv;
+    g->bytes[me->rank] = bytes;
+    sp_barrier(g);
+    int rc = 0;
+    for (int n = 0; n < g->n; n++)
+        if (g->bytes[n] != bytes)
+            rc = 9; /* the ranks disagree: every rank sees it */
+    for (int n = 0; n < g->n && !rc; n++) {
+        char *dst = (char *)recv + (size_t)n * bytes;
+        const char *src = (const char *)g->send[n] + (size_t)me->rank * bytes;
+        if (!g->device)
+            memcpy(dst, src, bytes);
+        else if (cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice) != cudaSuccess)
+            rc = 10;
+    }
+    /* a device-to-device cudaMemcpy may return before it is done: finish it before the
+     * owners of the send buffers may rewrite them */
+    if (g->device && !rc && cudaDeviceSynchronize() != cudaSuccess)
+        rc = 10;
+    sp_barrier(g);
+    return rc;
+}
+
+/* The API of one backend, so that one rank body drives either. */
+typedef struct {
+    int device;
+    __typeof__(&sbprt_ctx_create) ctx_create;
+    __typeof__(&sbprt_ctx_destroy) ctx_destroy;
+    __typeof__(&sbprt_ctx_set_comm) set_comm;
+    __typeof__(&sbprt_ctx_last_error) last_error;
+    __typeof__(&sbprt_sync) sync;
+    __typeof__(&sbprt_arena_alloc) arena_alloc;
+    __typeof__(&sbprt_arena_free) arena_free;
+    __typeof__(&sbprt_memcpy) memcpy;
+    __typeof__(&sbprt_memset_zero) memset_zero;
+    __typeof__(&sbprt_doc_starts) doc_starts;
+    __typeof__(&sbprt_sp_positions) positions;
+    __typeof__(&sbprt_sp_gather_rows) gather_rows;
+    __typeof__(&sbprt_sp_doc_positions) doc_positions;
+    __typeof__(&sbprt_sp_kv_gather) kv_gather;
+    __typeof__(&sbprt_sp_kv_scatter) kv_scatter;
+    __typeof__(&sbprt_sp_attention_forward) attention_forward;
+    __typeof__(&sbprt_sp_attention_backward) attention_backward;
+} sp_api;
+
+static const sp_api sp_cuda = {
+    1, sbprt_ctx_create, sbprt_ctx_destroy, sbprt_ctx_set_comm, sbprt_ctx_last_error,
+    sbprt_sync, sbprt_arena_alloc, sbprt_arena_free, sbprt_memcpy, sbprt_memset_zero,
+    sbprt_doc_starts, sbprt_sp_positions, sbprt_sp_gather_rows, sbprt_sp_doc_positions,
+    sbprt_sp_kv_gather, sbprt_sp_kv_scatter, sbprt_sp_attention_forward,
+    sbprt_sp_attention_backward,
+};
+static const sp_api sp_cpu = {
+    0, cpuref_sbprt_ctx_create, cpuref_sbprt_ctx_destroy, cpuref_sbprt_ctx_set_comm,
+    cpuref_sbprt_ctx_last_error, cpuref_sbprt_sync, cpuref_sbprt_arena_alloc,
+    cpuref_sbprt_arena_free, cpuref_sbprt_memcpy, cpuref_sbprt_memset_zero,
+    cpuref_sbprt_doc_starts, cpuref_sbprt_sp_positions, cpuref_sbprt_sp_gather_rows,
+    cpuref_sbprt_sp_doc_positions, cpuref_sbprt_sp_kv_gather, cpuref_sbprt_sp_kv_scatter,
+    cpuref_sbprt_sp_attention_forward, cpuref_sbprt_sp_attention_backward,
+};
+
+typedef struct sp_rank sp_rank;
+struct sp_rank {
+    sp_group *g;
+    sp_member mem;
+    int rank;
+    const sp_api *api;
+    sbprt_ctx *ctx;
+    void (*body)(sp_rank *);
+    void *arg;
+    void *bufs[64]; /* backend buffers, freed when the body returns */
+    int nbufs;
+    int status; /* first failed call of the body */
+    char msg[480];
+};
+
+static void *sp_new(sp_rank *r, size_t bytes)
+{
+    void *p = NULL;
+    if (r->nbufs == (int)(sizeof r->bufs / sizeof r->bufs[0]) ||
+        r->api->arena_alloc(r->ctx, &p, bytes ? bytes : 1) != SBPRT_OK) {
+        fprintf(stderr, "test: rank %d: allocation of %zu bytes failed\n", r->rank, bytes);
+        exit(1);
+    }
+    r->bufs[r->nbufs++] = p;
+    return p;
+}
+
+static void sp_put(sp_rank *r, void *d, const void *h, size_t bytes)
+{
+    if (r->api->memcpy(r->ctx, d, h, bytes, SBPRT_COPY_HOST_TO_DEVICE) != SBPRT_OK) {
+        fprintf(stderr, "test: rank %d: upload failed\n", r->rank);
+        exit(1);
+    }
+}
+
+static void sp_get(sp_rank *r, void *h, const void *d, size_t bytes)
+{
+    if (r->api->memcpy(r->ctx, h, d, bytes, SBPRT_COPY_DEVICE_TO_HOST) != SBPRT_OK) {
+        fprintf(stderr, "test: rank %d: download failed\n", r->rank);
+        exit(1);
+    }
+}
+
+/* A backend copy of host h (uploaded). */
+static void *sp_in(sp_rank *r, const void *h, size_t bytes)
+{
+    void *d = sp_new(r, bytes);
+    sp_put(r, d, h, bytes);
+    return d;
+}
+
+/* Records the first failed call of a rank's body. */
+static void sp_call(sp_rank *r, int st, const char *what)
+{
+    if (st != SBPRT_OK && r->status == SBPRT_OK) {
+        r->status = st;
+        snprintf(r->msg, sizeof r->msg, "%s -> %s (%s)", what, sbprt_status_string(st),
+                 r->api->last_error(r->ctx));
+    }
+}
+#define SP_CALL(r, call) sp_call((r), (call), #call)
+
+static void *sp_thread(void *p)
+{
+    sp_rank *r = p;
+    pthread_mutex_lock(&sp_mu);
+    if (r->api->ctx_create(&r->ctx, 0) != SBPRT_OK) {
+        fprintf(stderr, "test: rank %d: context creation failed\n", r->rank);
+        exit(1);
+    }
+    const sbprt_comm comm = {r->rank, r->g->n, sp_loopback, &r->mem,
+                             r->api->device && r->g->ordered};
+    SP_CALL(r, r->api->set_comm(r->ctx, &comm));
+    r->body(r);
+    for (int i = r->nbufs - 1; i >= 0; i--)
+        r->api->arena_free(r->ctx, r->bufs[i]);
+    r->api->ctx_destroy(r->ctx);
+    pthread_mutex_unlock(&sp_mu);
+    return NULL;
+}
+
+/* Runs body on every rank of an n-rank group of the given backend; returns when all did.
+ * ranks[i].status / msg tell how rank i's calls went. */
+static void sp_run(sp_rank *ranks, sp_group *g, int n, const sp_api *api, int ordered,
+                   void (*body)(sp_rank *), void *arg)
+{
+    memset(g, 0, sizeof *g);
+    g->n = n;
+    g->device = api->device;
+    g->ordered = ordered;
+    pthread_cond_init(&g->cv, NULL);
+    pthread_t th[SP_MAXR];
+    for (int i = 0; i < n; i++) {
+        memset(&ranks[i], 0, sizeof ranks[i]);
+        ranks[i].g = g;
+        ranks[i].mem.g = g;
+        ranks[i].mem.rank = i;
+        ranks[i].rank = i;
+        ranks[i].api = api;
+        ranks[i].body = body;
+        ranks[i].arg = arg;
+        if (pthread_create(&th[i], NULL, sp_thread, &ranks[i]) != 0) {
+            fprintf(stderr, "test: pthread_create failed\n");
+            exit(1);
+        }
+    }
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+    pthread_cond_destroy(&g->cv);
+}
+
+/* ---- the pipeline of one layer ---- */
+
+typedef struct {
+    const char *name;
+    int n, b, tl, hq, hkv, d, tc; /* ranks, batch, tokens per rank, heads, head size, chunk */
+    int window;
+    float softcap;
+    const int *lens; /* document lengths (0-terminated, cyclic), NULL: one document a row */
+    int ordered;     /* the CUDA group's communicator is stream-ordered */
+} sp_case;
+
+typedef struct { /* what one rank computed (host copies) */
+    int32_t *pos, *ids_all, *dpos;
+    float *kh, *vh, *out, *lse, *dq, *dkh, *dvh, *dk, *dv;
+} sp_res;
+
+typedef struct {
+    const sp_case *c;
+    int T, hkv_r;
+    size_t nq, nkv, nkh, nlse; /* per rank: b*tl*hq*d, b*tl*hkv*d, b*T*hkv_r*d, lse floats */
+    /* whole-sequence inputs: [b, T, ...] */
+    const float *q, *k, *v, *dout, *dq0, *dk0, *dv0;
+    const int32_t *ids;
+    sp_res res[SP_MAXR];
+} sp_job;
+
+/* dst[bi][i][:] = src[bi][row0 + i][:] for i < rows (w elements of `es` bytes a row; src rows
+ * of src_t), and its inverse. */
+static void sp_take(void *dst, const void *src, int b, int src_t, int row0, int rows, size_t w,
+                    size_t es)
+{
+    for (int bi = 0; bi < b; bi++)
+        memcpy((char *)dst + (size_t)bi * rows * w * es,
+               (const char *)src + ((size_t)bi * src_t + row0) * w * es, (size_t)rows * w * es);
+}
+
+static void sp_place(void *dst, int dst_t, int row0, const void *src, int b, int rows, size_t w,
+                     size_t es)
+{
+    for (int bi = 0; bi < b; bi++)
+        memcpy((char *)dst + ((size_t)bi * dst_t + row0) * w * es,
+               (const char *)src + (size_t)bi * rows * w * es, (size_t)rows * w * es);
+}
+
+static void sp_body_pipeline(sp_rank *r)
+{
+    sp_job *J = r->arg;
+    const sp_case *c = J->c;
+    const sp_api *A = r->api;
+    sbprt_ctx *x = r->ctx;
+    sp_res *o = &J->res[r->rank];
+    const int N = c->n, b = c->b, tl = c->tl, T = J->T, hq = c->hq, hkv = c->hkv, d = c->d;
+    const int hkv_r = J->hkv_r, hq_r = hq / N, row0 = r->rank * tl;
+    const size_t wq = (size_t)hq * d, wkv = (size_t)hkv * d, wh = (size_t)hkv_r * d;
+    const float scale = 1.0f / sqrtf((float)d);
+
+    int32_t *pos = sp_new(r, (size_t)b * tl * sizeof(int32_t));
+    SP_CALL(r, A->positions(x, pos, b, tl, N));
+    sp_get(r, o->pos, pos, (size_t)b * tl * sizeof(int32_t));
+
+    int32_t *ds = NULL;
+    if (c->lens) {
+        int32_t *mine_h = hnew((size_t)b * tl * sizeof(int32_t));
+        sp_take(mine_h, J->ids, b, T, row0, tl, 1, sizeof(int32_t));
+        int32_t *mine = sp_in(r, mine_h, (size_t)b * tl * sizeof(int32_t));
+        int32_t *all = sp_new(r, (size_t)b * T * sizeof(int32_t));
+        int32_t *scr = sp_new(r, (size_t)N * tl * sizeof(int32_t));
+        SP_CALL(r, A->gather_rows(x, all, mine, scr, b, tl, N));
+        sp_get(r, o->ids_all, all, (size_t)b * T * sizeof(int32_t));
+        ds = sp_new(r, (size_t)b * T * sizeof(int32_t));
+        SP_CALL(r, A->doc_starts(x, ds, all, b, T));
+        int32_t *dpos = sp_new(r, (size_t)b * tl * sizeof(int32_t));
+        SP_CALL(r, A->doc_positions(x, dpos, ds, b, tl, N));
+        sp_get(r, o->dpos, dpos, (size_t)b * tl * sizeof(int32_t));
+    }
+
+    float *hbuf = hnew(J->nq * sizeof(float)); /* host staging, the largest local tensor */
+    sp_take(hbuf, J->k, b, T, row0, tl, wkv, sizeof(float));
+    float *k = sp_in(r, hbuf, J->nkv * sizeof(float));
+    sp_take(hbuf, J->v, b, T, row0, tl, wkv, sizeof(float));
+    float *v = sp_in(r, hbuf, J->nkv * sizeof(float));
+    float *kh = sp_new(r, J->nkh * sizeof(float)), *vh = sp_new(r, J->nkh * sizeof(float));
+    float *kvs = sp_new(r, (size_t)N * tl * wh * sizeof(float));
+    SP_CALL(r, A->kv_gather(x, kh, k, kvs, b, tl, hq, hkv, d, N));
+    SP_CALL(r, A->kv_gather(x, vh, v, kvs, b, tl, hq, hkv, d, N));
+    sp_get(r, o->kh, kh, J->nkh * sizeof(float));
+    sp_get(r, o->vh, vh, J->nkh * sizeof(float));
+
+    enum { MAXCH = 8 };
+    const int nch = (tl + c->tc - 1) / c->tc;
+    if (nch > MAXCH) {
+        fprintf(stderr, "test: too many chunks\n");
+        exit(1);
+    }
+    const size_t smax = (size_t)b * c->tc * wq;
+    float *s[4];
+    for (int i = 0; i < 4; i++)
+        s[i] = sp_new(r, smax * sizeof(float));
+    float *qc[MAXCH], *oc[MAXCH], *lc[MAXCH];
+    float *chunk_h = hnew(smax * sizeof(float));
+    size_t lse_off = 0;
+    for (int ch = 0; ch < nch; ch++) {
+        const int q0 = ch * c->tc, t = tl - q0 < c->tc ? tl - q0 : c->tc;
+        const size_t nc = (size_t)b * t * wq, nl = (size_t)N * b * hq_r * t;
+        sp_take(chunk_h, J->q, b, T, row0 + q0, t, wq, sizeof(float));
+        qc[ch] = sp_in(r, chunk_h, nc * sizeof(float));
+        oc[ch] = sp_new(r, nc * sizeof(float));
+        lc[ch] = sp_new(r, nl * sizeof(float));
+        SP_CALL(r, A->attention_forward(x, oc[ch], lc[ch], qc[ch], kh, vh, ds, s[0], s[1], b, t,
+                                        tl, hq, hkv, d, q0, scale, c->window, c->softcap, N));
+        sp_get(r, chunk_h, oc[ch], nc * sizeof(float));
+        sp_place(o->out, tl, q0, chunk_h, b, t, wq, sizeof(float));
+        sp_get(r, o->lse + lse_off, lc[ch], nl * sizeof(float));
+        lse_off += nl;
+    }
+
+    float *dkh = sp_new(r, J->nkh * sizeof(float)), *dvh = sp_new(r, J->nkh * sizeof(float));
+    SP_CALL(r, A->memset_zero(x, dkh, J->nkh * sizeof(float)));
+    SP_CALL(r, A->memset_zero(x, dvh, J->nkh * sizeof(float)));
+    for (int ch = 0; ch < nch; ch++) {
+        const int q0 = ch * c->tc, t = tl - q0 < c->tc ? tl - q0 : c->tc;
+        const size_t nc = (size_t)b * t * wq;
+        sp_take(chunk_h, J->dq0, b, T, row0 + q0, t, wq, sizeof(float));
+        float *dqc = sp_in(r, chunk_h, nc * sizeof(float));
+        sp_take(chunk_h, J->dout, b, T, row0 + q0, t, wq, sizeof(float));
+        float *doc = sp_in(r, chunk_h, nc * sizeof(float));
+        SP_CALL(r, A->attention_backward(x, dqc, dkh, dvh, doc, qc[ch], kh, vh, oc[ch], lc[ch],
+                                         ds, s[0], s[1], s[2], s[3], b, t, tl, hq, hkv, d, q0,
+                                         scale, c->window, c->softcap, N));
+        sp_get(r, chunk_h, dqc, nc * sizeof(float));
+        sp_place(o->dq, tl, q0, chunk_h, b, t, wq, sizeof(float));
+    }
+    sp_get(r, o->dkh, dkh, J->nkh * sizeof(float));
+    sp_get(r, o->dvh, dvh, J->nkh * sizeof(float));
+
+    sp_take(hbuf, J->dk0, b, T, row0, tl, wkv, sizeof(float));
+    float *dk = sp_in(r, hbuf, J->nkv * sizeof(float));
+    sp_take(hbuf, J->dv0, b, T, row0, tl, wkv, sizeof(float));
+    float *dv = sp_in(r, hbuf, J->nkv * sizeof(float));
+    SP_CALL(r, A->kv_scatter(x, dk, dkh, kvs, b, tl, hq, hkv, d, N));
+    SP_CALL(r, A->kv_scatter(x, dv, dvh, kvs, b, tl, hq, hkv, d, N));
+    sp_get(r, o->dk, dk, J->nkv * sizeof(float));
+    sp_get(r, o->dv, dv, J->nkv * sizeof(float));
+    SP_CALL(r, A->sync(x));
+}
+
+/* Result buffers of every rank of a job. */
+static void sp_alloc_res(sp_job *J)
+{
+    const sp_case *c = J->c;
+    for (int r = 0; r < c->n; r++) {
+        sp_res *o = &J->res[r];
+        o->pos = hnew((size_t)c->b * c->tl * sizeof(int32_t));
+        o->dpos = hnew((size_t)c->b * c->tl * sizeof(int32_t));
+        o->ids_all = hnew((size_t)c->b * J->T * sizeof(int32_t));
+        memset(o->dpos, 0, (size_t)c->b * c->tl * sizeof(int32_t));
+        memset(o->ids_all, 0, (size_t)c->b * J->T * sizeof(int32_t));
+        o->kh = hnew(J->nkh * sizeof(float));
+        o->vh = hnew(J->nkh * sizeof(float));
+        o->dkh = hnew(J->nkh * sizeof(float));
+        o->dvh = hnew(J->nkh * sizeof(float));
+        o->out = hnew(J->nq * sizeof(float));
+        o->dq = hnew(J->nq * sizeof(float));
+        o->lse = hnew(J->nlse * sizeof(float));
+        o->dk = hnew(J->nkv * sizeof(float));
+        o->dv = hnew(J->nkv * sizeof(float));
+    }
+}
+
+/* One comparison into a kernel's statistics: normalised error (base: accumulated output, the
+ * error relative to the increment) against the kstat's tolerance, 0 meaning bitwise. */
+static void sp_check(kstat *s, const char *label, const char *what, const void *got,
+                     const void *ref, const float *base, size_t n, int exact)
+{
+    if (exact) {
+        if (memcmp(got, ref, n * 4) != 0) {
+            fail("%s [%s] %s: differs from the CPU twin (must be equal)", s->name, label, what);
+            s->fails++;
+        }
+        return;
+    }
+    const double e = nerr(got, ref, base, n);
+    if (isnan(e) || (!isnan(s->max_err) && e > s->max_err))
+        s->max_err = e;
+    if (!(e <= s->tol)) {
+        fail("%s [%s] %s: error %.3g > %.3g", s->name, label, what, e, s->tol);
+        s->fails++;
+    }
+}
+
+/* Assembles a whole-sequence tensor [b, T, w] from the ranks' [b, tl, w] shares. */
+static float *sp_assemble(const sp_job *J, size_t off_field, size_t w)
+{
+    const sp_case *c = J->c;
+    float *all = hnew((size_t)c->b * J->T * w * sizeof(float));
+    for (int r = 0; r < c->n; r++) {
+        const float *part = *(float *const *)((const char *)&J->res[r] + off_field);
+        sp_place(all, J->T, r * c->tl, part, c->b, c->tl, w, sizeof(float));
+    }
+    return all;
+}
+
+static void t_seqpar_case(const sp_case *c)
+{
+    char label[200];
+    int len = snprintf(label, sizeof label, "%s: N=%d b=%d tl=%d hq=%d hkv=%d d=%d chunk=%d",
+                       c->name, c->n, c->b, c->tl, c->hq, c->hkv, c->d, c->tc);
+    if (c->window && len > 0 && (size_t)len < sizeof label)
+        len += snprintf(label + len, sizeof label - len, " window=%d", c->window);
+    if (c->softcap > 0 && len > 0 && (size_t)len < sizeof label)
+        len += snprintf(label + len, sizeof label - len, " softcap=%g", (double)c->softcap);
+    if (c->lens && len > 0 && (size_t)len < sizeof label)
+        len += snprintf(label + len, sizeof label - len, " docs");
+    if (c->ordered && len > 0 && (size_t)len < sizeof label)
+        snprintf(label + len, sizeof label - len, " stream-ordered");
+
+    const int N = c->n, b = c->b, T = N * c->tl, hq = c->hq, hkv = c->hkv, d = c->d;
+    const size_t wq = (size_t)hq * d, wkv = (size_t)hkv * d;
+    sp_job base;
+    memset(&base, 0, sizeof base);
+    base.c = c;
+    base.T = T;
+    base.hkv_r = hkv % N == 0 ? hkv / N : 1;
+    base.nq = (size_t)b * c->tl * wq;
+    base.nkv = (size_t)b * c->tl * wkv;
+    base.nkh = (size_t)b * T * base.hkv_r * d;
+    base.nlse = (size_t)N * b * (hq / N) * c->tl;
+    const size_t nQ = (size_t)b * T * wq, nK = (size_t)b * T * wkv;
+    base.q = hrand(nQ, -1, 1);
+    base.k = hrand(nK, -1, 1);
+    base.v = hrand(nK, -1, 1);
+    base.dout = hrand(nQ, -1, 1);
+    base.dq0 = hrand(nQ, -1, 1);
+    base.dk0 = hrand(nK, -1, 1);
+    base.dv0 = hrand(nK, -1, 1);
+    int32_t *ids = NULL, *ds_full = NULL;
+    if (c->lens) {
+        ids = hnew((size_t)b * T * sizeof(int32_t));
+        int nl = 0;
+        while (c->lens[nl])
+            nl++;
+        for (int bi = 0; bi < b; bi++) {
+            int p = 0, li = bi % nl, id = 3 * bi - 1;
+            while (p < T) {
+                for (int e = 0; e < c->lens[li] && p < T; e++, p++)
+                    ids[(size_t)bi * T + p] = id;
+                id += 1 + (li & 1);
+                li = (li + 1) % nl;
+            }
+        }
+        ds_full = hnew((size_t)b * T * sizeof(int32_t));
+        REF(cpuref_sbprt_doc_starts(C, ds_full, ids, b, T));
+    }
+    base.ids = ids;
+
+    sp_job cpu = base, gpu = base, gpu2 = base;
+    sp_alloc_res(&cpu);
+    sp_alloc_res(&gpu);
+    sp_alloc_res(&gpu2);
+    sp_rank ranks[SP_MAXR];
+    sp_group g;
+    sp_run(ranks, &g, N, &sp_cpu, 0, sp_body_pipeline, &cpu);
+    for (int r = 0; r < N; r++)
+        if (ranks[r].status != SBPRT_OK) {
+            fprintf(stderr, "test: CPU twin failed on rank %d: %s\n", r, ranks[r].msg);
+            exit(1);
+        }
+    int gst = SBPRT_OK;
+    for (int run = 0; run < 2; run++) {
+        sp_run(ranks, &g, N, &sp_cuda, c->ordered, sp_body_pipeline, run ? &gpu2 : &gpu);
+        for (int r = 0; r < N; r++)
+            if (ranks[r].status != SBPRT_OK) {
+                if (gst == SBPRT_OK)
+                    fail("seqpar [%s] rank %d: %s", label, r, ranks[r].msg);
+                gst = ranks[r].status;
+            }
+    }
+
+    kstat *s_idx = kstat_get("sp_positions, gather_rows, doc_pos", 0);
+    kstat *s_kvg = kstat_get("sp_kv_gather (exact)", 0);
+    kstat *s_fwd = kstat_get("sp_attention_forward", TOL_FP32);
+    kstat *s_bwd = kstat_get("sp_attention_backward", TOL_FP32);
+    kstat *s_sct = kstat_get("sp_kv_scatter", TOL_FP32);
+    kstat *s_all = kstat_get("sp scheme vs whole-sequence attn", TOL_FP32);
+    kstat *all_s[] = {s_idx, s_kvg, s_fwd, s_bwd, s_sct, s_all};
+    int fails0[6];
+    for (int i = 0; i < 6; i++) {
+        all_s[i]->cases++;
+        fails0[i] = all_s[i]->fails;
+    }
+    if (gst != SBPRT_OK)
+        for (int i = 0; i < 6; i++)
+            all_s[i]->fails++;
+
+    /* the second CUDA run must be bitwise the first */
+    for (int r = 0; r < N; r++) {
+        const sp_res *a = &gpu.res[r], *z = &gpu2.res[r];
+        const struct {
+            const char *what;
+            const void *x, *y;
+            size_t n;
+            kstat *s;
+        } det[] = {
+            {"out", a->out, z->out, base.nq, s_fwd},     {"lse", a->lse, z->lse, base.nlse, s_fwd},
+            {"dq", a->dq, z->dq, base.nq, s_bwd},        {"dkh", a->dkh, z->dkh, base.nkh, s_bwd},
+            {"dvh", a->dvh, z->dvh, base.nkh, s_bwd},    {"dk", a->dk, z->dk, base.nkv, s_sct},
+            {"dv", a->dv, z->dv, base.nkv, s_sct},       {"kh", a->kh, z->kh, base.nkh, s_kvg},
+        };
+        for (size_t i = 0; i < sizeof det / sizeof det[0]; i++)
+            if (memcmp(det[i].x, det[i].y, det[i].n * sizeof(float)) != 0) {
+                fail("%s [%s] rank %d %s: two runs differ (not deterministic)", det[i].s->name,
+                     label, r, det[i].what);
+                det[i].s->nondet++;
+                det[i].s->fails++;
+            }
+    }
+
+    /* every rank's outputs against the CPU twin's */
+    for (int r = 0; r < N; r++) {
+        const sp_res *gr = &gpu.res[r], *cr = &cpu.res[r];
+        char rl[240];
+        snprintf(rl, sizeof rl, "%s, rank %d", label, r);
+        sp_check(s_idx, rl, "positions", gr->pos, cr->pos, NULL, (size_t)b * c->tl, 1);
+        if (c->lens) {
+            sp_check(s_idx, rl, "gathered ids", gr->ids_all, cr->ids_all, NULL, (size_t)b * T, 1);
+            sp_check(s_idx, rl, "doc positions", gr->dpos, cr->dpos, NULL, (size_t)b * c->tl, 1);
+        }
+        sp_check(s_kvg, rl, "kh", gr->kh, cr->kh, NULL, base.nkh, 1);
+        sp_check(s_kvg, rl, "vh", gr->vh, cr->vh, NULL, base.nkh, 1);
+        sp_check(s_fwd, rl, "out", gr->out, cr->out, NULL, base.nq, 0);
+        sp_check(s_fwd, rl, "lse", gr->lse, cr->lse, NULL, base.nlse, 0);
+        float *dq0 = hnew(base.nq * sizeof(float)), *dk0 = hnew(base.nkv * sizeof(float));
+        float *dv0 = hnew(base.nkv * sizeof(float));
+        sp_take(dq0, base.dq0, b, T, r * c->tl, c->tl, wq, sizeof(float));
+        sp_take(dk0, base.dk0, b, T, r * c->tl, c->tl, wkv, sizeof(float));
+        sp_take(dv0, base.dv0, b, T, r * c->tl, c->tl, wkv, sizeof(float));
+        sp_check(s_bwd, rl, "dq", gr->dq, cr->dq, dq0, base.nq, 0);
+        sp_check(s_bwd, rl, "dkh", gr->dkh, cr->dkh, NULL, base.nkh, 0);
+        sp_check(s_bwd, rl, "dvh", gr->dvh, cr->dvh, NULL, base.nkh, 0);
+        sp_check(s_sct, rl, "dk", gr->dk, cr->dk, dk0, base.nkv, 0);
+        sp_check(s_sct, rl, "dv", gr->dv, cr->dv, dv0, base.nkv, 0);
+        /* the indices against what they must be */
+        for (int bi = 0; bi < b; bi++)
+            for (int i = 0; i < c->tl; i++) {
+                const int p = r * c->tl + i;
+                const size_t e = (size_t)bi * c->tl + i;
+                if (cr->pos[e] != p || (c->lens && cr->dpos[e] != p - ds_full[(size_t)bi * T + p])) {
+                    fail("%s [%s]: the twin's positions are wrong at row %d, token %d",
+                         s_idx->name, rl, bi, i);
+                    s_idx->fails++;
+                    bi = b;
+                    break;
+                }
+            }
+    }
+
+    /* the scheme: assembled out, dq, dk, dv against one attention over the whole sequence */
+    const float scale = 1.0f / sqrtf((float)d);
+    float *out_f = hnew(nQ * sizeof(float)), *lse_f = hnew((size_t)b * hq * T * sizeof(float));
+    float *dq_f = hnew(nQ * sizeof(float)), *dk_f = hnew(nK * sizeof(float));
+    float *dv_f = hnew(nK * sizeof(float));
+    memcpy(dq_f, base.dq0, nQ * sizeof(float));
+    memcpy(dk_f, base.dk0, nK * sizeof(float));
+    memcpy(dv_f, base.dv0, nK * sizeof(float));
+    REF(cpuref_sbprt_attention_forward_packed(C, out_f, lse_f, base.q, base.k, base.v, ds_full, b,
+                                              T, T, hq, hkv, d, 0, scale, c->window, c->softcap));
+    REF(cpuref_sbprt_attention_backward_packed(C, dq_f, dk_f, dv_f, base.dout, base.q, base.k,
+                                               base.v, out_f, lse_f, ds_full, b, T, T, hq, hkv, d,
+                                               0, scale, c->window, c->softcap));
+    for (int be = 0; be < 2; be++) {
+        const sp_job *J = be ? &gpu : &cpu;
+        char bl[240];
+        snprintf(bl, sizeof bl, "%s, %s", label, be ? "cuda" : "cpu twin");
+        sp_check(s_all, bl, "out", sp_assemble(J, offsetof(sp_res, out), wq), out_f, NULL, nQ, 0);
+        sp_check(s_all, bl, "dq", sp_assemble(J, offsetof(sp_res, dq), wq), dq_f, base.dq0, nQ, 0);
+        sp_check(s_all, bl, "dk", sp_assemble(J, offsetof(sp_res, dk), wkv), dk_f, base.dk0, nK, 0);
+        sp_check(s_all, bl, "dv", sp_assemble(J, offsetof(sp_res, dv), wkv), dv_f, base.dv0, nK, 0);
+    }
+    for (int i = 0; i < 6; i++)
+        if (all_s[i]->fails > fails0[i])
+            all_s[i]->fails = fails0[i] + 1; /* failed cases, not failed checks */
+}
+
+/* ---- argument errors, a failing exchange, device index checks (CUDA, 2 ranks) ---- */
+
+static void sp_expect(sp_rank *r, const char *what, int got, int want, const char *msg_has)
+{
+    const char *msg = sbprt_ctx_last_error(r->ctx);
+    if (got != want || (msg_has && !strstr(msg, msg_has))) {
+        fail("seqpar errors, rank %d: %s returned %d (want %d), diagnostic \"%s\"%s%s", r->rank,
+             what, got, want, msg, msg_has ? " should mention " : "", msg_has ? msg_has : "");
+        r->status = SBPRT_ERR_INVALID;
+    }
+}
+
+static void sp_body_errors(sp_rank *r)
+{
+    sbprt_ctx *x = r->ctx;
+    sp_group *g = r->g;
+    const int me = r->rank, tl = 4;
+    float *f = sp_new(r, 64 * sizeof(float)), *o = sp_new(r, 64 * sizeof(float));
+    float *s1 = sp_new(r, 64 * sizeof(float)), *s2 = sp_new(r, 64 * sizeof(float));
+    float *kh = sp_new(r, 64 * sizeof(float));
+    sp_put(r, f, hrand(64, -1, 1), 64 * sizeof(float));
+    sp_put(r, kh, hrand(64, -1, 1), 64 * sizeof(float));
+    /* refused up front: no exchange is entered (no rank is left waiting) */
+    const int calls0 = g->calls[me];
+    sp_expect(r, "kv_gather nranks 4 on a 2-rank communicator",
+              sbprt_sp_kv_gather(x, kh, f, s1, 1, tl, 2, 2, 4, 4), SBPRT_ERR_INVALID,
+              "communicator");
+    sp_expect(r, "kv_gather hq 6, hkv 3 over 2 ranks",
+              sbprt_sp_kv_gather(x, kh, f, s1, 1, tl, 6, 3, 4, 2), SBPRT_ERR_INVALID, "ranks");
+    sp_expect(r, "kv_scatter hq 3 over 2 ranks",
+              sbprt_sp_kv_scatter(x, f, kh, s1, 1, tl, 3, 1, 4, 2), SBPRT_ERR_INVALID, NULL);
+    sp_expect(r, "attention_forward chunk past tl",
+              sbprt_sp_attention_forward(x, o, s2, f, kh, kh, NULL, s1, s2, 1, 3, tl, 2, 2, 4, 2,
+                                         1.0f, 0, 0, 2),
+              SBPRT_ERR_INVALID, NULL);
+    sp_expect(r, "attention_forward window -1",
+              sbprt_sp_attention_forward(x, o, s2, f, kh, kh, NULL, s1, s2, 1, 2, tl, 2, 2, 4, 0,
+                                         1.0f, -1, 0, 2),
+              SBPRT_ERR_INVALID, NULL);
+    sp_expect(r, "attention_forward d 300 (the CUDA limit)",
+              sbprt_sp_attention_forward(x, o, s2, f, kh, kh, NULL, s1, s2, 1, 1, 1, 2, 2, 300, 0,
+                                         1.0f, 0, 0, 2),
+              SBPRT_ERR_INVALID, "head size");
+    sp_expect(r, "attention_backward d 300",
+              sbprt_sp_attention_backward(x, o, o, o, f, f, kh, kh, f, f, NULL, s1, s2, s1, s2, 1,
+                                          1, 1, 2, 2, 300, 0, 1.0f, 0, 0, 2),
+              SBPRT_ERR_INVALID, "head size");
+    sp_expect(r, "attention_backward lse NULL",
+              sbprt_sp_attention_backward(x, o, o, o, f, f, kh, kh, f, NULL, NULL, s1, s2, s1, s2,
+                                          1, 2, tl, 2, 2, 4, 0, 1.0f, 0, 0, 2),
+              SBPRT_ERR_INVALID, NULL);
+    sp_expect(r, "positions b 0 (no-op, NULL)", sbprt_sp_positions(x, NULL, 0, tl, 2), SBPRT_OK,
+              NULL);
+    sp_expect(r, "attention_forward t 0 (no-op, NULL)",
+              sbprt_sp_attention_forward(x, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 0,
+                                         tl, 2, 2, 4, 0, 1.0f, 0, 0, 2),
+              SBPRT_OK, NULL);
+    if (g->calls[me] != calls0)
+        fail("seqpar errors, rank %d: refused calls entered %d exchanges", me,
+             g->calls[me] - calls0);
+    /* a failing exchange: SBPRT_ERR_BACKEND with a diagnostic, on every rank */
+    g->fail_call[me] = g->calls[me] + 1;
+    sp_expect(r, "kv_gather with a failing all-to-all",
+              sbprt_sp_kv_gather(x, kh, f, s1, 1, tl, 2, 2, 4, 2), SBPRT_ERR_BACKEND,
+              "all-to-all");
+    g->fail_call[me] = g->calls[me] + 2; /* the forward's second one, after the kernels */
+    sp_expect(r, "attention_forward with a failing second all-to-all",
+              sbprt_sp_attention_forward(x, o, s2 + 32, f, kh, kh, NULL, s1, s2, 1, 2, tl, 2, 2, 4,
+                                         0, 1.0f, 0, 0, 2),
+              SBPRT_ERR_BACKEND, "all-to-all");
+    g->fail_call[me] = 0;
+    sp_expect(r, "sync after the failed exchanges", sbprt_sync(x), SBPRT_OK, NULL);
+    /* a bad document start in the chunk of rank 1's rows: every rank computes that chunk for
+     * its heads, so every rank's sync reports it */
+    const int32_t bad_att[8] = {0, 0, 0, 0, 4, 4, 7, 4};
+    int32_t *dsa = sp_in(r, bad_att, sizeof bad_att);
+    sp_expect(r, "attention_forward with a bad doc_start",
+              sbprt_sp_attention_forward(x, o, s2 + 32, f, kh, kh, dsa, s1, s2, 1, 2, tl, 2, 2, 4,
+                                         2, 1.0f, 0, 0, 2),
+              SBPRT_OK, NULL);
+    sp_expect(r, "sync after it", sbprt_sync(x), SBPRT_ERR_RANGE, NULL);
+    sp_expect(r, "sync again", sbprt_sync(x), SBPRT_OK, NULL);
+    /* sp_doc_positions reads this rank's positions only: rank 1's holds a start past its
+     * position, rank 0's are fine */
+    const int32_t bad_pos[8] = {0, 0, 0, 0, 4, 4, 9, 4};
+    int32_t *dsp = sp_in(r, bad_pos, sizeof bad_pos), *pos = sp_new(r, tl * sizeof(int32_t));
+    sp_expect(r, "doc_positions with a bad start", sbprt_sp_doc_positions(x, pos, dsp, 1, tl, 2),
+              SBPRT_OK, NULL);
+    sp_expect(r, "sync after it", sbprt_sync(x), me == 1 ? SBPRT_ERR_RANGE : SBPRT_OK, NULL);
+    /* and the context works on */
+    sp_expect(r, "positions", sbprt_sp_positions(x, pos, 1, tl, 2), SBPRT_OK, NULL);
+    int32_t got[4];
+    sp_get(r, got, pos, sizeof got);
+    for (int i = 0; i < tl; i++)
+        if (got[i] != me * tl + i) {
+            fail("seqpar errors, rank %d: position %d is %d", me, i, got[i]);
+            break;
+        }
+    sp_expect(r, "sync at end", sbprt_sync(x), SBPRT_OK, NULL);
+}
+
+static int sp_dummy_alltoall(void *user, const void *send, void *recv, size_t bytes, void *stream)
+{
+    (void)user, (void)send, (void)recv, (void)bytes, (void)stream;
+    return 1;
+}
+
+static void t_seqpar_errors(void)
+{
+    kstat *s = kstat_get("sp errors, exchange, index checks", 0);
+    s->cases++;
+    const int before = nfail;
+    /* the communicator calls, on the main context */
+    check_status("comm_size without one", sbprt_ctx_comm_size(G), 1);
+    check_status("comm_rank without one", sbprt_ctx_comm_rank(G), 0);
+    check_status("comm_size NULL", sbprt_ctx_comm_size(NULL), 1);
+    sbprt_comm bad = {0, 0, sp_dummy_alltoall, NULL, 0};
+    check_status("set_comm size 0", sbprt_ctx_set_comm(G, &bad), SBPRT_ERR_INVALID);
+    bad.size = 2, bad.rank = 2;
+    check_status("set_comm rank 2 of 2", sbprt_ctx_set_comm(G, &bad), SBPRT_ERR_INVALID);
+    bad.rank = 1, bad.alltoall = NULL;
+    check_status("set_comm no alltoall", sbprt_ctx_set_comm(G, &bad), SBPRT_ERR_INVALID);
+    bad.alltoall = sp_dummy_alltoall;
+    check_status("set_comm NULL ctx", sbprt_ctx_set_comm(NULL, &bad), SBPRT_ERR_INVALID);
+    check_status("set_comm rank 1 of 2", sbprt_ctx_set_comm(G, &bad), SBPRT_OK);
+    check_status("comm_size", sbprt_ctx_comm_size(G), 2);
+    check_status("comm_rank", sbprt_ctx_comm_rank(G), 1);
+    check_status("set_comm NULL (remove)", sbprt_ctx_set_comm(G, NULL), SBPRT_OK);
+    check_status("comm_size after removal", sbprt_ctx_comm_size(G), 1);
+    /* one rank without a communicator: positions are 0 .. tl-1; 2 ranks need one */
+    int32_t *pos = dnew(5 * sizeof(int32_t)), got[5];
+    check_status("sp_positions nranks 1", sbprt_sp_positions(G, pos, 1, 5, 1), SBPRT_OK);
+    download(got, pos, sizeof got);
+    for (int i = 0; i < 5; i++)
+        if (got[i] != i) {
+            fail("sp_positions without a communicator: %d at %d", got[i], i);
+            break;
+        }
+    check_status("sp_positions nranks 2 without a communicator",
+                 sbprt_sp_positions(G, pos, 1, 5, 2), SBPRT_ERR_INVALID);
+    sbprt_arena_free(G, pos);
+    /* two ranks */
+    sp_rank ranks[SP_MAXR];
+    sp_group g;
+    sp_run(ranks, &g, 2, &sp_cuda, 0, sp_body_errors, NULL);
+    if (nfail != before)
+        s->fails++;
+    hfree_all();
+}
+
+static void t_seqpar(void)
+{
+    static const int docs_a[] = {5, 1, 37, 9, 0}, docs_b[] = {1, 30, 3, 0};
+    static const sp_case small[] = {
+        {"MHA", 2, 2, 24, 4, 4, 16, 24, 0, 0, NULL, 0},
+        {"GQA, 2 kv heads a rank, chunks", 2, 1, 40, 8, 4, 8, 16, 0, 0, NULL, 0},
+        {"GQA, 1 kv head a rank", 2, 2, 33, 4, 2, 16, 20, 0, 0, NULL, 0},
+        {"MQA: kv head replicated", 2, 2, 24, 4, 1, 16, 12, 0, 0, NULL, 0},
+        {"window", 2, 1, 40, 4, 2, 16, 16, 13, 0, NULL, 0},
+        {"softcap", 2, 2, 24, 4, 1, 16, 24, 0, 2.0f, NULL, 0},
+        {"packed documents", 2, 2, 40, 4, 2, 16, 16, 0, 0, docs_a, 0},
+        {"documents, window, softcap", 2, 1, 36, 4, 1, 16, 20, 20, 5.0f, docs_b, 1},
+        {"4 ranks, kv heads on 2 each", 4, 1, 16, 8, 2, 8, 16, 0, 0, docs_a, 0},
+        {"one rank (a group of one)", 1, 2, 40, 4, 2, 16, 16, 9, 0, docs_a, 0},
+    };
+    static const sp_case full[] = {
+        {"MHA", 2, 2, 256, 8, 8, 64, 256, 0, 0, NULL, 0},
+        {"GQA, 2 kv heads a rank, chunks", 2, 1, 512, 16, 4, 64, 128, 0, 0, NULL, 0},
+        {"GQA, 1 kv head a rank", 2, 2, 300, 8, 2, 64, 100, 0, 0, NULL, 0},
+        {"MQA: kv head replicated", 2, 2, 256, 8, 1, 128, 128, 0, 0, NULL, 0},
+        {"window", 2, 1, 512, 8, 2, 64, 200, 100, 0, NULL, 0},
+        {"softcap", 2, 2, 256, 8, 1, 64, 256, 0, 30.0f, NULL, 1},
+        {"packed documents", 2, 2, 384, 8, 2, 64, 128, 0, 0, docs_a, 0},
+        {"documents, window, softcap", 2, 1, 300, 8, 1, 80, 150, 77, 30.0f, docs_b, 1},
+        {"4 ranks, kv heads on 2 each", 4, 1, 256, 8, 2, 64, 128, 0, 0, docs_a, 0},
+        {"one rank (a group of one)", 1, 2, 256, 8, 2, 64, 128, 64, 0, docs_a, 0},
+    };
+    const sp_case *cases = quick ? small : full;
+    const int nc = quick ? (int)(sizeof small / sizeof small[0]) : (int)(sizeof full / sizeof full[0]);
+    for (int i = 0; i < nc; i++) {
+        t_seqpar_case(&cases[i]);
+        hfree_all();
+    }
+    t_seqpar_errors();
+}
+
 /* ---- report ------------------------------------------------------------------------------- */
 
 static void report(double total_ms)
@@ -2031,8 +2849,10 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+            only = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--only GROUP]\n", argv[0]);
             return 2;
         }
     }
@@ -2076,10 +2896,12 @@ int main(int argc, char **argv)
         {"optim", t_optim},     {"extra", t_extra},         {"bf16 gemm", t_bf16_gemm},
         {"bf16 elementwise", t_bf16_bias_ew}, {"bf16 rows", t_bf16_rows},
         {"bf16 attn, loss", t_bf16_attention_loss}, {"bf16 layout", t_bf16_layout},
-        {"index checks", t_range_errors},
+        {"seqpar", t_seqpar},   {"index checks", t_range_errors},
         {"errors", t_errors},
     };
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {
+        if (only && strcmp(only, groups[i].name) != 0)
+            continue;
         const double g0 = now_ms();
         groups[i].fn();
         printf("  %-14s done in %7.2f s (%d failed checks so far)\n", groups[i].name,

@@ -25,7 +25,12 @@ within AMBIGUOUS (1e-5) of 0 may count either way. The same 8 steps with --grad-
 step of B = 2 (one pair per micro-batch) must log the same rewards (the means are over every
 micro-batch's pairs), against the same reference. --compute-logps must write the reference log-probs (equal to float64 PyTorch's within
 1e-5) and train nothing; the log-probs kept beside the checkpoints are reused by a resumed run
-(whose losses equal the uninterrupted run's) and recomputed for another dataset. Without torch or transformers: SKIPPED, exit 77.
+(whose losses equal the uninterrupted run's) and recomputed for another dataset. A reference
+that is not the starting point: --compute-logps of the trained model (--save), given back as
+--ref-logps FILE to a run from the initial weights, against the same float64 loop with that
+model's log-probs (losses 1e-5, weights 1e-4); --ref-logps of another dataset, a .npy and a
+file that is not of --compute-logps are refused in one line. Without torch or transformers:
+SKIPPED, exit 77.
 """
 import os
 import re
@@ -115,7 +120,6 @@ def main():
         sys.exit(__doc__)
     sbp_train, sbpc, work = sys.argv[1:]
     try:
-        import copy
         import torch
         import transformers  # noqa: F401
         from safetensors.torch import load_file
@@ -134,9 +138,10 @@ def main():
          "--save-safetensors", init])
     final = os.path.join(work, "final.safetensors")
     log = os.path.join(work, "train.jsonl")
+    trained = os.path.join(work, "trained.onnx")  # another reference model, below
     out = run([sbp_train, step, "--model", MODEL, "--dataset", data, "--steps", str(STEPS),
                "--lr", str(LR), "--weight-decay", str(WD), "--shuffle-seed", str(SEED),
-               "--threads", "2", "--save-safetensors", final, "--log", log])
+               "--threads", "2", "--save-safetensors", final, "--log", log, "--save", trained])
     logged = logged_rewards(out, log)
     # the same steps as two micro-batches of one pair each
     step2 = os.path.join(work, "dpo_b2.so")
@@ -178,42 +183,90 @@ def main():
     if "holds reference log-probs of another model, step or dataset" not in out4:
         sys.exit("FAIL: a cache of another dataset was not recomputed:\n" + out4)
 
-    model = llama_float64(init)
-    ref_model = copy.deepcopy(model)
-    with torch.no_grad():
-        ref = [float(logp(torch, ref_model, e[0], e[1])) for e in exs]
+    # a reference model that is not the starting point: the trained model's log-probs
+    # (--compute-logps with --model trained.onnx), read back with --ref-logps FILE, on a run
+    # from the initial weights, single-process and over 2 ranks (batches dealt to the ranks)
+    other_ref = os.path.join(work, "trained_ref.safetensors")
+    run([sbp_train, step, "--model", trained, "--dataset", data, "--compute-logps", other_ref])
+    final2 = os.path.join(work, "final_other_ref.safetensors")
+    out5 = run([sbp_train, step, "--model", MODEL, "--dataset", data, "--steps", str(STEPS),
+                "--lr", str(LR), "--weight-decay", str(WD), "--shuffle-seed", str(SEED),
+                "--threads", "2", "--ref-logps", other_ref, "--save-safetensors", final2])
+    if "note: --ref-logps: the reference log-probs of %s (10 examples)" % other_ref not in out5 \
+            or "computed in" in out5:
+        sys.exit("FAIL: --ref-logps FILE was not the reference:\n" + out5)
+    got_other = step_losses(out5)
+    # hostile: another dataset's file, a batch's .npy, a file that is not of --compute-logps
+    bad = run([sbp_train, step, "--model", MODEL, "--dataset", other, "--steps", "1",
+               "--ref-logps", other_ref], expect=1)
+    if "holds the log-probs of another dataset" not in bad or bad.count("error:") != 1:
+        sys.exit("FAIL: another dataset's log-probs were not refused in one line:\n" + bad)
+    bad = run([sbp_train, step, "--model", MODEL, "--dataset", data, "--steps", "1",
+               "--ref-logps", os.path.join(work, "x.npy")], expect=1)
+    if "not an array of one batch's rows" not in bad:
+        sys.exit("FAIL: a .npy --ref-logps with --dataset was not refused:\n" + bad)
+    bad = run([sbp_train, step, "--model", MODEL, "--dataset", data, "--steps", "1",
+               "--ref-logps", init], expect=1)
+    if "is not a file of sbp-train --compute-logps" not in bad:
+        sys.exit("FAIL: a safetensors file of weights as --ref-logps was not refused:\n" + bad)
+
+    def dpo_loop(ref):
+        """STEPS float64 AdamW steps from the initial weights against the row logps ref."""
+        model = llama_float64(init)
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
+                                weight_decay=WD)
+        order = [p for ep in range(STEPS) for p in dr.order(len(exs) // 2, SEED, ep)]
+        want, want_rewards = [], []
+        for s in range(STEPS):
+            opt.zero_grad()
+            total = 0
+            chosen, rejected = [], []  # this step's rewards, of the forward before its update
+            for pr in order[s * (B // 2):(s + 1) * (B // 2)]:
+                c, r_ = exs[2 * pr], exs[2 * pr + 1]
+                rc = BETA * (logp(torch, model, *c) - ref[2 * pr])
+                rr = BETA * (logp(torch, model, *r_) - ref[2 * pr + 1])
+                chosen.append(float(rc.detach()))
+                rejected.append(float(rr.detach()))
+                z = rc - rr
+                total = total - torch.nn.functional.logsigmoid(z)
+            loss = total / (B // 2)
+            loss.backward()
+            opt.step()
+            want.append(float(loss.detach()))
+            want_rewards.append((chosen, rejected))
+        return model, want, want_rewards
+
+    def ref_of(path):
+        m = llama_float64(path)
+        with torch.no_grad():
+            return [float(logp(torch, m, e[0], e[1])) for e in exs]
+
+    ref = ref_of(init)
     written = load_file(logps_file)["row_logps"].double().tolist()
     worst_ref = max(abs(a - b) / abs(b) for a, b in zip(written, ref))
     if worst_ref > 1e-5:
         sys.exit("FAIL: --compute-logps is %.3g relative off float64 PyTorch" % worst_ref)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=WD)
-    order = [p for ep in range(STEPS) for p in dr.order(len(exs) // 2, SEED, ep)]
-    want, want_rewards = [], []
-    for s in range(STEPS):
-        opt.zero_grad()
-        total = 0
-        chosen, rejected = [], []  # this step's rewards, of the forward before its update
-        for pr in order[s * (B // 2):(s + 1) * (B // 2)]:
-            c, r_ = exs[2 * pr], exs[2 * pr + 1]
-            rc = BETA * (logp(torch, model, *c) - ref[2 * pr])
-            rr = BETA * (logp(torch, model, *r_) - ref[2 * pr + 1])
-            chosen.append(float(rc.detach()))
-            rejected.append(float(rr.detach()))
-            z = rc - rr
-            total = total - torch.nn.functional.logsigmoid(z)
-        loss = total / (B // 2)
-        loss.backward()
-        opt.step()
-        want.append(float(loss.detach()))
-        want_rewards.append((chosen, rejected))
+    model, want, want_rewards = dpo_loop(ref)
     worst = check_losses("dpo", got, want)
     wworst = check_weights("dpo", final, model)
     rworst = check_rewards("dpo", logged, want_rewards)
     aworst = check_rewards("dpo --grad-accum 2", logged_accum, want_rewards)
+    # the trained model as the reference
+    ref2 = ref_of(final)
+    written2 = load_file(other_ref)["row_logps"].double().tolist()
+    worst_ref2 = max(abs(a - b) / abs(b) for a, b in zip(written2, ref2))
+    if worst_ref2 > 1e-5:
+        sys.exit("FAIL: --compute-logps of the trained model is %.3g relative off float64 "
+                 "PyTorch" % worst_ref2)
+    model2, want2, _ = dpo_loop(ref2)
+    worst2 = check_losses("dpo --ref-logps FILE", got_other, want2)
+    wworst2 = check_weights("dpo --ref-logps FILE", final2, model2)
     print("dpo: %d steps over 5 shuffled pairs, losses within %.2e of float64 PyTorch, final "
           "weights within %.2e, reference log-probs within %.2e, rewards within %.2e (with "
           "--grad-accum 2: %.2e)" % (STEPS, worst, wworst, worst_ref, rworst, aworst))
+    print("dpo --ref-logps FILE (the trained model's, from --compute-logps): losses within "
+          "%.2e, final weights within %.2e, its log-probs within %.2e" % (worst2, wworst2,
+                                                                          worst_ref2))
     print("rewards_margin per step: %s" % " ".join("%.4g" % x["rewards_margin"] for x in logged))
     print("PASS")
     return 0

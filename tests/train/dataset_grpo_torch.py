@@ -16,7 +16,10 @@ the loss (--grpo-norm sequence) the mean over rows of each row's mean over its s
 or (token) the sum of every token loss of the batch over the batch's scored tokens (its two rows
 together: a longer completion weighs more), the rows in the order dataset_ref.py computes, torch.optim.AdamW (lr 1e-2, weight decay 0.01). Every step's loss
 within 1e-5 relative, the final weights within 1e-4 per tensor; --compute-logps writes every
-token's reference log-prob (within 1e-5 of float64 PyTorch's). SKIPPED (exit 77) without torch.
+token's reference log-prob (within 1e-5 of float64 PyTorch's). Off-policy: that file given as
+--old-logps FILE and as --ref-logps FILE to a run from the initial weights (the rollouts'
+policy is the initial model, updated 6 times on them), against the same loop with ratio = exp(logp - old)
+(the same bounds). SKIPPED (exit 77) without torch.
 """
 import os
 import struct
@@ -84,6 +87,22 @@ def main():
     got = step_losses(out)
     logps_file = os.path.join(work, "ref.safetensors")
     run([sbp_train, step, "--model", MODEL, "--dataset", data, "--compute-logps", logps_file])
+    # off-policy, as PPO-style updates on rollouts sampled once: the initial model's token
+    # log-probs (the file just written) as the old policy (--old-logps FILE) and as the
+    # reference (--ref-logps FILE); the ratio leaves 1 from step 2 on, and clips
+    old_file = logps_file
+    final2 = os.path.join(work, "final_off_policy.safetensors")
+    out2 = run([sbp_train, step, "--model", MODEL, "--dataset", data, "--steps", str(STEPS),
+                "--lr", str(LR), "--weight-decay", str(WD), "--shuffle-seed", str(SEED),
+                "--threads", "2", "--ref-logps", logps_file, "--old-logps", old_file,
+                "--save-safetensors", final2, "--log", os.path.join(work, "off.jsonl")])
+    if "note: --old-logps: the token log-probs of %s" % old_file not in out2 or \
+            "note: --ref-logps: the reference log-probs of %s" % logps_file not in out2 or \
+            "computed in" in out2:
+        sys.exit("FAIL: --ref-logps / --old-logps FILE were not read:\n" + out2)
+    # from --log, at full precision: the printed line's 6 decimals are 2e-5 of a loss of 0.03
+    import json
+    got2 = [json.loads(x)["loss"] for x in open(os.path.join(work, "off.jsonl")) if x.strip()]
 
     model = llama_float64(init)
     ref_model = copy.deepcopy(model)
@@ -98,34 +117,46 @@ def main():
         at += len(e[0])
     if worst_ref > 1e-5:
         sys.exit("FAIL: --compute-logps's tokens are %.3g relative off float64 PyTorch" % worst_ref)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=WD)
-    order = [i for ep in range(STEPS) for i in dr.order(len(exs), SEED, ep)]
-    want = []
-    for s in range(STEPS):
-        opt.zero_grad()
-        total, scored = 0, 0
-        for i in order[s * B:(s + 1) * B]:
-            _, lp = token_logps(torch, model, *exs[i])
-            ratio = torch.exp(lp - lp.detach())
-            a = adv[i]
-            pg = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - EPS, 1 + EPS) * a)
-            d = ref[i] - lp
-            l_tok = pg + BETA * (torch.exp(d) - d - 1)
-            if norm == "sequence":
-                total = total + l_tok.sum() / len(lp)
-            else:
-                total = total + l_tok.sum()
-            scored += len(lp)
-        loss = total / (B if norm == "sequence" else scored)
-        loss.backward()
-        opt.step()
-        want.append(float(loss.detach()))
+    def grpo_loop(old):
+        """STEPS float64 AdamW steps from the initial weights; old: per example the old
+        policy's token logps, or None (on-policy: the current ones, detached)."""
+        model = llama_float64(init)
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
+                                weight_decay=WD)
+        order = [i for ep in range(STEPS) for i in dr.order(len(exs), SEED, ep)]
+        want = []
+        for s in range(STEPS):
+            opt.zero_grad()
+            total, scored = 0, 0
+            for i in order[s * B:(s + 1) * B]:
+                _, lp = token_logps(torch, model, *exs[i])
+                ratio = torch.exp(lp - (lp.detach() if old is None else old[i]))
+                a = adv[i]
+                pg = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - EPS, 1 + EPS) * a)
+                d = ref[i] - lp
+                l_tok = pg + BETA * (torch.exp(d) - d - 1)
+                if norm == "sequence":
+                    total = total + l_tok.sum() / len(lp)
+                else:
+                    total = total + l_tok.sum()
+                scored += len(lp)
+            loss = total / (B if norm == "sequence" else scored)
+            loss.backward()
+            opt.step()
+            want.append(float(loss.detach()))
+        return model, want
+
+    model, want = grpo_loop(None)
+    model2, want2 = grpo_loop(ref)
+    worst2 = check_losses("grpo %s --old-logps FILE" % norm, got2, want2)
+    wworst2 = check_weights("grpo %s --old-logps FILE" % norm, final2, model2)
     worst = check_losses("grpo " + norm, got, want)
     wworst = check_weights("grpo " + norm, final, model)
     print("grpo (%s normalisation): %d steps over 6 shuffled rollouts, losses within %.2e of float64 PyTorch, final "
           "weights within %.2e, reference token log-probs within %.2e" % (norm, STEPS, worst,
                                                                           wworst, worst_ref))
+    print("grpo (%s) off-policy, --old-logps FILE and --ref-logps FILE (the initial model's): "
+          "losses within %.2e, final weights within %.2e" % (norm, worst2, wworst2))
     print("PASS")
     return 0
 
