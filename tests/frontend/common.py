@@ -7,8 +7,6 @@ package, not a copy installed earlier.
 import os
 import subprocess
 import sys
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import toolrun  # noqa: E402  (tests/toolrun.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -42,7 +40,7 @@ def tool(name, *args):
 
 
 def run(cmd):
-    p = toolrun.run([str(c) for c in cmd], capture_output=True, text=True)
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
     return p.returncode, p.stdout, p.stderr
 
 

@@ -30,8 +30,6 @@ import os
 import re
 import subprocess
 import sys
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import toolrun  # noqa: E402  (tests/toolrun.py)
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -105,7 +103,7 @@ def harness(a, fam, key, path, params, strategy, opts):
     cmd = [a.cmake, "-DSBPC=" + a.sbpc, "-DTRAIN=" + a.train, "-DCHECK=" + a.check,
            "-DMODEL=" + path, "-DREF=" + REF, "-DKEY=" + key, "-DFAM=" + fam, "-DOUT=" + out,
            "-DOPTS=" + ";".join(opts), "-DPARAMS=" + params, "-P", RUN_HF]
-    p = toolrun.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True)
     check = open(out + ".check").read() if os.path.exists(out + ".check") else ""
     if p.returncode != 0:  # run_hf.cmake prints each command's output (hf_check's failures)
         print(p.stdout[-3000:] + p.stderr[-3000:], flush=True)

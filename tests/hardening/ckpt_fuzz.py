@@ -34,8 +34,6 @@ import shutil
 import struct
 import subprocess
 import sys
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import toolrun  # noqa: E402  (tests/toolrun.py)
 import time
 
 TIMEOUT = 60  # seconds per run: far above a resume's (milliseconds) even under ASan
@@ -200,7 +198,7 @@ class Sweep:
         """(exit status or 'timeout', stdout, stderr) of sbp-train STEP ARGS in cwd."""
         cmd = [self.train, self.step] + args
         try:
-            p = toolrun.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                timeout=TIMEOUT)
             return p.returncode, p.stdout.decode("utf-8", "replace"), \
                 p.stderr.decode("utf-8", "replace")

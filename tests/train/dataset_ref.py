@@ -27,8 +27,6 @@ import re
 import struct
 import subprocess
 import sys
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import toolrun  # noqa: E402  (tests/toolrun.py)
 
 IGNORE = -100
 B, T, V = 2, 8, 16
@@ -170,7 +168,7 @@ def steps_for(exs, seed, packed, epochs, per_step):
 # ---------------------------------------------------------------- running sbp-train
 
 def run(cmd, env=None, expect=0):
-    p = toolrun.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                        timeout=120)
     if p.returncode != expect:
         sys.stdout.write(p.stdout + p.stderr)
@@ -336,7 +334,7 @@ def resume_mode(sbp_train, plain, packed_step, model, work):
 
 
 def refused(cmd, regex):
-    p = toolrun.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        timeout=60)
     errs = [l for l in p.stderr.splitlines() if "error:" in l]
     if p.returncode != 1 or len(errs) != 1 or not re.search(regex, errs[0]):

@@ -26,8 +26,6 @@ import re
 import struct
 import subprocess
 import sys
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import toolrun  # noqa: E402  (tests/toolrun.py)
 
 IGNORE = -100
 
@@ -155,7 +153,7 @@ def write_shard(path, stream):
 
 
 def run(cmd, env=None):
-    p = toolrun.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                        timeout=120)
     if p.returncode != 0:
         sys.stdout.write(p.stdout)
@@ -270,7 +268,7 @@ def resume(sbp_train, step, model, work):
 
 
 def refused(cmd, regex):
-    p = toolrun.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        timeout=120)
     if p.returncode != 1 or not re.search(regex, p.stderr) or p.stderr.count("error:") != 1:
         sys.exit("FAIL: expected exit 1 and one error matching %r, got %d:\n%s" %

@@ -10,8 +10,6 @@ import os
 import re
 import subprocess
 import sys
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import toolrun  # noqa: E402  (tests/toolrun.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -21,7 +19,7 @@ LLAMA = os.path.join(FIX, "llama_dynamo_scoped.onnx")
 
 def run(cmd, expect=0):
     """The tool's stdout and stderr; the exit status must be `expect`."""
-    p = toolrun.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=600)
     if p.returncode != expect:
         sys.stdout.write(p.stdout)
