@@ -167,9 +167,10 @@ static void emit_header_comment(const sbp_train_program *p, const sbp_codegen_op
             cname, SBP_VERSION);
     fputs(" *\n * model       ", f);
     put_comment_text(f, o->model_path ? o->model_path : "?");
-    fprintf(f, "\n * step        B = %lld, T = %lld, V = %lld; objective %s; strategy %s\n",
+    fprintf(f, "\n * step        B = %lld, T = %lld, V = %lld; objective %s%s; strategy %s\n",
             (long long)p->batch, (long long)p->seq_len, (long long)p->vocab,
-            sbp_objective_name(p->objective), sbp_strategy_name(p->strategy));
+            sbp_objective_name(p->objective), p->per_document ? " per document" : "",
+            sbp_strategy_name(p->strategy));
     int trainable = 0;
     for (int i = 0; i < p->n_params; i++)
         trainable += p->params[i].trainable && p->params[i].tied_to < 0;
@@ -842,7 +843,7 @@ static void emit_logps_run(const sbp_train_program *p, const sbp_codegen_options
                 bt);
     for (int i = 0; i < p->n_blocks; i++)
         fprintf(f, "    TRY(%s(ctx, P, G, ws, ids, labels, scale, args));\n", p->blocks[i]->name);
-    fprintf(f, "    TRY(obj_logp_outputs(ctx, row_logps, token_logps,\n"
+    fprintf(f, "    TRY(obj_logp_outputs(ctx, args, row_logps, token_logps,\n"
                "                         (const float *)(ws + %s)));\n",
             ws_macro(p, p->bufs[p->tok_logp_buf]));
     sbp_emit_target_run_end(p, o, f);

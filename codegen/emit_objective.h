@@ -1,11 +1,12 @@
 /* emit_objective.h — what the emitted step adds for the DPO and GRPO objectives (internal to
  * codegen/; emit_objective.c).
  *
- * The training program (passes/train/objective_pref.c) holds two host steps as instructions,
- * GRPO_WEIGHTS and DPO_COEF (passes/train/train_kernels.def); their call templates name static
- * functions that these print into the step, before the block functions. Both read and write
- * backend memory through sbprt_memcpy in small blocks (stack buffers: the step allocates
- * nothing), so they work for the CPU and the CUDA target alike. Nothing is printed for SFT or
+ * The training program (passes/train/objective_pref.c) holds host steps as instructions,
+ * GRPO_WEIGHTS (per document: GRPO_DOC_WEIGHTS) and DPO_COEF (passes/train/train_kernels.def);
+ * their call templates name static functions that these print into the step, before the
+ * block functions. They read and write backend memory through sbprt_memcpy in small blocks
+ * (stack buffers: the step allocates nothing), so they work for the CPU and the CUDA target
+ * alike. Nothing is printed for SFT or
  * the graph's own loss.
  */
 #ifndef SBP_EMIT_OBJECTIVE_H
@@ -15,7 +16,7 @@
 
 #include "codegen.h"
 
-/* Fields of sbp_step_info after planned_peak_bytes: beta, epsilon, grpo_norm. */
+/* Fields of sbp_step_info after planned_peak_bytes: beta, epsilon, grpo_norm, per_document. */
 void sbp_emit_objective_info(const sbp_train_program *p, FILE *f);
 
 /* The host steps' static functions (before the blocks); with p->logps, also

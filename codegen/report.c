@@ -396,9 +396,10 @@ int sbp_report_write(FILE *out, const sbp_report_entry *e, int n, int main_index
         any = f[i].p;
     fputs("memory plan", out);
     if (any)
-        fprintf(out, ": B = %lld, T = %lld, V = %lld, objective %s, %d parameter tensors",
+        fprintf(out, ": B = %lld, T = %lld, V = %lld, objective %s%s, %d parameter tensors",
                 (long long)any->batch, (long long)any->seq_len, (long long)any->vocab,
-                sbp_objective_name(any->objective), any->n_params);
+                sbp_objective_name(any->objective), any->per_document ? " per document" : "",
+                any->n_params);
     fputs("\n\n", out);
     fprintf(out, "  %-32s", "bytes");
     for (int i = 0; i < n; i++)

@@ -46,6 +46,22 @@
  *           Σ_rows (Σ_t l / the row's scored tokens) / denominator (rows) for grpo_norm
  *           "sequence", Σ l / denominator (scored positions) for "token". A "sequence" row
  *           with no scored token adds nothing.
+ * Per document (info->per_document, ABI 8: sbpc --packed --per-document, DPO and GRPO only):
+ *   the unit is each DOCUMENT of a row instead of the row. The documents of a row are the
+ *   maximal runs of equal args->doc_ids along it that hold at least one scored label (a run
+ *   with none, e.g. padding, is not a document), numbered k = 0, 1, .. along the row; the
+ *   value of document k of row b lives at index b*T + k of a [B*T] array (k < T always).
+ *   "dpo"   pair (i, k) = (document k of row i, document k of row B/2 + i) for i < B/2; rows i
+ *           and B/2 + i must hold as many documents, else sbp_step_run returns
+ *           SBPRT_ERR_INVALID. z = β ((logp_c - ref_c) - (logp_r - ref_r)) with each
+ *           document's own logp (the sum over its scored tokens) and ref_logps[b*T + k];
+ *           loss = Σ over pairs of -log σ(z) / denominator (document pairs); each scored token
+ *           of a document gets its document's coefficient ∓β σ(-z) / denominator.
+ *   "grpo"  A is the token's document's advantage, advantages[b*T + k]; "sequence": loss =
+ *           Σ_documents (Σ_t l / the document's scored tokens) / denominator (documents);
+ *           "token" as without per_document. old_logps / ref_logps stay per token.
+ *   Sums are in double, in order, as per row; a row that is one document gives the per-row
+ *   values (at b*T + 0).
  * Gradient accumulation over K micro-batches: pass the denominator of the whole batch (of all
  * K) to each step with accumulate = 1 after the first; the losses then add up to the whole
  * batch's loss and the gradients to its gradient. For DPO each micro-batch must hold whole
@@ -71,7 +87,7 @@
 
 #include "sbprt.h"
 
-#define SBP_STEP_ABI_VERSION 7
+#define SBP_STEP_ABI_VERSION 8
 #define SBP_STEP_MAX_RANK 8
 
 typedef struct sbp_step_param {
@@ -168,6 +184,12 @@ typedef struct sbp_step_info {
                                         * gradients are this rank's tokens' share: summed over
                                         * the group (and any data-parallel ranks) they are the
                                         * whole batch's. */
+    /* ABI 8 */
+    int per_document;                  /* 1: compiled with sbpc --packed --per-document (DPO /
+                                        * GRPO): the objective's unit is each document of a row
+                                        * (see "Objectives"): ref_logps (DPO), advantages (GRPO),
+                                        * row_logps and sbp_step_logps's row_logps are [B*T],
+                                        * document k of row b at b*T + k */
 } sbp_step_info;
 
 typedef struct sbp_step_args {
@@ -180,18 +202,21 @@ typedef struct sbp_step_args {
                                         * (cuda: device memory) */
     double denominator;                /* the mean's divisor, 0 = this batch's: SFT and GRPO
                                         * token: scored positions; GRPO sequence: rows; DPO:
-                                        * pairs (see "Objectives") */
+                                        * pairs (see "Objectives"); per_document: documents
+                                        * (GRPO sequence), document pairs (DPO) */
     void *workspace;                   /* [workspace_bytes], SBPRT_ALIGN-aligned */
     double *loss;                      /* out: the loss (mean over the denominator) */
     int64_t *n_scored;                 /* out, may be NULL: scored positions in this batch */
     /* Appended to ABI 1: the DPO / GRPO inputs (other objectives ignore them; a caller that
      * zero-initialises the struct stays valid), in the memory labels are in (cuda: device). */
-    const float *ref_logps;            /* DPO: [B] the reference model's logp of each row;
-                                        * GRPO: [B*T] its logp of each label, required when
-                                        * beta > 0, not read when beta == 0 */
+    const float *ref_logps;            /* DPO: [B] the reference model's logp of each row
+                                        * (per_document: [B*T], document k of row b at b*T +
+                                        * k); GRPO: [B*T] its logp of each label, required
+                                        * when beta > 0, not read when beta == 0 */
     const float *old_logps;            /* GRPO: [B*T] the sampling policy's logp of each label;
                                         * NULL: on-policy (old = the current logp, detached) */
-    const float *advantages;           /* GRPO: [B] one per row */
+    const float *advantages;           /* GRPO: [B] one per row (per_document: [B*T], one per
+                                        * document, document k of row b at b*T + k) */
     /* ABI 2 */
     const int32_t *doc_ids;            /* packed steps: [B*T] each token's document id, non-
                                         * decreasing along a row (cuda: device memory); a token
@@ -207,8 +232,10 @@ typedef struct sbp_step_args {
                                         * step's forward computed it before the backward
                                         * (summed in double: the value its loss uses), HOST
                                         * memory on every target, so that the caller can log
-                                        * the rewards β (logp - ref); other objectives do not
-                                        * write it (see "Objectives") */
+                                        * the rewards β (logp - ref); per_document (ABI 8):
+                                        * [B*T], document k of row b's logp at b*T + k, 0
+                                        * elsewhere; other objectives do not write it (see
+                                        * "Objectives") */
 } sbp_step_args;
 
 /* Floats of the parameter block that parameter p occupies (a tied parameter: none). */
@@ -289,6 +316,8 @@ int sbp_step_eval(sbprt_ctx *ctx, const sbp_step_args *args);
  *   row_logps[b]       (may be NULL) logp_b = Σ_t log softmax(logits[b,t])[labels[b,t]] over
  *                      the row's scored positions (the per-token values summed in double, in
  *                      order, as DPO's step sums them; 0 for a row with nothing scored);
+ *                      per_document (ABI 8): [B*T], row_logps[b*T + k] the logp of document
+ *                      k of row b (summed likewise), 0 beyond the row's documents;
  *   token_logps[b*T+t] (may be NULL) each position's log softmax(logits[b,t])[labels[b,t]],
  *                      0 at positions not scored (labels -100): every element is written;
  * both in the memory labels are in (cuda: device memory), so that they can be passed as a

@@ -7,7 +7,7 @@
  *        [--offload checkpoints|optimizer|checkpoints,optimizer] [--host-budget BYTES]
  *        [--objective sft|graph-loss|dpo|grpo] [--beta F] [--epsilon F]
  *        [--grpo-norm sequence|token] [--freeze REGEX]... [--report] [--memory-plot FILE.svg]
- *        [--no-eval] [--packed [--doc-len L]] [--seq-parallel N]
+ *        [--no-eval] [--packed [--doc-len L] [--per-document]] [--seq-parallel N]
  *        [--lora RANK [--lora-alpha A] [--lora-targets REGEX] [--lora-seed S]]
  *        [--report --ranks N [--zero 0|1|2]]   (one rank's bytes, sbpc_dist.h)
  *
@@ -144,6 +144,12 @@ static void usage(FILE *f)
             "  --doc-len L        with --packed: the summary (and --report) also gives each\n"
             "                     attention layer's work for rows of documents of L tokens\n"
             "                     (sbp-train --pack measures it on the data)\n"
+            "  --per-document     with --packed and --objective dpo or grpo: the objective's\n"
+            "                     unit is each document of a row (the runs of equal ids that\n"
+            "                     hold a scored label), not the row: DPO pairs document k of\n"
+            "                     row i with document k of row B/2 + i, GRPO takes one\n"
+            "                     advantage per document; the per-row inputs and outputs\n"
+            "                     become [B*T], document k of row b at b*T + k\n"
             "  --no-eval          no evaluation entry point (sbp_step_eval: the forward and\n"
             "                     the loss only, on a memory plan of its own, what sbp-train\n"
             "                     --eval-data runs); by default sft and graph-loss steps\n"
@@ -401,7 +407,7 @@ enum { OPT_BATCH = 256, OPT_SEQ_LEN, OPT_NO_RETIE, OPT_DUMP_IR, OPT_DUMP_PARAMS,
        OPT_BETA, OPT_EPSILON, OPT_GRPO_NORM, OPT_FREEZE, OPT_REPORT, OPT_MEMORY_PLOT,
        OPT_VERSION, OPT_NO_EVAL, OPT_PACKED, OPT_DOC_LEN, OPT_LORA, OPT_LORA_ALPHA,
        OPT_LORA_TARGETS, OPT_LORA_SEED, OPT_RANKS, OPT_ZERO, OPT_BASE_PRECISION, OPT_OFFLOAD,
-       OPT_HOST_BUDGET, OPT_SEQ_PARALLEL };
+       OPT_HOST_BUDGET, OPT_SEQ_PARALLEL, OPT_PER_DOCUMENT };
 
 /* --target T or --precision P into t; 0, or -1 after a message. */
 static int target_parse(cli *c, int opt, const char *v, sbpc_target *t)
@@ -464,7 +470,8 @@ typedef struct sbpc_options {
     int n_freeze;
     sbp_pass_options pass;        /* --batch, --seq-len, --no-retie; SBPC_MAX_COMPILE_BYTES */
     sbp_train_options train;      /* --strategy, --chunk, --logits-chunk, --memory-budget,
-                                   * --beta, --epsilon (-1: unset), --grpo-norm, --packed */
+                                   * --beta, --epsilon (-1: unset), --grpo-norm, --packed,
+                                   * --per-document */
     sbp_objective objective;      /* --objective */
     const char *beta_given;       /* "--beta" when given: DPO and GRPO only */
     const char *grpo_given;       /* "--epsilon" / "--grpo-norm" when given: GRPO only */
@@ -553,6 +560,9 @@ static int parse_step_option(cli *c, int o, const char *v, sbpc_options *s)
         return 0;
     case OPT_DOC_LEN:
         return cli_count(c, "--doc-len", v, 1, SBPC_MAX_DIM, &s->doc_len);
+    case OPT_PER_DOCUMENT: /* passes/train/train.h, "Packed documents" */
+        s->train.per_document = true;
+        return 0;
     case OPT_NO_EVAL:
         s->no_eval = true;
         return 0;
@@ -674,6 +684,7 @@ static int parse_command_line(cli *c, int argc, char **argv, sbpc_options *s)
         {"packed", no_argument, NULL, OPT_PACKED},
         {"seq-parallel", required_argument, NULL, OPT_SEQ_PARALLEL},
         {"doc-len", required_argument, NULL, OPT_DOC_LEN},
+        {"per-document", no_argument, NULL, OPT_PER_DOCUMENT},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
         {"lora", required_argument, NULL, OPT_LORA},
@@ -752,6 +763,10 @@ static int check_options(cli *c, sbpc_options *s)
     }
     if (s->doc_len > 0 && !t->packed)
         return cli_error(c, "--doc-len applies to --packed steps");
+    if (t->per_document && (!t->packed || !pref))
+        return cli_error(c, "--per-document applies to --packed steps of --objective dpo or "
+                         "grpo, not %s%s", t->packed ? "" : "unpacked ",
+                         sbp_objective_name(s->objective));
     if (target_check(c, &s->tgt, s->objective, s->out))
         return -1;
     if (t->offload_checkpoints && (strcmp(s->tgt.backend, "cuda") != 0 || !s->tgt.bf16))

@@ -30,6 +30,13 @@
  *                       DPO_COEF, then the head's usual fused loop with dlogits from tok_dlogp
  *                       (stream.c): exact; the LM head's forward (norm + GEMM) runs twice.
  *
+ * Per document (p->per_document, sbpc --per-document; codegen/sbp_step.h, "Per document"): the
+ * unit of either objective is each document of a row. DPO keeps its program: DPO_COEF reads
+ * the document ids and pairs document k of row i with document k of row B/2 + i. GRPO's
+ * weights and advantages become per token (GRPO_DOC_WEIGHTS into the flat tok_weight and
+ * tok_adv buffers, [B*T] and never sliced: GRPO_DOC_LOSS reads them at the chunk's absolute
+ * rows, as it reads old and ref).
+ *
  * The log-probability program of either objective (logp_only, train.h) stops at tok_logp: the
  * loss node lowers to LOGPROB_FWD alone (store / checkpoint: pref_loss_fwd; stream: the head's
  * one chunk loop is DPO's first pass, stream.c), and the step's sbp_step_logps reads tok_logp.
@@ -55,6 +62,7 @@ int pref_setup(tctx *t, const sbp_train_options *opt)
 {
     sbp_train_program *p = t->p;
     p->tok_logp_buf = p->tok_dlogp_buf = p->row_weight_buf = -1;
+    p->tok_weight_buf = p->tok_adv_buf = -1;
     if (!pref_objective(p))
         return IR_OK;
     p->beta = opt ? opt->beta : 0;
@@ -77,22 +85,28 @@ int pref_setup(tctx *t, const sbp_train_options *opt)
     return IR_OK;
 }
 
-/* A program-level float buffer holding one value per token ([B, T], sliced by chunk loops) or
- * per row ([B]). */
-static int obj_buf(tctx *t, int *slot, const char *name, bool per_token, const char *what)
+/* The layouts of obj_buf: one value per token, [B, T], sliced by chunk loops (OBJ_TOKENS) or
+ * flat (OBJ_FLAT: never sliced, a kernel indexes it at the chunk's absolute rows), or one
+ * value per row, [B] (OBJ_ROWS). */
+typedef enum { OBJ_ROWS, OBJ_TOKENS, OBJ_FLAT } obj_layout;
+
+/* A program-level float buffer of the layout. */
+static int obj_buf(tctx *t, int *slot, const char *name, obj_layout layout, const char *what)
 {
     if (*slot >= 0)
         return *slot;
     sbp_train_program *p = t->p;
-    size_t n = (size_t)(per_token ? p->batch * p->seq_len : p->batch);
+    size_t n = (size_t)(layout != OBJ_ROWS ? p->batch * p->seq_len : p->batch);
     int b = tx_new_buf(t, TP_BUF_WS, name, NULL, n, false, false, TP_REGION_PERSIST, what);
     if (b < 0)
         return ir_diag_error(t->g->diag, "out of memory"), -1;
     tp_buf *buf = p->bufs[b];
-    if (per_token) {
+    if (layout != OBJ_ROWS) {
         buf->rank = 2;
         buf->dims[0] = p->batch;
         buf->dims[1] = p->seq_len;
+    }
+    if (layout == OBJ_TOKENS) { /* (OBJ_FLAT keeps rows 0: chunk loops pass the whole buffer) */
         buf->rows = p->batch * p->seq_len; /* one row per token: chunk loops slice it */
         buf->row_elems = 1;
     }
@@ -101,20 +115,33 @@ static int obj_buf(tctx *t, int *slot, const char *name, bool per_token, const c
 
 static int tok_logp(tctx *t)
 {
-    return obj_buf(t, &t->p->tok_logp_buf, "obj_token_logp", true,
+    return obj_buf(t, &t->p->tok_logp_buf, "obj_token_logp", OBJ_TOKENS,
                    "each token's label log-probability");
 }
 
 static int tok_dlogp(tctx *t)
 {
-    return obj_buf(t, &t->p->tok_dlogp_buf, "obj_token_dlogp", true,
-                   "dL/dlogp of each token: its row's coefficient");
+    return obj_buf(t, &t->p->tok_dlogp_buf, "obj_token_dlogp", OBJ_TOKENS,
+                   t->p->per_document ? "dL/dlogp of each token: its document's coefficient"
+                                      : "dL/dlogp of each token: its row's coefficient");
 }
 
 static int row_weight(tctx *t)
 {
-    return obj_buf(t, &t->p->row_weight_buf, "obj_row_weight", false,
+    return obj_buf(t, &t->p->row_weight_buf, "obj_row_weight", OBJ_ROWS,
                    "each row's weight of its token losses");
+}
+
+static int tok_weight(tctx *t)
+{
+    return obj_buf(t, &t->p->tok_weight_buf, "obj_token_weight", OBJ_FLAT,
+                   "each token's weight of its loss: its document's");
+}
+
+static int tok_adv(tctx *t)
+{
+    return obj_buf(t, &t->p->tok_adv_buf, "obj_token_advantage", OBJ_FLAT,
+                   "each token's advantage: its document's");
 }
 
 static size_t numel(const ir_value *v) { return tx_numel(v); }
@@ -124,10 +151,19 @@ int pref_emit_row_weights(tctx *t)
 {
     if (t->p->objective != SBP_OBJECTIVE_GRPO)
         return IR_OK;
+    const char *what = t->cur_what;
+    if (t->p->per_document) {
+        int w = tok_weight(t), a = tok_adv(t);
+        if (w < 0 || a < 0)
+            return IR_ERR;
+        t->cur_what = "document weights and advantages";
+        tx_emit(t, TP_K_GRPO_DOC_WEIGHTS, BUFS(w, a, t->p->labels_buf), NULL);
+        t->cur_what = what;
+        return IR_OK;
+    }
     int w = row_weight(t);
     if (w < 0)
         return IR_ERR;
-    const char *what = t->cur_what;
     t->cur_what = "row weights";
     tx_emit(t, TP_K_GRPO_WEIGHTS, BUFS(w, t->p->labels_buf), NULL);
     t->cur_what = what;
@@ -142,7 +178,8 @@ int pref_emit_coefficients(tctx *t)
     if (lp < 0 || dlp < 0)
         return IR_ERR;
     const char *what = t->cur_what;
-    t->cur_what = "loss and row coefficients";
+    t->cur_what = t->p->per_document ? "loss and document coefficients"
+                                     : "loss and row coefficients";
     tx_emit(t, TP_K_DPO_COEF, BUFS(dlp, t->p->loss_buf, lp), NULL);
     t->cur_what = what;
     return IR_OK;
@@ -155,11 +192,18 @@ static int grpo_loss(tctx *t, const ir_node *n, int loss, int dlp, int lse)
     const ir_value *logits = n->in[0], *labels = n->in[1];
     int64_t N = (int64_t)numel(labels), V = vocab(logits);
     int lp = tx_aux(t, n, 2, (size_t)N, false, false, "logp");
-    int w = row_weight(t);
-    if (lp < 0 || w < 0)
+    bool doc = t->p->per_document;
+    int w = doc ? tok_weight(t) : row_weight(t), a = doc ? tok_adv(t) : -1;
+    if (lp < 0 || w < 0 || (doc && a < 0))
         return IR_ERR;
     tx_emit(t, TP_K_LOGPROB_FWD, BUFS(lp, lse, tx_in(t, n, 0), tx_in(t, n, 1)),
             ARGS(A_I(N), A_I(V)));
+    if (doc) { /* each token's weight and advantage at its absolute row r0 + i */
+        tx_emit(t, TP_K_GRPO_DOC_LOSS, BUFS(loss, dlp, lp, tx_in(t, n, 1), w, a),
+                ARGS(A_I(N), t->chunk ? A_T0(0) : A_I(0), A_F(t->p->beta),
+                     A_F(t->p->epsilon)));
+        return IR_OK;
+    }
     tx_emit(t, TP_K_GRPO_LOSS, BUFS(loss, dlp, lp, tx_in(t, n, 1), w),
             ARGS(A_I(N), t->chunk ? A_T0(0) : A_I(0), A_I(t->T), A_F(t->p->beta),
                  A_F(t->p->epsilon)));

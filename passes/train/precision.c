@@ -84,7 +84,8 @@ int sbp_train_mark_bf16(sbp_train_program *p, ir_diag *d)
                               tp_kernel_table[in->k].name, in->node ? in->node->name : "?",
                               in->k == TP_K_LOGPROB_FWD || in->k == TP_K_LOGPROB_GRAD ||
                                       in->k == TP_K_GRPO_LOSS || in->k == TP_K_GRPO_WEIGHTS ||
-                                      in->k == TP_K_DPO_COEF
+                                      in->k == TP_K_DPO_COEF || in->k == TP_K_GRPO_DOC_LOSS ||
+                                      in->k == TP_K_GRPO_DOC_WEIGHTS
                                   ? " (the dpo and grpo objectives are fp32 only)"
                                   : "");
                 break;

@@ -105,6 +105,13 @@
  * doc_start; RoPE's positions are doc_pos (tx_positions); a learned position embedding reads
  * doc_pos through the graph input sbp_doc_positions that graph/packed.c puts in place of its
  * constant positions. Everything else is unchanged: packing is a property of the inputs.
+ * With per_document (sbpc --per-document; DPO and GRPO only) the objective's unit becomes the
+ * document: the documents of a row are the maximal runs of equal ids that hold a scored label
+ * (k = 0, 1, .. along the row), and the per-row inputs and outputs (DPO's ref_logps and
+ * row_logps, GRPO's advantages) become [B*T], document k of row b at b*T + k. DPO pairs
+ * document k of row i with document k of row B/2 + i (DPO_COEF reads the ids); GRPO takes each
+ * token's weight and advantage from its document (GRPO_DOC_WEIGHTS, a host step, into the flat
+ * tok_weight / tok_adv buffers that GRPO_DOC_LOSS indexes per token).
  *
  * Sequence parallelism (sbp_train_options.seq_parallel = N, sbpc --seq-parallel N; seqpar.c).
  * The graph is bound at the whole length T (so RoPE's tables and every constant are the whole
@@ -382,6 +389,7 @@ typedef struct sbp_train_program {
     int loss_buf;            /* float [1]: Σ of token losses of the forward */
     /* Packed documents (sbp_train_options.packed; see "Packed documents" above) */
     bool packed;
+    bool per_document;       /* DPO / GRPO per document (sbp_train_options.per_document) */
     int docs_buf;            /* TP_BUF_DOCS int32 [B*T], or -1 */
     int doc_start_buf;       /* WS int32 [B*T]: where each token's document starts in its row */
     int doc_pos_buf;         /* WS int32 [B*T]: each token's position in its document */
@@ -403,6 +411,10 @@ typedef struct sbp_train_program {
     int tok_logp_buf;        /* float [B*T] each token's label log-probability (DPO), or -1 */
     int tok_dlogp_buf;       /* float [B*T] dL/dlogp per token (DPO: its row's coefficient) */
     int row_weight_buf;      /* float [B] GRPO: each row's weight of its token losses */
+    int tok_weight_buf;      /* float [B*T] GRPO per document: each token's weight (its
+                              * document's), flat (rows 0: kernels index it at r0 + i) */
+    int tok_adv_buf;         /* float [B*T] GRPO per document: each token's advantage (its
+                              * document's), flat as tok_weight_buf */
 
     /* Precision (sbp_train_options.bf16; see "Precision" above) */
     bool bf16;               /* activations bf16, parameters / gradients / statistics fp32 */
@@ -457,6 +469,8 @@ typedef struct sbp_train_options {
     bool logp_only;          /* with forward_only, DPO / GRPO: build the log-probability
                               * program itself */
     bool packed;             /* packed documents: see "Packed documents" above */
+    bool per_document;       /* with packed, DPO / GRPO: the unit of the objective is each
+                              * document of a row, not the row (see "Packed documents") */
     bool offload_optimizer;  /* the caller keeps the fp32 master weights and the optimizer
                               * state on the host: every trained weight that only GEMMs and
                               * embedding lookups read is bf16 alone in the parameter block

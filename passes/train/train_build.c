@@ -103,6 +103,14 @@ static sbp_train_program *build_inner(ir_graph *g, sbp_objective objective,
         return NULL;
     }
     p->packed = opt && opt->packed;
+    p->per_document = opt && opt->per_document;
+    if (p->per_document && (!p->packed || (objective != SBP_OBJECTIVE_DPO &&
+                                           objective != SBP_OBJECTIVE_GRPO))) {
+        ir_diag_error(g->diag, "--per-document applies to --packed steps of the dpo and grpo "
+                               "objectives, not %s%s",
+                      p->packed ? "" : "unpacked ", sbp_objective_name(objective));
+        return NULL;
+    }
     p->seq_parallel = opt && opt->seq_parallel >= 1 ? opt->seq_parallel : 0;
     if (p->seq_parallel >= 1) {
         const char *why = opt->bf16 ? "--precision bf16 (the exchanging kernels are fp32)"

@@ -92,9 +92,10 @@ static void print_offload(const sbp_train_program *p, FILE *f)
 
 void sbp_train_print(const sbp_train_program *p, FILE *f)
 {
-    fprintf(f, "training program: strategy %s, objective %s, B=%lld T=%lld V=%lld\n",
+    fprintf(f, "training program: strategy %s, objective %s%s, B=%lld T=%lld V=%lld\n",
             sbp_strategy_name(p->strategy), sbp_objective_name(p->objective),
-            (long long)p->batch, (long long)p->seq_len, (long long)p->vocab);
+            p->per_document ? " per document" : "", (long long)p->batch,
+            (long long)p->seq_len, (long long)p->vocab);
     fprintf(f, "parameters: %d tensors, %zu floats\n", p->n_params, p->param_elems);
     for (int i = 0; i < p->n_params; i++) {
         const tp_param *q = &p->params[i];
@@ -158,9 +159,10 @@ static void print_header(const sbp_train_program *p, FILE *f, const char *stage)
     int trained = 0;
     for (int i = 0; i < p->n_params; i++)
         trained += p->params[i].trainable;
-    fprintf(f, "training program after %s: strategy %s, objective %s, B=%lld T=%lld V=%lld\n",
+    fprintf(f, "training program after %s: strategy %s, objective %s%s, B=%lld T=%lld V=%lld\n",
             stage, sbp_strategy_name(p->strategy), sbp_objective_name(p->objective),
-            (long long)p->batch, (long long)p->seq_len, (long long)p->vocab);
+            p->per_document ? " per document" : "", (long long)p->batch,
+            (long long)p->seq_len, (long long)p->vocab);
     fprintf(f, "parameters: %d tensors (%d trained), %zu floats\n", p->n_params, trained,
             p->param_elems);
     for (int i = 0; i < p->n_params; i++) {

@@ -2,21 +2,23 @@
  * compare (tests/e2e/logps_torch.py, ctest e2e.logps_torch).
  *
  *   e2e_logps_run MODEL.onnx BATCH.safetensors OUT.safetensors OBJECTIVE STRATEGY CHUNK
- *                 LOGITS_CHUNK LORA_RANK PACKED TAG
+ *                 LOGITS_CHUNK LORA_RANK PACKED TAG [PER_DOCUMENT]
  *
  * The step is compiled the way sbpc compiles it (the whole flow, passes/flow.h, with --lora
- * RANK --lora-alpha 8 and the default targets when RANK > 0, --packed when PACKED is 1; CHUNK
- * and LOGITS_CHUNK 0: the strategy's defaults) into SBP_E2E_OUT/TAG.so. BATCH holds input/ids,
+ * RANK --lora-alpha 8 and the default targets when RANK > 0, --packed when PACKED is 1,
+ * --per-document too when PER_DOCUMENT is 1 (default 0); CHUNK and LOGITS_CHUNK 0: the
+ * strategy's defaults) into SBP_E2E_OUT/TAG.so. BATCH holds input/ids,
  * input/labels [B, T] and, for a packed step, input/docs (F64 with integer values, as
  * tests/fixtures/hf/ref/logps.safetensors); B and T are its shape. The parameters are the
  * model's initializers and, with LoRA, the adapters' initial values (lora_A from the seeded
  * generator, lora_B zeros), exactly what sbp-train starts from. sbp_step_logps runs once on a
- * workspace of exactly logp_workspace_bytes filled with garbage; OUT gets row_logps [B] and
- * token_logps [B, T] as F32, the step's own values, unconverted.
+ * workspace of exactly logp_workspace_bytes filled with garbage; OUT gets row_logps [B] (per
+ * document: [B, T], document k of row b at [b, k]) and token_logps [B, T] as F32, the step's own
+ * values, unconverted.
  *
  * The program checks only what needs no reference (the step is packed and adapted as asked,
  * the call succeeds, n_scored is the batch's count, unscored tokens are exactly 0, the row sums
- * are the token sums); whether the values are right is the Python side's question, asked of
+ * are the token sums; per document, a row's document values add up to its token sum); whether the values are right is the Python side's question, asked of
  * float64 transformers. Exit status 0, or a cmocka failure.
  */
 #include <setjmp.h>
@@ -36,6 +38,7 @@
 typedef int (*logps_fn)(sbprt_ctx *, const sbp_step_args *, float *, float *);
 
 static char **g_argv;
+static int g_argc;
 
 static sbp_strategy strategy_of(const char *s)
 {
@@ -72,6 +75,7 @@ static void run(void **state)
     assert_int_not_equal(obj, SBP_OBJECTIVE_SFT); /* only DPO and GRPO steps have logps */
     const int64_t rank = atoll(g_argv[8]);
     const bool packed = atoi(g_argv[9]) != 0;
+    const bool per_doc = g_argc > 11 && atoi(g_argv[11]) != 0;
 
     char err[256];
     sbpio_st_file *bf = NULL;
@@ -97,6 +101,7 @@ static void run(void **state)
                            .train = {.strategy = strategy_of(g_argv[5]),
                                      .chunk = atoll(g_argv[6]),
                                      .logits_chunk = atoll(g_argv[7]), .packed = packed,
+                                     .per_document = per_doc,
                                      .eval = true, .beta = sbp_objective_default_beta(obj),
                                      .epsilon = obj == SBP_OBJECTIVE_GRPO ? 0.2 : 0}};
     sbp_flow f = {.path = model};
@@ -110,6 +115,7 @@ static void run(void **state)
     e2e_load_so(&s, f.program, f.path, tag, &d);
     const sbp_step_info *in = s.info;
     assert_int_equal(in->packed, packed);
+    assert_int_equal(in->per_document, per_doc);
     assert_int_equal(in->lora_rank, rank);
     assert_int_equal(rank > 0, f.n_adapted > 0);
     assert_true(in->logp_workspace_bytes > 0);
@@ -120,12 +126,13 @@ static void run(void **state)
     float *params = e2e_param_block(in, f.g);
     size_t wsb = in->logp_workspace_bytes;
     void *ws = aligned_alloc(SBPRT_ALIGN, (wsb + SBPRT_ALIGN - 1) / SBPRT_ALIGN * SBPRT_ALIGN);
-    float *row = malloc((size_t)B * sizeof *row), *tok = malloc((size_t)N * sizeof *tok);
+    const int64_t R = per_doc ? N : B; /* row_logps: per row, or per document [B, T] */
+    float *row = malloc((size_t)R * sizeof *row), *tok = malloc((size_t)N * sizeof *tok);
     assert_true(ws && row && tok);
     memset(ws, 0xff, wsb); /* garbage: the entry point must not rely on zeroed memory */
     for (int64_t i = 0; i < N; i++)
         tok[i] = NAN;
-    for (int64_t b = 0; b < B; b++)
+    for (int64_t b = 0; b < R; b++)
         row[b] = NAN;
     int64_t scored = -1;
     sbp_step_args a = {.params = params, .input_ids = ids, .labels = labels, .doc_ids = docs,
@@ -142,15 +149,19 @@ static void run(void **state)
     }
     assert_int_equal(scored, n);
     for (int64_t b = 0; b < B; b++) { /* the row is its tokens' sum (in double, in order) */
-        double sum = 0;
-        for (int64_t t = 0; t < T; t++)
+        double sum = 0, docs = 0;
+        for (int64_t t = 0; t < T; t++) {
             sum += tok[b * T + t];
-        assert_true(fabs(row[b] - sum) <= 1e-6 * fmax(1.0, fabs(sum)));
+            docs += per_doc ? row[b * T + t] : 0; /* its documents', 0 after them */
+        }
+        const double got = per_doc ? docs : row[b];
+        assert_true(fabs(got - sum) <= 1e-6 * fmax(1.0, fabs(sum)));
     }
 
-    int64_t rshape[1] = {B}, tshape[2] = {B, T};
+    int64_t rshape[2] = {B, T}, tshape[2] = {B, T};
     sbpio_st_tensor t[2] = {
-        {.name = "row_logps", .dtype = SBPIO_DT_F32, .rank = 1, .shape = rshape, .data = row},
+        {.name = "row_logps", .dtype = SBPIO_DT_F32, .rank = per_doc ? 2 : 1, .shape = rshape,
+         .data = row},
         {.name = "token_logps", .dtype = SBPIO_DT_F32, .rank = 2, .shape = tshape, .data = tok}};
     sbpio_kv meta[] = {{"model", model}, {"tag", tag}};
     if (sbpio_st_write(out, 2, t, 2, meta, false, err, sizeof err) != SBPIO_OK)
@@ -170,13 +181,14 @@ static void run(void **state)
 
 int main(int argc, char **argv)
 {
-    if (argc != 11) {
+    if (argc != 11 && argc != 12) {
         fprintf(stderr, "usage: e2e_logps_run MODEL.onnx BATCH.safetensors OUT.safetensors "
                         "dpo|grpo store|checkpoint|stream CHUNK LOGITS_CHUNK LORA_RANK PACKED "
-                        "TAG\n");
+                        "TAG [PER_DOCUMENT]\n");
         return 2;
     }
     g_argv = argv;
+    g_argc = argc;
     e2e_init();
     if (sbprt_ctx_create(&e2e_ctx, 0) != SBPRT_OK)
         return 1;

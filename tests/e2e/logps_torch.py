@@ -20,7 +20,13 @@ the flow sbpc runs) with store, checkpoint and stream at chunks that cut rows an
                document's own;
   lora         sbpc --lora 4 on the unpacked batch: the adapters start with lora_B = 0, so the
                step is the base model and the reference is the base model's log-probs;
-  packed_lora  both at once.
+  packed_lora  both at once;
+  packed_doc, packed_lora_doc
+               sbpc --packed --per-document (without and with --lora 4; store, checkpoint,
+               stream 5/13 and 1/1, and stream 7/9 with LoRA): row_logps is [B, T], document k
+               of row b (the k-th run of equal ids holding a scored label; row 1's first and
+               row 2's last 1-token runs are not documents) at [b, k], each within 1e-6
+               relative of that document run alone, and exactly 0 beyond the row's documents.
 Each row's logp within 1e-6 relative, each document's within 1e-6 relative (of max(1, |ref|)),
 each token's within 1e-6 of max(1, |ref|); unscored tokens exactly 0 (logps_run.c). The packed
 references must differ from the same tokens run as whole rows (else the test could not tell).
@@ -47,6 +53,10 @@ HARNESS_STRATS = STRATS + [("stream", 7, 9), ("stream", 1, 1)]
 # row 2, row 3 one document (row 2's first document holds the last tokens of its prompt)
 CUTS = [[9, 20], [1, 17], [14, 31], []]
 VARIANTS = [("packed", 0, True), ("lora", 4, False), ("packed_lora", 4, True)]
+# per document (sbpc --per-document): (variant, LoRA rank, strategies)
+DOC_VARIANTS = [("packed_doc", 0, [("store", 0, 0), ("checkpoint", 0, 0), ("stream", 5, 13),
+                                   ("stream", 1, 1)]),
+                ("packed_lora_doc", 4, [("stream", 7, 9)])]
 
 
 def docs_of(cuts, T):
@@ -136,6 +146,24 @@ def compare(torch, worst, tag, row, tok, ref_tok, labels, spans):
             worst.add("document", tag, abs(got - want) / max(1.0, abs(want)))
 
 
+def documents_of(labels_row, row_spans):
+    """The row's documents: its runs (row_spans) that hold a scored label."""
+    return [(s, e) for s, e in row_spans if bool((labels_row[s:e] != -100).any())]
+
+
+def compare_documents(worst, tag, rows, ref_tok, labels, spans):
+    """A per-document step's row_logps [B, T]: document k of row b at [b, k], each within TOL
+    relative of the document run alone; exactly 0 after the row's documents."""
+    for b, row_spans in enumerate(spans):
+        docs = documents_of(labels[b], row_spans)
+        for k, (s, e) in enumerate(docs):
+            want = float(ref_tok[b, s:e].sum())
+            worst.add("per-document", tag, abs(float(rows[b, k]) - want) / abs(want))
+        if float(rows[b, len(docs):].abs().max()) != 0:
+            sys.exit("FAIL: %s: row %d's row_logps is not 0 after its %d documents" %
+                     (tag, b, len(docs)))
+
+
 def harness_cases(torch, tools, work, gen_hf, gen_logps, worst):
     from safetensors.torch import load_file
     logps_run = tools[0]
@@ -169,6 +197,19 @@ def harness_cases(torch, tools, work, gen_hf, gen_logps, worst):
                     compare(torch, worst, tag, got["row_logps"], got["token_logps"],
                             ref_packed if packed else ref_plain,
                             plabels if packed else plain_labels, spans if packed else None)
+                    n += 1
+        for variant, rank, strats in DOC_VARIANTS:
+            for obj in ("dpo", "grpo"):
+                for st, chunk, lchunk in strats:
+                    tag = "logps_torch_%s_%s_%s_%s%s" % (fam, variant, obj, st,
+                                                          "_%d_%d" % (chunk, lchunk) if chunk else "")
+                    out = os.path.join(work, tag + ".safetensors")
+                    run([logps_run, os.path.join(HF, onnx), packed_in, out, obj, st, str(chunk),
+                         str(lchunk), str(rank), "1", tag, "1"])
+                    got = load_file(out)
+                    compare(torch, worst, tag, got["row_logps"].double().sum(-1),
+                            got["token_logps"], ref_packed, plabels, spans)
+                    compare_documents(worst, tag, got["row_logps"], ref_packed, plabels, spans)
                     n += 1
     return n
 
@@ -255,8 +296,8 @@ def main():
     worst = Worst()
     n = harness_cases(torch, tools, work, gen_hf, gen_logps, worst)
     m = train_cases(torch, tools, work, gen_hf, gen_logps, worst)
-    print("%d sbp_step_logps cases (packed, LoRA, packed LoRA; DPO and GRPO; store, "
-          "checkpoint, stream 5/13, 7/9, 1/1; Llama and GPT-2) and %d sbp-train --compute-logps LoRA "
+    print("%d sbp_step_logps cases (packed, LoRA, packed LoRA, per document; DPO and GRPO; "
+          "store, checkpoint, stream 5/13, 7/9, 1/1; Llama and GPT-2) and %d sbp-train --compute-logps LoRA "
           "cases against float64 transformers:" % (n, m))
     for kind, (err, tag) in sorted(worst.by.items()):
         print("  worst %-8s relative difference %.2e (%s)" % (kind, err, tag))

@@ -34,6 +34,9 @@
 #                         buffer in the step's device memory, against float64 transformers:
 #                         unpacked, --packed (each document run alone) and --lora 4 (the base
 #                         model's), Llama and GPT-2 (step_logps_emu.c)
+#   gpu.step_emu_per_document  (emulator enabled) per-document DPO / GRPO cuda steps
+#                         (--packed --per-document): a training step against float64 PyTorch,
+#                         row_logps and sbp_step_logps per document (step_doc_emu.c)
 if(NOT TARGET sbpc OR NOT TARGET sbp-train)
   return()
 endif()
@@ -290,5 +293,16 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
       SBP_EMU_INCLUDES="-I${SBP_ROOT}/codegen -I${SBP_ROOT}/runtime")
     add_test(NAME gpu.step_emu_logps COMMAND step_logps_emu)
     set_tests_properties(gpu.step_emu_logps PROPERTIES LABELS gpu TIMEOUT ${SBP_EMU_STEP_TIMEOUT})
+    # per-document DPO / GRPO steps (sbpc --packed --per-document): their host steps on device
+    # memory, a training step against float64 PyTorch, sbp_step_logps (step_doc_emu.c)
+    add_executable(step_doc_emu step_doc_emu.c)
+    target_link_libraries(step_doc_emu PRIVATE e2e_util)
+    add_dependencies(step_doc_emu sbprt_cuda_emu)
+    target_compile_definitions(step_doc_emu PRIVATE
+      SBP_EMU_LIB="$<TARGET_FILE:sbprt_cuda_emu>" SBP_EMU_CC="${CMAKE_C_COMPILER} ${_emu_cflags_s}"
+      SBP_EMU_INCLUDES="-I${SBP_ROOT}/codegen -I${SBP_ROOT}/runtime")
+    add_test(NAME gpu.step_emu_per_document COMMAND step_doc_emu)
+    set_tests_properties(gpu.step_emu_per_document PROPERTIES LABELS gpu
+                         TIMEOUT ${SBP_EMU_STEP_TIMEOUT})
   endif()
 endif()
