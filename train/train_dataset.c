@@ -57,13 +57,16 @@ int train_dataset_open(train_dataset *s, const train_dataset_opts *o, const sbp_
         sbpio_dataset_close(&s->d);
         return -1;
     }
-    if ((dpo_data || grpo) && packed) {
-        cli_errf(err, errlen, "%s: %s: packed %s rows from a dataset are not supported "
-                 "yet; compile the step without --packed", flag, o->path, s->d.task);
+    if ((dpo_data || grpo) && packed && !in->per_document) {
+        cli_errf(err, errlen, "%s: %s: a packed %s step sums each row's documents into one "
+                 "log-prob, so packed rows of a %s dataset would mix its examples: compile the "
+                 "step with sbpc --packed --per-document (one log-prob per document), or without "
+                 "--packed", flag, o->path, s->d.task, s->d.task);
         sbpio_dataset_close(&s->d);
         return -1;
     }
     s->pairs = dpo_data;
+    s->per_doc = packed && (dpo_data || grpo);
     s->n_units = dpo_data ? s->d.n_ex / 2 : s->d.n_ex;
     s->T = in->seq_len;
     s->packed = packed;
@@ -117,12 +120,56 @@ static int64_t take(train_dataset *s)
     return ex;
 }
 
-/* Rows of the cursor's examples; dry: lengths only (ids, labels, doc_ids unused). */
+/* Example ex at position `at` of row r as document `doc`: its ids, labels and document ids
+ * (doc_ids may be NULL). A per-document step counts a row's documents by their scored tokens,
+ * so there an example with none is refused rather than silently shifting the documents after
+ * it (sbp-prepare drops such examples). */
+static int place(train_dataset *s, int64_t ex, int64_t r, int64_t at, int64_t doc, int32_t *ids,
+                 int32_t *labels, int32_t *doc_ids, char *err, size_t errlen)
+{
+    const int64_t T = s->T, len = sbpio_dataset_len(&s->d, ex);
+    char why[600];
+    if (sbpio_dataset_example(&s->d, ex, s->tmp_ids, s->tmp_labels, why, sizeof why) !=
+        SBPIO_OK)
+        return cli_errf(err, errlen, "%s: %s", s->flag, why);
+    bool scored = false;
+    for (int64_t t = 0; t < len; t++)
+        scored = scored || s->tmp_labels[t] != -100;
+    if (s->per_doc && !scored)
+        return cli_errf(err, errlen, "%s: %s: example %" PRId64 " has no scored token; a "
+                        "per-document step's documents are its rows' runs of scored tokens: "
+                        "drop the example (sbp-prepare does)", s->flag, sbpio_st_path(s->d.f),
+                        ex);
+    memcpy(ids + r * T + at, s->tmp_ids, (size_t)len * sizeof *ids);
+    memcpy(labels + r * T + at, s->tmp_labels, (size_t)len * sizeof *labels);
+    for (int64_t t = 0; doc_ids && t < len; t++)
+        doc_ids[r * T + at + t] = (int32_t)doc;
+    return 0;
+}
+
+/* Row r from position `used` on: padding (id pad_id, label -100, document id `doc`). */
+static void pad(train_dataset *s, int64_t r, int64_t used, int64_t doc, int32_t *ids,
+                int32_t *labels, int32_t *doc_ids)
+{
+    const int64_t T = s->T;
+    for (int64_t t = used; t < T; t++) {
+        ids[r * T + t] = (int32_t)s->d.pad_id;
+        labels[r * T + t] = -100;
+        if (doc_ids)
+            doc_ids[r * T + t] = (int32_t)doc;
+    }
+}
+
+/* Rows of the cursor's examples; dry: lengths only (ids, labels, doc_ids unused). doc_ex
+ * (may be NULL) [rows * T]: document k of row r's example at r*T + k, -1 past the row's. */
 static int fill(train_dataset *s, int64_t rows, int32_t *ids, int32_t *labels, int32_t *doc_ids,
-                int64_t *row_ex, bool dry, int64_t *examples, char *err, size_t errlen)
+                int64_t *row_ex, int64_t *doc_ex, bool dry, int64_t *examples, char *err,
+                size_t errlen)
 {
     const int64_t T = s->T;
     int64_t n = 0;
+    for (int64_t i = 0; doc_ex && i < rows * T; i++)
+        doc_ex[i] = -1;
     for (int64_t r = 0; r < rows; r++) {
         int64_t used = 0, doc = 0;
         for (;;) {
@@ -132,45 +179,81 @@ static int fill(train_dataset *s, int64_t rows, int32_t *ids, int32_t *labels, i
             const int64_t ex = take(s);
             if (row_ex) /* the row's (first) example */
                 row_ex[r] = used ? row_ex[r] : ex;
+            if (doc_ex)
+                doc_ex[r * T + doc] = ex;
             n++;
-            if (!dry) {
-                char why[600];
-                if (sbpio_dataset_example(&s->d, ex, s->tmp_ids, s->tmp_labels, why,
-                                          sizeof why) != SBPIO_OK)
-                    return cli_errf(err, errlen, "%s: %s", s->flag, why);
-                memcpy(ids + r * T + used, s->tmp_ids, (size_t)len * sizeof *ids);
-                memcpy(labels + r * T + used, s->tmp_labels, (size_t)len * sizeof *labels);
-                for (int64_t t = 0; doc_ids && t < len; t++)
-                    doc_ids[r * T + used + t] = (int32_t)doc;
-            }
+            if (!dry && place(s, ex, r, used, doc, ids, labels, doc_ids, err, errlen))
+                return -1;
             used += len;
             doc++;
             if (used == T)
                 break;
         }
-        for (int64_t t = used; !dry && t < T; t++) {
-            ids[r * T + t] = (int32_t)s->d.pad_id;
-            labels[r * T + t] = -100;
-            if (doc_ids)
-                doc_ids[r * T + t] = (int32_t)doc;
-        }
+        if (!dry)
+            pad(s, r, used, doc, ids, labels, doc_ids);
     }
     if (examples)
         *examples = n;
     return 0;
 }
 
+/* DPO, packed per document: row pair (j, npairs + j) takes whole pairs in order, pair m's
+ * chosen answer as document m of row j and its rejected one as document m of row npairs + j,
+ * while both fit (next-fit in lockstep: the first pair that does not fit in either row starts
+ * the next row pair); dry: lengths only. doc_ex as fill's. */
+static int fill_pairs(train_dataset *s, int64_t npairs, int32_t *ids, int32_t *labels,
+                      int32_t *doc_ids, int64_t *doc_ex, bool dry, char *err, size_t errlen)
+{
+    const int64_t T = s->T;
+    for (int64_t i = 0; doc_ex && i < 2 * npairs * T; i++)
+        doc_ex[i] = -1;
+    for (int64_t j = 0; j < npairs; j++) {
+        int64_t used[2] = {0, 0}, doc = 0;
+        const int64_t row[2] = {j, npairs + j};
+        for (;;) {
+            const int64_t p = s->order[s->pos];
+            const int64_t len[2] = {sbpio_dataset_len(&s->d, 2 * p),
+                                    sbpio_dataset_len(&s->d, 2 * p + 1)};
+            if (doc > 0 && (used[0] + len[0] > T || used[1] + len[1] > T))
+                break;
+            take(s);
+            for (int side = 0; side < 2; side++) {
+                if (doc_ex)
+                    doc_ex[row[side] * T + doc] = 2 * p + side;
+                if (!dry && place(s, 2 * p + side, row[side], used[side], doc, ids, labels,
+                                  doc_ids, err, errlen))
+                    return -1;
+                used[side] += len[side];
+            }
+            doc++;
+            if (used[0] == T || used[1] == T)
+                break;
+        }
+        for (int side = 0; !dry && side < 2; side++)
+            pad(s, row[side], used[side], doc, ids, labels, doc_ids);
+    }
+    return 0;
+}
+
 int train_dataset_next(train_dataset *s, int64_t rows, int32_t *ids, int32_t *labels,
                        int32_t *doc_ids, int64_t *examples, char *err, size_t errlen)
 {
-    return fill(s, rows, ids, labels, s->packed ? doc_ids : NULL, NULL, false, examples, err,
-                errlen);
+    return fill(s, rows, ids, labels, s->packed ? doc_ids : NULL, NULL, NULL, false, examples,
+                err, errlen);
 }
 
 int train_dataset_next_rows(train_dataset *s, int64_t rows, int32_t *ids, int32_t *labels,
                             int64_t *row_ex, char *err, size_t errlen)
 {
-    return fill(s, rows, ids, labels, NULL, row_ex, false, NULL, err, errlen);
+    return fill(s, rows, ids, labels, NULL, row_ex, NULL, false, NULL, err, errlen);
+}
+
+int train_dataset_next_docs(train_dataset *s, int64_t rows, int32_t *ids, int32_t *labels,
+                            int32_t *doc_ids, int64_t *doc_ex, char *err, size_t errlen)
+{
+    if (s->pairs)
+        return fill_pairs(s, rows / 2, ids, labels, doc_ids, doc_ex, false, err, errlen);
+    return fill(s, rows, ids, labels, doc_ids, NULL, doc_ex, false, NULL, err, errlen);
 }
 
 int train_dataset_row(train_dataset *s, int64_t i, int32_t *ids, int32_t *labels, char *err,
@@ -216,7 +299,7 @@ int train_dataset_seek(train_dataset *s, int64_t epoch, int64_t pos, char *err, 
 
 int64_t train_dataset_steps(const train_dataset *s, int64_t epochs, int64_t rows)
 {
-    if (s->pairs) /* rows / 2 pairs a step, whatever their lengths */
+    if (s->pairs && !s->per_doc) /* rows / 2 pairs a step, whatever their lengths */
         return epochs < 1 || rows < 2 ? -1 : (epochs * s->n_units + rows / 2 - 1) / (rows / 2);
     train_dataset c = *s; /* a dry run from the start, on its own order */
     c.order = malloc((size_t)s->n_units * sizeof *c.order);
@@ -229,7 +312,8 @@ int64_t train_dataset_steps(const train_dataset *s, int64_t epochs, int64_t rows
     epoch_order(c.order, c.n_units, c.shuffle, c.seed, 0);
     int64_t steps = 0;
     while (c.epoch < epochs) {
-        if (fill(&c, rows, NULL, NULL, NULL, NULL, true, NULL, NULL, 0))
+        if (c.pairs ? fill_pairs(&c, rows / 2, NULL, NULL, NULL, NULL, true, NULL, 0)
+                    : fill(&c, rows, NULL, NULL, NULL, NULL, NULL, true, NULL, NULL, 0))
             break;
         steps++;
     }
@@ -252,7 +336,10 @@ const char *train_dataset_usage(void)
            "                          model's initial weights (the step's sbp_step_logps).\n"
            "                          A grpo dataset trains a grpo step: one rollout a row with\n"
            "                          the file's advantage, old log-probs on-policy, and with\n"
-           "                          beta > 0 each token's reference log-prob computed so too\n"
+           "                          beta > 0 each token's reference log-prob computed so too.\n"
+           "                          Packed (a step of sbpc --packed --per-document, --pack):\n"
+           "                          whole rollouts next-fit, or whole pairs in lockstep (pair\n"
+           "                          m: document m of rows j and B/2 + j)\n"
            "  --ref-cache FILE        where a dataset's reference log-probs are kept\n"
            "                          (default: ref-logps.safetensors beside the checkpoints),\n"
            "                          keyed by the model's initial weights, the step's model and\n"

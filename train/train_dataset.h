@@ -20,6 +20,13 @@
  * each with the dataset's advantage; old log-probs are on-policy; with beta > 0 each scored
  * token's reference log-probability is computed once before step 1, like DPO's.
  *
+ * Packed DPO / GRPO (a step of sbpc --packed --per-document, whose values are per document):
+ * GRPO rows take whole rollouts next-fit, each its own document with its own advantage; DPO row
+ * pairs (j, N/2 + j) take whole pairs in lockstep, pair m's chosen answer as document m of row j
+ * and its rejected one as document m of row N/2 + j, the first pair that does not fit in both
+ * rows starting the next row pair (train_dataset_next_docs). A packed step without
+ * --per-document is refused for them: it sums a row's documents into one log-prob.
+ *
  * Order. Epoch e (from 0) visits every example (DPO: every pair) once: in file order, or with --shuffle-seed S
  * in the order of a Fisher-Yates shuffle (i from n-1 down to 1: j = x mod (i + 1), swap order[i]
  * and order[j]) driven by splitmix64 started at S + (e + 1) * 0x9E3779B97F4A7C15, a new order
@@ -55,6 +62,8 @@ typedef struct train_dataset {
     bool packed;      /* rows of several examples (a packed step) */
     bool pairs;       /* a dpo dataset for a dpo step: the order is over pairs (examples 2k,
                        * 2k + 1), see train_dataset_next_pairs */
+    bool per_doc;     /* a dpo or grpo dataset for a packed per-document step (sbpc --packed
+                       * --per-document): train_dataset_next_docs */
     int64_t n_units;  /* what the order visits: examples, or pairs */
     bool shuffle;
     uint64_t seed;
@@ -85,6 +94,16 @@ int train_dataset_next_pairs(train_dataset *s, int64_t npairs, int32_t *ids, int
  * row_ex [rows] each row's example (for its advantage and reference log-probs). */
 int train_dataset_next_rows(train_dataset *s, int64_t rows, int32_t *ids, int32_t *labels,
                             int64_t *row_ex, char *err, size_t errlen);
+
+/* DPO or GRPO on a packed per-document step (per_doc): the next `rows` rows [rows * T] of
+ * whole examples with their doc_ids, and doc_ex [rows * T] the example of document k of row r
+ * at r*T + k (-1 past the row's documents), where the step reads that document's reference
+ * log-prob or advantage. GRPO: next-fit as train_dataset_next. DPO: pairs in lockstep, pair
+ * m of a row pair (j, rows/2 + j) its chosen answer as document m of row j and its rejected
+ * one as document m of row rows/2 + j; the first pair that does not fit in both rows starts
+ * the next row pair. */
+int train_dataset_next_docs(train_dataset *s, int64_t rows, int32_t *ids, int32_t *labels,
+                            int32_t *doc_ids, int64_t *doc_ex, char *err, size_t errlen);
 
 /* Example i alone in one row of T tokens (padded), for the reference pass. */
 int train_dataset_row(train_dataset *s, int64_t i, int32_t *ids, int32_t *labels, char *err,

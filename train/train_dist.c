@@ -451,7 +451,8 @@ int64_t train_dist_micro(const train_dist *d, train_inputs *ti, const int32_t *i
     int64_t pad_pairs = 0;
     for (int64_t j = 0; j < d->B; j++) {
         const int64_t g = global_row(d, ti, j, k);
-        pad_pairs += ti->dpo && g < 0 && j < d->B / 2;
+        pad_pairs += ti->dpo && !ti->per_doc && g < 0 && j < d->B / 2; /* (per document: a
+                                                  * padding row holds no document) */
         ti_row(ti, j, ids, labels, g);
     }
     return pad_pairs;

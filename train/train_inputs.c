@@ -51,6 +51,21 @@ static int read_floats(const char *flag, const char *path, int rank, int64_t d0,
     return rc;
 }
 
+/* A per-document step's values are per document (W = T a row), and only a dataset lays its
+ * documents out. */
+static int per_document(train_inputs *ti, const sbp_step_info *in, const char *obj, char *err,
+                        size_t errlen)
+{
+    ti->per_doc = (ti->dpo || ti->grpo) && in->per_document;
+    ti->W = ti->per_doc ? in->seq_len : 1;
+    if (ti->per_doc && !ti->self_ref)
+        return cli_errf(err, errlen, "the step is per-document (sbpc --per-document): its "
+                        "reference log-probs%s are one per document of its packed rows, which "
+                        "sbp-train lays out from a dataset: train it with --dataset (files of "
+                        "sbp-prepare --task %s)", ti->grpo ? " and advantages" : "", obj);
+    return 0;
+}
+
 static int open_inputs(train_inputs *ti, const sbp_step_info *in, int64_t k,
                        const char *ref_path, const char *old_path, const char *adv_path,
                        bool self_ref, const train_sink *note, char *err, size_t errlen)
@@ -71,7 +86,9 @@ static int open_inputs(train_inputs *ti, const sbp_step_info *in, int64_t k,
     ti->ref_path = ref_path;
     ti->old_path = old_path;
     ti->adv_path = adv_path;
-    const int64_t N = ti->N, T = ti->T;
+    if (per_document(ti, in, obj, err, errlen))
+        return -1;
+    const int64_t N = ti->N, T = ti->T, W = ti->W;
     const char *extra = ref_path ? "--ref-logps" : old_path ? "--old-logps" : "--advantages";
     if (!ti->dpo && !ti->grpo) {
         if (ref_path || old_path || adv_path)
@@ -86,13 +103,13 @@ static int open_inputs(train_inputs *ti, const sbp_step_info *in, int64_t k,
         if (!ref_path && !ti->self_ref)
             return cli_errf(err, errlen, "the step's objective is dpo: give --ref-logps R.npy, the "
                                      "reference model's logp of each row [%lld]", (long long)N);
-        if (ti->self_ref && !(ti->ref = calloc((size_t)N, sizeof *ti->ref)))
+        if (ti->self_ref && !(ti->ref = calloc((size_t)(N * W), sizeof *ti->ref)))
             return cli_errf(err, errlen, "out of memory");
         if (!ti->self_ref && read_floats("--ref-logps", ref_path, 1, N, 0, "reference logps",
                                          &ti->ref, err, errlen))
             return -1;
     } else if (ti->self_ref) { /* a dataset's advantages and the trainer's reference */
-        ti->adv = calloc((size_t)N, sizeof *ti->adv);
+        ti->adv = calloc((size_t)(N * W), sizeof *ti->adv);
         if (ti->beta > 0)
             ti->ref = calloc((size_t)(N * T), sizeof *ti->ref);
         if (old_path) /* --old-logps FILE: the dataset's, from the file */
@@ -123,11 +140,11 @@ static int open_inputs(train_inputs *ti, const sbp_step_info *in, int64_t k,
     ti->mb_ids = malloc(bt * sizeof *ti->mb_ids);
     ti->mb_labels = malloc(bt * sizeof *ti->mb_labels);
     if (ti->ref)
-        ti->mb_ref = malloc((ti->dpo ? (size_t)ti->B : bt) * sizeof(float));
+        ti->mb_ref = malloc((ti->dpo ? (size_t)(ti->B * W) : bt) * sizeof(float));
     if (ti->old)
         ti->mb_old = malloc(bt * sizeof(float));
     if (ti->adv)
-        ti->mb_adv = malloc((size_t)ti->B * sizeof(float));
+        ti->mb_adv = malloc((size_t)(ti->B * W) * sizeof(float));
     if (!ti->mb_ids || !ti->mb_labels || (ti->ref && !ti->mb_ref) || (ti->old && !ti->mb_old) ||
         (ti->adv && !ti->mb_adv))
         return cli_errf(err, errlen, "out of memory");
@@ -168,7 +185,7 @@ int ti_check(const train_inputs *ti, const int32_t *labels, const char *labels_p
     const int64_t N = ti->N, T = ti->T;
     const float *rows = ti->dpo ? ti->ref : ti->adv;
     const char *rows_path = ti->dpo ? ti->ref_path : ti->adv_path;
-    for (int64_t b = 0; rows && b < N; b++)
+    for (int64_t b = 0; rows && b < N * ti->W; b++)
         if (!isfinite(rows[b]))
             return cli_errf(err, errlen, "%s: %s[%lld] is %s", rows_path,
                             ti->dpo ? "ref_logps" : "advantages", (long long)b, nonfinite(rows[b]));
@@ -196,8 +213,29 @@ int ti_check(const train_inputs *ti, const int32_t *labels, const char *labels_p
     return 0;
 }
 
-double ti_denominator(const train_inputs *ti, const int32_t *labels)
+int64_t ti_docs(const int32_t *labels, const int32_t *doc_ids, int64_t T)
 {
+    int64_t n = 0;
+    bool scored = false; /* the current run's */
+    for (int64_t t = 0; t < T; t++) {
+        if (t > 0 && doc_ids[t] != doc_ids[t - 1]) {
+            n += scored;
+            scored = false;
+        }
+        scored = scored || labels[t] != -100;
+    }
+    return n + scored;
+}
+
+double ti_denominator(const train_inputs *ti, const int32_t *labels, const int32_t *doc_ids)
+{
+    if (ti->per_doc && (ti->dpo || !ti->grpo_token)) { /* document pairs, or documents */
+        double n = 0;
+        const int64_t rows = ti->dpo ? ti->N / 2 : ti->N;
+        for (int64_t b = 0; b < rows; b++)
+            n += (double)ti_docs(labels + b * ti->T, doc_ids + b * ti->T, ti->T);
+        return n;
+    }
     if (ti->dpo)
         return (double)(ti->N / 2);
     if (ti->grpo && !ti->grpo_token)
@@ -221,8 +259,11 @@ void ti_row(train_inputs *ti, int64_t j, const int32_t *ids, const int32_t *labe
         memcpy(mi, ids + r * T, sizeof(int32_t) * (size_t)T);
         memcpy(ml, labels + r * T, sizeof(int32_t) * (size_t)T);
     }
-    if (ti->mb_ref && ti->dpo)
-        ti->mb_ref[j] = r < 0 ? 0 : ti->ref[r];
+    const int64_t W = ti->W; /* per-row values: 1, or T (per document) */
+    if (ti->mb_ref && ti->dpo && r < 0)
+        memset(ti->mb_ref + j * W, 0, sizeof(float) * (size_t)W);
+    else if (ti->mb_ref && ti->dpo)
+        memcpy(ti->mb_ref + j * W, ti->ref + r * W, sizeof(float) * (size_t)W);
     else if (ti->mb_ref && r < 0)
         memset(ti->mb_ref + j * T, 0, sizeof(float) * (size_t)T);
     else if (ti->mb_ref)
@@ -231,8 +272,10 @@ void ti_row(train_inputs *ti, int64_t j, const int32_t *ids, const int32_t *labe
         memset(ti->mb_old + j * T, 0, sizeof(float) * (size_t)T);
     else if (ti->mb_old)
         memcpy(ti->mb_old + j * T, ti->old + r * T, sizeof(float) * (size_t)T);
-    if (ti->mb_adv)
-        ti->mb_adv[j] = r < 0 ? 0 : ti->adv[r];
+    if (ti->mb_adv && r < 0)
+        memset(ti->mb_adv + j * W, 0, sizeof(float) * (size_t)W);
+    else if (ti->mb_adv)
+        memcpy(ti->mb_adv + j * W, ti->adv + r * W, sizeof(float) * (size_t)W);
 }
 
 void ti_micro(train_inputs *ti, const int32_t *ids, const int32_t *labels, int64_t k)

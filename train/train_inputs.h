@@ -26,11 +26,15 @@ typedef struct train_inputs {
     double beta;               /* the step's beta (DPO / GRPO) */
     const char *ref_path, *old_path, *adv_path; /* the files given, or NULL */
     bool self_ref;             /* ref / adv are filled by the caller (ti_open_self_ref) */
-    float *ref;                /* DPO [N]; GRPO [N*T] (NULL when beta == 0); else NULL */
+    bool per_doc;              /* a per-document step (sbpc --per-document): DPO's ref and
+                                * GRPO's adv hold one value per document, W = T a row */
+    int64_t W;                 /* per-row values a row: 1, or T per document (row r's
+                                * document k at r*T + k) */
+    float *ref;                /* DPO [N*W]; GRPO [N*T] (NULL when beta == 0); else NULL */
     float *old;                /* GRPO [N*T], NULL: on-policy */
-    float *adv;                /* GRPO [N] */
+    float *adv;                /* GRPO [N*W] */
     int32_t *mb_ids, *mb_labels; /* [B*T] one micro-batch, in the step's row order */
-    float *mb_ref, *mb_old, *mb_adv; /* [B] or [B*T], [B*T], [B] (NULL when not used) */
+    float *mb_ref, *mb_old, *mb_adv; /* [B*W] or [B*T], [B*T], [B*W] (NULL when not used) */
 } train_inputs;
 
 /* Reads and checks the objective's files against the step (in) for K micro-batches: which
@@ -54,8 +58,13 @@ int ti_check(const train_inputs *ti, const int32_t *labels, const char *labels_p
              size_t errlen);
 
 /* The whole batch's denominator (sbp_step_args.denominator) from its labels [N*T]: scored
- * positions (SFT, graph-loss, GRPO token), rows (GRPO sequence) or pairs (DPO). */
-double ti_denominator(const train_inputs *ti, const int32_t *labels);
+ * positions (SFT, graph-loss, GRPO token), rows (GRPO sequence) or pairs (DPO); per document,
+ * from doc_ids [N*T] too: documents (GRPO sequence) or document pairs (DPO). */
+double ti_denominator(const train_inputs *ti, const int32_t *labels, const int32_t *doc_ids);
+
+/* The documents of one row of T tokens as a per-document step counts them: its runs of equal
+ * document ids that hold a scored label. */
+int64_t ti_docs(const int32_t *labels, const int32_t *doc_ids, int64_t T);
 
 /* Row j of mb_* from row r of the whole batch's ids and labels [N*T] and the inputs; r < 0: an
  * unscored padding row (id 0, labels -100, zero reference / old logps and advantage). */

@@ -55,7 +55,7 @@ static size_t layout(const train_mem *m, const sbp_step_info *in, const train_me
     const size_t pieces[11] = {
         m->step_pbytes, m->grads_host ? 0 : m->gbytes, mv, mv, need->ws_bytes, ntok * sizeof(int32_t),
         ntok * sizeof(int32_t), need->ref ? ntok * sizeof(float) : 0,
-        need->old ? ntok * sizeof(float) : 0, need->adv ? (size_t)in->batch * sizeof(float) : 0,
+        need->old ? ntok * sizeof(float) : 0, need->adv ? (in->per_document ? ntok : (size_t)in->batch) * sizeof(float) : 0,
         need->doc_ids ? ntok * sizeof(int32_t) : 0};
     size_t at = 0;
     for (int i = 0; i < 11; i++) {

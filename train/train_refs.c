@@ -116,56 +116,107 @@ int train_refs_load_old(train_refs *f, const char *path, const train_dataset *ds
     return 0;
 }
 
-/* Examples e .. e+B-1 (padding rows past the end) through sbp_step_logps; row: [B] or [B*T]. */
+/* The end (exclusive) of the reference batch that starts at example e: B examples, one a row;
+ * for a per-document step, as many as fill B rows of T tokens next-fit in file order (each
+ * example its own document, so its log-probs are the ones it has alone in a row). */
+static int64_t batch_end(const train_dataset *ds, const sbp_step_info *in, int64_t e)
+{
+    const int64_t B = in->batch, T = in->seq_len, n = ds->d.n_ex;
+    if (!in->per_document)
+        return e + B < n ? e + B : n;
+    for (int64_t r = 0; r < B && e < n; r++)
+        for (int64_t used = 0; e < n && used < T;) {
+            const int64_t len = sbpio_dataset_len(&ds->d, e);
+            if (used > 0 && used + len > T)
+                break;
+            used += len;
+            e++;
+        }
+    return e;
+}
+
+/* Examples e .. end-1 through sbp_step_logps, laid out as batch_end took them (the rows past
+ * them padding): row [B*T] (DPO per row: [B]) the step's output. place [end - e]: each
+ * example's row and first token, r*T + t. */
 static int logps_batch(train_refs *f, const train_steplib *L, const train_mem *m,
-                       train_dataset *ds, int64_t e, int32_t *ids, int32_t *labels, float *row,
-                       const train_sink *s)
+                       train_dataset *ds, int64_t e, int64_t end, int32_t *ids, int32_t *labels,
+                       int32_t *docs, int64_t *place, float *row, const train_sink *s)
 {
     const train_rt *rt = &L->rt;
-    const int64_t B = L->in->batch, T = L->in->seq_len, n = ds->d.n_ex;
-    const size_t per = f->grpo ? (size_t)(B * T) : (size_t)B;
+    const sbp_step_info *in = L->in;
+    const int64_t B = in->batch, T = in->seq_len;
+    /* a per-document step's row logps are per document: document k of row r at r*T + k */
+    const int64_t w = in->per_document ? T : 1;
+    const size_t per = f->grpo ? (size_t)(B * T) : (size_t)(B * w);
     char err[700], why[400];
-    for (int64_t j = 0; j < B; j++) {
-        if (e + j < n) {
-            if (train_dataset_row(ds, e + j, ids + j * T, labels + j * T, err, sizeof err))
-                return train_err(s, "%s", err);
-            continue;
-        }
-        for (int64_t t = 0; t < T; t++) {
-            ids[j * T + t] = 0;
-            labels[j * T + t] = SBPRT_IGNORE_INDEX;
-        }
+    for (int64_t i = 0; i < B * T; i++) {
+        ids[i] = (int32_t)ds->d.pad_id;
+        labels[i] = SBPRT_IGNORE_INDEX;
     }
+    int64_t r = 0, used = 0, doc = 0;
+    for (int64_t x = e; x < end; x++) {
+        const int64_t len = sbpio_dataset_len(&ds->d, x);
+        if (used > 0 && (!in->per_document || used + len > T)) {
+            for (int64_t t = used; docs && t < T; t++) /* the row's padding */
+                docs[r * T + t] = (int32_t)doc;
+            r++, used = 0, doc = 0;
+        }
+        place[x - e] = r * T + used;
+        if (train_dataset_row(ds, x, ds->tmp_ids, ds->tmp_labels, err, sizeof err))
+            return train_err(s, "%s", err);
+        bool scored = false;
+        for (int64_t t = 0; t < len; t++)
+            scored = scored || ds->tmp_labels[t] != SBPRT_IGNORE_INDEX;
+        if (in->per_document && !scored) /* it would shift the documents after it */
+            return train_err(s, "%s: %s: example %lld has no scored token; a per-document "
+                             "step's documents are its rows' runs of scored tokens: drop the "
+                             "example (sbp-prepare does)", ds->flag, sbpio_st_path(ds->d.f),
+                             (long long)x);
+        memcpy(ids + r * T + used, ds->tmp_ids, (size_t)len * sizeof *ids);
+        memcpy(labels + r * T + used, ds->tmp_labels, (size_t)len * sizeof *labels);
+        for (int64_t t = 0; docs && t < len; t++)
+            docs[r * T + used + t] = (int32_t)doc;
+        used += len, doc++;
+    }
+    for (int64_t i = r * T + used; docs && i < B * T; i++) /* the last row's padding, and on */
+        docs[i] = (int32_t)(i < (r + 1) * T ? doc : 0);
     if (train_steplib_copy(L, m->d_ids, ids, (size_t)(B * T) * sizeof *ids,
                            SBPRT_COPY_HOST_TO_DEVICE, s) ||
         train_steplib_copy(L, m->d_labels, labels, (size_t)(B * T) * sizeof *labels,
-                           SBPRT_COPY_HOST_TO_DEVICE, s))
+                           SBPRT_COPY_HOST_TO_DEVICE, s) ||
+        (docs && train_steplib_copy(L, m->d_doc_ids, docs, (size_t)(B * T) * sizeof *docs,
+                                    SBPRT_COPY_HOST_TO_DEVICE, s)))
         return -1;
     sbp_step_args args = {.params = m->step_params, .input_ids = m->d_ids, .labels = m->d_labels,
-                          .workspace = m->workspace, .doc_ids = m->d_doc_ids};
+                          .workspace = m->workspace, .doc_ids = docs ? m->d_doc_ids : NULL};
     int st = L->logps(rt->step_ctx, &args, f->grpo ? NULL : m->d_ref, f->grpo ? m->d_ref : NULL);
     if (!st)
         st = rt->sync(*rt->sync_ctx);
     if (st)
         return train_err(s, "the reference log-probs of examples %lld..%lld failed: %s%s",
-                         (long long)e, (long long)(e + B - 1), rt->status_string(st),
+                         (long long)e, (long long)(end - 1), rt->status_string(st),
                          train_steplib_why(L, rt->step_ctx, why, sizeof why));
-    if (train_steplib_copy(L, row, m->d_ref, per * sizeof *row, SBPRT_COPY_DEVICE_TO_HOST, s))
+    if (train_steplib_copy(L, row, m->d_ref, per * sizeof *row, SBPRT_COPY_DEVICE_TO_HOST,
+                           s))
         return -1;
-    for (int64_t j = 0; j < B && e + j < n; j++) {
+    int64_t prev_row = -1, k = 0; /* document k of its row */
+    for (int64_t x = e; x < end; x++) {
+        const int64_t at0 = place[x - e], rr = at0 / T;
+        k = rr == prev_row ? k + 1 : 0;
+        prev_row = rr;
         float sum = 0;
         if (f->grpo) { /* the example's tokens, and their sum over the scored ones */
-            const int64_t len = sbpio_dataset_len(&ds->d, e + j), at = ds->d.offsets[e + j];
+            const int64_t len = sbpio_dataset_len(&ds->d, x), at = ds->d.offsets[x];
             for (int64_t t = 0; t < len; t++) {
-                f->tok[at + t] = labels[j * T + t] == SBPRT_IGNORE_INDEX ? 0 : row[j * T + t];
+                f->tok[at + t] = labels[at0 + t] == SBPRT_IGNORE_INDEX ? 0 : row[at0 + t];
                 sum += f->tok[at + t];
             }
         }
-        const float v = f->grpo ? sum : row[j];
+        const float v = f->grpo ? sum : row[rr * w + (w > 1 ? k : 0)];
         if (!isfinite(v))
-            return train_err(s, "the reference log-prob of example %lld is %g",
-                             (long long)(e + j), (double)v);
-        f->ex[e + j] = v;
+            return train_err(s, "the reference log-prob of example %lld is %g", (long long)x,
+                             (double)v);
+        f->ex[x] = v;
     }
     return 0;
 }
@@ -227,19 +278,31 @@ int train_refs_compute(train_refs *f, const train_config *c, const train_steplib
     }
     int32_t *ids = malloc((size_t)(B * T) * sizeof *ids);
     int32_t *labels = malloc((size_t)(B * T) * sizeof *labels);
-    float *row = malloc((f->grpo ? (size_t)(B * T) : (size_t)B) * sizeof *row);
-    int rc = !ids || !labels || !row ? train_err(s, "out of memory") : 0;
+    float *row = malloc((size_t)(B * T) * sizeof *row);
+    /* a packed step's document ids (a per-document step: the examples packed, each its own
+     * document; else one example a row, its document 0) */
+    int32_t *docs = in->packed ? calloc((size_t)(B * T), sizeof *docs) : NULL;
+    /* where each example of a batch starts (a per-document batch holds up to B*T of them) */
+    int64_t *place = malloc((size_t)(in->per_document ? B * T : B) * sizeof *place);
+    int rc = !ids || !labels || !row || !place || (in->packed && !docs)
+                 ? train_err(s, "out of memory") : 0;
     const double t0 = train_log_now();
     /* batch k on rank k mod size (one process: all), the others' values left 0 for the share */
     memset(f->ex, 0, (size_t)n * sizeof *f->ex);
     if (f->grpo)
         memset(f->tok, 0, (size_t)ds->d.n_tok * sizeof *f->tok);
     const int ranks = d->on ? d->size : 1, me = d->on ? d->rank : 0;
-    for (int64_t e = (int64_t)me * B; e < n && !rc; e += (int64_t)ranks * B)
-        rc = logps_batch(f, L, m, ds, e, ids, labels, row, s);
+    for (int64_t e = 0, k = 0; e < n && !rc; k++) {
+        const int64_t end = batch_end(ds, in, e);
+        if (k % ranks == me)
+            rc = logps_batch(f, L, m, ds, e, end, ids, labels, docs, place, row, s);
+        e = end;
+    }
     free(ids);
     free(labels);
     free(row);
+    free(docs);
+    free(place);
     if (d->on && train_dist_any(d, rc != 0)) /* none waits in the share for a failed rank */
         return rc ? -1 : train_err(s, "another rank failed in the reference log-probs");
     if (rc)
@@ -262,10 +325,46 @@ int train_refs_compute(train_refs *f, const train_config *c, const train_steplib
     return cache_write(f, c, out, key, ds, s);
 }
 
+/* A packed per-document step's inputs: each document's reference log-prob (DPO) or advantage
+ * (GRPO) at r*T + k, and GRPO's per-token values at each document's tokens (document ids are
+ * the examples' places in the row, train_dataset.c). */
+static void fill_docs(const train_refs *f, const train_source *src, train_inputs *ti)
+{
+    const train_dataset *ds = &src->ds;
+    const int64_t N = src->K * src->G, T = src->T;
+    for (int64_t i = 0; i < N * T; i++) {
+        const int64_t e = src->doc_ex[i];
+        if (!f->grpo)
+            ti->ref[i] = e < 0 ? 0 : f->ex[e];
+        else
+            ti->adv[i] = e < 0 ? 0 : ds->d.advantages[e];
+    }
+    if (!f->grpo || (!ti->ref && !ti->old))
+        return;
+    for (int64_t i = 0; i < N; i++) {
+        const int32_t *docs = src->doc_ids + i * T;
+        int64_t start = 0;
+        for (int64_t t = 0; t < T; t++) {
+            if (t > 0 && docs[t] != docs[t - 1])
+                start = t;
+            const int64_t e = docs[t] >= 0 && docs[t] < T ? src->doc_ex[i * T + docs[t]] : -1;
+            const int64_t at = e < 0 ? 0 : ds->d.offsets[e] + (t - start);
+            if (ti->ref)
+                ti->ref[i * T + t] = e < 0 ? 0 : f->tok[at];
+            if (ti->old)
+                ti->old[i * T + t] = e < 0 ? 0 : f->old[at];
+        }
+    }
+}
+
 void train_refs_fill(const train_refs *f, const train_source *src, train_inputs *ti)
 {
     const train_dataset *ds = &src->ds;
     const int64_t N = src->K * src->G, T = src->T;
+    if (src->doc_ex) {
+        fill_docs(f, src, ti);
+        return;
+    }
     if (!f->grpo) {
         for (int64_t i = 0; i < N; i++)
             ti->ref[i] = f->ex[src->row_ex[i]];

@@ -18,7 +18,9 @@ int train_rewards_open(train_rewards *w, const sbp_step_info *in)
     w->on = true;
     w->beta = in->beta;
     w->B = in->batch;
-    w->row_logps = calloc((size_t)in->batch, sizeof *w->row_logps);
+    w->T = in->seq_len;
+    w->W = in->per_document ? in->seq_len : 1;
+    w->row_logps = calloc((size_t)(in->batch * w->W), sizeof *w->row_logps);
     return w->row_logps ? 0 : -1;
 }
 
@@ -32,18 +34,24 @@ void train_rewards_begin(train_rewards *w) { memset(w->sum, 0, sizeof w->sum); }
 
 double *train_rewards_out(train_rewards *w) { return w->on ? w->row_logps : NULL; }
 
-void train_rewards_add(train_rewards *w, const float *ref)
+void train_rewards_add(train_rewards *w, const float *ref, const int32_t *labels,
+                       const int32_t *doc_ids)
 {
     if (!w->on || !ref) /* (a DPO step always has its reference: ti_open requires it) */
         return;
-    const int64_t h = w->B / 2;
+    const int64_t h = w->B / 2, W = w->W;
     for (int64_t j = 0; j < h; j++) {
-        const double c = w->beta * (w->row_logps[j] - ref[j]);
-        const double r = w->beta * (w->row_logps[h + j] - ref[h + j]);
-        w->sum[0] += c;
-        w->sum[1] += r;
-        w->sum[2] += c - r;
-        w->sum[3] += c > r;
+        /* per document: the row pair's document pairs (the step refused a mismatch) */
+        const int64_t n = W == 1 ? 1 : ti_docs(labels + j * w->T, doc_ids + j * w->T, w->T);
+        for (int64_t k = 0; k < n; k++) {
+            const int64_t a = j * W + k, b = (h + j) * W + k;
+            const double c = w->beta * (w->row_logps[a] - ref[a]);
+            const double r = w->beta * (w->row_logps[b] - ref[b]);
+            w->sum[0] += c;
+            w->sum[1] += r;
+            w->sum[2] += c - r;
+            w->sum[3] += c > r;
+        }
     }
 }
 

@@ -21,6 +21,7 @@
 
 #include "sbp_step.h"
 #include "train_dist.h"
+#include "train_inputs.h" /* ti_docs */
 
 typedef struct train_rewards_stats {
     double chosen, rejected, margin, accuracy; /* NaN when the step has none */
@@ -30,7 +31,10 @@ typedef struct train_rewards {
     bool on;            /* a DPO step */
     double beta;        /* the step's β */
     int64_t B;          /* the step's rows: pair j = (row j, row B/2 + j) */
-    double *row_logps;  /* [B] the step's output for one micro-batch (host memory) */
+    int64_t T;          /* the step's row length */
+    int64_t W;          /* logps a row: 1, or T for a per-document step (document k of row b
+                         * at b*T + k, its pairs (b, k) and (B/2 + b, k)) */
+    double *row_logps;  /* [B*W] the step's output for one micro-batch (host memory) */
     double sum[4];      /* this rank's sums over the optimizer step so far: chosen, rejected,
                          * margin, pairs correct */
 } train_rewards;
@@ -43,8 +47,10 @@ void train_rewards_begin(train_rewards *w);
 /* Where the step writes its row logps (args->row_logps): NULL unless a DPO step. */
 double *train_rewards_out(train_rewards *w);
 /* After a micro-batch: its pairs' rewards added, from w->row_logps and the reference log-probs
- * it was given (ref [B], host memory). */
-void train_rewards_add(train_rewards *w, const float *ref);
+ * it was given (ref [B*W], host memory); per document, the micro-batch's labels and doc_ids
+ * [B*T] (host memory) say how many document pairs each row pair holds (else not read). */
+void train_rewards_add(train_rewards *w, const float *ref, const int32_t *labels,
+                       const int32_t *doc_ids);
 /* After the last micro-batch: the sums over the ranks (d, may be a single process) and the
  * means over `pairs` (the step's denominator) into *out (NaN when not a DPO step). 0, or -1
  * with err (a failed collective). */

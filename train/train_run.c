@@ -508,12 +508,14 @@ static int load_micro(train_run *r, int64_t k, int64_t *pad_pairs)
     }
     return copy_rows(r, m->d_ids, ti->mb_ids) || copy_rows(r, m->d_labels, ti->mb_labels) ||
                    (ti->mb_ref && train_steplib_copy(L, m->d_ref, ti->mb_ref,
-                                                     (ti->dpo ? (size_t)B : ntok) * sizeof(float),
+                                                     (ti->dpo ? (size_t)(B * ti->W) : ntok) *
+                                                         sizeof(float),
                                                      h2d, r->s)) ||
                    (ti->mb_old &&
                     train_steplib_copy(L, m->d_old, ti->mb_old, ntok * sizeof(float), h2d, r->s)) ||
                    (ti->mb_adv && train_steplib_copy(L, m->d_adv, ti->mb_adv,
-                                                     (size_t)B * sizeof(float), h2d, r->s))
+                                                     (size_t)(B * ti->W) * sizeof(float), h2d,
+                                                     r->s))
                ? -1
                : 0;
 }
@@ -550,7 +552,7 @@ static int run_micro_batches(train_run *r, int64_t s, double denominator, double
             st = rt->sync(*rt->sync_ctx);
         *loss += micro_loss;
         if (!st)
-            train_rewards_add(&r->rewards, ti->mb_ref);
+            train_rewards_add(&r->rewards, ti->mb_ref, ti->mb_labels, r->mb_doc_ids);
     }
     if (!st) /* --offload optimizer: the gradients to the host, where the update runs */
         return train_mem_fetch_grads(m, L, r->s);
@@ -611,10 +613,10 @@ int train_run_step(train_run *r, train_step_stats *st)
     *st = (train_step_stats){.step = s, .eval_loss = NAN};
     if (train_source_next(&r->src, s, r->s))
         return -1;
-    if (r->src.row_ex) /* a DPO / GRPO dataset's rows: their reference and advantages */
+    if (r->src.row_ex || r->src.doc_ex) /* a DPO / GRPO dataset's: reference, advantages */
         train_refs_fill(&r->refs, &r->src, &r->ti);
     double t0 = train_log_now();
-    const double denominator = ti_denominator(&r->ti, r->src.labels);
+    const double denominator = ti_denominator(&r->ti, r->src.labels, r->src.doc_ids);
     int64_t pad_pairs = 0; /* DPO pairs of padding on this rank */
     char err[512];
     if (run_micro_batches(r, s, denominator, &st->loss, &pad_pairs) ||

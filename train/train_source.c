@@ -125,7 +125,10 @@ static int next_dataset(train_source *src, int64_t s, const train_sink *sink)
     const int64_t K = src->K, G = src->G, T = src->T, N = K * G, epoch = ds->epoch;
     char err[700];
     int rc = 0;
-    if (ds->pairs) {
+    if (ds->per_doc) { /* packed DPO / GRPO: whole examples, one document each */
+        rc = train_dataset_next_docs(ds, N, src->ids, src->labels, src->doc_ids, src->doc_ex,
+                                     err, sizeof err);
+    } else if (ds->pairs) {
         rc = train_dataset_next_pairs(ds, N / 2, src->ids, src->labels, src->row_ex, err,
                                       sizeof err);
     } else if (strcmp(ds->d.task, "grpo") == 0) {
@@ -182,12 +185,17 @@ static int open_dataset(train_source *src, const sbp_step_info *in, int64_t *ste
     train_say(s, "note", "%s: %lld examples, %lld tokens (%lld scored), the longest %lld; %s%s",
               o->dataset.path, (long long)src->ds.d.n_ex, (long long)src->ds.d.n_tok,
               (long long)src->ds.d.scored, (long long)src->ds.d.longest,
-              in->packed ? "packed next-fit into rows" : "one example a row",
+              !in->packed ? "one example a row" : src->ds.pairs ? "pairs packed next-fit into row pairs, a document each" : "packed next-fit into rows",
               o->dataset.shuffle ? ", shuffled each pass" : ", in file order");
-    /* DPO pairs and GRPO rows: the examples of each step's rows, for their reference */
-    if ((src->ds.pairs || strcmp(src->ds.d.task, "grpo") == 0) &&
-        !(src->row_ex = malloc((size_t)(src->K * src->G) * sizeof *src->row_ex)))
+    /* DPO pairs and GRPO rows: the examples of each step's rows (of each document, packed
+     * per document), for their reference */
+    if (src->ds.per_doc) {
+        if (!(src->doc_ex = malloc((size_t)(src->K * src->G * src->T) * sizeof *src->doc_ex)))
+            return train_err(s, "out of memory");
+    } else if ((src->ds.pairs || strcmp(src->ds.d.task, "grpo") == 0) &&
+               !(src->row_ex = malloc((size_t)(src->K * src->G) * sizeof *src->row_ex))) {
         return train_err(s, "out of memory");
+    }
     return 0;
 }
 
@@ -279,6 +287,7 @@ void train_source_close(train_source *src)
     free(src->labels);
     free(src->doc_ids);
     free(src->row_ex);
+    free(src->doc_ex);
     if (src->have_shard)
         sbpio_shard_close(&src->shard);
     if (src->have_ds)

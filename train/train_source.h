@@ -35,6 +35,8 @@ struct train_source {
     int32_t *ids, *labels;   /* [K*G*T] the step's batch */
     int32_t *doc_ids;        /* [K*G*T] packed steps (packed from --data, or --doc-ids), or NULL */
     int64_t *row_ex;         /* [K*G] the example of each row (a DPO / GRPO dataset), or NULL */
+    int64_t *doc_ex;         /* [K*G*T] a packed per-document DPO / GRPO dataset's: document k
+                              * of row r's example at r*T + k (-1: none), or NULL */
     sbpio_shard shard;       /* --data */
     bool have_shard;
     train_dataset ds;        /* --dataset */

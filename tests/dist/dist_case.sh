@@ -19,6 +19,9 @@
 #                                     over the ranks: one process's bytes; DPO trained on them
 #                                     as one process with N*B rows per step (NP = 2; with
 #                                     NP = 3, 11 batches over 3 ranks, the bytes only)
+#   dist_case.sh dataset_packed NP ZERO  the same datasets packed for per-document dpo and grpo
+#                                     steps: the ranks' reference log-probs are one process's
+#                                     bytes, and NP ranks train as one process of NP*2 rows
 #   dist_case.sh resume NP ZERO       stop after 3 steps, resume to 6: the same checkpoint bytes
 #                                     as 6 steps at once; another -np is refused
 #   dist_case.sh abort NP             one rank fails at step 2: the job ends, naming the rank
@@ -81,8 +84,27 @@ inputs_of() { # OBJ
   esac
 }
 
+write_pref_datasets() { # a dpo and a grpo dataset of 11 pairs / 22 rollouts in $work
+  "$PY" - "$here/../train" "$work" <<'PYEOF'
+import random, struct, sys
+sys.path.insert(0, sys.argv[1])
+import dataset_ref as d
+r = random.Random(6)
+exs = []
+for _ in range(11):  # pairs: 22 examples, 11 batches of one pair, dealt to the ranks
+    prompt = [r.randrange(64) for _ in range(r.randint(2, 20))]
+    for _side in range(2):
+        exs.append(d.example(prompt + [r.randrange(64) for _ in range(r.randint(2, 30))],
+                             len(prompt)))
+d.write_dataset(sys.argv[2] + "/dpo.safetensors", exs, task="dpo", vocab=64, max_len=64)
+adv = [r.uniform(-1, 1) for _ in exs]
+d.write_dataset(sys.argv[2] + "/grpo.safetensors", exs, task="grpo", vocab=64, max_len=64,
+                tensors={"advantages": ("F32", [len(adv)], struct.pack("<%df" % len(adv), *adv))})
+PYEOF
+}
+
 lr=0.01
-[ "$case_" = dpo ] || [ "$case_" = dataset_refs ] && lr=0.002
+[ "$case_" = dpo ] || [ "$case_" = dataset_refs ] || [ "$case_" = dataset_packed ] && lr=0.002
 # random tokens leave many gradient elements at rounding-noise level, which AdamW normalises
 [ "$case_" = data ] || [ "$case_" = agree ] || [ "$case_" = dataset ] && lr=0.003
 TRAIN_FLAGS=(--steps 10 --lr "$lr" --weight-decay 0.01 --clip-grad-norm 0.3)
@@ -170,27 +192,39 @@ PYEOF
       --log "$work/dist/log.jsonl" --checkpoint-dir "$work/dist/ck" > "$work/dist/out.txt"
     compare_runs "$work/dist" "$work/one"
     ;;
+  dataset_packed)
+    # packed per-document DPO and GRPO datasets (sbpc --packed --per-document, --pack): the
+    # reference pass, its examples packed into each batch's rows and batch k on rank k mod NP,
+    # gives one process's bytes; then NP ranks of 2 rows train as one process of 2*NP rows
+    write_pref_datasets
+    for t in dpo grpo; do
+      s2=$(step_for "${t}_doc" 2)
+      s1=$(step_for "${t}_doc" $((2 * np)))
+      "$SBP_TRAIN" "$s2" --model "$LDYN" --dataset "$work/$t.safetensors" --pack \
+        --compute-logps "$work/$t-one.st" > /dev/null
+      mpi "$SBP_TRAIN" "$s2" --model "$LDYN" --dataset "$work/$t.safetensors" --pack \
+        --compute-logps "$work/$t-dist.st" > "$work/$t-out.txt" 2>&1
+      grep -q "reference log-probs of 22 examples computed in .* over $np ranks" \
+        "$work/$t-out.txt" || { cat "$work/$t-out.txt" >&2; fail "$t: no note of the ranks' pass"; }
+      cmp "$work/$t-one.st" "$work/$t-dist.st" ||
+        fail "$t: the ranks' packed log-probs differ from one process's"
+      mkdir -p "$work/$t/one" "$work/$t/dist"
+      "$SBP_TRAIN" "$s1" --model "$LDYN" --dataset "$work/$t.safetensors" --pack \
+        --shuffle-seed 4 "${TRAIN_FLAGS[@]}" --dump-grads "$work/$t/one/grads.st" \
+        --log "$work/$t/one/log.jsonl" --checkpoint-dir "$work/$t/one/ck" > "$work/$t/one/out.txt"
+      mpi "$SBP_TRAIN" "$s2" --model "$LDYN" --dataset "$work/$t.safetensors" --pack \
+        --shuffle-seed 4 "${TRAIN_FLAGS[@]}" --zero "$zero" --dump-grads "$work/$t/dist/grads.st" \
+        --log "$work/$t/dist/log.jsonl" --checkpoint-dir "$work/$t/dist/ck" > "$work/$t/dist/out.txt"
+      compare_runs "$work/$t/dist" "$work/$t/one"
+    done
+    echo "dist_case: dataset_packed: packed per-document dpo and grpo over $np ranks: the reference bytes and the run of one process"
+    ;;
   dataset_refs)
     # a dpo and a grpo dataset (dataset_ref.py's writer): the reference log-probs that each
     # rank computes for its share of the batches (batch k on rank k mod NP), shared, are the
     # very file one process writes with the same step (--compute-logps: cmp); DPO then trains
     # on them over the ranks as one process does on the whole batch
-    "$PY" - "$here/../train" "$work" <<'PYEOF'
-import random, struct, sys
-sys.path.insert(0, sys.argv[1])
-import dataset_ref as d
-r = random.Random(6)
-exs = []
-for _ in range(11):  # pairs: 22 examples, 11 batches of one pair, dealt to the ranks
-    prompt = [r.randrange(64) for _ in range(r.randint(2, 20))]
-    for _side in range(2):
-        exs.append(d.example(prompt + [r.randrange(64) for _ in range(r.randint(2, 30))],
-                             len(prompt)))
-d.write_dataset(sys.argv[2] + "/dpo.safetensors", exs, task="dpo", vocab=64, max_len=64)
-adv = [r.uniform(-1, 1) for _ in exs]
-d.write_dataset(sys.argv[2] + "/grpo.safetensors", exs, task="grpo", vocab=64, max_len=64,
-                tensors={"advantages": ("F32", [len(adv)], struct.pack("<%df" % len(adv), *adv))})
-PYEOF
+    write_pref_datasets
     for t in dpo grpo; do
       obj=$t
       [ "$t" = grpo ] && obj=grpo_seq
