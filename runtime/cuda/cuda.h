@@ -20,7 +20,7 @@
  * kernels run on the CPU in the tests.  Hence launches go through CU_LAUNCH instead of <<<>>>,
  * shared arrays are declared with CU_SHARED / CU_SHARED_DYN, and kernels use only what the
  * emulator provides (__syncthreads, __syncwarp, __shfl_sync, __shfl_xor_sync, atomicOr,
- * __fmul_rn, the C math functions).  Warp primitives are always called by all 32 lanes with
+ * __fmul_rn, __fadd_rn, __fsub_rn, __fdiv_rn, __fsqrt_rn, the C math functions).  Warp primitives are always called by all 32 lanes with
  * the full mask; block sizes are multiples of 32.
  *
  * Determinism: no float atomics anywhere.  Reductions use fixed partitions (fixed block

@@ -2,7 +2,11 @@
  * optim.cu — parameter updates: SGD and AdamW, as the CPU twin (cpu/optim.c) and torch.optim.
  *
  * The scalar constants are formed on the host exactly as the CPU twin forms them (in double,
- * rounded to fp32 once); the per-element formulas are the CPU twin's, operation by operation.
+ * rounded to fp32 once); the per-element formulas are the CPU twin's, operation by operation,
+ * written with the _rn intrinsics: nvcc would otherwise contract a * b + c into one fused
+ * multiply-add, which the CPU twin (ISO C, no contraction) never does, and the update would no
+ * longer be bitwise the host's (--offload optimizer runs AdamW on the host for a device step,
+ * and bf16 weights turn a last-bit difference in a master weight into a different rounding).
  */
 #include "cuda.h"
 
@@ -12,8 +16,8 @@ __global__ void sgd_kernel(float *param, const float *grad, size_t n, float lr, 
 {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        float g = wd != 0.0f ? grad[i] + wd * param[i] : grad[i];
-        param[i] -= lr * g;
+        const float g = wd != 0.0f ? __fadd_rn(grad[i], __fmul_rn(wd, param[i])) : grad[i];
+        param[i] = __fsub_rn(param[i], __fmul_rn(lr, g));
     }
 }
 
@@ -24,14 +28,16 @@ __global__ void adamw_kernel(float *param, float *m, float *v, const float *grad
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         const float g = grad[i];
-        const float p = param[i] * decay;
+        const float p = __fmul_rn(param[i], decay);
         /* torch: exp_avg.lerp_(grad, 1 - beta1), with lerp's two formulas */
-        const float mi = w1 < 0.5f ? m[i] + w1 * (g - m[i]) : g - (g - m[i]) * (1.0f - w1);
-        const float vi = v[i] * b2 + w2 * g * g;
-        const float denom = sqrtf(vi) / bc2_sqrt + eps;
+        const float d = __fsub_rn(g, m[i]);
+        const float mi = w1 < 0.5f ? __fadd_rn(m[i], __fmul_rn(w1, d))
+                                   : __fsub_rn(g, __fmul_rn(d, __fsub_rn(1.0f, w1)));
+        const float vi = __fadd_rn(__fmul_rn(v[i], b2), __fmul_rn(__fmul_rn(w2, g), g));
+        const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
         m[i] = mi;
         v[i] = vi;
-        param[i] = p - step_size * (mi / denom);
+        param[i] = __fsub_rn(p, __fmul_rn(step_size, __fdiv_rn(mi, denom)));
     }
 }
 

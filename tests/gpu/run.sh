@@ -49,7 +49,8 @@
 #   tests/gpu/run.sh --sanitize   also run the small kernel sizes under compute-sanitizer
 #                                 (memcheck, racecheck, synccheck), a few minutes more
 #   --no-fixtures, --no-bench     leave out stage 2 / stage 3
-# Environment: SBP_GPU_BUILD, SBP_GPU_FULL_BUILD (build folders), SBP_GPU_TOTAL (seconds),
+# Environment: SBP_GPU_BUILD, SBP_GPU_FULL_BUILD (build folders), SBP_GPU_PREBUILT (a build
+# folder made elsewhere: nothing is built, tests/gpu/run-prebuilt.sh), SBP_GPU_TOTAL (seconds),
 # PYTHON (the Python with numpy and torch, default python3).
 # Exit status: 1 when anything failed (including "no GPU visible"); else 77 when a stage was
 # SKIPPED (it could not run: no numpy, no torch, not built, out of time), with a final line
@@ -112,7 +113,16 @@ command -v protoc-c >/dev/null 2>&1 || missing+=("protoc-c (protobuf-c-compiler)
     missing+=("libprotobuf-c (libprotobuf-c-dev, pkg-config)")
 [ -f /usr/include/onnx/onnx.proto ] || missing+=("/usr/include/onnx/onnx.proto (libonnx-dev)")
 have_full=0
-if [ ${#missing[@]} -eq 0 ]; then
+if [ -n "${SBP_GPU_PREBUILT:-}" ]; then
+    # a build folder made on another machine with this checkout at the same path (sbpc bakes
+    # absolute paths into its link lines): nothing to configure or build here
+    # (tests/gpu/run-prebuilt.sh sets this up)
+    full=$SBP_GPU_PREBUILT
+    build=$full
+    have_full=1
+    stamp "prebuilt: $full (configured and built elsewhere)"
+    touch "$full/configure.log" "$full/build.log"
+elif [ ${#missing[@]} -eq 0 ]; then
     stamp "configure the project ($full)"
     mkdir -p "$full"
     if timeout "$(cap 120)" cmake -S "$root" -B "$full" -DCMAKE_BUILD_TYPE=Release \

@@ -26,6 +26,7 @@
 #ifndef CUDA_EMU_H
 #define CUDA_EMU_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -201,7 +202,13 @@ inline int atomicOr(int *addr, int v)
     *addr = old | v;
     return old;
 }
+/* The round-to-nearest arithmetic intrinsics: on the CPU (ISO C++, no contraction) each
+ * operator already rounds once. */
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return sqrtf(a); }
 
 /* Per-block shared memory: the dynamic allocation of the launch, and a static array keyed by
  * its declaration site. */
