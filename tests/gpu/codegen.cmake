@@ -284,7 +284,7 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
   # buffer in the step's device memory, against the float64 transformers values of
   # hf/ref/logps.safetensors and hf/ref/logps_packed.safetensors (step_logps_emu.c).
   if(TARGET e2e_util)
-    add_executable(step_logps_emu step_logps_emu.c)
+    add_executable(step_logps_emu step_logps_emu.c emu_so.c)
     target_link_libraries(step_logps_emu PRIVATE e2e_util)
     add_dependencies(step_logps_emu sbprt_cuda_emu)
     string(REPLACE ";" " " _emu_cflags_s "${_emu_cflags}")
@@ -295,7 +295,7 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
     set_tests_properties(gpu.step_emu_logps PROPERTIES LABELS gpu TIMEOUT ${SBP_EMU_STEP_TIMEOUT})
     # per-document DPO / GRPO steps (sbpc --packed --per-document): their host steps on device
     # memory, a training step against float64 PyTorch, sbp_step_logps (step_doc_emu.c)
-    add_executable(step_doc_emu step_doc_emu.c)
+    add_executable(step_doc_emu step_doc_emu.c emu_so.c)
     target_link_libraries(step_doc_emu PRIVATE e2e_util)
     add_dependencies(step_doc_emu sbprt_cuda_emu)
     target_compile_definitions(step_doc_emu PRIVATE

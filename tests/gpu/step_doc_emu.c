@@ -34,6 +34,7 @@
 
 #include "codegen.h"
 #include "e2e_util.h"
+#include "emu_so.h"
 #include "flow.h"
 
 #define PB 4
@@ -47,35 +48,6 @@ typedef struct doc_case {
     const char *ref; /* the float64 gradients, under tests/fixtures/ref */
 } doc_case;
 
-/* The step's own runtime (the emulated CUDA backend linked into it). */
-typedef struct rt {
-    int (*ctx_create)(sbprt_ctx **, int);
-    void (*ctx_destroy)(sbprt_ctx *);
-    int (*alloc)(sbprt_ctx *, void **, size_t);
-    void (*free)(sbprt_ctx *, void *);
-    int (*memcpy)(sbprt_ctx *, void *, const void *, size_t, int);
-    int (*run)(sbprt_ctx *, const sbp_step_args *);
-    int (*logps)(sbprt_ctx *, const sbp_step_args *, float *, float *);
-    const sbp_step_info *(*info)(void);
-} rt;
-
-static void *sym(void *lib, const char *name)
-{
-    void *f = dlsym(lib, name);
-    if (!f)
-        print_message("the step does not export %s\n", name);
-    assert_non_null(f);
-    return f;
-}
-
-static void *dev_copy(const rt *r, sbprt_ctx *ctx, const void *src, size_t bytes)
-{
-    void *d = NULL;
-    assert_int_equal(r->alloc(ctx, &d, bytes ? bytes : 4), SBPRT_OK);
-    if (src)
-        assert_int_equal(r->memcpy(ctx, d, src, bytes, SBPRT_COPY_HOST_TO_DEVICE), SBPRT_OK);
-    return d;
-}
 
 /* The largest relative difference of per-document values got [N] (at b*T + k) from the
  * float64 ones; every other element must be exactly 0. */
@@ -110,31 +82,8 @@ static void run_case(const doc_case *dc)
     assert_int_equal(frc, IR_OK);
     assert_non_null(fl.program->logps);
 
-    char c[1024], so[1024], cmd[8192];
-    snprintf(c, sizeof c, "%s/%s.c", SBP_E2E_OUT, dc->tag);
-    snprintf(so, sizeof so, "%s/%s.so", SBP_E2E_OUT, dc->tag);
-    assert_int_equal(sbp_codegen_write_target(fl.program, c, model, NULL, "cuda", &d), IR_OK);
-    snprintf(cmd, sizeof cmd,
-             "%s -std=c11 -O2 -fPIC -shared -Wall -Wextra -Werror -I%s %s -o %s %s "
-             "-Wl,-Bsymbolic -Wl,--whole-archive %s -Wl,--no-whole-archive -lstdc++ -lm",
-             SBP_EMU_CC, SBP_E2E_OUT, SBP_EMU_INCLUDES, so, c, SBP_EMU_LIB);
-    int src = system(cmd);
-    if (src != 0)
-        print_message("failed: %s\n", cmd);
-    assert_int_equal(src, 0);
-    void *lib = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-    if (!lib)
-        print_message("dlopen: %s\n", dlerror());
-    assert_non_null(lib);
-    rt r;
-    *(void **)&r.ctx_create = sym(lib, "sbprt_ctx_create");
-    *(void **)&r.ctx_destroy = sym(lib, "sbprt_ctx_destroy");
-    *(void **)&r.alloc = sym(lib, "sbprt_arena_alloc");
-    *(void **)&r.free = sym(lib, "sbprt_arena_free");
-    *(void **)&r.memcpy = sym(lib, "sbprt_memcpy");
-    *(void **)&r.run = sym(lib, "sbp_step_run");
-    *(void **)&r.logps = sym(lib, "sbp_step_logps");
-    *(void **)&r.info = sym(lib, "sbp_step_get_info");
+    emu_rt r;
+    emu_so_load(fl.program, model, dc->tag, &r);
     const sbp_step_info *in = r.info();
     assert_string_equal(in->target, "cuda");
     assert_int_equal(in->packed, 1);
@@ -166,15 +115,15 @@ static void run_case(const doc_case *dc)
     for (int i = 0; i < N; i++)
         rows[i] = NAN;
     sbp_step_args a = {
-        .params = dev_copy(&r, ctx, params, sizeof(float) * in->param_elems),
-        .grads = dev_copy(&r, ctx, NULL, sizeof(float) * in->grad_elems),
-        .input_ids = dev_copy(&r, ctx, ids, sizeof ids),
-        .labels = dev_copy(&r, ctx, labels, sizeof labels),
-        .doc_ids = dev_copy(&r, ctx, docs, sizeof docs),
-        .ref_logps = dev_copy(&r, ctx, dpo ? dpo_ref : ref, sizeof ref),
-        .old_logps = dpo ? NULL : dev_copy(&r, ctx, old, sizeof old),
-        .advantages = dpo ? NULL : dev_copy(&r, ctx, adv, sizeof adv),
-        .workspace = dev_copy(&r, ctx, garbage, wsb),
+        .params = emu_dev_copy(&r, ctx, params, sizeof(float) * in->param_elems),
+        .grads = emu_dev_copy(&r, ctx, NULL, sizeof(float) * in->grad_elems),
+        .input_ids = emu_dev_copy(&r, ctx, ids, sizeof ids),
+        .labels = emu_dev_copy(&r, ctx, labels, sizeof labels),
+        .doc_ids = emu_dev_copy(&r, ctx, docs, sizeof docs),
+        .ref_logps = emu_dev_copy(&r, ctx, dpo ? dpo_ref : ref, sizeof ref),
+        .old_logps = dpo ? NULL : emu_dev_copy(&r, ctx, old, sizeof old),
+        .advantages = dpo ? NULL : emu_dev_copy(&r, ctx, adv, sizeof adv),
+        .workspace = emu_dev_copy(&r, ctx, garbage, wsb),
         .loss = &loss,
         .row_logps = dpo ? rows : NULL, /* host memory on every target */
     };
@@ -193,7 +142,7 @@ static void run_case(const doc_case *dc)
     double e_rows = dpo ? doc_err(rows, doc_logps) : 0;
 
     /* sbp_step_logps: row_logps [B*T] in device memory, per document */
-    float *d_row = dev_copy(&r, ctx, NULL, sizeof(float) * N);
+    float *d_row = emu_dev_copy(&r, ctx, NULL, sizeof(float) * N);
     float nan_row[N], got_row[N];
     for (int i = 0; i < N; i++)
         nan_row[i] = NAN;
@@ -233,7 +182,7 @@ static void run_case(const doc_case *dc)
         if (bufs[i])
             r.free(ctx, bufs[i]);
     void (*release)(sbprt_ctx *);
-    *(void **)&release = sym(lib, "sbp_step_release");
+    *(void **)&release = emu_so_sym(&r, "sbp_step_release");
     release(ctx);
     r.ctx_destroy(ctx);
     free(garbage);

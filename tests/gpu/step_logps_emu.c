@@ -46,6 +46,7 @@
 
 #include "codegen.h"
 #include "e2e_util.h"
+#include "emu_so.h"
 #include "flow.h"
 
 #define LB 4
@@ -66,34 +67,6 @@ typedef struct emu_case {
     int64_t lora_rank;  /* sbpc --lora RANK (0: none) */
 } emu_case;
 
-/* The step's own runtime (the emulated CUDA backend linked into it). */
-typedef struct rt {
-    int (*ctx_create)(sbprt_ctx **, int);
-    void (*ctx_destroy)(sbprt_ctx *);
-    int (*alloc)(sbprt_ctx *, void **, size_t);
-    void (*free)(sbprt_ctx *, void *);
-    int (*memcpy)(sbprt_ctx *, void *, const void *, size_t, int);
-    int (*logps)(sbprt_ctx *, const sbp_step_args *, float *, float *);
-    const sbp_step_info *(*info)(void);
-} rt;
-
-static void *sym(void *lib, const char *name)
-{
-    void *f = dlsym(lib, name);
-    if (!f)
-        print_message("the step does not export %s\n", name);
-    assert_non_null(f);
-    return f;
-}
-
-static void *dev_copy(const rt *r, sbprt_ctx *ctx, const void *src, size_t bytes)
-{
-    void *d = NULL;
-    assert_int_equal(r->alloc(ctx, &d, bytes ? bytes : 4), SBPRT_OK);
-    if (src)
-        assert_int_equal(r->memcpy(ctx, d, src, bytes, SBPRT_COPY_HOST_TO_DEVICE), SBPRT_OK);
-    return d;
-}
 
 /* The reference tensor `name` [n] of file f as int32 (the file's F64 integers). */
 static void read_ints(sbpio_st_file *f, const char *name, int32_t *dst)
@@ -160,30 +133,8 @@ static void run_case(const emu_case *ec)
     assert_non_null(fl.program->logps);
     assert_int_equal(ec->lora_rank > 0, fl.n_adapted > 0);
 
-    char c[1024], so[1024], cmd[8192];
-    snprintf(c, sizeof c, "%s/%s.c", SBP_E2E_OUT, ec->tag);
-    snprintf(so, sizeof so, "%s/%s.so", SBP_E2E_OUT, ec->tag);
-    assert_int_equal(sbp_codegen_write_target(fl.program, c, model, NULL, "cuda", &d), IR_OK);
-    snprintf(cmd, sizeof cmd,
-             "%s -std=c11 -O2 -fPIC -shared -Wall -Wextra -Werror -I%s %s -o %s %s "
-             "-Wl,-Bsymbolic -Wl,--whole-archive %s -Wl,--no-whole-archive -lstdc++ -lm",
-             SBP_EMU_CC, SBP_E2E_OUT, SBP_EMU_INCLUDES, so, c, SBP_EMU_LIB);
-    int src = system(cmd);
-    if (src != 0)
-        print_message("failed: %s\n", cmd);
-    assert_int_equal(src, 0);
-    void *lib = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-    if (!lib)
-        print_message("dlopen: %s\n", dlerror());
-    assert_non_null(lib);
-    rt r;
-    *(void **)&r.ctx_create = sym(lib, "sbprt_ctx_create");
-    *(void **)&r.ctx_destroy = sym(lib, "sbprt_ctx_destroy");
-    *(void **)&r.alloc = sym(lib, "sbprt_arena_alloc");
-    *(void **)&r.free = sym(lib, "sbprt_arena_free");
-    *(void **)&r.memcpy = sym(lib, "sbprt_memcpy");
-    *(void **)&r.logps = sym(lib, "sbp_step_logps");
-    *(void **)&r.info = sym(lib, "sbp_step_get_info");
+    emu_rt r;
+    emu_so_load(fl.program, model, ec->tag, &r);
     const sbp_step_info *in = r.info();
     assert_string_equal(in->target, "cuda");
     assert_int_equal(in->packed, ec->packed);
@@ -223,14 +174,14 @@ static void run_case(const emu_case *ec)
     for (int b = 0; b < LB; b++)
         nan_row[b] = NAN;
     sbp_step_args a = {
-        .params = dev_copy(&r, ctx, params, sizeof(float) * in->param_elems),
-        .input_ids = dev_copy(&r, ctx, ids, sizeof ids),
-        .labels = dev_copy(&r, ctx, labels, sizeof labels),
-        .doc_ids = ec->packed ? dev_copy(&r, ctx, docs, sizeof docs) : NULL,
-        .workspace = dev_copy(&r, ctx, garbage, in->logp_workspace_bytes),
+        .params = emu_dev_copy(&r, ctx, params, sizeof(float) * in->param_elems),
+        .input_ids = emu_dev_copy(&r, ctx, ids, sizeof ids),
+        .labels = emu_dev_copy(&r, ctx, labels, sizeof labels),
+        .doc_ids = ec->packed ? emu_dev_copy(&r, ctx, docs, sizeof docs) : NULL,
+        .workspace = emu_dev_copy(&r, ctx, garbage, in->logp_workspace_bytes),
     };
-    float *d_row = dev_copy(&r, ctx, nan_row, sizeof nan_row);
-    float *d_tok = dev_copy(&r, ctx, nan_tok, sizeof nan_tok);
+    float *d_row = emu_dev_copy(&r, ctx, nan_row, sizeof nan_row);
+    float *d_tok = emu_dev_copy(&r, ctx, nan_tok, sizeof nan_tok);
     int64_t scored = -1;
     a.n_scored = &scored;
     int rc = r.logps(ctx, &a, d_row, d_tok);
@@ -291,7 +242,7 @@ static void run_case(const emu_case *ec)
     r.free(ctx, d_row);
     r.free(ctx, d_tok);
     void (*release)(sbprt_ctx *);
-    *(void **)&release = sym(lib, "sbp_step_release");
+    *(void **)&release = emu_so_sym(&r, "sbp_step_release");
     release(ctx);
     r.ctx_destroy(ctx);
     free(garbage);
