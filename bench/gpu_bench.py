@@ -101,9 +101,22 @@ def build_model(gf):
             setattr(torch.nn.init, n, f)
 
 
+def model_cfg(a):
+    """The model's shape: FULL or SMALL, with --layers overriding the layer count."""
+    cfg = dict(SMALL if a.small else FULL)
+    if getattr(a, "layers", None):
+        cfg["L"] = a.layers
+    return cfg
+
+
+def shape_args(a):
+    """The options that give a subprocess the same model shape."""
+    return (["--small"] if a.small else []) + (["--layers", str(a.layers)] if a.layers else [])
+
+
 def cmd_export(a):
     import torch
-    cfg = SMALL if a.small else FULL
+    cfg = model_cfg(a)
     gf = configure(cfg)
     t0 = time.time()
     model = build_model(gf)
@@ -132,7 +145,7 @@ def cmd_torch(a):
     import torch
     import torch.nn.functional as F
     import torch.utils.checkpoint as ckpt
-    cfg = SMALL if a.small else FULL
+    cfg = model_cfg(a)
     gf = configure(cfg)
     dev = torch.device(a.device)
     model = build_model(gf).to(dev)
@@ -211,6 +224,9 @@ def cmd_torch(a):
                 reserved = torch.cuda.max_memory_reserved() if dev.type == "cuda" else None
                 res = dict(T=T, mode=mode, ok=True, time=statistics.median(times[1:] or times),
                            peak=peak, reserved=reserved, loss=loss)
+                if a.profile_kernels and mode == "torch":
+                    res["kernels"] = profile_step(torch, lambda: step(ids, labels, False),
+                                                  model, sync)
             except RuntimeError as e:  # torch.cuda.OutOfMemoryError is a RuntimeError
                 if "out of memory" not in str(e).lower():
                     raise
@@ -221,6 +237,26 @@ def cmd_torch(a):
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
             print(json.dumps(res), flush=True)
+
+
+def profile_step(torch, run, model, sync):
+    """[[kernel, launches, total device ns], ...] of one more step, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    model.zero_grad(set_to_none=True)
+    sync()
+    act = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
+    with profile(activities=[act]) as prof:
+        run()
+        sync()
+    out = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) if act == ProfilerActivity.CUDA else \
+            getattr(e, "self_cpu_time_total", 0)
+        if us is None:
+            us = getattr(e, "cuda_time_total", 0)
+        if us:
+            out.append([e.key, e.count, int(us * 1000)])
+    return sorted(out, key=lambda r: -r[2])
 
 
 # ------------------------------------------------------------------ the driver
@@ -261,7 +297,7 @@ class Bench:
     def __init__(self, a):
         self.a = a
         self.t_end = time.monotonic() + a.budget
-        self.cfg = SMALL if a.small else FULL
+        self.cfg = model_cfg(a)
         self.sbpc = os.path.join(a.build, "tools", "sbpc")
         self.train = os.path.join(a.build, "tools", "sbp-train")
         self.dir = os.path.join(a.out, "qwen3_bench" + ("_small" if a.small else ""))
@@ -290,7 +326,7 @@ class Bench:
             return True
         log("exporting the model (torch.onnx) ...")
         rc, out, err = self.run([self.a.python, os.path.abspath(__file__), "--export", self.model]
-                                + (["--small"] if self.a.small else []), 600)
+                                + shape_args(self.a), 600)
         sys.stdout.write(out)
         if rc != 0:
             log(f"export failed ({rc}): {err.strip()[-2000:]}")
@@ -415,7 +451,7 @@ class Bench:
         cmd = [self.a.python, os.path.abspath(__file__), "--torch-worker", "--device",
                "cpu" if self.a.target == "cpu" else "cuda", "--steps", str(self.a.steps),
                "--seq-lens"] + [str(t) for t in self.a.seq_lens if t <= self.cfg["MAX_POS"]] \
-            + (["--small"] if self.a.small else [])
+            + shape_args(self.a)
         t_stop = time.monotonic() + max(10.0, min(limit, self.left()))
         err_path = os.path.join(self.dir, "torch_worker.err")
         err_f = open(err_path, "w")
@@ -619,6 +655,7 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--target", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--small", action="store_true", help="a tiny model (smoke test)")
+    ap.add_argument("--layers", type=int, help="the model's layers (default: Qwen3-0.6B's 28)")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--device-free", type=int, default=0,
                     help="bytes to take as the device's free memory (default: measured)")
@@ -626,6 +663,7 @@ def main():
     # subprocess modes
     ap.add_argument("--export", help=argparse.SUPPRESS)
     ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--profile-kernels", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.export:

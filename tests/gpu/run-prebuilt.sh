@@ -3,9 +3,11 @@
 # dependencies, over a build made elsewhere (scripts/gpu-carry.sh): the carried shared
 # libraries go to a private folder (and the few files sbpc's CPU link line names, to those very
 # paths when they are missing here), the checkout is linked at the path the build was made in,
-# and run.sh runs with SBP_GPU_PREBUILT. Arguments go to run.sh.
+# and run.sh runs with SBP_GPU_PREBUILT. Arguments go to run.sh, or with --exec a command runs
+# in that environment instead (from ORIGINAL_ROOT), e.g. bench/gpu_profile.py.
 #
 #   tests/gpu/run-prebuilt.sh ORIGINAL_ROOT [run.sh's options]
+#   tests/gpu/run-prebuilt.sh ORIGINAL_ROOT --exec COMMAND [ARGS...]
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -33,4 +35,8 @@ nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl._
 export LD_LIBRARY_PATH="$libs/lib:$cuda/lib64:$cuda/lib${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$cuda/bin:$PATH"
 cd "$orig"
+if [ "${1:-}" = --exec ]; then
+    shift
+    exec "$@"
+fi
 SBP_GPU_PREBUILT="$orig/build" exec bash "$orig/tests/gpu/run.sh" "$@"

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""gpu_profile.py — where one training step's GPU time goes, kernel by kernel, for a cuda step
+of sbpc and for PyTorch on the same model and batch (the model of bench/gpu_bench.py, with
+fewer layers so that the profile stays short).
+
+    python3 bench/gpu_profile.py [--build build] [--layers 4] [--seq-len 4096]
+                                 [--strategy store] [--out build/gpu_profile]
+
+Needs a GPU, Nsight Compute (ncu) and torch with CUDA. sbpc's side: one step of sbp-train
+under `ncu --metrics gpu__time_duration.sum` (each kernel's own duration, so the launches'
+gaps are not counted); PyTorch's: torch.profiler over one step after two timed ones (TF32
+off, as in gpu_bench.py). Prints, for each side, the step's total kernel time and the kernels
+that take most of it (launches, total ms, share), grouped by name.
+"""
+import argparse
+import collections
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import gpu_bench as gb  # noqa: E402
+
+
+def run(cmd, limit):
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+    if p.returncode != 0:
+        sys.exit("gpu_profile: %s failed (%d):\n%s%s" % (cmd[0], p.returncode, p.stdout[-3000:],
+                                                      p.stderr[-3000:]))
+    return p.stdout, time.monotonic() - t0
+
+
+def short(name, n=70):
+    name = name.split("(")[0] if not name.startswith("void ") else name[5:].split("(")[0]
+    return name if len(name) <= n else name[:n - 3] + "..."
+
+
+def table(title, rows, top=15):
+    total = sum(r[2] for r in rows) or 1
+    print("\n%s: %d kernels launched, %.1f ms of kernel time" % (title, sum(r[1] for r in rows),
+                                                                total / 1e6))
+    print("%-72s %8s %10s %6s" % ("kernel", "launches", "total ms", "share"))
+    for name, count, ns in rows[:top]:
+        print("%-72s %8d %10.2f %5.1f%%" % (short(name), count, ns / 1e6, 100.0 * ns / total))
+
+
+def ncu_rows(text):
+    """Per kernel name: [name, launches, total ns] from ncu --csv's per-launch rows."""
+    lines = [x for x in text.splitlines() if x.startswith('"')]
+    agg = collections.OrderedDict()
+    for rec in csv.DictReader(io.StringIO("\n".join(lines))):
+        if rec.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        v = float(rec["Metric Value"].replace(",", ""))
+        unit = rec.get("Metric Unit", "nsecond")
+        v *= {"nsecond": 1, "usecond": 1e3, "msecond": 1e6, "second": 1e9}.get(unit, 1)
+        k = rec["Kernel Name"]
+        c, t = agg.get(k, (0, 0.0))
+        agg[k] = (c + 1, t + v)
+    return sorted(([k, c, t] for k, (c, t) in agg.items()), key=lambda r: -r[2])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "build", "gpu_profile"))
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--strategy", default="store", choices=["store", "checkpoint", "stream"])
+    ap.add_argument("--ncu", default="ncu")
+    ap.add_argument("--python", default=sys.executable)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    T, L = a.seq_len, a.layers
+    cfg = dict(gb.FULL, L=L)
+    model = os.path.join(a.out, "model", "model.onnx")
+    bench = os.path.join(HERE, "gpu_bench.py")
+    if not os.path.exists(model):
+        out, dt = run([a.python, bench, "--export", model, "--layers", str(L)], 900)
+        print(out.strip(), "(%.1f s)" % dt)
+    so = os.path.join(a.out, "step_%s_%d.so" % (a.strategy, T))
+    _, dt = run([os.path.join(a.build, "tools", "sbpc"), model, "--batch", "1", "--seq-len",
+                 str(T), "--strategy", a.strategy, "--target", "cuda", "-o", so], 900)
+    print("compiled %s in %.1f s" % (so, dt))
+    ids, labels = os.path.join(a.out, "ids.npy"), os.path.join(a.out, "labels.npy")
+    iv, lv = gb.batch(T, cfg["V"])
+    gb.write_npy_i32(ids, iv)
+    gb.write_npy_i32(labels, lv)
+    out, dt = run([a.ncu, "--csv", "--metrics", "gpu__time_duration.sum",
+                   os.path.join(a.build, "tools", "sbp-train"), so, "--model", model,
+                   "--input-ids", ids, "--labels", labels, "--steps", "1", "--optimizer", "sgd",
+                   "--lr", "0"], 900)
+    ours = ncu_rows(out)
+    print("ncu over one sbp-train step: %.1f s" % dt)
+    out, dt = run([a.python, bench, "--torch-worker", "--layers", str(L), "--seq-lens", str(T),
+                   "--steps", "2", "--profile-kernels"], 900)
+    theirs = []
+    for line in out.splitlines():
+        rec = json.loads(line) if line.startswith("{") else {}
+        if rec.get("mode") == "torch" and rec.get("ok"):
+            theirs = rec.get("kernels", [])
+            print("PyTorch step: %.3f s (median of the timed steps)" % rec["time"])
+    head = "Qwen3-0.6B-shaped, %d layers, T = %d, fp32" % (L, T)
+    table("sbpc %s (%s)" % (a.strategy, head), ours)
+    table("PyTorch (%s)" % head, theirs)
+    with open(os.path.join(a.out, "profile.json"), "w") as f:
+        json.dump({"sbpc": ours, "torch": theirs, "layers": L, "T": T,
+                   "strategy": a.strategy}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
