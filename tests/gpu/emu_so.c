@@ -29,7 +29,11 @@ void emu_so_load(const sbp_train_program *program, const char *model, const char
     ir_diag_init(&d, model);
     snprintf(c, sizeof c, "%s/%s.c", SBP_E2E_OUT, tag);
     snprintf(so, sizeof so, "%s/%s.so", SBP_E2E_OUT, tag);
-    assert_int_equal(sbp_codegen_write_target(program, c, model, NULL, "cuda", &d), IR_OK);
+    const int wrc = sbp_codegen_write_target(program, c, model, NULL, "cuda", &d);
+    if (wrc != IR_OK)
+        e2e_print_diag(&d);
+    ir_diag_free(&d);
+    assert_int_equal(wrc, IR_OK);
     snprintf(cmd, sizeof cmd,
              "%s -std=c11 -O2 -fPIC -shared -Wall -Wextra -Werror -I%s %s -o %s %s "
              "-Wl,-Bsymbolic -Wl,--whole-archive %s -Wl,--no-whole-archive -lstdc++ -lm",
