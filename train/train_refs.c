@@ -116,31 +116,31 @@ int train_refs_load_old(train_refs *f, const char *path, const train_dataset *ds
     return 0;
 }
 
-/* The end (exclusive) of the reference batch that starts at example e: B examples, one a row;
- * for a per-document step, as many as fill B rows of T tokens next-fit in file order (each
- * example its own document, so its log-probs are the ones it has alone in a row). */
-static int64_t batch_end(const train_dataset *ds, const sbp_step_info *in, int64_t e)
+/* The reference batch that starts at example e: its end (exclusive), and place[x - e] the
+ * first token r*T + t of each of its examples x. B examples, one a row; for a per-document
+ * step, as many as fill B rows of T tokens next-fit in file order (each example its own
+ * document, so its log-probs are the ones it has alone in a row). */
+static int64_t batch_end(const train_dataset *ds, const sbp_step_info *in, int64_t e,
+                         int64_t *place)
 {
-    const int64_t B = in->batch, T = in->seq_len, n = ds->d.n_ex;
-    if (!in->per_document)
-        return e + B < n ? e + B : n;
+    const int64_t B = in->batch, T = in->seq_len, n = ds->d.n_ex, e0 = e;
     for (int64_t r = 0; r < B && e < n; r++)
         for (int64_t used = 0; e < n && used < T;) {
             const int64_t len = sbpio_dataset_len(&ds->d, e);
-            if (used > 0 && used + len > T)
+            if (used > 0 && (!in->per_document || used + len > T))
                 break;
+            place[e - e0] = r * T + used;
             used += len;
             e++;
         }
     return e;
 }
 
-/* Examples e .. end-1 through sbp_step_logps, laid out as batch_end took them (the rows past
- * them padding): row [B*T] (DPO per row: [B]) the step's output. place [end - e]: each
- * example's row and first token, r*T + t. */
+/* Examples e .. end-1 through sbp_step_logps at their places (batch_end's; the rest of the
+ * rows padding): row [B*T] (DPO per row: [B]) the step's output. */
 static int logps_batch(train_refs *f, const train_steplib *L, const train_mem *m,
                        train_dataset *ds, int64_t e, int64_t end, int32_t *ids, int32_t *labels,
-                       int32_t *docs, int64_t *place, float *row, const train_sink *s)
+                       int32_t *docs, const int64_t *place, float *row, const train_sink *s)
 {
     const train_rt *rt = &L->rt;
     const sbp_step_info *in = L->in;
@@ -152,16 +152,12 @@ static int logps_batch(train_refs *f, const train_steplib *L, const train_mem *m
     for (int64_t i = 0; i < B * T; i++) {
         ids[i] = (int32_t)ds->d.pad_id;
         labels[i] = SBPRT_IGNORE_INDEX;
+        if (docs) /* a row's padding: a document id after its examples' (below) */
+            docs[i] = (int32_t)T;
     }
-    int64_t r = 0, used = 0, doc = 0;
-    for (int64_t x = e; x < end; x++) {
-        const int64_t len = sbpio_dataset_len(&ds->d, x);
-        if (used > 0 && (!in->per_document || used + len > T)) {
-            for (int64_t t = used; docs && t < T; t++) /* the row's padding */
-                docs[r * T + t] = (int32_t)doc;
-            r++, used = 0, doc = 0;
-        }
-        place[x - e] = r * T + used;
+    for (int64_t x = e, k = 0; x < end; x++) {
+        const int64_t at = place[x - e], len = sbpio_dataset_len(&ds->d, x);
+        k = x > e && at / T == place[x - e - 1] / T ? k + 1 : 0; /* document k of its row */
         if (train_dataset_row(ds, x, ds->tmp_ids, ds->tmp_labels, err, sizeof err))
             return train_err(s, "%s", err);
         bool scored = false;
@@ -172,14 +168,11 @@ static int logps_batch(train_refs *f, const train_steplib *L, const train_mem *m
                              "step's documents are its rows' runs of scored tokens: drop the "
                              "example (sbp-prepare does)", ds->flag, sbpio_st_path(ds->d.f),
                              (long long)x);
-        memcpy(ids + r * T + used, ds->tmp_ids, (size_t)len * sizeof *ids);
-        memcpy(labels + r * T + used, ds->tmp_labels, (size_t)len * sizeof *labels);
+        memcpy(ids + at, ds->tmp_ids, (size_t)len * sizeof *ids);
+        memcpy(labels + at, ds->tmp_labels, (size_t)len * sizeof *labels);
         for (int64_t t = 0; docs && t < len; t++)
-            docs[r * T + used + t] = (int32_t)doc;
-        used += len, doc++;
+            docs[at + t] = (int32_t)k;
     }
-    for (int64_t i = r * T + used; docs && i < B * T; i++) /* the last row's padding, and on */
-        docs[i] = (int32_t)(i < (r + 1) * T ? doc : 0);
     if (train_steplib_copy(L, m->d_ids, ids, (size_t)(B * T) * sizeof *ids,
                            SBPRT_COPY_HOST_TO_DEVICE, s) ||
         train_steplib_copy(L, m->d_labels, labels, (size_t)(B * T) * sizeof *labels,
@@ -199,11 +192,9 @@ static int logps_batch(train_refs *f, const train_steplib *L, const train_mem *m
     if (train_steplib_copy(L, row, m->d_ref, per * sizeof *row, SBPRT_COPY_DEVICE_TO_HOST,
                            s))
         return -1;
-    int64_t prev_row = -1, k = 0; /* document k of its row */
-    for (int64_t x = e; x < end; x++) {
+    for (int64_t x = e, k = 0; x < end; x++) {
         const int64_t at0 = place[x - e], rr = at0 / T;
-        k = rr == prev_row ? k + 1 : 0;
-        prev_row = rr;
+        k = x > e && rr == place[x - e - 1] / T ? k + 1 : 0;
         float sum = 0;
         if (f->grpo) { /* the example's tokens, and their sum over the scored ones */
             const int64_t len = sbpio_dataset_len(&ds->d, x), at = ds->d.offsets[x];
@@ -212,7 +203,7 @@ static int logps_batch(train_refs *f, const train_steplib *L, const train_mem *m
                 sum += f->tok[at + t];
             }
         }
-        const float v = f->grpo ? sum : row[rr * w + (w > 1 ? k : 0)];
+        const float v = f->grpo ? sum : row[rr * w + k]; /* (one a row: k = 0) */
         if (!isfinite(v))
             return train_err(s, "the reference log-prob of example %lld is %g", (long long)x,
                              (double)v);
@@ -293,7 +284,7 @@ int train_refs_compute(train_refs *f, const train_config *c, const train_steplib
         memset(f->tok, 0, (size_t)ds->d.n_tok * sizeof *f->tok);
     const int ranks = d->on ? d->size : 1, me = d->on ? d->rank : 0;
     for (int64_t e = 0, k = 0; e < n && !rc; k++) {
-        const int64_t end = batch_end(ds, in, e);
+        const int64_t end = batch_end(ds, in, e, place);
         if (k % ranks == me)
             rc = logps_batch(f, L, m, ds, e, end, ids, labels, docs, place, row, s);
         e = end;
