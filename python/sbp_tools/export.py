@@ -4,7 +4,13 @@
 
 The model is loaded with AutoModelForCausalLM.from_pretrained(MODEL_DIR, local_files_only=True)
 in float32, in eval mode, and exported with symbolic batch and sequence dims, input `input_ids`
-int64 [batch, sequence] -> `logits` f32 [batch, sequence, vocab].
+int64 [batch, sequence] -> `logits` f32 [batch, sequence, vocab]. Eval mode means dropout off,
+in the export and in the check against onnxruntime: sbpc trains the graph as exported and has no
+dropout of its own (its folding removes an eval-mode Dropout node as the identity), so a model
+configured with dropout > 0 is trained without it.
+
+-o must end in .onnx, and follows the output rule of _cli.py: it may not lie in the model folder,
+and an existing file is replaced only when sbp-export wrote it (metadata sbp.producer).
 
 The export settings keep every weight its own initializer, because sbpc trains initializers:
   - dynamo: `optimize=False`. The exporter's optimiser (onnxscript) constant-folds Gemma's
@@ -32,16 +38,14 @@ those become one Split (sequences.py), as the optimiser would have done. The dyn
 per-node metadata is dropped except `pkg.torch.onnx.name_scopes` (module
 paths, which sbpc reads to name weights); its stack traces and fx dumps are most of the file.
 """
-import argparse
 import json
 import os
 import shutil
 import sys
-import tempfile
 import warnings
 
 from . import __version__
-from ._cli import Fail, check_output_path, commit, die
+from ._cli import Fail, Parser, check_output, commit, die, first_line, onnx_producer, reserve
 
 PROG = "sbp-export"
 KEEP_NODE_META = ("pkg.torch.onnx.name_scopes",)
@@ -59,14 +63,20 @@ def make_wrapper(model):
             return self.m(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
                           use_cache=False).logits
 
-    return _LogitsOnly(model)
+    # eval mode, like the model: a new Module is in training mode, and torch.onnx.export puts
+    # the wrapper back in the mode it found it in, which would switch the model's dropout on
+    # for the onnxruntime check that follows
+    return _LogitsOnly(model).eval()
 
 
-def load(model_dir, attn):
+def check_folder(model_dir):
     if not os.path.isdir(model_dir):
         raise Fail("%s is not a folder" % model_dir)
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise Fail("%s has no config.json (not a transformers model folder)" % model_dir)
+
+
+def load(model_dir, attn):
     import torch
     import transformers
     transformers.utils.logging.set_verbosity_error()
@@ -201,6 +211,7 @@ def ort_check(model, path, ids):
     import numpy as np
     import onnxruntime as ort
     import torch
+    model.eval()  # the exported graph is the eval one (dropout off): compare like with like
     with torch.no_grad():
         want = model(input_ids=ids, use_cache=False).logits.float().numpy()
     so = ort.SessionOptions()
@@ -215,7 +226,7 @@ def ort_check(model, path, ids):
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog=PROG, description="Export a transformers causal LM "
+    ap = Parser(prog=PROG, description="Export a transformers causal LM "
                                  "folder to ONNX for sbpc, every weight its own initializer.")
     ap.add_argument("model_dir", metavar="MODEL_DIR")
     ap.add_argument("-o", "--output", required=True, metavar="model.onnx")
@@ -247,25 +258,45 @@ def quiet():
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+def is_ours(path):
+    return (onnx_producer(path) or "").startswith(PROG + " ")
+
+
+def check_outputs(a):
+    """The output rule of _cli.py, before the model is loaded: -o ends in .onnx (the onnx
+    package picks the serialisation from the extension: -o m.json would be written as JSON),
+    is not in the model folder nor one of its files, and replaces only an ONNX file that
+    sbp-export wrote (metadata sbp.producer); MODEL.onnx.data, which --external-data writes,
+    only beside such a file."""
+    if not a.output.endswith(".onnx"):
+        raise Fail("-o %s: the output must end in .onnx (the ONNX file sbpc reads)" % a.output)
+    folders = [("model folder", a.model_dir)]
+    what = "an ONNX file of sbp-export (metadata sbp.producer)"
+    check_output(a.output, folders=folders, ours=(is_ours, what))
+    data = a.output + ".data"
+    check_output(data, folders=folders, ours=(lambda p: os.path.isfile(a.output) and
+                                               is_ours(a.output), "the data of " + what),
+                 flag="-o (external data)")
+
+
 def run(a):
-    check_output_path(a.output)
-    quiet()
     if a.check_batch < 1 or a.check_seq_len < 2:
         raise Fail("--check-batch must be >= 1 and --check-seq-len >= 2")
-    model = load(a.model_dir, a.attn)
-    import torch
-    from .params import check_params
-    torch.manual_seed(0)
-    ids = sample_ids(model, a.check_batch, a.check_seq_len)
-    out_dir = os.path.dirname(os.path.abspath(a.output))
-    if not os.path.isdir(out_dir):
-        raise Fail("the output folder '%s' does not exist" % out_dir)
+    check_folder(a.model_dir)
+    check_outputs(a)
     base = os.path.basename(a.output)
-    # the export is written into a temporary folder beside -o (the same file system), checked,
+    # the export is written into a temporary folder beside -o (the same file system), made
+    # before the model is loaded (a folder that cannot be written is found first), checked,
     # and only then renamed into place: the external data first, the model last
-    tmpdir = tempfile.mkdtemp(dir=out_dir, prefix="." + base + ".", suffix=".tmp")
+    tmpdir = reserve(a.output, folder=True)
     tmp = os.path.join(tmpdir, base)
     try:
+        quiet()
+        model = load(a.model_dir, a.attn)
+        import torch
+        from .params import check_params
+        torch.manual_seed(0)
+        ids = sample_ids(model, a.check_batch, a.check_seq_len)
         opset = a.opset or (20 if a.exporter == "dynamo" else 17)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -313,8 +344,7 @@ def main(argv=None):
     except Fail as e:
         die(PROG, e)
     except Exception as e:  # a library's failure outside the steps above: still one line
-        die(PROG, "%s: %s" % (type(e).__name__, str(e).strip().splitlines()[0]
-                              if str(e).strip() else "(no message)"))
+        die(PROG, first_line(e))
     return 0
 
 

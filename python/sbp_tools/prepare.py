@@ -21,8 +21,13 @@ token, whether it is a target ("scored"), decided as follows.
 EOS is appended to string completions and texts (unless they already end with it) so that the
 model learns to stop, as TRL does. The labels written are shifted (labels[t] is the target of
 position t): see the doc.
+
+Everything that can be refused without tokenising is refused first, in one line (_cli.py: the
+output rule; the limits of sbp-train's reader; grpo's rewards and advantages, read in a pass of
+their own before the tokenising one). With --truncate keep-start, keep-end or drop a long text
+is tokenised only as far as the examples need (Tokenising.encode), so a huge row costs what
+--max-len keeps, not what it holds.
 """
-import argparse
 import json
 import math
 import os
@@ -32,10 +37,19 @@ import sys
 import numpy as np
 
 from . import __version__
-from ._cli import Fail, check_output_path, commit, die, discard, temp_beside
+from ._cli import (Fail, Parser, check_inputs, check_output, commit, die, discard, first_line,
+                   is_sbp_dataset, reserve)
 
 PROG = "sbp-prepare"
 GENERATION_MARK = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+# What sbp-train's reader accepts, so that what this tool writes is what the next one reads:
+# sbpio_dataset_open (tools/io/dataset.c) takes max_len and vocab_size through meta_int(..., 1,
+# INT32_MAX), eos_id and pad_id from 0 to vocab_size - 1, and refuses non-finite advantages
+# (stored as F32, like the rewards). An example needs 2 tokens here (one position, one target).
+INT32_MAX = 2**31 - 1
+MIN_LEN = 2
+FLT_MAX = float(np.finfo(np.float32).max)
 
 
 class RowError(Fail):
@@ -90,8 +104,12 @@ class Tokenising:
     """The tokenizer and how it is used for each kind of row. Every method returns (ids, scored):
     token ids and per token whether it is a target (before the shift)."""
 
-    def __init__(self, tok, mask_mode):
+    def __init__(self, tok, mask_mode, keep=None):
+        """keep: None (tokenise whole texts) or ("start" | "end", N): only the first (last)
+        N + 1 tokens of an example are wanted, N of them kept and one to tell that it was cut
+        (Builder.fit cuts it, as it would cut the whole)."""
         self.tok = tok
+        self.keep = keep
         self.eos = tok.eos_token
         tmpl = tok.chat_template
         if isinstance(tmpl, dict):
@@ -115,18 +133,53 @@ class Tokenising:
     def spans_scored(self, text, spans, special):
         """Tokenises text; a token is scored when its first character lies in one of the
         [start, end) spans."""
+        return self.encode(text, special,
+                           lambda s, e: e > s and any(a <= s < b for a, b in spans))
+
+    def _enc(self, text, special, base, scored):
+        """ids and scored flags of text, its offsets moved by base (text is text_full[base:])."""
         enc = self.tok(text, add_special_tokens=special, return_offsets_mapping=True)
         ids = list(enc["input_ids"])
-        scored = []
-        for (s, e) in enc["offset_mapping"]:
-            scored.append(e > s and any(a <= s < b for a, b in spans))
-        return ids, scored
+        # a token the post-processor adds (BOS, EOS) has the empty offset (0, 0) at any base
+        return ids, [scored(s + base, e + base) if e > s else scored(s, e)
+                     for (s, e) in enc["offset_mapping"]]
+
+    # The first window is this many characters per token wanted; a window is accepted when it
+    # holds MARGIN tokens beyond those wanted and the window twice its size gives the same
+    # wanted tokens, so the cut lies far from them (a token near a cut may merge differently).
+    CHARS_PER_TOKEN = 8
+    MARGIN = 16
+
+    def encode(self, text, special, scored):
+        """(ids, scored flags) of text, scored(start, end) deciding each token by its character
+        span in text. Without self.keep: the whole text. With it, only growing windows at the
+        kept end (a prefix for "start", a suffix for "end"), doubled until two windows agree on
+        the N + 1 tokens wanted, which are returned: the result equals tokenising the whole and cutting it (tests/frontend/test_hostile.py
+        compares the two), at a cost bounded by N, not by the text."""
+        if self.keep is None:
+            return self._enc(text, special, 0, scored)
+        side, n = self.keep
+        want = n + 1
+        k = max(1024, self.CHARS_PER_TOKEN * (want + self.MARGIN))
+        prev = None
+        while 2 * k < len(text):
+            base = 0 if side == "start" else len(text) - k
+            ids, sc = self._enc(text[base:base + k], special, base, scored)
+            if len(ids) > want + self.MARGIN:
+                cur = (ids[:want], sc[:want]) if side == "start" else (ids[-want:], sc[-want:])
+                if cur == prev:
+                    return cur
+                prev = cur
+            k *= 2
+        return self._enc(text, special, 0, scored)
 
     def messages(self, msgs, where):
         if not any(m["role"] == "assistant" for m in msgs):
             raise RowError("%s: the conversation has no assistant turn (nothing to train on)"
                            % where)
         self.used_mask = self.mask_mode
+        if self.mask_mode == "assistant-tokens" and self.keep is not None:
+            return self.marked_window(msgs, where)
         if self.mask_mode == "assistant-tokens":
             try:
                 enc = self.tok.apply_chat_template(msgs, tokenize=True, return_dict=True,
@@ -150,15 +203,31 @@ class Tokenising:
             spans.append((len(before), len(upto)))
         return self.spans_scored(full, spans, False)
 
+    def marked_window(self, msgs, where):
+        """The assistant-tokens mask as transformers computes it (apply_chat_template(...,
+        return_assistant_tokens_mask=True): the template's rendering with its generation
+        spans, tokenised without special tokens, a token scored when it overlaps a span),
+        through encode so that only the kept window is tokenised."""
+        try:
+            from transformers.utils.chat_template_utils import render_jinja_template
+            norm = [{k: v for k, v in m.items() if v is not None} for m in msgs]
+            texts, spans = render_jinja_template(
+                conversations=[norm], chat_template=self.template,
+                return_assistant_tokens_mask=True, add_generation_prompt=False,
+                **self.tok.special_tokens_map)
+        except Exception as e:
+            raise RowError("%s: the chat template failed: %s" % (where, e))
+        spans = spans[0]
+        return self.encode(texts[0], False,
+                           lambda s, e: any(s < b and e > a for a, b in spans))
+
     def with_eos(self, s):
         return s + self.eos if self.eos and not s.endswith(self.eos) else s
 
     def text(self, s, where):
         if not s:
             raise RowError("%s: \"text\" is empty" % where)
-        enc = self.tok(self.with_eos(s))
-        ids = list(enc["input_ids"])
-        return ids, [True] * len(ids)
+        return self.encode(self.with_eos(s), True, lambda s, e: True)
 
     def prompt_completion(self, p, c, ckey, where):
         """p, c: side() results; ckey names the completion's key for messages."""
@@ -268,6 +337,10 @@ def read_rows(paths):
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise RowError("%s: invalid JSON: %s (column %d)" % (where, e.msg, e.colno))
+                except ValueError as e:  # an integer of more digits than Python converts
+                    raise RowError("%s: invalid JSON: %s" % (where, e))
+                except RecursionError:
+                    raise RowError("%s: invalid JSON: nested too deeply" % where)
                 if not isinstance(row, dict):
                     raise RowError("%s: a row must be a JSON object, not %s"
                                    % (where, type(row).__name__))
@@ -301,9 +374,17 @@ def reward_of(row, where):
     if "reward" not in row:
         raise RowError("%s: the row has no \"reward\" (keys: %s)" % (where, ", ".join(sorted(row))))
     r = row["reward"]
-    if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
-        raise RowError("%s: \"reward\" must be a finite number, not %s" % (where, json.dumps(r)))
-    return float(r)
+    try:
+        x = float(r) if isinstance(r, (int, float)) and not isinstance(r, bool) else None
+    except OverflowError:  # an integer beyond any float
+        x = math.inf
+    if x is None or not math.isfinite(x):
+        raise RowError("%s: \"reward\" must be a finite number, not %.40s" % (where, json.dumps(r)))
+    # stored as F32: a reward beyond float32 would be written as inf
+    if abs(x) > FLT_MAX:
+        raise RowError("%s: \"reward\" %.40s is outside float32's range (+-%.7g), in which the "
+                       "file stores rewards" % (where, json.dumps(r), FLT_MAX))
+    return x
 
 
 def advantages(rewards, groups):
@@ -320,33 +401,54 @@ def advantages(rewards, groups):
     return adv
 
 
+def grpo_rewards(a):
+    """grpo, before any tokenising: every row's group and reward, and the advantages, refused
+    (with the row) when a reward or an advantage is not a finite float32. Returns (keys,
+    rewards, advantages), one each per row in input order."""
+    keys, rewards, wheres = [], [], []
+    for row, where in read_rows(a.inputs):
+        side(row, "prompt", where)  # the group key may be the prompt
+        keys.append(group_key(row, where))
+        rewards.append(reward_of(row, where))
+        wheres.append(where)
+    if not keys:
+        return keys, rewards, np.zeros(0)
+    key_index = {}
+    gid = np.array([key_index.setdefault(k, len(key_index)) for k in keys])
+    with np.errstate(all="ignore"):
+        adv = advantages(rewards, gid)
+        bad = ~np.isfinite(adv.astype(np.float32))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise RowError("%s: the row's advantage is %r, not a finite float32 (its group's rewards "
+                       "are too far apart)" % (wheres[i], float(adv[i])))
+    return keys, rewards, adv
+
+
 def build(a, T):
     B = Builder(a.max_len, a.truncate)
     rows = 0
-    # grpo: every row's group and reward (the group statistics use all of its rows, kept or
-    # not: a completion dropped for length still is a sample of the prompt's rewards)
-    keys, rewards, kept_rows = [], [], []
+    # grpo: every row's group and reward, read first (the group statistics use all of its
+    # rows, kept or not: a completion dropped for length still is a sample of the prompt's
+    # rewards)
+    if a.task == "grpo":
+        keys, rewards, adv_all = grpo_rewards(a)
+    kept_rows = []
     for row, where in read_rows(a.inputs):
         rows += 1
-        if a.task == "sft":
-            prepared = B.prepare([sft_example(T, row, where)], where)
-        elif a.task == "dpo":
-            p = side(row, "prompt", where)
-            ch = side(row, "chosen", where)
-            rj = side(row, "rejected", where)
-            prepared = B.prepare([T.prompt_completion(p, ch, "chosen", where),
-                                  T.prompt_completion(p, rj, "rejected", where)], where)
-        else:
-            p = side(row, "prompt", where)
-            c = side(row, "completion", where)
-            r = reward_of(row, where)
-            keys.append(group_key(row, where))
-            rewards.append(r)
-            prepared = B.prepare([T.prompt_completion(p, c, "completion", where)], where)
-            if prepared is not None:
-                kept_rows.append(len(keys) - 1)
+        try:
+            prepared = row_examples(a, T, B, row, where)
+        except Fail:
+            raise
+        except Exception as e:  # the tokenizer's own failure on this row's text
+            raise RowError("%s: %s" % (where, first_line(e)))
+        if a.task == "grpo" and prepared is not None:
+            kept_rows.append(rows - 1)
         if prepared is not None:
             B.add(prepared)
+    if a.task == "grpo" and rows != len(keys):
+        raise Fail("the input changed between grpo's two readings (%d rows, then %d): give "
+                   "regular files" % (len(keys), rows))
     if rows == 0:
         raise Fail("no rows in %s" % ", ".join(a.inputs))
     if len(B.lengths) == 0:
@@ -355,7 +457,6 @@ def build(a, T):
     if a.task == "grpo":
         key_index = {}
         gid_all = np.array([key_index.setdefault(k, len(key_index)) for k in keys])
-        adv_all = advantages(rewards, gid_all)
         # groups renumbered over the kept examples, in order of first appearance
         renum = {}
         gid = np.array([renum.setdefault(int(gid_all[i]), len(renum)) for i in kept_rows],
@@ -365,7 +466,21 @@ def build(a, T):
     return B, rows, extra
 
 
-def write(a, T, B, extra):
+def row_examples(a, T, B, row, where):
+    """One row's examples, fitted (Builder.prepare), or None when it is dropped."""
+    if a.task == "sft":
+        return B.prepare([sft_example(T, row, where)], where)
+    p = side(row, "prompt", where)
+    if a.task == "dpo":
+        ch = side(row, "chosen", where)
+        rj = side(row, "rejected", where)
+        return B.prepare([T.prompt_completion(p, ch, "chosen", where),
+                          T.prompt_completion(p, rj, "rejected", where)], where)
+    c = side(row, "completion", where)
+    return B.prepare([T.prompt_completion(p, c, "completion", where)], where)
+
+
+def write(a, T, B, extra, tmp):
     from safetensors.numpy import save_file
     ids = np.asarray(B.ids, dtype=np.int64)
     if ids.size and (ids.min() < 0 or ids.max() >= len(T.tok) or ids.max() > 2**31 - 1):
@@ -387,18 +502,13 @@ def write(a, T, B, extra):
         "truncated": str(B.truncated), "dropped": str(B.dropped),
         "sources": ";".join(a.inputs), "producer": "%s %s" % (PROG, __version__),
     }
-    tmp = temp_beside(a.output)
-    try:
-        save_file(tensors, tmp, metadata=meta)
-        commit(tmp, a.output)
-    except BaseException:
-        discard(tmp)
-        raise
+    save_file(tensors, tmp, metadata=meta)
+    commit(tmp, a.output)
     return meta
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog=PROG, description="Tokenise JSONL rows (TRL's formats) "
+    ap = Parser(prog=PROG, description="Tokenise JSONL rows (TRL's formats) "
                                  "into the dataset file sbp-train reads "
                                  "(docs/dataset-format.md).")
     ap.add_argument("inputs", nargs="+", metavar="IN.jsonl")
@@ -417,33 +527,60 @@ def parse_args(argv):
     return ap.parse_args(argv)
 
 
+def check_args(a):
+    """What can be refused before anything is loaded: the numbers, the inputs, the output."""
+    if a.max_len < MIN_LEN or a.max_len > INT32_MAX:
+        raise Fail("--max-len %d: it must be from %d (an example needs two tokens) to %d (the "
+                   "largest max_len sbp-train reads)" % (a.max_len, MIN_LEN, INT32_MAX))
+    check_inputs(a.inputs)
+    if not os.path.isdir(a.tokenizer):
+        raise Fail("--tokenizer %s is not a folder" % a.tokenizer)
+    check_output(a.output, files=a.inputs, folders=[("tokenizer folder", a.tokenizer)],
+                 ours=(is_sbp_dataset, "a dataset file of sbp-prepare (safetensors, metadata "
+                       "format sbp-dataset)"))
+
+
+def check_tokenizer(a, tok):
+    """The tokenizer's numbers against sbp-train's reader (see INT32_MAX above)."""
+    if tok.eos_token_id is None:
+        raise Fail("the tokenizer in %s has no eos token" % a.tokenizer)
+    v = len(tok)
+    if not 1 <= v <= INT32_MAX:
+        raise Fail("the tokenizer in %s has %d ids; sbp-train reads vocabularies of 1 to %d"
+                   % (a.tokenizer, v, INT32_MAX))
+    for name, i in (("eos", tok.eos_token_id), ("pad", tok.pad_token_id)):
+        if i is not None and not 0 <= i < v:
+            raise Fail("the tokenizer in %s has %s id %d, outside its %d ids"
+                       % (a.tokenizer, name, i, v))
+
+
 def main(argv=None):
     a = parse_args(argv)
+    tmp = None
     try:
-        if a.max_len < 2:
-            raise Fail("--max-len %d: an example needs at least 2 tokens" % a.max_len)
-        check_output_path(a.output, a.inputs)
-        if not os.path.isdir(a.tokenizer):
-            raise Fail("--tokenizer %s is not a folder" % a.tokenizer)
+        check_args(a)
+        tmp = reserve(a.output)
         import transformers
         transformers.utils.logging.set_verbosity_error()
         try:
             tok = transformers.AutoTokenizer.from_pretrained(a.tokenizer)
         except Exception as e:
             raise Fail("cannot load the tokenizer from %s: %s" % (a.tokenizer, e))
-        if tok.eos_token_id is None:
-            raise Fail("the tokenizer in %s has no eos token" % a.tokenizer)
-        T = Tokenising(tok, a.mask)
+        check_tokenizer(a, tok)
+        keep = {"keep-start": "start", "keep-end": "end", "drop": "start"}.get(a.truncate)
+        T = Tokenising(tok, a.mask, (keep, a.max_len) if keep else None)
         if a.mask == "assistant-tokens" and not T.marked:
             raise Fail("--mask assistant-tokens: the chat template of %s has no "
                        "{%% generation %%} marks (use --mask prefix)" % a.tokenizer)
         B, rows, extra = build(a, T)
-        meta = write(a, T, B, extra)
+        meta = write(a, T, B, extra, tmp)
+        tmp = None
     except Fail as e:
         die(PROG, e)
     except Exception as e:  # a library's failure outside the row checks: still one line
-        die(PROG, "%s: %s" % (type(e).__name__, str(e).strip().splitlines()[0]
-                              if str(e).strip() else "(no message)"))
+        die(PROG, first_line(e))
+    finally:
+        discard(tmp)
     L = np.asarray(B.lengths)
     print("%s: %s: %d rows -> %d examples (%s), %s tokens, %s scored" % (
         PROG, a.output, rows, len(L), a.task, meta["tokens"], meta["scored_tokens"]))

@@ -13,7 +13,7 @@
     against torch.std (Bessel) and the groups
   - --truncate keep-start / keep-end / drop and the default refusal (file:line and the length)
   - every malformed file: exit 1, one error line naming file:line, nothing written (an existing
-    output is left as it was)
+    output of the tool is left as it was; test_hostile.py has the outputs it refuses)
   - the file format: dtypes, offsets, metadata keys, ids below vocab_size
 """
 import json
@@ -232,8 +232,11 @@ BAD = [("bad_json.jsonl", "sft", 2, "invalid JSON"),
        ("sft_text.jsonl", "dpo", 1, 'no "prompt"')]
 for f, task, line, phrase in BAD:
     out = os.path.join(OUT, "bad.safetensors")
-    with open(out, "w") as g:
-        g.write("old")
+    # an earlier output of the tool (the only kind of existing file it would replace)
+    with open(os.path.join(OUT, "dpo.safetensors"), "rb") as g:
+        old = g.read()
+    with open(out, "wb") as g:
+        g.write(old)
     path = os.path.join(DATA, f)
     rc, so, se = tool("sbp-prepare", "--tokenizer", CHATML, "--task", task, "--max-len", 128,
                       path, "-o", out)
@@ -242,7 +245,7 @@ for f, task, line, phrase in BAD:
     C.ok(len(lines) == 1 and lines[0].startswith("sbp-prepare: error: %s:%d: " % (path, line))
          and phrase in lines[0], "%s: one line naming %s:%d with '%s', got %r"
          % (f, f, line, phrase, se))
-    C.ok(open(out).read() == "old", "%s: the existing output is untouched" % f)
+    C.ok(open(out, "rb").read() == old, "%s: the existing output is untouched" % f)
     C.ok(not [x for x in os.listdir(OUT) if x.endswith(".tmp")], "%s: no temporary left" % f)
     os.remove(out)
 rc, so, se = tool("sbp-prepare", "--tokenizer", os.path.join(OUT, "nope"), "--task", "sft",
