@@ -156,15 +156,29 @@ enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT
        OPT_ZERO, OPT_SEQ_PARALLEL, OPT_DATASET, OPT_EPOCHS, OPT_SHUFFLE_SEED, OPT_EVAL_DATASET,
        OPT_SAVE_PRETRAINED, OPT_TOKENIZER, OPT_COMPUTE_LOGPS, OPT_REF_CACHE, OPT_HOST_BUDGET };
 
+/* Records the option just parsed as one that only training reads (the first such): a value
+ * equal to the default (--lr 1e-3) leaves no other trace, and --compute-logps refuses them all
+ * (train_config_check). */
+static void training_only(train_config *o, const cli *c)
+{
+    static char flag[64];
+    if (!o->training_flag) {
+        snprintf(flag, sizeof flag, "%s", c->flag);
+        o->training_flag = flag;
+    }
+}
+
 /* The library's modules' options (train_opt.h): each appends its table to ours and takes its
- * own options back by their spelling. */
+ * own options back by their spelling. Every module's options but packing's are training's. */
 static int parse_module_option(train_config *o, cli *c, const char *v)
 {
-    int r = train_sched_parse(&o->sched, c, v);
+    int r = train_pack_parse(&o->pack, c, v); /* (the names are disjoint: any order) */
+    if (r != TRAIN_OPT_NOT_MINE)
+        return r;
+    training_only(o, c);
+    r = train_sched_parse(&o->sched, c, v);
     if (r == TRAIN_OPT_NOT_MINE)
         r = train_ckpt_parse(&o->ckpt, c, v);
-    if (r == TRAIN_OPT_NOT_MINE)
-        r = train_pack_parse(&o->pack, c, v);
     if (r == TRAIN_OPT_NOT_MINE)
         r = train_adapter_parse(&o->adapter, c, v);
     if (r == TRAIN_OPT_NOT_MINE)
@@ -255,6 +269,7 @@ static int parse_args(int argc, char **argv, train_config *o)
         case OPT_ADVANTAGES: bad = cli_path(&c, "--advantages", v, &o->advantages); break;
         case OPT_GRAD_ACCUM:
             bad = cli_count(&c, "--grad-accum", v, 1, 1 << 20, &o->grad_accum);
+            training_only(o, &c);
             break;
         case OPT_STEPS:
             bad = cli_count(&c, "--steps", v, 1, (int64_t)1 << 30, &o->steps);
@@ -264,7 +279,10 @@ static int parse_args(int argc, char **argv, train_config *o)
         case OPT_SAVE_PRETRAINED:
             bad = cli_path(&c, "--save-pretrained", v, &o->pretrained.dir);
             break;
-        case OPT_TOKENIZER: bad = cli_path(&c, "--tokenizer", v, &o->pretrained.tokenizer); break;
+        case OPT_TOKENIZER:
+            bad = cli_path(&c, "--tokenizer", v, &o->pretrained.tokenizer);
+            training_only(o, &c);
+            break;
         case OPT_REF_CACHE: bad = cli_path(&c, "--ref-cache", v, &o->ref_cache); break;
         case OPT_COMPUTE_LOGPS:
             bad = cli_path(&c, "--compute-logps", v, &o->compute_logps);
@@ -287,11 +305,18 @@ static int parse_args(int argc, char **argv, train_config *o)
             bad = cli_count(&c, "--threads", v, 1, 4096, &o->threads);
             break;
         case OPT_HOST_BUDGET: bad = cli_bytes(&c, "--host-budget", v, &o->host_budget); break;
-        case OPT_LR: bad = cli_real(&c, "--lr", v, &o->lr); break;
-        case OPT_WEIGHT_DECAY: bad = cli_real(&c, "--weight-decay", v, &o->weight_decay); break;
+        case OPT_LR:
+            bad = cli_real(&c, "--lr", v, &o->lr);
+            training_only(o, &c);
+            break;
+        case OPT_WEIGHT_DECAY:
+            bad = cli_real(&c, "--weight-decay", v, &o->weight_decay);
+            training_only(o, &c);
+            break;
         case OPT_OPTIMIZER:
             if (!(bad = cli_choice(&c, "--optimizer", v, optimizers, &k)))
                 o->adamw = k == 0;
+            training_only(o, &c);
             break;
         case TRAIN_OPT: bad = parse_module_option(o, &c, v); break;
         case OPT_ZERO: bad = cli_count(&c, "--zero", v, 0, 2, &o->zero); break;

@@ -93,6 +93,9 @@ typedef struct train_config {
     const char *compute_logps; /* --compute-logps OUT.safetensors: log-probs only, no training */
     const char *ref_cache;   /* --ref-cache FILE: where a dataset's reference log-probs are kept
                               * (default: DIR/ref-logps.safetensors of the checkpoints) */
+    const char *training_flag; /* the first option given that only training reads (a flag
+                              * whose value is a default, e.g. --lr 1e-3, leaves no other trace
+                              * in these fields), or NULL: --compute-logps refuses it */
 } train_config;
 
 /* The defaults: one step, lr 1e-3, AdamW, --grad-accum 1, nothing saved. */

@@ -527,6 +527,33 @@ static int read_state(const train_ckpt *c, ckpt_state *st, char *err, size_t err
 
 /* ------------------------------------------------------------------ prepare, start */
 
+/* Whether a and b are one directory (two spellings of it, or a link). */
+static bool same_dir(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
+/* A run that does not continue the checkpoints of its --checkpoint-dir must find none there:
+ * it would replace those of the same step numbers and leave the later ones, which a --resume
+ * would then take for its own. 0, or -1 with the message. */
+static int check_fresh_dir(const train_ckpt_opts *o, char *err, size_t errlen)
+{
+    if (!o->dir || (o->resume && same_dir(o->resume, o->dir)))
+        return 0;
+    int n = 0;
+    int64_t *steps = ckpt_list(o->dir, &n);
+    int rc = 0;
+    if (n > 0)
+        rc = cli_errf(err, errlen, "--checkpoint-dir: %s holds the checkpoints of another run "
+                      "(the newest: step-%08" PRId64 ".safetensors, %d in all), which this one "
+                      "would replace in part: continue that run with --resume %s, or give an "
+                      "empty or new folder", o->dir, steps[0], n, o->dir);
+    free(steps);
+    return rc;
+}
+
 int train_ckpt_prepare(train_ckpt *c, const train_ckpt_opts *o, const train_sink *note, char *err,
                        size_t errlen)
 {
@@ -546,7 +573,7 @@ int train_ckpt_prepare(train_ckpt *c, const train_ckpt_opts *o, const train_sink
             return cli_errf(err, errlen, "--resume: %s is %s, not a directory", o->resume,
                             sbp_file_kind(st.st_mode));
     }
-    if (probe_dir(c->dir, err, errlen))
+    if (check_fresh_dir(o, err, errlen) || probe_dir(c->dir, err, errlen))
         return -1;
     clean_dead_temps(c->dir);
     if (o->resume && strcmp(o->resume, c->dir) != 0)

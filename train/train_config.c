@@ -14,6 +14,30 @@ void train_config_init(train_config *o)
     train_adapter_opts_init(&o->adapter);
 }
 
+/* The first option of o that only training reads, or NULL: --compute-logps trains nothing, so
+ * each of them would be dropped without a word (its steps, outputs, checkpoint folder). */
+static const char *training_only(const train_config *o)
+{
+    const struct {
+        bool given;
+        const char *flag;
+    } f[] = {{o->steps_given, "--steps"}, {o->dataset.epochs != 0, "--epochs"},
+             {o->dataset.shuffle, "--shuffle-seed"}, {o->save != NULL, "--save"},
+             {o->save_safetensors != NULL, "--save-safetensors"},
+             {o->pretrained.dir != NULL, "--save-pretrained"},
+             {o->adapter.save_dir != NULL, "--save-adapter"}, {o->adapter.merge, "--merge-lora"},
+             {o->sched.log_path != NULL, "--log"}, {o->dump_grads != NULL, "--dump-grads"},
+             {o->ckpt.dir != NULL, "--checkpoint-dir"}, {o->ckpt.resume != NULL, "--resume"},
+             {o->ckpt.every != 0, "--checkpoint-every"},
+             {o->eval.data != NULL, "--eval-data"}, {o->eval.dataset != NULL, "--eval-dataset"},
+             {o->grad_accum != 1, "--grad-accum"}, {o->advantages != NULL, "--advantages"},
+             {o->training_flag != NULL, o->training_flag}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].given)
+            return f[i].flag;
+    return NULL;
+}
+
 /* 0, -1 after the error line, or -2 when no step library is given (the caller's usage text
  * says what one is). */
 int train_config_check(train_config *o, const train_sink *s)
@@ -30,6 +54,11 @@ int train_config_check(train_config *o, const train_sink *s)
         return train_err(s, "%s is an input of training, and --compute-logps OUT only scores the "
                          "examples with the model given (nothing is trained)",
                          o->ref_logps ? "--ref-logps" : "--old-logps");
+    const char *ignored = o->compute_logps ? training_only(o) : NULL;
+    if (ignored) /* before any file or folder is touched */
+        return train_err(s, "%s is read by training, and --compute-logps OUT only scores the "
+                         "examples (nothing is trained, saved or logged): drop %s or "
+                         "--compute-logps", ignored, ignored);
     if (o->pretrained.tokenizer && !o->pretrained.dir)
         return train_err(s, "--tokenizer TOKDIR is read with --save-pretrained DIR (its files are "
                      "copied there)");

@@ -97,6 +97,39 @@ int train_dataset_open(train_dataset *s, const train_dataset_opts *o, const sbp_
     return 0;
 }
 
+int train_dataset_check_model(const train_dataset *s, const char *model_path, char *err,
+                              size_t errlen)
+{
+    sbpio_kv *kv = NULL;
+    int n = 0;
+    char why[600];
+    if (sbpio_onnx_meta_read(model_path, &kv, &n, why, sizeof why) != SBPIO_OK)
+        return 0; /* the model's import reports an unreadable file, with its own words */
+    const char *cfg = sbpio_onnx_meta_get(kv, n, "sbp.config.json");
+    uint64_t eos[16];
+    const int k = cfg ? sbpio_json_object_ids(cfg, strlen(cfg), "eos_token_id", eos, 16) : 0;
+    bool match = k == 0;
+    for (int i = 0; i < k; i++)
+        match = match || eos[i] == (uint64_t)s->d.eos_id;
+    int rc = 0;
+    if (!match)
+        rc = cli_errf(err, errlen, "%s: %s was tokenised with eos_id %" PRId64 ", and the "
+                      "model's eos_token_id is %" PRIu64 "%s (%s, its config.json): prepare "
+                      "the data with the model's tokenizer (sbp-prepare --tokenizer MODEL_DIR)",
+                      s->flag, sbpio_st_path(s->d.f), s->d.eos_id, eos[0],
+                      k > 1 ? " among others" : "", model_path);
+    sbpio_onnx_meta_free(kv, n);
+    return rc;
+}
+
+bool train_dataset_no_advantage(const train_dataset *s)
+{
+    for (int64_t i = 0; s->d.advantages && i < s->d.n_ex; i++)
+        if (s->d.advantages[i] != 0)
+            return false;
+    return s->d.advantages != NULL;
+}
+
 void train_dataset_close(train_dataset *s)
 {
     if (!s)

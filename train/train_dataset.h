@@ -116,6 +116,17 @@ int train_dataset_seek(train_dataset *s, int64_t epoch, int64_t pos, char *err, 
  * reach into the next pass): computed from the examples' lengths, packing included. */
 int64_t train_dataset_steps(const train_dataset *s, int64_t epochs, int64_t rows);
 
+/* The dataset against the model it will train: where the model records its eos_token_id
+ * (sbp-export keeps config.json in the ONNX metadata, key "sbp.config.json"), the dataset's
+ * eos_id must be it (or one of them): data of another tokenizer is refused, naming both ids.
+ * A model that records none says nothing. 0, or -1 with the message in err. */
+int train_dataset_check_model(const train_dataset *s, const char *model_path, char *err,
+                              size_t errlen);
+
+/* A grpo dataset whose every advantage is 0 (groups of one row, or of equal rewards): GRPO's
+ * gradient is then 0 at every step. */
+bool train_dataset_no_advantage(const train_dataset *s);
+
 /* The usage text of the options (ends in a newline). */
 const char *train_dataset_usage(void);
 

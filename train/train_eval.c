@@ -173,19 +173,23 @@ int train_eval_open_dataset(train_eval *e, const train_eval_opts *o, const sbp_s
         snprintf(err, errlen, "out of memory for the evaluation batch");
         return -1;
     }
-    /* whole batches before the file's end: a dry pass through its examples */
+    /* whole batches before the file's end: a dry pass through its examples. A batch is whole
+     * when it ends in the first pass or exactly at its end; one that wrapped around (into the
+     * next pass, or past it when the file holds fewer examples than its rows) would score
+     * examples twice. */
     int64_t have = 0;
     while (e->ds.epoch == 0) {
         if (next_into(e, e->ids, e->labels, e->doc_ids, why, sizeof why)) {
             snprintf(err, errlen, "--eval-dataset: %s", why);
             return -1;
         }
-        have += e->ds.epoch == 0 || e->ds.pos == 0;
+        have += e->ds.epoch == 0 || (e->ds.epoch == 1 && e->ds.pos == 0);
     }
     train_eval_rewind(e);
     if (have < 1) {
-        snprintf(err, errlen, "--eval-dataset %s holds fewer examples than one batch of %lld "
-                 "rows", o->dataset, (long long)e->B);
+        snprintf(err, errlen, "--eval-dataset %s holds %lld examples, too few for one batch of "
+                 "%lld rows of %lld tokens", o->dataset, (long long)e->ds.d.n_ex,
+                 (long long)e->B, (long long)e->T);
         return -1;
     }
     if (o->batches > have) {

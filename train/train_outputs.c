@@ -28,6 +28,8 @@ void train_outputs_free(train_outputs *o)
     sbp_file_set_free(&o->files);
     free(o->ckpt_dir);
     free(o->ckpt_role);
+    for (int i = 0; i < o->n_dirs; i++)
+        free(o->dirs[i].dir);
     memset(o, 0, sizeof *o);
 }
 
@@ -145,14 +147,76 @@ int train_outputs_file(train_outputs *o, const char *path, const char *role, cha
     return check_ckpt_dir(o, err, errlen);
 }
 
-int train_outputs_dir(train_outputs *o, const char *dir, const char *role,
+/* Whether the paths a and b name one entry: by identity when both exist, else by their
+ * parent folders' identity and their last components (a folder not made yet). */
+static bool same_entry(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    const bool ea = stat(a, &sa) == 0, eb = stat(b, &sb) == 0;
+    if (ea || eb)
+        return ea && eb && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    char *pa = sbp_path_dir(a), *pb = sbp_path_dir(b);
+    bool same = pa && pb && stat(pa, &sa) == 0 && stat(pb, &sb) == 0 &&
+                sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino &&
+                strcmp(sbp_path_base(a), sbp_path_base(b)) == 0;
+    free(pa);
+    free(pb);
+    return same;
+}
+
+/* The folder's first entry that is not one of names[0..n) (nor a temporary of a writer,
+ * ".NAME.tmp.PID.K", which the writers clean), copied into out; false when there is none. */
+static bool foreign_entry(const char *dir, const char *const *names, int n, char *out,
+                          size_t outlen)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return false; /* the probe reports an unreadable folder */
+    bool found = false;
+    for (struct dirent *e; !found && (e = readdir(d));) {
+        const char *nm = e->d_name;
+        bool ours = strcmp(nm, ".") == 0 || strcmp(nm, "..") == 0 ||
+                    (nm[0] == '.' && strstr(nm, ".tmp."));
+        for (int i = 0; i < n && !ours; i++)
+            ours = strcmp(nm, names[i]) == 0;
+        if (!ours) {
+            snprintf(out, outlen, "%s", nm);
+            found = true;
+        }
+    }
+    closedir(d);
+    return found;
+}
+
+int train_outputs_dir(train_outputs *o, const char *dir_given, const char *role,
                       const char *const *names, int n, char *err, size_t errlen)
 {
+    char dir[4096]; /* "D/" is "D": the probe of a folder not made yet looks in its parent */
+    if (snprintf(dir, sizeof dir, "%s", dir_given) >= (int)sizeof dir)
+        return cli_errf(err, errlen, "%s: the path is too long", role);
+    for (size_t k; (k = strlen(dir)) > 1 && dir[k - 1] == '/';)
+        dir[k - 1] = 0;
+    for (int i = 0; i < o->n_dirs; i++)
+        if (same_entry(dir, o->dirs[i].dir))
+            return cli_errf(err, errlen, "%s: %s is also the folder of %s: a loader reads a "
+                            "folder whole and would apply both; give each its own folder", role,
+                            dir, o->dirs[i].role);
+    if (o->n_dirs < (int)(sizeof o->dirs / sizeof o->dirs[0])) {
+        if (!(o->dirs[o->n_dirs].dir = strdup(dir)))
+            return cli_errf(err, errlen, "out of memory");
+        o->dirs[o->n_dirs++].role = role;
+    }
     struct stat st;
+    char other[256];
     if (stat(dir, &st) == 0) {
         if (!S_ISDIR(st.st_mode))
             return cli_errf(err, errlen, "%s: %s is %s, not a directory", role, dir,
                             sbp_file_kind(st.st_mode));
+        if (foreign_entry(dir, names, n, other, sizeof other))
+            return cli_errf(err, errlen, "%s: %s holds %s, which this run does not write: a "
+                            "loader would read it with the new files, and a file the run did "
+                            "not make is never replaced or removed: give an empty or new folder",
+                            role, dir, other);
     } else if (errno != ENOENT) {
         return cli_errf(err, errlen, "%s: %s: %s", role, dir, strerror(errno));
     } else {

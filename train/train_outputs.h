@@ -16,6 +16,12 @@
  * The checkpoint folder is checked the other way round as well: no input and no other output
  * may be one of its checkpoint files, which pruning would delete.
  *
+ * An output folder that exists must hold only the files the run writes there (and temporaries
+ * of earlier writers): a loader reads a folder whole, so a file left from another run
+ * (adapter_config.json beside a new model, a chat_template.jinja the new tokenizer does not
+ * have) would be applied to the new files. Such a folder is refused, naming the file; nothing
+ * is removed. Two output folders may not be one.
+ *
  * Errors are one line in err naming the option and the path; nothing here prints or exits,
  * and nothing is left on disk (a probe file is removed at once, a folder is not created).
  */
@@ -32,6 +38,11 @@ typedef struct train_outputs {
     sbp_file_set files;         /* every output file registered so far */
     char *ckpt_dir;             /* the checkpoint folder (malloc'd), or NULL */
     char *ckpt_role;            /* its option, for messages (malloc'd) */
+    struct {
+        char *dir;              /* an output folder registered (malloc'd) */
+        const char *role;       /* its option */
+    } dirs[4];
+    int n_dirs;
 } train_outputs;
 
 /* Starts a registry against the run's inputs (kept by pointer: they must outlive it). */
@@ -43,7 +54,8 @@ int train_outputs_file(train_outputs *o, const char *path, const char *role, cha
                        size_t errlen);
 
 /* An output folder that the writer creates (one level) when missing, and the n files it will
- * write there (names relative to dir). The folder must be a directory or not exist yet. */
+ * write there (names relative to dir). The folder must be a directory holding none but those
+ * files, or not exist yet; nor may it be an output folder registered before. */
 int train_outputs_dir(train_outputs *o, const char *dir, const char *role,
                       const char *const *names, int n, char *err, size_t errlen);
 

@@ -7,7 +7,44 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include "cli.h"
+
+/* What a cache file says it is; a --compute-logps file says "compute-logps". */
+#define CACHE_PURPOSE "ref-cache"
+
+int train_refs_check_cache(const char *path, const char *role, bool strict, char *err,
+                           size_t errlen)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return errno == ENOENT ? 0 : cli_errf(err, errlen, "%s: %s: %s", role, path,
+                                              strerror(errno));
+    sbpio_st_file *fh = NULL;
+    char why[400];
+    const char *what = NULL, *want = strict ? CACHE_PURPOSE : "sbp-logps";
+    const bool st_ok = S_ISREG(st.st_mode) &&
+                       sbpio_st_open_header(path, &fh, why, sizeof why) == SBPIO_OK;
+    if (st_ok)
+        what = sbpio_st_meta(fh, strict ? "purpose" : "format");
+    const bool cache = what && strcmp(what, want) == 0;
+    sbpio_st_close(fh);
+    if (cache)
+        return 0;
+    char what_is[96];
+    if (!S_ISREG(st.st_mode) || !st_ok)
+        snprintf(what_is, sizeof what_is, "%s", !S_ISREG(st.st_mode) ? "not a regular file"
+                                                                     : "not a safetensors file");
+    else
+        snprintf(what_is, sizeof what_is, "its __metadata__ has no \"%s\": \"%s\"",
+                 strict ? "purpose" : "format", want);
+    return cli_errf(err, errlen, "%s: %s is not a reference log-probs cache of sbp-train (%s), "
+                    "and a file the run did not make as one is never replaced: remove it or "
+                    "give another path", role, path, what_is);
+}
 
 int train_refs_alloc(train_refs *f, const train_dataset *ds, bool grpo, const train_sink *s)
 {
@@ -54,9 +91,7 @@ static int cache_read(train_refs *f, const char *cache, const char *key, const t
     } else {
         sbpio_st_close(fh);
     }
-    train_say(s, "note", "%s holds reference log-probs of another model, step or dataset (or is "
-              "damaged): computing them again", cache);
-    return 0;
+    return 0; /* (the caller says why it computes them, or refuses to replace the file) */
 }
 
 /* A file of --compute-logps given as `flag` (--ref-logps, --old-logps): its row_logps into
@@ -221,12 +256,14 @@ static int cache_write(train_refs *f, const train_config *c, const char *out, co
     snprintf(count, sizeof count, "%lld", (long long)n);
     sbpio_kv meta[] = {{"format", "sbp-logps"}, {"key", key}, {"dataset", c->dataset.path},
                        {"model", c->model_path}, {"examples", count},
-                       {"producer", "sbp-train"}};
+                       {"producer", "sbp-train"},
+                       {"purpose", out == c->compute_logps ? "compute-logps" : CACHE_PURPOSE}};
     sbpio_st_tensor t[2] = {{.name = "row_logps", .dtype = SBPIO_DT_F32, .rank = 1,
                              .shape = shape, .data = f->ex},
                             {.name = "token_logps", .dtype = SBPIO_DT_F32, .rank = 1,
                              .shape = tshape, .data = f->tok}};
-    if (sbpio_st_write(out, f->grpo ? 2 : 1, t, 6, meta, false, err, sizeof err) != SBPIO_OK)
+    if (sbpio_st_write(out, f->grpo ? 2 : 1, t, (int)(sizeof meta / sizeof meta[0]), meta, false,
+                       err, sizeof err) != SBPIO_OK)
         return train_err(s, "%s: %s", c->compute_logps ? "--compute-logps"
                                                       : "the reference log-probs", err);
     if (c->compute_logps) {
@@ -267,6 +304,14 @@ int train_refs_compute(train_refs *f, const train_config *c, const train_steplib
         f->logps_only = true;
         return d->on && d->rank != 0 ? 0 : cache_write(f, c, c->compute_logps, key, ds, s);
     }
+    char why[700]; /* what the pass would replace must be a cache: refused before the pass */
+    if (cache[0] && train_refs_check_cache(cache, c->ref_cache ? "--ref-cache"
+                                                  : c->ckpt.dir ? "--checkpoint-dir" : "--resume",
+                                           true, why, sizeof why))
+        return train_err(s, "%s", why);
+    if (cache[0] && access(cache, F_OK) == 0)
+        train_say(s, "note", "%s holds reference log-probs of another model, step or dataset (or "
+                  "is damaged): computing them again", cache);
     int32_t *ids = malloc((size_t)(B * T) * sizeof *ids);
     int32_t *labels = malloc((size_t)(B * T) * sizeof *labels);
     float *row = malloc((size_t)(B * T) * sizeof *row);

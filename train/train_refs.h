@@ -9,8 +9,10 @@
  * DPO: each example's summed logp; GRPO: each scored token's (0 where not scored) and their
  * sum. The values are kept in a cache — DIR/ref-logps.safetensors beside the checkpoints, or
  * --ref-cache FILE — keyed by hashes of the initial weights, the dataset and the step's model,
- * and reused only when the key matches and every value is finite. --compute-logps OUT writes
- * them there instead, and the run ends.
+ * and reused only when the key matches and every value is finite. A cache says what it is in
+ * its metadata ("purpose": "ref-cache"); a file there without that identity (a weights file,
+ * notes, a --compute-logps output) is never replaced: the run is refused before the pass.
+ * --compute-logps OUT writes them there instead, and the run ends.
  *
  * A file of that format (--compute-logps of any model: a reference that is not the starting
  * point) is also read instead: --ref-logps FILE, and for GRPO --old-logps FILE (the sampling
@@ -34,6 +36,13 @@ typedef struct train_refs {
     bool logps_only; /* --compute-logps wrote them: nothing to train */
 } train_refs;
 
+/* Whether the cache path may be written: 0 when nothing is there or it is a cache (of any
+ * key); -1 with a message naming `role` when it is anything else. strict: a cache is a file
+ * whose metadata says so ("purpose"); else any file of sbp-train's log-probs format passes
+ * (the cheap check before any work, which a matching cache of any age passes: reusing one
+ * replaces nothing). */
+int train_refs_check_cache(const char *path, const char *role, bool strict, char *err,
+                           size_t errlen);
 /* Room for the dataset's values (grpo: per token too). */
 int train_refs_alloc(train_refs *f, const train_dataset *ds, bool grpo, const train_sink *s);
 /* Read from --ref-logps FILE or the cache, or computed (and written to the cache or

@@ -123,6 +123,11 @@ static int check_outputs(const train_config *o, const train_pretrained *pre,
                                err, sizeof err))
         rc = -1;
     train_outputs_free(&reg);
+    /* a file at --ref-cache that is not of sbp-train's log-probs is never replaced (the cache's
+     * own identity is checked again before its pass, train_refs.c) */
+    if (!rc && o->ref_cache &&
+        train_refs_check_cache(o->ref_cache, "--ref-cache", false, err, sizeof err))
+        rc = -1;
     return rc ? train_err(s, "%s", err) : 0;
 }
 
@@ -159,8 +164,9 @@ static int open_eval(train_run *r)
     if (train_steplib_want_eval(&r->lib, o->eval.dataset ? "--eval-dataset" : "--eval-data",
                                 r->s))
         return -1;
-    if (o->eval.dataset)
-        return train_eval_open_dataset(&r->ev, &o->eval, in, err, sizeof err)
+    if (o->eval.dataset) /* (of the model's tokenizer, as the training data) */
+        return train_eval_open_dataset(&r->ev, &o->eval, in, err, sizeof err) ||
+                       train_dataset_check_model(&r->ev.ds, o->model_path, err, sizeof err)
                    ? train_err(r->s, "%s", err) : 0;
     if (in->packed && !o->pack.pack)
         return train_err(r->s, "--eval-data: %s is a packed step, and the held-out text is "
@@ -225,6 +231,15 @@ static int open_inputs(train_run *r)
     if (self_ref && o->advantages)
         return train_err(r->s, "--advantages: with --dataset GRPO's advantages are the "
                          "dataset's (sbp-prepare --task grpo)");
+    if (grpo_ds && !o->compute_logps && train_dataset_no_advantage(&src->ds))
+        return train_err(r->s, "--dataset: %s: every advantage is 0 (each group has one row, "
+                         "or equal rewards): GRPO would train nothing; sample several "
+                         "completions per prompt", o->dataset.path);
+    if (o->ref_cache && !self_ref)
+        return train_err(r->s, "--ref-cache keeps the reference log-probs of a dpo or grpo "
+                         "dataset; %s is %s %s dataset, which has none", o->dataset.path,
+                         src->have_ds && src->ds.d.task[0] == 's' ? "an" : "a",
+                         src->have_ds ? src->ds.d.task : "no");
     if (self_ref && o->old_logps && !grpo_ds)
         return train_err(r->s, "--old-logps is an input of GRPO steps; the step's objective is "
                          "dpo (it takes --ref-logps only)");
@@ -258,8 +273,11 @@ static int open_step_and_data(train_run *r)
     if ((o->eval.data || o->eval.dataset) && open_eval(r))
         return -1;
     if (plan_ranks(r, pairs) ||
-        train_source_open(&r->src, o, in, &r->gin, o->grad_accum, &o->steps, r->s) ||
-        open_inputs(r))
+        train_source_open(&r->src, o, in, &r->gin, o->grad_accum, &o->steps, r->s))
+        return -1;
+    if (r->src.have_ds && train_dataset_check_model(&r->src.ds, o->model_path, err, sizeof err))
+        return train_err(r->s, "%s", err);
+    if (open_inputs(r))
         return -1;
     if (r->lib.sp > 1 &&
         !(r->sp_stage = malloc((size_t)(in->batch * r->lib.sp_tl) * sizeof *r->sp_stage)))

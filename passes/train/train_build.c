@@ -138,6 +138,13 @@ static sbp_train_program *build_inner(ir_graph *g, sbp_objective objective,
         return NULL;
     /* stream (the strategy's schedule) */
     bool stream = p->strategy == SBP_STRATEGY_STREAM;
+    /* one token: nothing to cut into chunks, and the sequence axis is one of several of size 1,
+     * which the analysis cannot tell apart: the length is the cause, not the model */
+    if (stream && p->seq_len == 1) {
+        ir_diag_error(g->diag, "stream: a sequence length of 1 has no chunks to stream over: "
+                      "compile with --seq-len 2 or more, or --strategy checkpoint");
+        return NULL;
+    }
     if ((stream || p->seq_parallel >= 1) && seq_analyze(t, nodes, nn) != IR_OK)
         return NULL;
     /* sequence parallelism: the rank's share of every row (seqpar.c) */

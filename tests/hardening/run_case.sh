@@ -104,6 +104,46 @@ LORA_ARGS=(--model "$HF/llama_dynamo_scoped.onnx" --input-ids "$HF/ref/llama_inp
 lora() { "$SBPC" "$HF/llama_dynamo_scoped.onnx" --batch 2 --seq-len 32 --lora 4 -o lora.so >/dev/null 2>&1 ||
   fail "sbpc --lora failed"; rm -f lora.c lora.h lora.consts.bin; }
 LLAMA="$FX/llama_op17_static.onnx"
+LDYN="$FX/llama_op17_dyn.onnx" # vocabulary 64
+TINY="$FX/../../examples/tiny_llama.onnx" # vocabulary 256, with sbp_step_eval
+# step OBJ B T NAME [sbpc options]: a step of the dynamic Llama fixture, compiled into ./NAME
+step() { local obj=$1 b=$2 t=$3 name=$4; shift 4
+  "$SBPC" "$LDYN" --objective "$obj" --batch "$b" --seq-len "$t" "$@" -o "$name" >/dev/null 2>&1 ||
+    fail "sbpc --objective $obj failed"; }
+# dataset FILE TASK N [EOS [ADV]]: a dataset of sbp-prepare's format (tests/train/dataset_ref.py
+# writes it: N of its examples, ids 2..15, at most 8 tokens), eos_id EOS (default 1), and for
+# grpo every advantage ADV (default: a spread of them)
+dataset() { python3 - "$FX/../train" "$@" <<'PYEOF' || fail "cannot write the dataset $2"
+import struct, sys
+sys.path.insert(0, sys.argv[1])
+import dataset_ref as d
+path, task, n = sys.argv[2], sys.argv[3], int(sys.argv[4])
+eos = sys.argv[5] if len(sys.argv) > 5 else "1"
+exs = (d.examples() * 4)[:n]
+kw = {}
+if task == "grpo":
+    adv = [float(sys.argv[6])] * n if len(sys.argv) > 6 else [(i % 5 - 2) / 2 for i in range(n)]
+    kw["tensors"] = {"advantages": ("F32", [n], struct.pack("<%df" % n, *adv))}
+d.write_dataset(path, exs, task=task, meta={"eos_id": eos}, vocab=16, max_len=8, **kw)
+PYEOF
+}
+# with_config IN OUT JSON: IN with sbp-export's record of config.json (metadata_props
+# "sbp.config.json" = JSON), appended as one more ModelProto field 14, which protobuf merges
+with_config() { python3 - "$@" <<'PYEOF' || fail "cannot add the config to $1"
+import sys
+def varint(n):
+    out = b""
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out += bytes([b | (0x80 if n else 0)])
+        if not n:
+            return out
+def field(tag, data):
+    return bytes([tag]) + varint(len(data)) + data
+entry = field(0x0A, b"sbp.config.json") + field(0x12, sys.argv[3].encode())
+open(sys.argv[2], "wb").write(open(sys.argv[1], "rb").read() + field(0x72, entry))
+PYEOF
+}
 
 case "$case_name" in
 # ---------------------------------------------------------------- sbp-train: outputs vs inputs
@@ -318,6 +358,118 @@ hdr = struct.pack("<3i", 20240520, 1, n) + bytes(4 * 253)
 sys.stdout.buffer.write(hdr + struct.pack("<%dH" % n, *([3] * n)))' >eos.bin || fail "no shard"
   NO_STEP=1 expect_fail "eos.bin: every document is one token long .*nothing to train" \
     "$SBP_TRAIN" "$PACKED" --model m.onnx --data eos.bin --pack --eos 3 --steps 2 --save out.onnx
+  ;;
+# ---------------------------------------------------------------- sbp-train: files it did not make
+# A tool writes over no file it did not make for that purpose, and refuses before any work, in
+# one line naming the cause.
+train_ref_cache_is_weights)
+  # --ref-cache naming a file that is not a cache (a weights file, notes): kept, refused early
+  step dpo 2 8 dpo.so && rm -f dpo.c dpo.h dpo.consts.bin && dataset p.safetensors dpo 6 &&
+    cp "$FX/ref/llama_grads.safetensors" w.safetensors && printf 'notes\n' >notes.txt
+  NO_STEP=1 expect_fail "--ref-cache: w.safetensors is not a reference log-probs cache of sbp-train \(its __metadata__ has no \"format\": \"sbp-logps\"\)" \
+    "$SBP_TRAIN" ./dpo.so --model "$LDYN" --dataset p.safetensors --steps 1 --ref-cache w.safetensors
+  NO_STEP=1 expect_fail "--ref-cache: notes.txt is not a reference log-probs cache of sbp-train \(not a safetensors file\)" \
+    "$SBP_TRAIN" ./dpo.so --model "$LDYN" --dataset p.safetensors --steps 1 --ref-cache notes.txt
+  NO_STEP=1 expect_fail "--ref-cache: p.safetensors would overwrite --dataset" \
+    "$SBP_TRAIN" ./dpo.so --model "$LDYN" --dataset p.safetensors --steps 1 --ref-cache p.safetensors
+  ;;
+train_ref_cache_in_ckpt_dir)
+  # the checkpoint folder's ref-logps.safetensors is someone's weights file; and a
+  # --compute-logps output (another dataset's, or model's, reference) is no cache either
+  step dpo 2 8 dpo.so && rm -f dpo.c dpo.h dpo.consts.bin && dataset p.safetensors dpo 6 &&
+    mkdir CK && cp "$FX/ref/llama_grads.safetensors" CK/ref-logps.safetensors &&
+    dataset q.safetensors dpo 8 &&
+    "$SBP_TRAIN" ./dpo.so --model "$LDYN" --dataset q.safetensors --compute-logps ref.st \
+      >/dev/null 2>&1 || fail "--compute-logps failed"
+  NO_STEP=1 expect_fail "--checkpoint-dir: CK/ref-logps.safetensors is not a reference log-probs cache of sbp-train \(its __metadata__ has no \"purpose\": \"ref-cache\"\)" \
+    "$SBP_TRAIN" ./dpo.so --model "$LDYN" --dataset p.safetensors --steps 1 --checkpoint-dir CK
+  NO_STEP=1 expect_fail "--ref-cache: ref.st is not a reference log-probs cache of sbp-train" \
+    "$SBP_TRAIN" ./dpo.so --model "$LDYN" --dataset p.safetensors --steps 1 --ref-cache ref.st
+  # a cache the run made is kept by the next run and replaced for another dataset
+  expect_ok "$SBP_TRAIN" ./dpo.so --model "$LDYN" --dataset p.safetensors --steps 1 --ref-cache c.st
+  expect_ok "$SBP_TRAIN" ./dpo.so --model "$LDYN" --dataset p.safetensors --steps 1 --ref-cache c.st
+  grep -q "reusing the reference log-probs of c.st" "$dir.err" || fail "the cache was not reused"
+  expect_ok "$SBP_TRAIN" ./dpo.so --model "$LDYN" --dataset q.safetensors --steps 1 --ref-cache c.st
+  grep -q "c.st holds reference log-probs of another" "$dir.err" || fail "the cache was not replaced"
+  ;;
+train_pretrained_stale_adapter)
+  # an earlier --save-adapter's files in the --save-pretrained folder would be applied on top
+  model && cp "$STEP" step.so && with_config m.onnx mc.onnx '{"model_type": "x"}' && mkdir D &&
+    printf '{}' >D/adapter_config.json && printf 'w' >D/adapter_model.safetensors
+  NO_STEP=1 expect_fail "--save-pretrained: D holds adapter_(config.json|model.safetensors), which this run does not write" \
+    "$SBP_TRAIN" ./step.so --model mc.onnx "${NPY[@]}" --steps 1 --save-pretrained D
+  ;;
+train_pretrained_stale_template)
+  # a chat_template.jinja the new tokenizer does not have would win over its own template
+  model && cp "$STEP" step.so && with_config m.onnx mc.onnx '{"model_type": "x"}' && mkdir D TOK &&
+    printf '{}' >TOK/tokenizer.json && printf '{}' >TOK/tokenizer_config.json &&
+    printf '{{ old }}' >D/chat_template.jinja && printf '{}' >D/config.json
+  NO_STEP=1 expect_fail "--save-pretrained: D holds chat_template.jinja, which this run does not write" \
+    "$SBP_TRAIN" ./step.so --model mc.onnx "${NPY[@]}" --steps 1 --save-pretrained D --tokenizer TOK
+  ;;
+train_pretrained_and_adapter_one_dir)
+  lora && with_config "$HF/llama_dynamo_scoped.onnx" mc.onnx '{"model_type": "llama"}'
+  NO_STEP=1 expect_fail "--save-(adapter|pretrained): D/? is also the folder of --save-(pretrained|adapter)" \
+    "$SBP_TRAIN" ./lora.so --model mc.onnx --input-ids "$HF/ref/llama_input_ids.npy" \
+    --labels "$HF/ref/llama_labels.npy" --steps 1 --merge-lora --save-pretrained D --save-adapter D/
+  mkdir E && printf 'x' >E/notes.txt
+  NO_STEP=1 expect_fail "--save-adapter: E holds notes.txt, which this run does not write" \
+    "$SBP_TRAIN" ./lora.so "${LORA_ARGS[@]}" --steps 1 --save-adapter E
+  # the same outputs again into the folder they made: the files are the run's own
+  expect_ok "$SBP_TRAIN" ./lora.so "${LORA_ARGS[@]}" --steps 1 --save-adapter F
+  expect_ok "$SBP_TRAIN" ./lora.so "${LORA_ARGS[@]}" --steps 1 --save-adapter F
+  ;;
+train_ckpt_dir_other_run)
+  # a fresh run into a folder of another run's checkpoints would replace steps 1-2 and keep 3
+  model && cp "$STEP" step.so &&
+    "$SBP_TRAIN" ./step.so --model m.onnx --data stream.bin --steps 3 --checkpoint-dir CK \
+      --checkpoint-every 1 --keep-checkpoints 3 >/dev/null 2>&1 || fail "the first run failed"
+  NO_STEP=1 expect_fail "--checkpoint-dir: CK holds the checkpoints of another run \(the newest: step-00000003.safetensors, 3 in all\).*--resume CK" \
+    "$SBP_TRAIN" ./step.so --model m.onnx --data stream.bin --steps 2 --checkpoint-dir CK --lr 0.1
+  ;;
+train_compute_logps_ignores)
+  # --compute-logps trains nothing: whatever only training reads is refused, before any
+  # folder is made
+  step dpo 2 8 dpo.so && rm -f dpo.c dpo.h dpo.consts.bin && dataset p.safetensors dpo 6
+  for opt in "--steps 3" "--save o.onnx" "--save-pretrained D" "--log l.jsonl" \
+             "--checkpoint-dir CK" "--lr 1e-3" "--save-safetensors o.st" "--clip-grad-norm 1"; do
+    NO_STEP=1 expect_fail "error: ${opt%% *} is read by training, and --compute-logps OUT only scores the examples" \
+      "$SBP_TRAIN" ./dpo.so --model "$LDYN" --dataset p.safetensors --compute-logps r.st $opt
+  done
+  ;;
+train_grpo_no_advantage)
+  # every group one row: every advantage 0, a run that would train nothing
+  step grpo 2 8 grpo.so && rm -f grpo.c grpo.h grpo.consts.bin && dataset g.safetensors grpo 6 1 0
+  NO_STEP=1 expect_fail "--dataset: g.safetensors: every advantage is 0 .*GRPO would train nothing" \
+    "$SBP_TRAIN" ./grpo.so --model "$LDYN" --dataset g.safetensors --steps 2 --save o.onnx
+  ;;
+train_dataset_other_eos)
+  # a dataset of another tokenizer (EOS 1) for a model whose recorded eos_token_id is 3
+  model && cp "$STEP" step.so && dataset d.safetensors sft 6 1 &&
+    with_config m.onnx m3.onnx '{"eos_token_id": 3, "pad_token_id": 0}' &&
+    with_config m.onnx mlist.onnx '{"eos_token_id": [5, 1]}'
+  NO_STEP=1 expect_fail "--dataset: d.safetensors was tokenised with eos_id 1, and the model's eos_token_id is 3 \(m3.onnx" \
+    "$SBP_TRAIN" ./step.so --model m3.onnx --dataset d.safetensors --steps 1
+  "$SBPC" "$TINY" --batch 2 --seq-len 8 -o tiny.so >/dev/null 2>&1 || fail "sbpc failed"
+  rm -f tiny.c tiny.h tiny.consts.bin && with_config "$TINY" t3.onnx '{"eos_token_id": 3}'
+  NO_STEP=1 expect_fail "--eval-dataset: d.safetensors was tokenised with eos_id 1, and the model's eos_token_id is 3" \
+    "$SBP_TRAIN" ./tiny.so --model t3.onnx --dataset d.safetensors --eval-dataset d.safetensors --steps 1
+  # one of the model's eos ids, or a model that records none: trained
+  expect_ok "$SBP_TRAIN" ./step.so --model mlist.onnx --dataset d.safetensors --steps 1
+  expect_ok "$SBP_TRAIN" ./step.so --model m.onnx --dataset d.safetensors --steps 1
+  ;;
+train_eval_dataset_too_few)
+  # 2 or 3 examples for 4 rows: one answer (neither scores an example twice)
+  "$SBPC" "$TINY" --batch 4 --seq-len 8 -o tiny.so >/dev/null 2>&1 || fail "sbpc failed"
+  rm -f tiny.c tiny.h tiny.consts.bin
+  dataset e2.safetensors sft 2 && dataset e3.safetensors sft 3 && dataset e4.safetensors sft 4 &&
+    dataset tr.safetensors sft 8
+  for n in 2 3; do
+    NO_STEP=1 expect_fail "--eval-dataset e$n.safetensors holds $n examples, too few for one batch of 4 rows" \
+      "$SBP_TRAIN" ./tiny.so --model "$TINY" --dataset tr.safetensors --eval-dataset e$n.safetensors --steps 1
+  done
+  expect_ok "$SBP_TRAIN" ./tiny.so --model "$TINY" --dataset tr.safetensors --eval-dataset e4.safetensors --steps 1
+  grep -Eq "eval step 1 loss .*\\(1 batch(es)?, 13 scored tokens" "$dir.out" || fail "4 examples are not one batch: $(cat "$dir.out")"
   ;;
 # ---------------------------------------------------------------- sbp-shard
 shard_output_is_input)

@@ -606,3 +606,20 @@ bool sbpio_json_object_u64(const char *text, size_t n, const char *key, uint64_t
     sbpio_json_free(doc);
     return ok;
 }
+
+int sbpio_json_object_ids(const char *text, size_t n, const char *key, uint64_t *ids, int max)
+{
+    const sbpio_json *root = NULL;
+    char err[160];
+    sbpio_json_doc *doc = sbpio_json_parse(text, n, &root, err, sizeof err);
+    const sbpio_json *v = doc && root->kind == SBPIO_JSON_OBJECT ? sbpio_json_get(root, key) : NULL;
+    int got = 0;
+    if (v && v->kind == SBPIO_JSON_ARRAY) {
+        for (int i = 0; i < v->n && got >= 0; i++)
+            got = got < max && sbpio_json_u64(v->items[i], &ids[got]) ? got + 1 : -1;
+    } else if (v && max > 0 && sbpio_json_u64(v, &ids[0])) {
+        got = 1;
+    }
+    sbpio_json_free(doc);
+    return got < 0 ? 0 : got;
+}

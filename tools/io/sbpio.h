@@ -258,6 +258,11 @@ int sbpio_st_open_mem(const void *buf, size_t len, const char *name, sbpio_st_fi
  * missing or no such integer. */
 char *sbpio_json_quote(const char *s);
 bool sbpio_json_object_u64(const char *text, size_t n, const char *key, uint64_t *out);
+/* The member `key` of a JSON object as token ids: a non-negative integer, or an array of them
+ * (transformers' eos_token_id is either). Returns how many were stored into ids[0..max), 0
+ * when the text is not an object, the member is missing, or it is neither (or holds more than
+ * max). */
+int sbpio_json_object_ids(const char *text, size_t n, const char *key, uint64_t *ids, int max);
 
 /* The model's metadata_props (ModelProto field 14, e.g. sbp-export's "sbp.config.json"), read
  * without unpacking the graph: *out gets *n entries (keys and values malloc'd; free with
