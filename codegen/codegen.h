@@ -40,6 +40,10 @@ typedef struct sbp_codegen_options {
      * step takes device pointers everywhere, keeps device copies of its constants, counts the
      * scored positions on a host copy of the labels and ends with sbprt_sync. */
     const char *target;
+    /* For -o PATH.so: also keep PATH.c, PATH.h and PATH.consts.bin next to the shared object
+     * (sbpc --keep-c). Without it they are only the compiler's temporaries: the .so assembles
+     * the constants in and needs none of them at run time. */
+    bool keep_c;
 } sbp_codegen_options;
 
 uint64_t sbp_codegen_fingerprint(const sbp_train_program *p);
@@ -48,20 +52,21 @@ uint64_t sbp_codegen_fingerprint(const sbp_train_program *p);
 int sbp_codegen_emit(const sbp_train_program *p, const sbp_codegen_options *o, FILE *c, FILE *h,
                      ir_diag *d);
 
-/* Writes PATH.c and PATH.h (and PATH.consts.bin) for out_path "PATH.c"; for "PATH.so" writes
- * them next to it and compiles them (sbp_codegen_compile_so_target). All or none: the files are
+/* Writes PATH.c and PATH.h (and PATH.consts.bin) for out_path "PATH.c"; for "PATH.so" compiles
+ * them (sbp_codegen_compile_so_target) and writes the .so alone, or the .so and the three
+ * (o->keep_c). All or none: the files are
  * made as temporaries in the target's folder and renamed only when every one is written,
  * compiled and fsynced; on any failure the previous files are left as they were. From o: the
- * model path, the target and blob_min_bytes (the header and the constants file are the
+ * model path, the target, keep_c and blob_min_bytes (the header and the constants file are the
  * writer's own: o's header_name, blob and blob_path are not read). extra_cflags may be NULL. */
 int sbp_codegen_write(const sbp_train_program *p, const char *out_path,
                       const sbp_codegen_options *o, const char *extra_cflags, ir_diag *d);
 
-/* Checks the files -o out_path will write (PATH.c, PATH.h, PATH.consts.bin, and PATH.so for a
- * .so) before any work: none may be one of `inputs` (the model, its external data) or an
+/* Checks the files -o out_path will write (PATH.c, PATH.h, PATH.consts.bin; PATH.so alone for a
+ * .so unless keep_c) before any work: none may be one of `inputs` (the model, its external data) or an
  * existing special file other than a character device (ir/files.h, sbp_file_check_output); each
  * is added to `outputs` (may be NULL). */
-int sbp_codegen_check_outputs(const char *out_path, const sbp_file_set *inputs,
+int sbp_codegen_check_outputs(const char *out_path, bool keep_c, const sbp_file_set *inputs,
                               sbp_file_set *outputs, ir_diag *d);
 
 /* Compiles c_path into the shared object so_path with $CC (else clang, else cc) and links it

@@ -1,7 +1,8 @@
 /* compile.c — writing the generated files and compiling them into a shared object.
  *
- * `-o PATH.c` writes PATH.c and PATH.h. `-o PATH.so` writes the same two files next to the
- * shared object (they are the readable form of what it runs) and then runs the C compiler:
+ * `-o PATH.c` writes PATH.c and PATH.h. `-o PATH.so` writes the same two files as temporaries
+ * (kept next to the shared object with sbpc --keep-c: the readable form of what it runs) and
+ * runs the C compiler on them:
  * $CC if set, else clang, else cc, with the include folders of sbp_step.h and sbprt.h and the
  * runtime library plus its dependencies (OpenBLAS, OpenMP, libm) as found when sbpc was built
  * (SBP_RT_* below, set by codegen/CMakeLists.txt). The compiler runs without a shell
@@ -10,6 +11,9 @@
  * The outputs are written as a set, all or none (sbp_codegen_write below): temporaries
  * in a private folder next to the targets, compiled and fsynced there, then renamed; a failure
  * anywhere leaves the previous outputs untouched and no temporary behind (ir/files.h).
+ *
+ * An installed sbpc (cmake --install) takes the headers and archives from its prefix instead
+ * (installed_runtime below).
  *
  * A cuda step (--target cuda) links SBP_RT_CUDA_LINK instead (codegen/cuda.cmake: the whole
  * of libsbprt_cuda.a, so that the step exports every runtime function sbp-train calls on its
@@ -41,6 +45,39 @@ extern char **environ;
 #ifndef SBP_RT_CUDA_LINK
 #define SBP_RT_CUDA_LINK ""
 #endif
+/* The build tree's archives as they appear in the link lines above ("" when unknown). */
+#ifndef SBP_RT_ARCHIVE
+#define SBP_RT_ARCHIVE ""
+#endif
+#ifndef SBP_RT_CUDA_ARCHIVE
+#define SBP_RT_CUDA_ARCHIVE ""
+#endif
+
+/* Where the runtime is for an installed sbpc (`cmake --install`): PREFIX/bin/sbpc next to
+ * PREFIX/include/sbpc (sbp_step.h, sbprt.h) and PREFIX/lib/sbpc (libsbprt.a, libsbprt_cuda.a).
+ * The layout is found from the running executable (/proc/self/exe), so a prefix can be moved
+ * or the build tree removed; an sbpc run from its build tree has no such neighbours and uses
+ * the paths recorded when it was built. Fills inc and lib (the two folders) and returns true
+ * when the installed layout is there. */
+static bool installed_runtime(char *inc, size_t inc_len, char *lib, size_t lib_len)
+{
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0 || (size_t)n >= sizeof exe - 1)
+        return false;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash)
+        return false;
+    *slash = 0; /* PREFIX/bin */
+    char step_h[4200], archive[4200];
+    if ((size_t)snprintf(inc, inc_len, "%s/../include/sbpc", exe) >= inc_len ||
+        (size_t)snprintf(lib, lib_len, "%s/../lib/sbpc", exe) >= lib_len ||
+        (size_t)snprintf(step_h, sizeof step_h, "%s/sbp_step.h", inc) >= sizeof step_h ||
+        (size_t)snprintf(archive, sizeof archive, "%s/libsbprt.a", lib) >= sizeof archive)
+        return false;
+    return access(step_h, R_OK) == 0 && access(archive, R_OK) == 0;
+}
 
 bool sbp_codegen_target_available(const char *target)
 {
@@ -123,6 +160,23 @@ static int av_split(argvec *a, const char *s, const char *prefix)
     return 0;
 }
 
+/* av_split of a link line, with the word `from` (a build-tree archive) replaced by `to`. */
+static int av_split_sub(argvec *a, const char *s, const char *from, const char *to)
+{
+    int first = a->n;
+    if (av_split(a, s, ""))
+        return -1;
+    for (int i = first; from[0] && i < a->n; i++)
+        if (strcmp(a->v[i], from) == 0) {
+            char *w = strdup(to);
+            if (!w)
+                return -1;
+            free(a->v[i]);
+            a->v[i] = w;
+        }
+    return 0;
+}
+
 static void av_free(argvec *a)
 {
     for (int i = 0; i < a->n; i++)
@@ -168,16 +222,26 @@ static int compile_so(const char *c_path, const char *so_path, const char *extra
     rc |= av_split(&a, SBP_RT_CFLAGS, "");
     if (extra_cflags)
         rc |= av_split(&a, extra_cflags, "");
-    char inc[4200];
+    char inc[4400];
     snprintf(inc, sizeof inc, "-I%s", dir);
     rc |= av_push(&a, inc);
-    rc |= av_split(&a, SBP_RT_INCLUDE_DIRS, "-I");
+    char inst_inc[4200], inst_lib[4200], inst_archive[4300];
+    if (installed_runtime(inst_inc, sizeof inst_inc, inst_lib, sizeof inst_lib)) {
+        snprintf(inc, sizeof inc, "-I%s", inst_inc);
+        rc |= av_push(&a, inc);
+        snprintf(inst_archive, sizeof inst_archive, "%s/%s", inst_lib,
+                 cuda ? "libsbprt_cuda.a" : "libsbprt.a");
+    } else {
+        rc |= av_split(&a, SBP_RT_INCLUDE_DIRS, "-I");
+        snprintf(inst_archive, sizeof inst_archive, "%s", cuda ? SBP_RT_CUDA_ARCHIVE : SBP_RT_ARCHIVE);
+    }
     if (define)
         rc |= av_push(&a, define);
     rc |= av_push(&a, "-o");
     rc |= av_push(&a, so_path);
     rc |= av_push(&a, c_path);
-    rc |= av_split(&a, cuda ? SBP_RT_CUDA_LINK : SBP_RT_LINK, "");
+    rc |= av_split_sub(&a, cuda ? SBP_RT_CUDA_LINK : SBP_RT_LINK,
+                       cuda ? SBP_RT_CUDA_ARCHIVE : SBP_RT_ARCHIVE, inst_archive);
     rc |= av_push(&a, "-lm");
     if (rc) {
         av_free(&a);
@@ -267,7 +331,7 @@ static void free_names(char *names[OUT_N])
         free(names[k]);
 }
 
-int sbp_codegen_check_outputs(const char *out_path, const sbp_file_set *inputs,
+int sbp_codegen_check_outputs(const char *out_path, bool keep_c, const sbp_file_set *inputs,
                               sbp_file_set *outputs, ir_diag *d)
 {
     char *names[OUT_N];
@@ -278,7 +342,9 @@ int sbp_codegen_check_outputs(const char *out_path, const sbp_file_set *inputs,
     int rc = IR_OK;
     char err[1024];
     for (int k = 0; k < n && rc == IR_OK; k++)
-        if (!names[k])
+        if (n == OUT_N && !keep_c && k != OUT_SO)
+            continue; /* the .so's temporaries only */
+        else if (!names[k])
             rc = ir_diag_error(d, "out of memory");
         else if (sbp_file_check_output(names[k], "-o", inputs, outputs, err, sizeof err) !=
                  SBP_FILE_OK)
@@ -302,6 +368,7 @@ typedef struct out_set {
     char *dir;          /* the temporary folder */
     int dir_slot;
     int n;
+    bool so_only; /* a .so without --keep-c: the C files stay temporaries */
 } out_set;
 
 static void out_set_remove(out_set *s)
@@ -323,13 +390,14 @@ static void out_set_remove(out_set *s)
     free_names(s->final);
 }
 
-static int out_set_begin(out_set *s, const char *out_path, ir_diag *d)
+static int out_set_begin(out_set *s, const char *out_path, bool keep_c, ir_diag *d)
 {
     memset(s, 0, sizeof *s);
     s->n = output_names(out_path, s->final);
     if (s->n < 0)
         return ir_diag_error(d, "-o %s: the output must end in .c (C source and header) or .so "
                                 "(compiled shared object)", out_path);
+    s->so_only = s->n == OUT_N && !keep_c;
     char err[1024];
     for (int k = 0; k < s->n; k++) {
         struct stat st;
@@ -337,7 +405,7 @@ static int out_set_begin(out_set *s, const char *out_path, ir_diag *d)
             out_set_remove(s);
             return ir_diag_error(d, "out of memory");
         }
-        if (stat(s->final[k], &st) == 0 && !S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode)) {
+        if ((!s->so_only || k == OUT_SO) && stat(s->final[k], &st) == 0 && !S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode)) {
             ir_diag_error(d, "-o: %s is %s, not a regular file: refusing to replace it",
                           s->final[k], sbp_file_kind(st.st_mode));
             out_set_remove(s);
@@ -427,8 +495,12 @@ static int out_set_commit(out_set *s, ir_diag *d)
         rc = sync_file(s->tmp[k], d);
     for (int k = 0; k < s->n && rc == IR_OK; k++) {
         struct stat st;
+        if (s->so_only && k != OUT_SO)
+            continue; /* removed with the folder */
         if (stat(s->tmp[k], &st) != 0)
             continue; /* never written (the constants file when every constant is inline) */
+        if (k == OUT_BLOB && st.st_size == 0)
+            continue; /* no constant went there: an empty file would only puzzle */
         bool exists = stat(s->final[k], &st) == 0;
         if (exists && S_ISCHR(st.st_mode)) {
             rc = copy_into_sink(s->tmp[k], s->final[k], d);
@@ -449,7 +521,7 @@ int sbp_codegen_write(const sbp_train_program *p, const char *out_path,
 {
     const char *target = opt->target;
     out_set s;
-    if (out_set_begin(&s, out_path, d) != IR_OK)
+    if (out_set_begin(&s, out_path, opt->keep_c, d) != IR_OK)
         return IR_ERR;
     const bool so = s.n == OUT_N;
     const char *hbase = strrchr(s.final[OUT_H], '/');

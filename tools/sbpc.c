@@ -57,7 +57,8 @@ static void usage(FILE *f)
             "                     separate parameters\n"
             "  --dump-ir[=PASS]   print the IR after PASS (default: the last pass)\n"
             "  -o FILE            write the training step: FILE.c (with FILE.h), or FILE.so\n"
-            "                     (the C files next to it, compiled with $CC, else clang)\n"
+            "                     (compiled with $CC, else clang; the C stays a temporary)\n"
+            "  --keep-c           with -o FILE.so, also keep FILE.c and FILE.h beside it\n"
             "  --target T         cpu (default: the CPU runtime, OpenBLAS) or cuda (the CUDA\n"
             "                     runtime, cuBLAS: every tensor of the step is device memory;\n"
             "                     the .so links the CUDA backend built with sbpc)\n"
@@ -318,14 +319,14 @@ static void lora_summary(const ir_graph *g, const sbp_lora_options *lora, int n_
 /* Before any work: no output (-o's files, --memory-plot) may replace a file this run reads (the
  * model and its external data, in `inputs` once imported), an existing FIFO, directory or other
  * special file (a character device such as /dev/null is written in place), or another output. */
-static int check_outputs(const char *out, const char *plot, const sbp_file_set *inputs,
-                         ir_diag *diag)
+static int check_outputs(const char *out, bool keep_c, const char *plot,
+                         const sbp_file_set *inputs, ir_diag *diag)
 {
     sbp_file_set outs = {0};
     char err[1024];
     int rc = IR_OK;
     if (out)
-        rc = sbp_codegen_check_outputs(out, inputs, &outs, diag);
+        rc = sbp_codegen_check_outputs(out, keep_c, inputs, &outs, diag);
     if (rc == IR_OK && plot &&
         sbp_file_check_output(plot, "--memory-plot", inputs, &outs, err, sizeof err) !=
             SBP_FILE_OK)
@@ -407,7 +408,7 @@ enum { OPT_BATCH = 256, OPT_SEQ_LEN, OPT_NO_RETIE, OPT_DUMP_IR, OPT_DUMP_PARAMS,
        OPT_BETA, OPT_EPSILON, OPT_GRPO_NORM, OPT_FREEZE, OPT_REPORT, OPT_MEMORY_PLOT,
        OPT_VERSION, OPT_NO_EVAL, OPT_PACKED, OPT_DOC_LEN, OPT_LORA, OPT_LORA_ALPHA,
        OPT_LORA_TARGETS, OPT_LORA_SEED, OPT_RANKS, OPT_ZERO, OPT_BASE_PRECISION, OPT_OFFLOAD,
-       OPT_HOST_BUDGET, OPT_SEQ_PARALLEL, OPT_PER_DOCUMENT };
+       OPT_HOST_BUDGET, OPT_SEQ_PARALLEL, OPT_PER_DOCUMENT, OPT_KEEP_C };
 
 /* --target T or --precision P into t; 0, or -1 after a message. */
 static int target_parse(cli *c, int opt, const char *v, sbpc_target *t)
@@ -460,6 +461,7 @@ static int target_check(cli *c, const sbpc_target *t, sbp_objective objective, c
 typedef struct sbpc_options {
     const char *model;            /* the positional argument */
     const char *out;              /* -o FILE (NULL: none) */
+    bool keep_c;                  /* --keep-c: -o FILE.so keeps FILE.c and FILE.h too */
     const char *plot;             /* --memory-plot FILE (NULL: none) */
     bool dump;                    /* --dump-ir[=PASS] */
     const char *dump_pass;        /* its PASS (NULL: --dump-ir alone, the last pass) */
@@ -626,6 +628,9 @@ static int parse_output_option(cli *c, int o, const char *v, sbpc_options *s)
     switch (o) {
     case 'o':
         return cli_path(c, "-o", v, &s->out);
+    case OPT_KEEP_C:
+        s->keep_c = true;
+        return 0;
     case OPT_DUMP_IR:
         s->dump = true;
         s->dump_pass = v; /* NULL: --dump-ir alone, the last pass */
@@ -685,6 +690,7 @@ static int parse_command_line(cli *c, int argc, char **argv, sbpc_options *s)
         {"seq-parallel", required_argument, NULL, OPT_SEQ_PARALLEL},
         {"doc-len", required_argument, NULL, OPT_DOC_LEN},
         {"per-document", no_argument, NULL, OPT_PER_DOCUMENT},
+        {"keep-c", no_argument, NULL, OPT_KEEP_C},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
         {"lora", required_argument, NULL, OPT_LORA},
@@ -848,6 +854,24 @@ static void print_first_stop(const sbpc_options *s, const sbp_flow *flow)
         lora_summary(flow->g, &s->lora, flow->n_adapted);
 }
 
+/* After -o: one line on stderr naming what was written and the workspace it plans (the step's
+ * activations, gradients' scratch and chunk buffers; the parameters, gradients and optimizer
+ * state are the trainer's and come on top: --report has them all), so that a quiet compile is
+ * not mistaken for one that did nothing. */
+static void wrote_summary(const char *out, bool keep_c, const sbp_train_program *p)
+{
+    size_t n = strlen(out);
+    bool so = n > 3 && strcmp(out + n - 3, ".so") == 0;
+    int stem = (int)(n - (so ? 3 : 2));
+    fprintf(stderr, "%s: wrote %s", prog, out);
+    if (!so || keep_c)
+        fprintf(stderr, "%s%.*s.h", so ? ", " : " and ", stem, out);
+    if (so && keep_c)
+        fprintf(stderr, ", %.*s.c", stem, out);
+    fprintf(stderr, ": %s step, workspace %.1f MiB planned (sbpc --report: the whole plan)\n",
+            sbp_strategy_name(p->strategy), (double)p->workspace_bytes / (1024.0 * 1024.0));
+}
+
 /* -o, --report, --memory-plot: the rest of the flow, through the memory plan; the step written
  * (C, or a .so, for the target: codegen/compile.c); then the reports: --base-precision's line,
  * the memory report or plot of every strategy, and with --ranks one rank's bytes under mpirun
@@ -857,9 +881,12 @@ static int compile_and_report(const sbpc_options *s, sbp_flow *flow, const sbp_f
 {
     if (sbp_flow_run(flow, fo, diag, NULL) != IR_OK)
         return 1;
-    if (s->out && sbp_codegen_write_target(flow->program, s->out, s->model, NULL, s->tgt.backend,
-                                           diag) != IR_OK)
+    const sbp_codegen_options co = {.model_path = s->model, .target = s->tgt.backend,
+                                    .keep_c = s->keep_c};
+    if (s->out && sbp_codegen_write(flow->program, s->out, &co, NULL, diag) != IR_OK)
         return 1;
+    if (s->out)
+        wrote_summary(s->out, s->keep_c, flow->program);
     if (s->tgt.base_bf16)
         base_bf16_summary(flow->program);
     if ((s->report || s->plot) && memory_report(flow->g, flow->chosen, &s->train, flow->program,
@@ -888,7 +915,7 @@ static int run(const sbpc_options *s)
     sbp_flow flow = {.path = s->model, .import = &iopt};
     int rc = 0;
     if (sbp_flow_run(&flow, &fo, &diag, "import") != IR_OK ||
-        check_outputs(s->out, s->plot, &inputs, &diag) != IR_OK ||
+        check_outputs(s->out, s->keep_c, s->plot, &inputs, &diag) != IR_OK ||
         sbp_flow_run(&flow, &fo, &diag, s->first_stop) != IR_OK)
         rc = 1; /* the diagnostics say why */
     ir_diag_print(&diag, stderr, prog);

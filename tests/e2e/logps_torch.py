@@ -287,7 +287,7 @@ def main():
         import transformers  # noqa: F401
         import safetensors  # noqa: F401
     except ImportError as e:
-        print("SKIPPED: %s (logps_torch.py needs torch, transformers and safetensors)" % e)
+        print("SKIPPED: %s (logps_torch.py needs torch, transformers and safetensors); looked in %s (scripts/install-venv.sh makes .venv-hf, taken by the next cmake configure)" % (e, sys.executable))
         return 77
     import gen_hf
     import gen_logps

@@ -34,7 +34,7 @@ def main():
         import transformers  # noqa: F401
         from safetensors.torch import load_file
     except ImportError as e:
-        print("SKIPPED: %s (load_check needs torch, transformers and safetensors)" % e)
+        print("SKIPPED: %s (load_check needs torch, transformers and safetensors); looked in %s (scripts/install-venv.sh makes .venv-hf, taken by the next cmake configure)" % (e, sys.executable))
         return 77
     sys.path.insert(0, HF)
     import gen_hf

@@ -20,8 +20,8 @@ def need(*mods):
         try:
             __import__(m)
         except ImportError:
-            print("SKIP: python module '%s' is not installed (scripts/install-venv.sh makes "
-                  ".venv-hf with it)" % m)
+            print("SKIP: python module '%s' is not installed in %s (scripts/install-venv.sh makes "
+                  ".venv-hf with it, taken by the next cmake configure)" % (m, sys.executable))
             sys.exit(SKIP)
 
 

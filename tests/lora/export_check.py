@@ -23,7 +23,7 @@ try:
     import peft
     from safetensors.torch import load_file
 except Exception as e:  # any import failure: not this machine's check
-    print("SKIPPED: torch / transformers / peft / safetensors not importable (%s)" % e)
+    print("SKIPPED: torch / transformers / peft / safetensors not importable (%s); looked in %s (scripts/install-venv.sh makes .venv-hf, taken by the next cmake configure)" % (e, sys.executable))
     sys.exit(77)
 
 HERE = os.path.dirname(os.path.abspath(__file__))

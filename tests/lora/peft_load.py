@@ -20,7 +20,7 @@ try:
     import transformers  # noqa: F401
     import peft
 except Exception as e:  # any import failure: not this machine's check
-    print("SKIPPED: torch / transformers / peft not importable (%s)" % e)
+    print("SKIPPED: torch / transformers / peft not importable (%s); looked in %s (scripts/install-venv.sh makes .venv-hf, taken by the next cmake configure)" % (e, sys.executable))
     sys.exit(77)
 
 HERE = os.path.dirname(os.path.abspath(__file__))

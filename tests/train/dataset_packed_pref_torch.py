@@ -302,7 +302,7 @@ def main():
         import torch
         import transformers  # noqa: F401
     except ImportError as e:
-        print("SKIPPED: %s (dataset_packed_pref_torch.py needs torch and transformers)" % e)
+        print("SKIPPED: %s (dataset_packed_pref_torch.py needs torch and transformers); looked in %s (scripts/install-venv.sh makes .venv-hf, taken by the next cmake configure)" % (e, sys.executable))
         return 77
     os.makedirs(work, exist_ok=True)
     if mode == "dpo":

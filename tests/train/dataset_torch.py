@@ -83,7 +83,7 @@ def main():
         import transformers  # noqa: F401
         import safetensors  # noqa: F401
     except ImportError as e:
-        print("SKIPPED: %s (dataset_torch.py needs torch, transformers and safetensors)" % e)
+        print("SKIPPED: %s (dataset_torch.py needs torch, transformers and safetensors); looked in %s (scripts/install-venv.sh makes .venv-hf, taken by the next cmake configure)" % (e, sys.executable))
         return 77
     os.makedirs(work, exist_ok=True)
     exs = examples()

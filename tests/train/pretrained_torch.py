@@ -48,7 +48,7 @@ def main():
         sys.path.insert(0, FIX)
         import gen_hf
     except ImportError as e:
-        print("SKIPPED: %s (pretrained_torch.py needs torch, transformers, onnx, safetensors)" % e)
+        print("SKIPPED: %s (pretrained_torch.py needs torch, transformers, onnx, safetensors); looked in %s (scripts/install-venv.sh makes .venv-hf, taken by the next cmake configure)" % (e, sys.executable))
         return 77
     os.makedirs(work, exist_ok=True)
     tok = os.path.join(work, "tok")
