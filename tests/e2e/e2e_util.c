@@ -97,6 +97,7 @@ void e2e_load_so_with(e2e_step *s, const sbp_train_program *p, const char *model
     snprintf(so, sizeof so, "%s/%s.so", SBP_E2E_OUT, tag);
     sbp_codegen_options o = *cg;
     o.model_path = model;
+    o.keep_c = true; /* the C beside the .so, for reading a failure (and the constants file) */
     int rc = sbp_codegen_write(p, so, &o, "-Werror", d);
     if (rc != IR_OK || d->n_errors)
         e2e_print_diag(d);
