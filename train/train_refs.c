@@ -273,6 +273,21 @@ static int cache_write(train_refs *f, const train_config *c, const char *out, co
     return 0;
 }
 
+/* The cache that the pass will write, when it did not match: a cache of another key is
+ * replaced (said in a note), any other file refused before the pass. 0 or -1. */
+static int cache_replaceable(const train_config *c, const char *cache, const train_sink *s)
+{
+    char why[700];
+    if (train_refs_check_cache(cache, c->ref_cache ? "--ref-cache"
+                                      : c->ckpt.dir ? "--checkpoint-dir" : "--resume",
+                               true, why, sizeof why))
+        return train_err(s, "%s", why);
+    if (access(cache, F_OK) == 0)
+        train_say(s, "note", "%s holds reference log-probs of another model, step or dataset (or "
+                  "is damaged): computing them again", cache);
+    return 0;
+}
+
 int train_refs_compute(train_refs *f, const train_config *c, const train_steplib *L,
                        const train_mem *m, train_dataset *ds, const train_dist *d,
                        const train_sink *s)
@@ -304,14 +319,8 @@ int train_refs_compute(train_refs *f, const train_config *c, const train_steplib
         f->logps_only = true;
         return d->on && d->rank != 0 ? 0 : cache_write(f, c, c->compute_logps, key, ds, s);
     }
-    char why[700]; /* what the pass would replace must be a cache: refused before the pass */
-    if (cache[0] && train_refs_check_cache(cache, c->ref_cache ? "--ref-cache"
-                                                  : c->ckpt.dir ? "--checkpoint-dir" : "--resume",
-                                           true, why, sizeof why))
-        return train_err(s, "%s", why);
-    if (cache[0] && access(cache, F_OK) == 0)
-        train_say(s, "note", "%s holds reference log-probs of another model, step or dataset (or "
-                  "is damaged): computing them again", cache);
+    if (cache[0] && cache_replaceable(c, cache, s))
+        return -1;
     int32_t *ids = malloc((size_t)(B * T) * sizeof *ids);
     int32_t *labels = malloc((size_t)(B * T) * sizeof *labels);
     float *row = malloc((size_t)(B * T) * sizeof *row);

@@ -409,15 +409,17 @@ train_pretrained_stale_template)
   ;;
 train_pretrained_and_adapter_one_dir)
   lora && with_config "$HF/llama_dynamo_scoped.onnx" mc.onnx '{"model_type": "llama"}'
-  NO_STEP=1 expect_fail "--save-(adapter|pretrained): D/? is also the folder of --save-(pretrained|adapter)" \
+  NO_STEP=1 expect_fail "--save-(adapter|pretrained): (./)?D/? is also the folder of --save-(pretrained|adapter)" \
     "$SBP_TRAIN" ./lora.so --model mc.onnx --input-ids "$HF/ref/llama_input_ids.npy" \
-    --labels "$HF/ref/llama_labels.npy" --steps 1 --merge-lora --save-pretrained D --save-adapter D/
+    --labels "$HF/ref/llama_labels.npy" --steps 1 --merge-lora --save-pretrained D --save-adapter ./D
   mkdir E && printf 'x' >E/notes.txt
   NO_STEP=1 expect_fail "--save-adapter: E holds notes.txt, which this run does not write" \
     "$SBP_TRAIN" ./lora.so "${LORA_ARGS[@]}" --steps 1 --save-adapter E
-  # the same outputs again into the folder they made: the files are the run's own
+  # the same outputs again into the folder they made: the files are the run's own (a new
+  # folder spelled with a trailing slash is made as the folder itself)
+  expect_ok "$SBP_TRAIN" ./lora.so "${LORA_ARGS[@]}" --steps 1 --save-adapter F/
   expect_ok "$SBP_TRAIN" ./lora.so "${LORA_ARGS[@]}" --steps 1 --save-adapter F
-  expect_ok "$SBP_TRAIN" ./lora.so "${LORA_ARGS[@]}" --steps 1 --save-adapter F
+  [ "$(ls F | tr '\n' ' ')" = "adapter_config.json adapter_model.safetensors " ] || fail "F holds $(ls F)"
   ;;
 train_ckpt_dir_other_run)
   # a fresh run into a folder of another run's checkpoints would replace steps 1-2 and keep 3
