@@ -110,6 +110,8 @@ class Tokenising:
         (Builder.fit cuts it, as it would cut the whole)."""
         self.tok = tok
         self.keep = keep
+        # the added tokens (specials such as <|im_end|>): a window must not cut one
+        self.added = sorted({t for t in tok.get_added_vocab() if t}, key=len) if keep else []
         self.eos = tok.eos_token
         tmpl = tok.chat_template
         if isinstance(tmpl, dict):
@@ -149,22 +151,28 @@ class Tokenising:
     # wanted tokens, so the cut lies far from them (a token near a cut may merge differently).
     CHARS_PER_TOKEN = 8
     MARGIN = 16
+    MIN_WINDOW = 1024
 
     def encode(self, text, special, scored):
         """(ids, scored flags) of text, scored(start, end) deciding each token by its character
         span in text. Without self.keep: the whole text. With it, only growing windows at the
         kept end (a prefix for "start", a suffix for "end"), doubled until two windows agree on
-        the N + 1 tokens wanted, which are returned: the result equals tokenising the whole and cutting it (tests/frontend/test_hostile.py
+        the N + 1 tokens wanted, which are returned. A window's edge is never inside an added
+        token such as <|im_end|> (it would be tokenised as its pieces, alike in both windows).
+        The result equals tokenising the whole and cutting it (tests/frontend/test_hostile.py
         compares the two), at a cost bounded by N, not by the text."""
         if self.keep is None:
             return self._enc(text, special, 0, scored)
         side, n = self.keep
         want = n + 1
-        k = max(1024, self.CHARS_PER_TOKEN * (want + self.MARGIN))
+        k = max(self.MIN_WINDOW, self.CHARS_PER_TOKEN * (want + self.MARGIN))
         prev = None
         while 2 * k < len(text):
-            base = 0 if side == "start" else len(text) - k
-            ids, sc = self._enc(text[base:base + k], special, base, scored)
+            if side == "start":
+                base, end = 0, self.uncut(text, k, False)
+            else:
+                base, end = self.uncut(text, len(text) - k, True), len(text)
+            ids, sc = self._enc(text[base:end], special, base, scored)
             if len(ids) > want + self.MARGIN:
                 cur = (ids[:want], sc[:want]) if side == "start" else (ids[-want:], sc[-want:])
                 if cur == prev:
@@ -172,6 +180,14 @@ class Tokenising:
                 prev = cur
             k *= 2
         return self._enc(text, special, 0, scored)
+
+    def uncut(self, text, c, down):
+        """c moved off any added token that it would cut: to the token's start (down) or end."""
+        for t in self.added:
+            i = text.find(t, max(0, c - len(t) + 1), c + len(t) - 1)
+            if i != -1 and i < c < i + len(t):
+                return self.uncut(text, i if down else i + len(t), down)
+        return c
 
     def messages(self, msgs, where):
         if not any(m["role"] == "assistant" for m in msgs):
@@ -425,14 +441,14 @@ def grpo_rewards(a):
     return keys, rewards, adv
 
 
-def build(a, T):
+def build(a, T, grpo=None):
+    """grpo: grpo_rewards(a), read before the tokenizer was loaded (the group statistics use
+    all of a group's rows, kept or not: a completion dropped for length still is a sample of
+    the prompt's rewards)."""
     B = Builder(a.max_len, a.truncate)
     rows = 0
-    # grpo: every row's group and reward, read first (the group statistics use all of its
-    # rows, kept or not: a completion dropped for length still is a sample of the prompt's
-    # rewards)
     if a.task == "grpo":
-        keys, rewards, adv_all = grpo_rewards(a)
+        keys, rewards, adv_all = grpo
     kept_rows = []
     for row, where in read_rows(a.inputs):
         rows += 1
@@ -560,6 +576,7 @@ def main(argv=None):
     try:
         check_args(a)
         tmp = reserve(a.output)
+        grpo = grpo_rewards(a) if a.task == "grpo" else None
         import transformers
         transformers.utils.logging.set_verbosity_error()
         try:
@@ -572,7 +589,7 @@ def main(argv=None):
         if a.mask == "assistant-tokens" and not T.marked:
             raise Fail("--mask assistant-tokens: the chat template of %s has no "
                        "{%% generation %%} marks (use --mask prefix)" % a.tokenizer)
-        B, rows, extra = build(a, T)
+        B, rows, extra = build(a, T, grpo)
         meta = write(a, T, B, extra, tmp)
         tmp = None
     except Fail as e:
