@@ -56,6 +56,15 @@ W = os.path.join(OUT, "work")
 os.makedirs(W)
 
 
+LAST = [T0]
+
+
+def section(name):
+    """Prints the seconds the part just done took (the test is meant to stay fast)."""
+    print("  %-10s %5.1f s" % (name, time.time() - LAST[0]), flush=True)
+    LAST[0] = time.time()
+
+
 def make_model():
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -206,6 +215,7 @@ def refused_early(what, mod, args, phrase):
 PREP = ["--tokenizer", M, "--task", "sft", "--max-len", 128, SFT]
 
 # ------------------------------------------------------------------ outputs: sbp-prepare
+section("setup")
 for f in ("model.safetensors", "tokenizer.json", "config.json", "tokenizer_config.json",
           "chat_template.jinja", "new.safetensors"):
     refused("sbp-prepare -o M/" + f, "sbp-prepare", PREP + ["-o", os.path.join(M, f)],
@@ -250,6 +260,7 @@ refused("sbp-prepare -o missing folder (30k rows, subprocess)", "sbp-prepare",
 C.ok(time.time() - t < 5, "the refusal takes no tokenising: %.1f s" % (time.time() - t))
 
 # ------------------------------------------------------------------ sbp-train's limits
+section("outputs")
 refused("sbp-prepare --max-len 99999999999999", "sbp-prepare",
         ["--tokenizer", M, "--task", "sft", "--max-len", 99999999999999, SFT, "-o",
          os.path.join(W, "x.safetensors")], "--max-len 99999999999999: it must be from 2")
@@ -270,6 +281,7 @@ for path, line, phrase in ((GRPO_HUGE, 1, '"reward" 1.7e+308 is outside float32\
                   phrase)
 
 # ------------------------------------------------------------------ bounded truncation
+section("limits")
 # 2 MB rows whose kept window scores something at either end (the prompt is short)
 for name, tok, row in (("text", M, {"text": "the sea is wide " * 131072}),
                        ("prompt/completion", M, {"prompt": "Tell me.",
@@ -353,6 +365,7 @@ os.remove(LONG)
 BEFORE, _ = snapshot()
 
 # ------------------------------------------------------------------ sbp-export
+section("truncation")
 refused("sbp-export -o M/model.safetensors", "sbp-export", [M, "-o",
         os.path.join(M, "model.safetensors")], "must end in .onnx")
 refused("sbp-export -o m.json", "sbp-export", [M, "-o", os.path.join(W, "m.json")],
@@ -384,5 +397,6 @@ C.ok(export.is_ours(DROP) and not export.is_ours(os.path.join(W, "notes.onnx")) 
      "sbp-export's output is recognised as its own (sbp.producer), others are not")
 
 os.chmod(RO, 0o755)
+section("export")
 print("test_hostile: %.1f s" % (time.time() - T0))
 C.done()
