@@ -67,7 +67,7 @@ def _same(a, b):
 def check_output(path, files=(), folders=(), ours=None, flag="-o"):
     """Refuses (Fail) an output path that the rule above forbids. files: the input files;
     folders: (what, folder) pairs for the folders the run reads, e.g. ("model folder", DIR);
-    ours(path) -> bool recognises an existing file the tool made, ours_what says what that is.
+    ours: (recognise(path) -> bool, what such a file is), for an existing file the tool made.
     An existing output that passes is replaced when the run succeeds."""
     if path.endswith(os.sep) or os.path.isdir(path):
         raise Fail("%s %s is a folder; give a file name" % (flag, path))
