@@ -226,8 +226,8 @@ def ort_check(model, path, ids):
 
 
 def parse_args(argv):
-    ap = Parser(prog=PROG, description="Export a transformers causal LM "
-                                 "folder to ONNX for sbpc, every weight its own initializer.")
+    ap = Parser(prog=PROG, description="Export a transformers causal LM folder to ONNX for "
+                "sbpc, every weight its own initializer.")
     ap.add_argument("model_dir", metavar="MODEL_DIR")
     ap.add_argument("-o", "--output", required=True, metavar="model.onnx")
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa",

@@ -524,9 +524,8 @@ def write(a, T, B, extra, tmp):
 
 
 def parse_args(argv):
-    ap = Parser(prog=PROG, description="Tokenise JSONL rows (TRL's formats) "
-                                 "into the dataset file sbp-train reads "
-                                 "(docs/dataset-format.md).")
+    ap = Parser(prog=PROG, description="Tokenise JSONL rows (TRL's formats) into the dataset "
+                "file sbp-train reads (docs/dataset-format.md).")
     ap.add_argument("inputs", nargs="+", metavar="IN.jsonl")
     ap.add_argument("--tokenizer", required=True, metavar="DIR",
                     help="a tokenizer folder (AutoTokenizer.from_pretrained)")
@@ -584,6 +583,8 @@ def main(argv=None):
         except Exception as e:
             raise Fail("cannot load the tokenizer from %s: %s" % (a.tokenizer, e))
         check_tokenizer(a, tok)
+        # what --truncate keeps decides which end of a text is tokenised (drop: a prefix tells
+        # whether the example is longer than --max-len); without it, the whole text
         keep = {"keep-start": "start", "keep-end": "end", "drop": "start"}.get(a.truncate)
         T = Tokenising(tok, a.mask, (keep, a.max_len) if keep else None)
         if a.mask == "assistant-tokens" and not T.marked:
