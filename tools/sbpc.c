@@ -37,6 +37,7 @@
 #include "passes.h"
 #include "train.h"
 #include "sbpc_dist.h"
+#include "sbpio.h" /* the model's recorded config.json: --seq-len against its positions */
 
 #include <stdlib.h>
 #include <string.h>
@@ -52,7 +53,8 @@ static void usage(FILE *f)
             "\n"
             "options:\n"
             "  --batch N          bind the symbolic batch dim to N\n"
-            "  --seq-len N        bind the symbolic sequence dim to N\n"
+            "  --seq-len N        bind the symbolic sequence dim to N (a warning when N exceeds\n"
+            "                     the max_position_embeddings sbp-export recorded)\n"
             "  --no-retie         keep a tied weight that the exporter duplicated as two\n"
             "                     separate parameters\n"
             "  --dump-ir[=PASS]   print the IR after PASS (default: the last pass)\n"
@@ -903,6 +905,28 @@ static int compile_and_report(const sbpc_options *s, sbp_flow *flow, const sbp_f
  * are refused before any work; the flow to its first stop and what that prints; then, for -o,
  * --report or --memory-plot, the rest. The diagnostics are printed after the first stop and
  * again after the rest (what code generation added). The exit status. */
+/* A warning when --seq-len exceeds the positions the model was trained for: sbp-export records
+ * config.json in the ONNX metadata ("sbp.config.json"), whose max_position_embeddings bounds
+ * the positions; a model without that record is not checked. The step still compiles (RoPE
+ * and learned tables past their end are the model's concern: docs/sbpc.md). */
+static void warn_positions(const sbpc_options *s)
+{
+    sbpio_kv *kv = NULL;
+    int n = 0;
+    char why[600];
+    if (s->pass.seq_len <= 0 ||
+        sbpio_onnx_meta_read(s->model, &kv, &n, why, sizeof why) != SBPIO_OK)
+        return; /* the import reports an unreadable file */
+    const char *cfg = sbpio_onnx_meta_get(kv, n, "sbp.config.json");
+    uint64_t max_pos = 0;
+    if (cfg && sbpio_json_object_u64(cfg, strlen(cfg), "max_position_embeddings", &max_pos) &&
+        max_pos > 0 && (uint64_t)s->pass.seq_len > max_pos)
+        fprintf(stderr, "%s: warning: --seq-len %lld exceeds the model's %llu positions "
+                "(max_position_embeddings)\n", prog, (long long)s->pass.seq_len,
+                (unsigned long long)max_pos);
+    sbpio_onnx_meta_free(kv, n);
+}
+
 static int run(const sbpc_options *s)
 {
     ir_diag diag;
@@ -919,6 +943,8 @@ static int run(const sbpc_options *s)
         sbp_flow_run(&flow, &fo, &diag, s->first_stop) != IR_OK)
         rc = 1; /* the diagnostics say why */
     ir_diag_print(&diag, stderr, prog);
+    if (rc == 0)
+        warn_positions(s);
     const int printed = diag.n;
     if (rc == 0)
         print_first_stop(s, &flow);
