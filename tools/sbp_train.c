@@ -124,12 +124,12 @@ static void usage(FILE *f)
             /* data parallel */
             "%s"
             "DPO and GRPO steps (sbpc --objective dpo|grpo), N = K*B rows:\n"
-            "  --ref-logps R.npy       dpo: the reference model's logp of each row [N] (rows\n"
-            "                          i < N/2 are chosen, row N/2+i is i's rejected partner);\n"
-            "                          grpo: its logp of each label [N,T] (needed when beta > 0)\n"
-            "  --old-logps O.npy       grpo: the sampling policy's logp of each label [N,T]\n"
-            "                          (default: on-policy, the current logp)\n"
-            "  --advantages A.npy      grpo: one advantage per row [N]\n"
+            "  --ref-logps FILE        the reference's log-probs: an .npy, dpo each row's [N]\n"
+            "                          (row N/2+i: row i's rejected), grpo each label's [N,T];\n"
+            "                          with --dataset, a --compute-logps file (e.g. another\n"
+            "                          model's) instead of computing them before step 1\n"
+            "  --old-logps FILE        grpo: the sampler's, both forms (default: on-policy)\n"
+            "  --advantages A.npy      grpo without --dataset: one advantage per row [N]\n"
             "  -h, --help              this text\n"
             "  --version               print the version\n"
             "\n"
@@ -137,11 +137,10 @@ static void usage(FILE *f)
             "same; a long option may be shortened to any unambiguous prefix (--grad for\n"
             "--grad-accum); everything after -- is STEP.so.\n"
             "\n"
-            "Prints 'step N loss X tokens/s Y lr Z grad_norm G' per step (G: before clipping;\n"
-            "a DPO step adds rewards_chosen, rewards_rejected, rewards_margin and\n"
-            "rewards_accuracy, TRL's rewards/*) and the peak memory at the end.\n",
-            train_sched_usage(), train_ckpt_usage() /* checkpoints */,
-            train_pack_usage(), train_eval_usage(),
+            "Prints 'step N loss X tokens/s Y lr Z grad_norm G' per step (Y: the last 1 s of\n"
+            "steps; G: before clipping; DPO adds TRL's rewards/*: rewards_chosen, _rejected,\n"
+            "_margin, _accuracy) and the peak memory at the end (docs/memory.md).\n",
+            train_sched_usage(), train_ckpt_usage(), train_pack_usage(), train_eval_usage(),
             train_adapter_usage(), train_pretrained_usage(), train_dataset_usage(),
             train_dist_usage());
 }
@@ -404,8 +403,9 @@ static void print_report(const train_report *p)
     cli_human_bytes(b2, sizeof b2, (double)p->planned_bytes);
     cli_human_bytes(b3, sizeof b3, (double)p->opt_state_bytes);
     if (p->host_visible) {
-        printf("peak memory: planned %s (step %s + optimizer state %s), actual %s (peak RSS)%s\n",
-               b1, b2, b3, cli_human_bytes(b4, sizeof b4, rss), p->data_parallel ? " per rank" : "");
+        printf("peak memory: planned %s (step %s + optimizer state %s), actual %s (peak RSS: "
+               "libraries and data too, docs/memory.md)%s\n", b1, b2, b3,
+               cli_human_bytes(b4, sizeof b4, rss), p->data_parallel ? " per rank" : "");
     } else {
         printf("peak device memory: planned %s (step %s + optimizer state %s)", b1, b2, b3);
         if (p->dev_known)

@@ -138,7 +138,8 @@ int train_run_weights(train_run *r, const float **params);
 typedef struct train_step_stats {
     int64_t step;        /* 1, 2, ... */
     double loss;         /* the whole batch's (all micro-batches, all ranks) */
-    double tokens_per_s; /* the global batch's tokens over the step's time */
+    double tokens_per_s; /* the global batch's tokens over the step's time, measured over
+                          * the newest steps that span 1 s (at most 64): a steady figure */
     double lr;           /* this step's learning rate (the schedule's) */
     double grad_norm;    /* before clipping */
     double eval_loss;    /* NaN unless an evaluation ran after this step */

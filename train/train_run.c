@@ -38,6 +38,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The steps tokens/s is measured over: the newest ones whose times add up to RATE_SPAN_S, at
+ * most RATE_STEPS (fewer at the start), so that one step's timing noise does not swing it. */
+enum { RATE_STEPS = 64 };
+#define RATE_SPAN_S 1.0
+
 struct train_run {
     train_config c;            /* the options (--epochs resolved into steps) */
     train_sink sink;
@@ -63,6 +68,10 @@ struct train_run {
     train_export *export;      /* --save-safetensors's keys, planned at open */
     train_adapter_merge_plan *merge; /* --merge-lora's base weights, planned at open */
     int64_t next;              /* the next step */
+    struct {                   /* tokens/s over the newest steps that span 1 s (rate_add) */
+        double tok[RATE_STEPS], dt[RATE_STEPS];
+        int n, head;
+    } rate;
 };
 
 /* ------------------------------------------------------------------ the files of the run */
@@ -609,6 +618,23 @@ static int reduce_loss(train_run *r, int64_t s, double denominator, int64_t pad_
     return 0;
 }
 
+/* This step's tokens and time into the window; the window's tokens/s. */
+static double rate_add(train_run *r, double tokens, double dt)
+{
+    r->rate.head = (r->rate.head + 1) % RATE_STEPS;
+    r->rate.tok[r->rate.head] = tokens;
+    r->rate.dt[r->rate.head] = dt;
+    if (r->rate.n < RATE_STEPS)
+        r->rate.n++;
+    double tok = 0, t = 0;
+    for (int i = 0; i < r->rate.n && t < RATE_SPAN_S; i++) {
+        const int k = (r->rate.head - i + RATE_STEPS) % RATE_STEPS;
+        tok += r->rate.tok[k];
+        t += r->rate.dt[k];
+    }
+    return t > 0 ? tok / t : 0;
+}
+
 /* --dump-grads: step 1's gradients, written by rank 0. */
 static int dump_first(train_run *r, int64_t s, double loss)
 {
@@ -652,8 +678,8 @@ int train_run_step(train_run *r, train_step_stats *st)
         return -1;
     train_mem_sample(&r->mem, &r->lib);
     double dt = t_run + (train_log_now() - t0);
-    /* the global batch's tokens (all ranks'; ti.N = K*G) */
-    st->tokens_per_s = dt > 0 ? (double)r->ti.N * (double)r->lib.in->seq_len / dt : 0;
+    /* the global batch's tokens (all ranks'; ti.N = K*G), over the window of steps */
+    st->tokens_per_s = rate_add(r, (double)r->ti.N * (double)r->lib.in->seq_len, dt);
     return 0;
 }
 
