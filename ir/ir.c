@@ -1,6 +1,10 @@
 /* ir.c — the IR's builder and graph utilities: op table, dtypes, values, nodes, attributes,
  * use lists, compaction and topological sort.
  *
+ * The bottom of ir/: nothing here calls shape inference. ir_node_new, the builder that types
+ * its fresh outputs by inferring them, is in shape.c, so the dependency runs one way (shape.c
+ * uses this file's graph API; this file uses neither shape.c nor any other file above it).
+ *
  * Names: every value has a unique name (ONNX's own where it has one); a name index (open
  * addressing over FNV-1a hashes) makes lookup by name O(1) for the importer and the passes.
  */
@@ -448,26 +452,6 @@ ir_node *ir_node_new_with_outputs(ir_graph *g, ir_op op, const char *name, const
         }
     }
     g->nodes[g->n_nodes++] = n;
-    return n;
-}
-
-ir_node *ir_node_new(ir_graph *g, ir_op op, const char *name, int n_in, ir_value *const *in,
-                     int n_out)
-{
-    ir_node *n = ir_node_new_with_outputs(g, op, name, NULL, n_in, in, n_out, NULL);
-    if (!n)
-        return NULL;
-    for (int i = 0; i < n_out; i++) {
-        char *vn = ir_arena_printf(g->arena, "%s_out%d", n->name, i);
-        ir_value *v = ir_value_new(g, vn, IR_VAL_NODE, IR_DT_UNDEFINED, -1, NULL);
-        if (!v)
-            return NULL;
-        v->producer = n;
-        v->producer_slot = i;
-        n->out[i] = v;
-    }
-    if (ir_infer_node(g, n) != IR_OK)
-        return NULL;
     return n;
 }
 

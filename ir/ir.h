@@ -323,7 +323,8 @@ ir_value *ir_const_new(ir_graph *g, const char *name, ir_dtype dt, int rank, con
                        const void *data);
 ir_value *ir_value_find(const ir_graph *g, const char *name);
 /* Appends a node with n_out fresh output values (types from ir_infer_node if inputs are known;
- * names "<name>_out<i>"). Returns NULL and records a diagnostic on failure. */
+ * names "<name>_out<i>"). Returns NULL and records a diagnostic on failure. In ir/shape.c, with
+ * the inference it calls (ir.c never calls into shape.c). */
 ir_node *ir_node_new(ir_graph *g, ir_op op, const char *name, int n_in, ir_value *const *in,
                      int n_out);
 /* Same, but the node takes existing output values (used by the importer). */

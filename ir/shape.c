@@ -15,6 +15,12 @@
  * had (a type the importer read from the model's value_info); a known fact that disagrees with
  * a known declared one is an error. So re-running inference (after bind_dims, during fold) only
  * ever sharpens shapes.
+ *
+ * ir_node_new (ir.h's builder of a node with fresh, inferred outputs) lives here, at the end,
+ * rather than in ir.c: it is the one builder that needs inference, and with it here the two
+ * files depend one way only: shape.c uses ir.c's graph API (values, attributes,
+ * ir_node_new_with_outputs), ir.c never calls into shape.c. A callback set on the graph would
+ * also break the circle, but would hide the dependency instead of removing it.
  */
 #include "ir.h"
 #include "checked.h"
@@ -1567,4 +1573,28 @@ int ir_infer_graph(ir_graph *g)
     }
     free(bad);
     return rc;
+}
+
+/* ------------------------------------------------------------------ builder */
+
+/* ir_node_new_with_outputs (ir.c) with fresh outputs "<name>_out<i>", typed by inference: the
+ * builder the passes use for the nodes they add. */
+ir_node *ir_node_new(ir_graph *g, ir_op op, const char *name, int n_in, ir_value *const *in,
+                     int n_out)
+{
+    ir_node *n = ir_node_new_with_outputs(g, op, name, NULL, n_in, in, n_out, NULL);
+    if (!n)
+        return NULL;
+    for (int i = 0; i < n_out; i++) {
+        char *vn = ir_arena_printf(g->arena, "%s_out%d", n->name, i);
+        ir_value *v = ir_value_new(g, vn, IR_VAL_NODE, IR_DT_UNDEFINED, -1, NULL);
+        if (!v)
+            return NULL;
+        v->producer = n;
+        v->producer_slot = i;
+        n->out[i] = v;
+    }
+    if (ir_infer_node(g, n) != IR_OK)
+        return NULL;
+    return n;
 }

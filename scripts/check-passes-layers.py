@@ -17,6 +17,9 @@ checked the same way: no circle among the headers, and no file (.c or .h) that i
 header of a folder above its own.
 
   scripts/check-passes-layers.py OBJ... [--headers passes/]     (ctest: passes_layers)
+  scripts/check-passes-layers.py OBJ... --name ir/              (ctest: ir.layers: the same
+                                                                  check on another folder's
+                                                                  objects; ir/ has no folders)
   scripts/check-passes-layers.py --self-test                     (the checker finds a circle
                                                                   and a folder-order break)
 """
@@ -199,20 +202,22 @@ def self_test():
 def main(argv):
     if argv == ["--self-test"]:
         return self_test()
-    headers = None
+    headers, name = None, "passes/"
     objs = []
     it = iter(argv)
     for a in it:
         if a == "--headers":
             headers = next(it, None)
+        elif a == "--name":
+            name = next(it, name)
         else:
             objs += [o for o in a.split(";") if o.endswith(".o")]  # ctest passes a ;-list
     if not objs:
         print("check-passes-layers: no object files given")
         return 1
-    ok = check(*call_graph(objs), f"passes/ call graph ({len(objs)} objects)")
+    ok = check(*call_graph(objs), f"{name} call graph ({len(objs)} objects)")
     if headers:
-        ok = check(*include_graph(headers), "passes/ #includes") and ok
+        ok = check(*include_graph(headers), f"{name} #includes") and ok
     return 0 if ok else 1
 
 

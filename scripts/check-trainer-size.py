@@ -2,9 +2,11 @@
 """check-trainer-size.py — the trainer stays a library with a thin command line: no function in
 train/*.c is longer than 80 lines, and tools/sbp_train.c (the CLI) is under 500 lines.
 
-A function is what lies between a "{" and a "}" that open and close a line at column 0 (the
-project's style puts a function's braces there and nothing else); its length is the lines
-between them. Prints each offender and exits 1; exit 0 when all are within bounds.
+A function's body is what lies between a "{" and a "}" that open and close a line at column 0
+(the project's style puts a function's braces there and nothing else); the function starts at
+its signature, the last line at column 0 before the "{" (a signature's continuation lines are
+indented), and its length counts every line from there to the "}", both included: what a
+reader scrolls through. Prints each offender and exits 1; exit 0 when all are within bounds.
 
   scripts/check-trainer-size.py ROOT          (ctest: layout.trainer_size)
   scripts/check-trainer-size.py --self-test   (the checker finds a long function)
@@ -18,16 +20,19 @@ MAX_FUNCTION, MAX_CLI = 80, 500
 
 
 def long_functions(path, limit=MAX_FUNCTION):
-    out, start, name, prev = [], None, None, ""
+    out, start, name, head, head_n = [], None, None, "", 0
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if line.startswith("{"):
-                start, name = n, prev.strip()
+                start, name = head_n or n, head.strip()
             elif line.startswith("}") and start is not None:
-                if n - start > limit:
-                    out.append((n - start, name))
+                if n - start + 1 > limit:
+                    out.append((n - start + 1, name))
                 start = None
-            prev = line
+            elif start is None and line[:1].strip() and not line.startswith(("/*", "#", "}")):
+                head, head_n = line, n  # a candidate signature's first line
+            elif start is None and not line.strip():
+                head, head_n = "", 0
     return out
 
 
@@ -53,12 +58,14 @@ def self_test():
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "x.c")
         with open(p, "w") as f:
-            f.write("int f(void)\n{\n" + "    ;\n" * 90 + "}\nint g(void)\n{\n    ;\n}\n")
+            # f: 81 lines, its signature on two; g: 80 lines, at the limit; h: short
+            f.write("/* f */\nint f(int a,\n      int b)\n{\n" + "    ;\n" * 77 + "}\n\n"
+                    "int g(void)\n{\n" + "    ;\n" * 77 + "}\nint h(void)\n{\n    ;\n}\n")
         found = long_functions(p)
-        if found != [(91, "int f(void)")]:
-            print("self-test: expected f alone, found", found)
+        if found != [(81, "int f(int a,")]:
+            print("self-test: expected f alone (81 lines), found", found)
             return 1
-    print("self-test: the long function is found, the short one is not")
+    print("self-test: the long function is found (its signature counted), the others are not")
     return 0
 
 

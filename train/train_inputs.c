@@ -66,6 +66,52 @@ static int per_document(train_inputs *ti, const sbp_step_info *in, const char *o
     return 0;
 }
 
+/* GRPO's inputs from files (no dataset): --advantages, one per row; --old-logps when given;
+ * --ref-logps, one per label, when the step has a KL term (beta > 0). */
+static int read_grpo_files(train_inputs *ti, const char *ref_path, const char *old_path,
+                           const char *adv_path, const train_sink *note, char *err,
+                           size_t errlen)
+{
+    const int64_t N = ti->N, T = ti->T;
+    if (!adv_path)
+        return cli_errf(err, errlen,
+                        "the step's objective is grpo: give --advantages A.npy, one "
+                                 "per row [%lld]", (long long)N);
+    if (ti->beta > 0 && !ref_path)
+        return cli_errf(err, errlen, "the step's objective is grpo with beta %g: give "
+                                 "--ref-logps R.npy, the reference model's logp of each "
+                                 "label [%lld,%lld] (or compile with --beta 0)",
+                        ti->beta, (long long)N, (long long)T);
+    if (ti->beta == 0 && ref_path && note)
+        train_note(note, "--ref-logps is not used: the step's beta is 0 (no KL term)");
+    if (read_floats("--advantages", adv_path, 1, N, 0, "advantages", &ti->adv, err, errlen) ||
+        (old_path && read_floats("--old-logps", old_path, 2, N, T, "old logps", &ti->old, err,
+                                 errlen)) ||
+        (ti->beta > 0 && read_floats("--ref-logps", ref_path, 2, N, T, "reference logps",
+                                     &ti->ref, err, errlen)))
+        return -1;
+    return 0;
+}
+
+/* One micro-batch's buffers, in the step's row order: ids and labels always; the objective's
+ * values for the inputs the run has (DPO's reference is one per row, or per document). */
+static int microbatch_buffers(train_inputs *ti, char *err, size_t errlen)
+{
+    const size_t bt = (size_t)(ti->B * ti->T), bw = (size_t)(ti->B * ti->W);
+    ti->mb_ids = malloc(bt * sizeof *ti->mb_ids);
+    ti->mb_labels = malloc(bt * sizeof *ti->mb_labels);
+    if (ti->ref)
+        ti->mb_ref = malloc((ti->dpo ? bw : bt) * sizeof(float));
+    if (ti->old)
+        ti->mb_old = malloc(bt * sizeof(float));
+    if (ti->adv)
+        ti->mb_adv = malloc(bw * sizeof(float));
+    if (!ti->mb_ids || !ti->mb_labels || (ti->ref && !ti->mb_ref) || (ti->old && !ti->mb_old) ||
+        (ti->adv && !ti->mb_adv))
+        return cli_errf(err, errlen, "out of memory");
+    return 0;
+}
+
 static int open_inputs(train_inputs *ti, const sbp_step_info *in, int64_t k,
                        const char *ref_path, const char *old_path, const char *adv_path,
                        bool self_ref, const train_sink *note, char *err, size_t errlen)
@@ -116,39 +162,10 @@ static int open_inputs(train_inputs *ti, const sbp_step_info *in, int64_t k,
             ti->old = calloc((size_t)(N * T), sizeof *ti->old);
         if (!ti->adv || (ti->beta > 0 && !ti->ref) || (old_path && !ti->old))
             return cli_errf(err, errlen, "out of memory");
-    } else {
-        if (!adv_path)
-            return cli_errf(err, errlen,
-                            "the step's objective is grpo: give --advantages A.npy, one "
-                                     "per row [%lld]", (long long)N);
-        if (ti->beta > 0 && !ref_path)
-            return cli_errf(err, errlen, "the step's objective is grpo with beta %g: give "
-                                     "--ref-logps R.npy, the reference model's logp of each "
-                                     "label [%lld,%lld] (or compile with --beta 0)",
-                            ti->beta, (long long)N, (long long)T);
-        if (ti->beta == 0 && ref_path && note)
-            train_note(note, "--ref-logps is not used: the step's beta is 0 (no KL term)");
-        if (read_floats("--advantages", adv_path, 1, N, 0, "advantages", &ti->adv, err,
-                        errlen) ||
-            (old_path && read_floats("--old-logps", old_path, 2, N, T, "old logps", &ti->old,
-                                     err, errlen)) ||
-            (ti->beta > 0 && read_floats("--ref-logps", ref_path, 2, N, T, "reference logps",
-                                         &ti->ref, err, errlen)))
-            return -1;
+    } else if (read_grpo_files(ti, ref_path, old_path, adv_path, note, err, errlen)) {
+        return -1;
     }
-    const size_t bt = (size_t)(ti->B * T);
-    ti->mb_ids = malloc(bt * sizeof *ti->mb_ids);
-    ti->mb_labels = malloc(bt * sizeof *ti->mb_labels);
-    if (ti->ref)
-        ti->mb_ref = malloc((ti->dpo ? (size_t)(ti->B * W) : bt) * sizeof(float));
-    if (ti->old)
-        ti->mb_old = malloc(bt * sizeof(float));
-    if (ti->adv)
-        ti->mb_adv = malloc((size_t)(ti->B * W) * sizeof(float));
-    if (!ti->mb_ids || !ti->mb_labels || (ti->ref && !ti->mb_ref) || (ti->old && !ti->mb_old) ||
-        (ti->adv && !ti->mb_adv))
-        return cli_errf(err, errlen, "out of memory");
-    return 0;
+    return microbatch_buffers(ti, err, errlen);
 }
 
 int ti_open(train_inputs *ti, const sbp_step_info *in, int64_t k, const char *ref_path,

@@ -288,12 +288,48 @@ static int cache_replaceable(const train_config *c, const char *cache, const tra
     return 0;
 }
 
+/* The pass over the dataset's examples, a batch at a time through the step's forward: batch k
+ * on rank k mod size (one process: all), the others' values left 0 for the share. 0, or -1
+ * with the reason said. */
+static int pass_examples(train_refs *f, const train_steplib *L, const train_mem *m,
+                         train_dataset *ds, const train_dist *d, const train_sink *s)
+{
+    const sbp_step_info *in = L->in;
+    const int64_t B = in->batch, T = in->seq_len, n = ds->d.n_ex;
+    int32_t *ids = malloc((size_t)(B * T) * sizeof *ids);
+    int32_t *labels = malloc((size_t)(B * T) * sizeof *labels);
+    float *row = malloc((size_t)(B * T) * sizeof *row);
+    /* a packed step's document ids (a per-document step: the examples packed, each its own
+     * document; else one example a row, its document 0) */
+    int32_t *docs = in->packed ? calloc((size_t)(B * T), sizeof *docs) : NULL;
+    /* where each example of a batch starts (a per-document batch holds up to B*T of them) */
+    int64_t *place = malloc((size_t)(in->per_document ? B * T : B) * sizeof *place);
+    int rc = !ids || !labels || !row || !place || (in->packed && !docs)
+                 ? train_err(s, "out of memory") : 0;
+    memset(f->ex, 0, (size_t)n * sizeof *f->ex);
+    if (f->grpo)
+        memset(f->tok, 0, (size_t)ds->d.n_tok * sizeof *f->tok);
+    const int ranks = d->on ? d->size : 1, me = d->on ? d->rank : 0;
+    for (int64_t e = 0, k = 0; e < n && !rc; k++) {
+        const int64_t end = batch_end(ds, in, e, place);
+        if (k % ranks == me)
+            rc = logps_batch(f, L, m, ds, e, end, ids, labels, docs, place, row, s);
+        e = end;
+    }
+    free(ids);
+    free(labels);
+    free(row);
+    free(docs);
+    free(place);
+    return rc;
+}
+
 int train_refs_compute(train_refs *f, const train_config *c, const train_steplib *L,
                        const train_mem *m, train_dataset *ds, const train_dist *d,
                        const train_sink *s)
 {
     const sbp_step_info *in = L->in;
-    const int64_t B = in->batch, T = in->seq_len, n = ds->d.n_ex;
+    const int64_t n = ds->d.n_ex;
     if (c->ref_logps) { /* another model's, from --compute-logps */
         if (load_file("--ref-logps", c->ref_logps, ds, f->ex, f->grpo ? f->tok : NULL, s))
             return -1;
@@ -321,33 +357,8 @@ int train_refs_compute(train_refs *f, const train_config *c, const train_steplib
     }
     if (cache[0] && cache_replaceable(c, cache, s))
         return -1;
-    int32_t *ids = malloc((size_t)(B * T) * sizeof *ids);
-    int32_t *labels = malloc((size_t)(B * T) * sizeof *labels);
-    float *row = malloc((size_t)(B * T) * sizeof *row);
-    /* a packed step's document ids (a per-document step: the examples packed, each its own
-     * document; else one example a row, its document 0) */
-    int32_t *docs = in->packed ? calloc((size_t)(B * T), sizeof *docs) : NULL;
-    /* where each example of a batch starts (a per-document batch holds up to B*T of them) */
-    int64_t *place = malloc((size_t)(in->per_document ? B * T : B) * sizeof *place);
-    int rc = !ids || !labels || !row || !place || (in->packed && !docs)
-                 ? train_err(s, "out of memory") : 0;
     const double t0 = train_log_now();
-    /* batch k on rank k mod size (one process: all), the others' values left 0 for the share */
-    memset(f->ex, 0, (size_t)n * sizeof *f->ex);
-    if (f->grpo)
-        memset(f->tok, 0, (size_t)ds->d.n_tok * sizeof *f->tok);
-    const int ranks = d->on ? d->size : 1, me = d->on ? d->rank : 0;
-    for (int64_t e = 0, k = 0; e < n && !rc; k++) {
-        const int64_t end = batch_end(ds, in, e, place);
-        if (k % ranks == me)
-            rc = logps_batch(f, L, m, ds, e, end, ids, labels, docs, place, row, s);
-        e = end;
-    }
-    free(ids);
-    free(labels);
-    free(row);
-    free(docs);
-    free(place);
+    const int rc = pass_examples(f, L, m, ds, d, s);
     if (d->on && train_dist_any(d, rc != 0)) /* none waits in the share for a failed rank */
         return rc ? -1 : train_err(s, "another rank failed in the reference log-probs");
     if (rc)
@@ -359,7 +370,7 @@ int train_refs_compute(train_refs *f, const train_config *c, const train_steplib
                                                     (size_t)ds->d.n_tok, err, sizeof err))))
         return train_err(s, "%s", err);
     if (d->on)
-        snprintf(over, sizeof over, " over %d ranks", ranks);
+        snprintf(over, sizeof over, " over %d ranks", d->size);
     train_say(s, "note", "reference log-probs of %lld examples computed in %.2f s%s (the "
               "model's initial weights, before step 1)", (long long)n, train_log_now() - t0,
               over);

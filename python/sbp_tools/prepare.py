@@ -44,7 +44,7 @@ PROG = "sbp-prepare"
 GENERATION_MARK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 # What sbp-train's reader accepts, so that what this tool writes is what the next one reads:
-# sbpio_dataset_open (tools/io/dataset.c) takes max_len and vocab_size through meta_int(..., 1,
+# sbpio_dataset_open (io/dataset.c) takes max_len and vocab_size through meta_int(..., 1,
 # INT32_MAX), eos_id and pad_id from 0 to vocab_size - 1, and refuses non-finite advantages
 # (stored as F32, like the rewards). An example needs 2 tokens here (one position, one target).
 INT32_MAX = 2**31 - 1

@@ -19,7 +19,7 @@ transformers import is paid once). Every run must:
   - leave every input and every file of the tokenizer folders byte-identical;
   - leave no temporary file behind, and on 1 the output as it was (or absent);
   - on 0, have written a file that passes the checks of sbp-train's reader
-    (sbpio_dataset_open in tools/io/dataset.c), mirrored here.
+    (sbpio_dataset_open in io/dataset.c), mirrored here.
 """
 import argparse
 import contextlib
@@ -220,7 +220,7 @@ def meta_int(meta, key, lo, hi):
 
 
 def reader_checks(path):
-    """sbpio_dataset_open's checks (tools/io/dataset.c), in the same order; raises
+    """sbpio_dataset_open's checks (io/dataset.c), in the same order; raises
     AssertionError naming the first that fails."""
     with safe_open(path, "np") as f:
         meta = f.metadata() or {}

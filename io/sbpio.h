@@ -1,10 +1,11 @@
-/* sbpio.h — the file formats sbpc's tools read and write: NumPy .npy arrays, llm.c token shards,
- * safetensors, and ONNX models with updated weights.
+/* sbpio.h — the file formats the trainer (train/) and sbpc's tools (tools/) read and write:
+ * NumPy .npy arrays, llm.c token shards, safetensors, and ONNX models with updated weights.
  *
  * Every function that can fail returns SBPIO_OK or SBPIO_ERR and, on error, writes one line into
  * the caller's buffer `err` (size `errlen`; either may be NULL/0 to ignore the message) naming the
  * file and the problem, e.g. "data/x.npy: header: shape (1048576, 1048576, 1048576, 1048576)
- * overflows". Nothing here prints or exits; tools/ turn the message into a diagnostic.
+ * overflows". Nothing here prints or exits; the caller (train/, tools/) turns the message into a
+ * diagnostic.
  *
  * Byte order: every format is little-endian on disk. Readers return data in host order
  * (big-endian .npy files are byte-swapped on load); writers take host-order data.
