@@ -122,7 +122,8 @@ def valid(r, task):
         return {"prompt": r.choice([text(r), [{"role": "user", "content": text(r)}]]),
                 "chosen": ans(), "rejected": ans()}
     d = {"prompt": r.choice(["Say hi.", "Count."]), "completion": ans(),
-         "reward": r.choice([r.uniform(-10, 10), r.randint(-3, 3), 0, 3e38, -3e38, 1e-40])}
+         "reward": r.choice([r.uniform(-10, 10), r.randint(-3, 3), 0, 3e38, -3e38, 1e-40] * 4 +
+                            [3.5e38, 1e39, -1.7e308, 1.7e308])}  # the last: beyond float32
     if r.random() < 0.3:
         d["group"] = r.choice([1, 2, "g"])
     return d
@@ -330,7 +331,7 @@ def case(k):
     added = sorted(set(after) - set(before))
     if added:
         broken.append("files added to the tokenizer folder: %s" % added)
-    left = temps([d, os.path.dirname(os.path.abspath(out)), RO] + TOKS)
+    left = temps(sorted({d, os.path.dirname(os.path.abspath(out)), RO} | set(TOKS)))
     if left:
         broken.append("temporaries left: %s" % left)
     if rc == 1:
