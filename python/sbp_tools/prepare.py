@@ -606,6 +606,11 @@ def main(argv=None):
           "(--truncate %s); assistant tokens: %s" % (
               PROG, L.min(), float(np.median(L)), L.max(), a.max_len, B.truncated, B.dropped,
               a.truncate, meta["mask"]))
+    if a.task == "grpo" and not np.any(extra["advantages"]):
+        # a valid file, but sbp-train refuses to train on it (train_run.c): said here, where
+        # the rows can still be changed
+        print("%s: every advantage is 0 (each group has one row, or equal rewards): sbp-train "
+              "will not train GRPO on it (only --compute-logps reads it)" % PROG)
     return 0
 
 

@@ -16,7 +16,7 @@ is made in OUTDIR, with JSONL inputs, links to them and foreign files. Checked:
     loaded (counted in-process);
   - sbp-train's limits: --max-len above INT32_MAX, rewards beyond float32 (+-1.7e308, 1e39) and
     non-finite ones, refused with the row, before the tokenizer is loaded; --max-len INT32_MAX
-    accepted;
+    accepted; a grpo file whose every advantage is 0 written, with a note in the summary;
   - --truncate keep-start / keep-end / drop give the texts to the tokenizer only as far as
     --max-len needs (the longest text it is given, counted in-process), a 50 MB row takes
     seconds, and the examples equal tokenising the whole text and cutting it, on every fixture
@@ -192,13 +192,13 @@ def inproc(mod, args):
     """mod.main(args) in this process (no import per run): (rc, stderr, STATS of the run)."""
     for k in STATS:
         STATS[k] = 0
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         try:
             rc = mod.main([str(a) for a in args]) or 0
         except SystemExit as e:
             rc = e.code if isinstance(e.code, int) else 1
-    return rc, err.getvalue(), dict(STATS)
+    return rc, err.getvalue(), dict(STATS, stdout=out.getvalue())
 
 
 def refused_early(what, mod, args, phrase):
@@ -279,6 +279,16 @@ for path, line, phrase in ((GRPO_HUGE, 1, '"reward" 1.7e+308 is outside float32\
             "%s:%d: %s" % (path, line, phrase))
     refused_early("grpo %s (before the tokenizer)" % os.path.basename(path), prepare, args,
                   phrase)
+
+# every advantage 0 (groups of one row): a valid file that sbp-train will not train GRPO on
+rc, se, st = inproc(prepare, ["--tokenizer", M, "--task", "grpo", "--max-len", 64,
+                              jsonl("grpo_ones.jsonl", [{"prompt": "p%d" % i, "completion": "c",
+                                                         "reward": i} for i in range(3)]),
+                              "-o", os.path.join(W, "g.safetensors")])
+C.ok(rc == 0 and "every advantage is 0" in st["stdout"], "grpo, groups of one: written, and "
+     "the summary says that every advantage is 0: %d %r %r" % (rc, se, st["stdout"]))
+os.remove(os.path.join(W, "g.safetensors"))
+BEFORE, _ = snapshot()
 
 # ------------------------------------------------------------------ bounded truncation
 section("limits")
