@@ -227,12 +227,21 @@ def ort_check(model, path, ids):
 
 def parse_args(argv):
     ap = Parser(prog=PROG, description="Export a transformers causal LM folder to ONNX for "
-                "sbpc, every weight its own initializer.")
-    ap.add_argument("model_dir", metavar="MODEL_DIR")
-    ap.add_argument("-o", "--output", required=True, metavar="model.onnx")
+                "sbpc, every weight its own initializer. The folder's config.json is recorded "
+                "in the model's metadata (sbpc reads max_position_embeddings from it, sbp-train "
+                "the token ids and --save-pretrained the whole config), and the export is "
+                "checked: onnxruntime's logits against PyTorch's on a random batch.")
+    ap.add_argument("model_dir", metavar="MODEL_DIR",
+                    help="a transformers model folder (config.json and the weights; "
+                    "AutoModelForCausalLM.from_pretrained opens it)")
+    ap.add_argument("-o", "--output", required=True, metavar="model.onnx",
+                    help="the ONNX file to write (must end in .onnx; outside MODEL_DIR; an "
+                    "existing file is replaced only if sbp-export made it)")
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa",
                     help="transformers' attention implementation (default sdpa)")
-    ap.add_argument("--exporter", choices=["dynamo", "torchscript"], default="dynamo")
+    ap.add_argument("--exporter", choices=["dynamo", "torchscript"], default="dynamo",
+                    help="torch.onnx's exporter (default dynamo, PyTorch's current one; "
+                    "torchscript for the older tracer when dynamo cannot trace a model)")
     ap.add_argument("--opset", type=int, default=None,
                     help="ONNX opset (default 20 for dynamo, 17 for torchscript)")
     ap.add_argument("--tolerance", type=float, default=1e-4,
@@ -244,8 +253,11 @@ def parse_args(argv):
     ap.add_argument("--external-data", action="store_true",
                     help="write the weights to MODEL.onnx.data beside the model (always done "
                     "when the model would exceed protobuf's 2 GB)")
-    ap.add_argument("--check-batch", type=int, default=2, metavar="B")
-    ap.add_argument("--check-seq-len", type=int, default=8, metavar="T")
+    ap.add_argument("--check-batch", type=int, default=2, metavar="B",
+                    help="the rows of the random batch the onnxruntime-vs-PyTorch check runs "
+                    "(default 2)")
+    ap.add_argument("--check-seq-len", type=int, default=8, metavar="T",
+                    help="that batch's sequence length (default 8)")
     return ap.parse_args(argv)
 
 

@@ -28,6 +28,7 @@ their own before the tokenising one). With --truncate keep-start, keep-end or dr
 is tokenised only as far as the examples need (Tokenising.encode), so a huge row costs what
 --max-len keeps, not what it holds.
 """
+import argparse
 import json
 import math
 import os
@@ -523,18 +524,32 @@ def write(a, T, B, extra, tmp):
     return meta
 
 
+ROW_FORMATS = """row formats (one JSON object per line):
+  sft   {"messages": [{"role": ..., "content": ...}, ...]}   assistant tokens scored
+        {"prompt": ..., "completion": ...}                   the completion scored
+        {"text": ...}                                        text + EOS, every token scored
+  dpo   {"prompt": ..., "chosen": ..., "rejected": ...}      strings or messages lists
+  grpo  {"prompt": ..., "completion": ..., "reward": R [, "group": G]}
+        advantage = (R - mean) / (std + 1e-4) over the group (the rows with the same prompt,
+        or the same "group"), std as torch.std; a group of one row gets advantage 0"""
+
+
 def parse_args(argv):
     ap = Parser(prog=PROG, description="Tokenise JSONL rows (TRL's formats) into the dataset "
-                "file sbp-train reads (docs/dataset-format.md).")
-    ap.add_argument("inputs", nargs="+", metavar="IN.jsonl")
+                "file sbp-train reads (docs/dataset-format.md).", epilog=ROW_FORMATS,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("inputs", nargs="+", metavar="IN.jsonl",
+                    help="JSONL files, one row per line (the formats below); read in order")
     ap.add_argument("--tokenizer", required=True, metavar="DIR",
                     help="a tokenizer folder (AutoTokenizer.from_pretrained)")
-    ap.add_argument("--task", required=True, choices=["sft", "dpo", "grpo"])
+    ap.add_argument("--task", required=True, choices=["sft", "dpo", "grpo"],
+                    help="what the rows are for, and so which row formats are accepted")
     ap.add_argument("--max-len", required=True, type=int, metavar="N",
                     help="no example may be longer (see --truncate)")
     ap.add_argument("-o", "--output", required=True, metavar="DATA.safetensors")
     ap.add_argument("--truncate", choices=["keep-start", "keep-end", "drop"], default="none",
-                    help="what to do with an example longer than --max-len (default: refuse)")
+                    help="what to do with an example longer than --max-len: keep its first or "
+                    "last N tokens, or leave it out (default, when not given: refuse the row)")
     ap.add_argument("--mask", choices=["auto", "assistant-tokens", "prefix"], default="auto",
                     help="how assistant tokens of messages rows are found: the template's "
                     "{%% generation %%} marks or rendering each prefix (default: the marks "

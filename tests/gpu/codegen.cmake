@@ -81,7 +81,7 @@ if(SBP_CUDA_ENABLED)
   add_test(NAME gpu.step_cuda_build
            COMMAND ${CMAKE_COMMAND} -DMODE=build -DSBPC=$<TARGET_FILE:sbpc>
                    -DINFO=$<TARGET_FILE:sbp_step_info> -DOUT=${_gen}/cuda_llama.so
-                   "-DARGS=${_fx}/llama_op17_dyn.onnx;--batch;2;--seq-len;64;--target;cuda;-o;${_gen}/cuda_llama.so"
+                   "-DARGS=${_fx}/llama_op17_dyn.onnx;--batch;2;--seq-len;64;--target;cuda;--keep-c;-o;${_gen}/cuda_llama.so"
                    -P "${CMAKE_CURRENT_SOURCE_DIR}/cuda_step.cmake")
   set_tests_properties(gpu.step_cuda_build PROPERTIES LABELS gpu TIMEOUT 300
                        FIXTURES_SETUP gpu_cuda_step)
@@ -207,19 +207,40 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
   # weights identical over 10 AdamW steps), with the device memory falling by the planned bytes
   # (emu_offload.cmake), on 4-layer exports (tests/fixtures/deep/gen_deep.py: with two layers the
   # backward holds both checkpoints at once and nothing is saved)
+  # The plain run a group of offload tests compares with (one model, strategy and batch) is made
+  # once, by the group's fixture test gpu.step_emu_offload_<group>_plain, which
+  # gpu_emu_offload(... PLAIN <group>) requires; without PLAIN the test makes its own.
   function(gpu_emu_offload name model fam strategy)
-    add_test(NAME gpu.step_emu_offload_${name}
+    cmake_parse_arguments(E "" "PLAIN" "" ${ARGN})
+    set(plain_args)
+    if(E_PLAIN)
+      set(plain_args -DPLAIN_DIR=${_gen}/offload_plain_${E_PLAIN})
+    endif()
+    _gpu_emu_offload_test(gpu.step_emu_offload_${name} ${model} ${fam} ${strategy}
+                          -DOUT=${_gen}/offload_${name} ${plain_args} ${E_UNPARSED_ARGUMENTS})
+    if(E_PLAIN)
+      set_tests_properties(gpu.step_emu_offload_${name} PROPERTIES
+                           FIXTURES_REQUIRED emu_offload_plain_${E_PLAIN})
+    endif()
+  endfunction()
+  function(gpu_emu_offload_plain group model fam strategy)
+    _gpu_emu_offload_test(gpu.step_emu_offload_${group}_plain ${model} ${fam} ${strategy}
+                          -DOUT=${_gen}/offload_plain_${group} -DPLAIN_ONLY=ON ${ARGN})
+    set_tests_properties(gpu.step_emu_offload_${group}_plain PROPERTIES
+                         FIXTURES_SETUP emu_offload_plain_${group})
+  endfunction()
+  function(_gpu_emu_offload_test test model fam strategy)
+    add_test(NAME ${test}
              COMMAND ${CMAKE_COMMAND} -DSBPC=$<TARGET_FILE:sbpc> -DTRAIN=$<TARGET_FILE:sbp-train>
                      -DINFO=$<TARGET_FILE:sbp_step_info> -DCC=${CMAKE_C_COMPILER}
                      -DEMU_LIB=$<TARGET_FILE:sbprt_cuda_emu>
                      "-DINCLUDES=${SBP_ROOT}/codegen;${SBP_ROOT}/runtime" "-DCFLAGS=${_emu_cflags}"
                      -DMODEL=${_fx}/deep/${model}.onnx -DIDS=${_fx}/hf/ref/${fam}_input_ids.npy
                      -DLABELS=${_fx}/hf/ref/${fam}_labels.npy -DSTRATEGY=${strategy}
-                     -DOUT=${_gen}/offload_${name} -DPYTHON=${Python3_EXECUTABLE}
+                     -DPYTHON=${Python3_EXECUTABLE}
                      -DCOMPARE=${SBP_ROOT}/tests/dist/compare.py ${_offload_steps} ${ARGN}
                      -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_offload.cmake")
-    set_tests_properties(gpu.step_emu_offload_${name} PROPERTIES LABELS "gpu;offload"
-                         TIMEOUT ${SBP_EMU_STEP_TIMEOUT})
+    set_tests_properties(${test} PROPERTIES LABELS "gpu;offload" TIMEOUT ${SBP_EMU_STEP_TIMEOUT})
   endfunction()
   find_package(Python3 COMPONENTS Interpreter QUIET) # tests/dist/compare.py, standard library only
   # --offload optimizer (and both): the host's AdamW within 1e-6 of the device's over 10 steps
@@ -232,16 +253,20 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
   endif()
   foreach(_fam ${_offload_fams})
     set(_m ${_fam}_4l_dynamo)
-    gpu_emu_offload(${_fam}_stream ${_m} ${_fam} stream -DCHUNK=11 -DLOGITS_CHUNK=13)
-    gpu_emu_offload(${_fam}_checkpoint ${_m} ${_fam} checkpoint)
+    gpu_emu_offload_plain(${_fam}_stream ${_m} ${_fam} stream -DCHUNK=11 -DLOGITS_CHUNK=13)
+    gpu_emu_offload_plain(${_fam}_checkpoint ${_m} ${_fam} checkpoint)
+    gpu_emu_offload(${_fam}_stream ${_m} ${_fam} stream -DCHUNK=11 -DLOGITS_CHUNK=13
+                    PLAIN ${_fam}_stream)
+    gpu_emu_offload(${_fam}_checkpoint ${_m} ${_fam} checkpoint PLAIN ${_fam}_checkpoint)
     gpu_emu_offload(${_fam}_stream_optimizer ${_m} ${_fam} stream -DCHUNK=11 -DLOGITS_CHUNK=13
-                    -DOFFLOAD=optimizer)
+                    -DOFFLOAD=optimizer PLAIN ${_fam}_stream)
     gpu_emu_offload(${_fam}_checkpoint_both ${_m} ${_fam} checkpoint
-                    -DOFFLOAD=checkpoints,optimizer)
+                    -DOFFLOAD=checkpoints,optimizer PLAIN ${_fam}_checkpoint)
     if(NOT SBP_SANITIZE)
-      gpu_emu_offload(${_fam}_checkpoint_optimizer ${_m} ${_fam} checkpoint -DOFFLOAD=optimizer)
+      gpu_emu_offload(${_fam}_checkpoint_optimizer ${_m} ${_fam} checkpoint -DOFFLOAD=optimizer
+                      PLAIN ${_fam}_checkpoint)
       gpu_emu_offload(${_fam}_stream_both ${_m} ${_fam} stream -DCHUNK=11 -DLOGITS_CHUNK=13
-                      -DOFFLOAD=checkpoints,optimizer)
+                      -DOFFLOAD=checkpoints,optimizer PLAIN ${_fam}_stream)
     endif()
   endforeach()
   # gradient accumulation: the streamed gradients come back from the host for each later

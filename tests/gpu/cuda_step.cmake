@@ -1,8 +1,8 @@
 # cuda_step.cmake — run by ctest (tests/gpu/codegen.cmake) for a step built with
 # `sbpc --target cuda`:
-#   MODE=build  runs SBPC with ARGS (a ;-list writing OUT, a .so) and checks that it exits 0,
-#               that OUT with its .c and .h exists, and that INFO (step_info) reports target
-#               cuda and finds every export;
+#   MODE=build  runs SBPC with ARGS (a ;-list writing OUT, a .so, with --keep-c) and checks
+#               that it exits 0, that OUT with its .c and .h exists, and that INFO (step_info)
+#               reports target cuda and finds every export;
 #   MODE=run    runs TRAIN with ARGS: on a machine without a GPU it must exit 1 with a message
 #               "sbp-train: error: ... no CUDA device" (not a crash); where a GPU is present it
 #               must train (exit 0, "step 1 loss").

@@ -28,10 +28,14 @@
 # With GRAD_ACCUM=K both steps are compiled for one row and trained with --grad-accum K, so the
 # offloaded step's gradients come back from the host before each later micro-batch adds to them.
 #
+# The plain run is the same for every OFFLOAD of one model and strategy, so it can be made once:
+# -DPLAIN_ONLY=ON compiles and trains the plain step alone into OUT (a ctest fixture's setup),
+# and -DPLAIN_DIR=D takes the plain step and its outputs from such a D instead of making them.
+#
 #   -DSBPC= -DTRAIN= -DINFO= -DCC= -DEMU_LIB= -DINCLUDES=a;b -DCFLAGS=... -DMODEL= -DIDS=
 #   -DLABELS= -DOUT= -DSTRATEGY= [-DSTEPS=10] [-DCHUNK=N -DLOGITS_CHUNK=N: stream's chunks]
 #   [-DOFFLOAD=checkpoints|optimizer|checkpoints,optimizer -DPYTHON= -DCOMPARE=compare.py]
-#   [-DGRAD_ACCUM=K]
+#   [-DGRAD_ACCUM=K] [-DPLAIN_ONLY=ON | -DPLAIN_DIR=D]
 include("${CMAKE_CURRENT_LIST_DIR}/../run_checked.cmake") # run(what cmd...)
 
 if(NOT STEPS)
@@ -63,7 +67,13 @@ foreach(d "${OUT}" ${INCLUDES})
   list(APPEND inc "-I${d}")
 endforeach()
 file(MAKE_DIRECTORY "${OUT}")
-foreach(mode plain offload)
+set(modes plain offload)
+if(PLAIN_ONLY)
+  set(modes plain)
+elseif(PLAIN_DIR)
+  set(modes offload)
+endif()
+foreach(mode ${modes})
   set(n "${OUT}/${mode}")
   file(REMOVE_RECURSE "${n}.so" "${n}_grads.safetensors" "${n}_saved.onnx" "${n}.jsonl"
        "${n}_ck")
@@ -93,6 +103,7 @@ foreach(mode plain offload)
       --dump-grads ${n}_grads.safetensors --save ${n}_saved.onnx --log ${n}.jsonl
       --checkpoint-dir ${n}_ck --checkpoint-every ${STEPS})
   set(out_${mode} "${LAST_OUT}")
+  file(WRITE "${n}.out" "${LAST_OUT}") # for -DPLAIN_DIR
   string(REGEX MATCHALL "step [0-9]+ loss [^ ]+" losses_${mode} "${LAST_OUT}")
   if(NOT LAST_OUT MATCHES "\\(cuda, ")
     message(FATAL_ERROR "sbp-train did not run the ${mode} step as a cuda step")
@@ -102,13 +113,37 @@ foreach(mode plain offload)
   endif()
   set(dev_${mode} "${CMAKE_MATCH_1}")
 endforeach()
+if(PLAIN_ONLY)
+  message("the plain ${STRATEGY} step and ${STEPS} steps of it are in ${OUT}")
+  return()
+endif()
+set(p "${OUT}/plain") # the plain run's outputs, made above or by the fixture
+if(PLAIN_DIR)
+  set(p "${PLAIN_DIR}/plain")
+  if(NOT EXISTS "${p}.out")
+    message(FATAL_ERROR "no plain run in ${PLAIN_DIR} (its fixture test did not run or failed)")
+  endif()
+  file(READ "${p}.out" out_plain)
+  string(REGEX MATCHALL "step [0-9]+ loss [^ ]+" losses_plain "${out_plain}")
+  string(REGEX MATCH "actual [^(]* \\(([0-9]+) bytes: arena" m "${out_plain}")
+  set(dev_plain "${CMAKE_MATCH_1}")
+  run("step_info (plain)" ${INFO} ${p}.so cuda)
+  string(STRIP "${LAST_OUT}" info)
+  string(REPLACE " " ";" info "${info}")
+  list(GET info 7 pelems_plain)
+  list(GET info 8 ws_plain)
+  list(GET info 9 host_plain)
+  list(GET info 10 offload_plain)
+  list(GET info 11 gelems_plain)
+  list(GET info 12 ghost_plain)
+endif()
 
 list(LENGTH losses_plain n_losses)
 if(NOT n_losses EQUAL STEPS)
   message(FATAL_ERROR "expected ${STEPS} loss lines, got ${n_losses}: ${losses_plain}")
 endif()
 # the first step's gradients: the same computation either way
-file(SHA256 "${OUT}/plain_grads.safetensors" a)
+file(SHA256 "${p}_grads.safetensors" a)
 file(SHA256 "${OUT}/offload_grads.safetensors" b)
 if(NOT a STREQUAL b)
   message(FATAL_ERROR "the first step's gradients differ: the offloaded step is not the same "
@@ -119,7 +154,7 @@ if(NOT optim)
     message(FATAL_ERROR "the offloaded step trains differently:\n  plain:   ${losses_plain}\n"
                         "  offload: ${losses_offload}")
   endif()
-  file(SHA256 "${OUT}/plain_saved.onnx" a)
+  file(SHA256 "${p}_saved.onnx" a)
   file(SHA256 "${OUT}/offload_saved.onnx" b)
   if(NOT a STREQUAL b)
     message(FATAL_ERROR "plain_saved.onnx and offload_saved.onnx differ: the offloaded step is "
@@ -131,9 +166,9 @@ else() # the update in the host's runtime: 1e-6
     set(ck "step-000000${STEPS}.safetensors")
   endif()
   run("the losses and gradient norms against the plain run's (1e-6)"
-      ${PYTHON} ${COMPARE} log ${OUT}/offload.jsonl ${OUT}/plain.jsonl 1e-6)
+      ${PYTHON} ${COMPARE} log ${OUT}/offload.jsonl ${p}.jsonl 1e-6)
   run("the masters, m and v after ${STEPS} steps against the plain run's (1e-6)"
-      ${PYTHON} ${COMPARE} st2 ${OUT}/offload_ck/${ck} ${OUT}/plain_ck/${ck} 1e-6)
+      ${PYTHON} ${COMPARE} st2 ${OUT}/offload_ck/${ck} ${p}_ck/${ck} 1e-6)
 endif()
 
 if(NOT offload_plain STREQUAL "-" OR NOT host_plain EQUAL 0)

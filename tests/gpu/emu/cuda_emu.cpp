@@ -6,7 +6,10 @@
  * started with makecontext and switched with _setjmp / _longjmp, which keep the signal mask
  * (swapcontext saves and restores it with a system call at every switch, which made most of
  * the emulator's time); under AddressSanitizer, which follows stack switches only through
- * swapcontext, every switch is a swapcontext.  The
+ * swapcontext, every switch is a swapcontext.  With the fast switch, a stack's coroutine is made
+ * and first entered (getcontext, makecontext, swapcontext: system calls) once per process, not
+ * once per thread of every block: after a thread's body returns, its coroutine parks (_setjmp)
+ * and is resumed (_longjmp) to run the body of the next thread given that stack.  The
  * scheduler resumes each runnable thread in thread order until it finishes or reaches a
  * barrier, then releases the barriers that are complete: a warp barrier when every lane of the
  * warp waits at one, the block barrier when every thread of the block waits at it.  A round in
@@ -68,6 +71,14 @@ struct Block {
 
 Block *g_block;
 Thread *g_cur;
+/* EMU_FAST_SWITCH: the coroutine that lives on g_stacks[i], made once and reused by every
+ * thread i of every block (worker_main). */
+struct Worker {
+    ucontext_t uc; /* for its first entry */
+    jmp_buf idle;  /* where it waits, between one thread's body and the next */
+    bool alive;    /* entered once: it waits at idle or runs a body */
+};
+std::vector<Worker> g_workers;
 /* Thread stacks, reused by every launch; freed at exit. */
 struct Stacks : std::vector<char *> {
     ~Stacks()
@@ -95,15 +106,29 @@ void fill_nan(void *p, size_t bytes)
         memset(p, 0xFF, bytes);
 }
 
+#if !EMU_FAST_SWITCH
 void trampoline()
 {
     (*g_block->body)();
     g_cur->st = DONE;
-#if EMU_FAST_SWITCH
-    _longjmp(g_block->sched_jb, 1); /* its stack is never entered again */
-#endif
     /* returning resumes uc_link, the scheduler */
 }
+#endif
+
+#if EMU_FAST_SWITCH
+/* The body of every thread that runs on this worker's stack, one after another; never returns.
+ * Only globals are read after the _setjmp (g_cur and g_block are the next thread's when it is
+ * resumed), so no local is live across the jump. */
+void worker_main()
+{
+    for (;;) {
+        (*g_block->body)();
+        g_cur->st = DONE;
+        if (_setjmp(g_workers[g_cur->linear].idle) == 0)
+            _longjmp(g_block->sched_jb, 1);
+    }
+}
+#endif
 
 void yield_as(State s)
 {
@@ -128,21 +153,39 @@ __attribute__((noinline)) void resume(Block &b, Thread &t)
     if (t.started)
         _longjmp(t.jb, 1);
     t.started = true;
-#endif
+    Worker &w = g_workers[t.linear];
+    if (w.alive)
+        _longjmp(w.idle, 1); /* the parked worker runs this thread's body */
+    w.alive = true;
+    if (getcontext(&w.uc) != 0)
+        fatal("getcontext failed");
+    w.uc.uc_stack.ss_sp = g_stacks[t.linear];
+    w.uc.uc_stack.ss_size = kStackBytes;
+    w.uc.uc_link = NULL; /* worker_main never returns */
+    makecontext(&w.uc, worker_main, 0);
+    if (swapcontext(&b.sched, &w.uc) != 0)
+        fatal("swapcontext failed");
+#else
     if (swapcontext(&b.sched, &t.uc) != 0)
         fatal("swapcontext failed");
+#endif
 }
 
 __attribute__((noinline)) void start(Block &b, Thread &t, char *stack)
 {
+    t.st = READY;
+    t.started = false;
+#if EMU_FAST_SWITCH
+    (void)b;
+    (void)stack; /* the worker of t's stack runs it (resume) */
+#else
     if (getcontext(&t.uc) != 0)
         fatal("getcontext failed");
     t.uc.uc_stack.ss_sp = stack;
     t.uc.uc_stack.ss_size = kStackBytes;
     t.uc.uc_link = &b.sched;
     makecontext(&t.uc, trampoline, 0);
-    t.st = READY;
-    t.started = false;
+#endif
 }
 
 void run_block(Block &b, int nthreads)
@@ -261,6 +304,8 @@ void emu_launch(const void *fn, dim3 grid, dim3 block, size_t smem,
         if (!s)
             fatal("out of host memory for thread stacks");
         g_stacks.push_back(s);
+        g_workers.emplace_back();
+        g_workers.back().alive = false;
     }
     Block b;
     b.th.resize(nthreads);
