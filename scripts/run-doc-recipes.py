@@ -60,21 +60,6 @@ RUN_LANGS = ("sh", "bash")
 DATA = {"train.jsonl": "sft_messages.jsonl", "dpo.jsonl": "dpo.jsonl", "grpo.jsonl": "grpo.jsonl"}
 NEEDS_PYTHON = re.compile(r"MODEL_DIR|sbp-export|sbp-prepare|\.venv-hf")
 
-MAKE_MODEL = r"""
-import sys
-import torch, transformers as tf
-tok_dir, out = sys.argv[1:]
-tok = tf.AutoTokenizer.from_pretrained(tok_dir)
-torch.manual_seed(0)
-cfg = tf.Qwen3Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                     intermediate_size=64, max_position_embeddings=256,
-                     tie_word_embeddings=False, eos_token_id=tok.eos_token_id,
-                     pad_token_id=tok.pad_token_id)
-tf.Qwen3ForCausalLM(cfg).save_pretrained(out)
-tok.save_pretrained(out)
-"""
-
 
 def pages(root):
     return ["README.md"] + sorted(os.path.relpath(p, root)
@@ -110,7 +95,7 @@ def make_model(py, work):
     """The model folder every page shares, made once per work folder."""
     model = os.path.join(work, "model")
     if not os.path.isfile(os.path.join(model, "config.json")):
-        subprocess.run([py, "-c", MAKE_MODEL,
+        subprocess.run([py, os.path.join(ROOT, "scripts", "make-example-model.py"),
                         os.path.join(ROOT, "tests", "fixtures", "frontend", "tok_chatml"), model],
                        check=True, stdout=subprocess.DEVNULL)
     return model

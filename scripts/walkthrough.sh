@@ -34,21 +34,7 @@ fi
 say() { printf '\n== %s\n' "$*"; }
 
 say "0. a model folder, as a user has one (here: a small Qwen3 with its tokenizer)"
-"$py" - "$root/tests/fixtures/frontend/tok_chatml" "$work/model" <<'EOF'
-import shutil, sys
-import torch, transformers as tf
-tok_dir, out = sys.argv[1:]
-tok = tf.AutoTokenizer.from_pretrained(tok_dir)
-torch.manual_seed(0)
-cfg = tf.Qwen3Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                     intermediate_size=64, max_position_embeddings=256,
-                     tie_word_embeddings=False, eos_token_id=tok.eos_token_id,
-                     pad_token_id=tok.pad_token_id)
-tf.Qwen3ForCausalLM(cfg).save_pretrained(out)
-tok.save_pretrained(out)
-print("model folder:", out)
-EOF
+"$py" "$root/scripts/make-example-model.py" "$root/tests/fixtures/frontend/tok_chatml" "$work/model"
 
 say "1. sbp-export"
 "$bin/sbp-export" "$work/model" -o "$work/model.onnx"
