@@ -83,9 +83,10 @@ def cmp_log(pa, pb, tol, norm_tol=None):
         for key in ("loss", "grad_norm"):
             rel = abs(x[key] - y[key]) / max(abs(y[key]) if key == "grad_norm" else big, 1e-30)
             worst = max(worst, rel)
-            if not rel <= (norm_tol if key == "grad_norm" and norm_tol else tol):
+            lim = norm_tol if key == "grad_norm" and norm_tol else tol
+            if not rel <= lim:
                 sys.exit(f"compare: step {x['step']}: {key} {x[key]!r} vs {y[key]!r}: {rel:.3g} "
-                         f"relative > {tol}")
+                         f"relative > {lim}")
     # DPO's rewards: both logs have them or neither; each relative to the run's largest reward
     # (they pass near zero: step 1's are 0); the accuracy is not compared, as a pair whose
     # margin is a rounding error from 0 (step 1's all are) may count either way

@@ -1,14 +1,23 @@
-# Runs PROG with ARGS (a ;-list) that write OUT (a .so): passes if it exits 0 and OUT, with
-# the C source and header of the same stem, exists afterwards.
-file(REMOVE "${OUT}")
+# Runs PROG with ARGS (a ;-list) that write OUT (a .so): passes if it exits 0, says on stderr that
+# it wrote OUT, and leaves the C source and header of the same stem beside it when KEEP_C is set
+# (sbpc --keep-c) and nothing but OUT otherwise (the C is then only the compiler's temporary).
+string(REGEX REPLACE "\\.so$" "" stem "${OUT}")
+file(REMOVE "${OUT}" "${stem}.c" "${stem}.h" "${stem}.consts.bin")
 execute_process(COMMAND ${PROG} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message("${err}")
 if(NOT rc STREQUAL "0")
   message(FATAL_ERROR "expected exit status 0, got '${rc}'")
 endif()
-string(REGEX REPLACE "\\.so$" "" stem "${OUT}")
-foreach(f "${OUT}" "${stem}.c" "${stem}.h")
-  if(NOT EXISTS "${f}")
-    message(FATAL_ERROR "${f} was not written")
+if(NOT err MATCHES "sbpc: wrote [^\n]*${OUT}")
+  message(FATAL_ERROR "sbpc did not say that it wrote ${OUT}")
+endif()
+if(NOT EXISTS "${OUT}")
+  message(FATAL_ERROR "${OUT} was not written")
+endif()
+foreach(f "${stem}.c" "${stem}.h")
+  if(KEEP_C AND NOT EXISTS "${f}")
+    message(FATAL_ERROR "${f} was not kept (--keep-c)")
+  elseif(NOT KEEP_C AND EXISTS "${f}")
+    message(FATAL_ERROR "${f} was left beside ${OUT} without --keep-c")
   endif()
 endforeach()
