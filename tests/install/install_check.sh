@@ -33,7 +33,10 @@ leftover=$(ls -A | grep '^step' | grep -v '^step\.so$' || true)
 [ -z "$leftover" ] || fail "sbpc -o step.so left $leftover beside it"
 grep -qx -- "-I$p/bin/../include/sbpc" cc.args || fail "the step was not compiled against $p/include/sbpc: $(tr '\n' ' ' <cc.args)"
 grep -qx -- "$p/bin/../lib/sbpc/libsbprt.a" cc.args || fail "the step was not linked against $p/lib/sbpc/libsbprt.a: $(tr '\n' ' ' <cc.args)"
-if grep -q -- "$build" cc.args; then fail "the installed sbpc still reads the build tree: $(grep -- "$build" cc.args)"; fi
+# the build tree's headers and archive (WORK_DIR may itself lie in the build folder)
+for tree in "-I$src/codegen" "-I$src/runtime" "$build/runtime/libsbprt.a"; do
+  if grep -qx -- "$tree" cc.args; then fail "the installed sbpc still reads the build tree: $tree"; fi
+done
 CC="$work/cc" "$p/bin/sbpc" "$src/examples/tiny_llama.onnx" --batch 2 --seq-len 32 \
   -o kept.so --keep-c 2>/dev/null || fail "sbpc --keep-c failed"
 for f in kept.so kept.c kept.h; do [ -f "$f" ] || fail "--keep-c did not keep $f"; done
