@@ -125,19 +125,30 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
                      -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_step.cmake")
     set_tests_properties(gpu.step_emu_${name} PROPERTIES LABELS gpu TIMEOUT ${SBP_EMU_STEP_TIMEOUT})
   endfunction()
-  gpu_emu_step(llama_store llama 2 LOSSES SBPC_ARGS --strategy store)
+  # Under the sanitizers the emulator runs every thread switch through swapcontext and takes
+  # minutes a step: the sanitizer pass keeps gpu.kernels_emu (every kernel's code), one fp32
+  # stream step, one offload test with both transfers and the host's AdamW, the accumulated
+  # gradients' round trip, the bf16 base, the OOM path and the two harnesses; the other variants
+  # (store, bf16, attention variants, LoRA, the other offload groups) differ in which kernels
+  # and shapes run, which kernels_emu and the CPU target's tests hold under the sanitizers, and
+  # run in the plain build.
+  if(NOT SBP_SANITIZE)
+    gpu_emu_step(llama_store llama 2 LOSSES SBPC_ARGS --strategy store)
+  endif()
   gpu_emu_step(llama_stream_chunks llama 1
                SBPC_ARGS --strategy stream --chunk 24 --logits-chunk 40)
   # --precision bf16 (bf16 activations, fp32 master weights and gradients): the gradients
   # against the float64 PyTorch ones at 2e-2 per tensor (measured: under 1e-2), the loss
   # falling over three AdamW steps.
-  gpu_emu_step(llama_bf16_stream llama 3 DECREASING TOL 2e-2
-               SBPC_ARGS --strategy stream --chunk 24 --logits-chunk 40 --precision bf16)
+  if(NOT SBP_SANITIZE)
+    gpu_emu_step(llama_bf16_stream llama 3 DECREASING TOL 2e-2
+                 SBPC_ARGS --strategy stream --chunk 24 --logits-chunk 40 --precision bf16)
+  endif()
   # Real transformers exports with the attention variants (tests/fixtures/hf): Gemma-2 (sliding
   # window on one layer, logit soft-capping in both, final-logit Tanh) under stream with chunks
   # that cut the window, fp32, against the float64 transformers model (1e-4) and its AdamW
   # losses; Mistral (sliding window) in bf16 at 2e-2 with the loss falling.
-  if(TARGET hf_check)
+  if(TARGET hf_check AND NOT SBP_SANITIZE)
     gpu_emu_step(gemma2_window_softcap gemma2 2 LOSSES HF gemma2_dynamo_eager
                  SBPC_ARGS --batch 2 --seq-len 32 --strategy stream --chunk 7 --logits-chunk 13)
     gpu_emu_step(mistral_window_bf16 mistral 3 DECREASING TOL 2e-2 HF mistral_dynamo_sdpa
@@ -196,8 +207,8 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
                        -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_lora.cmake")
       set_tests_properties(gpu.step_emu_lora_${name} PROPERTIES LABELS "gpu;lora" TIMEOUT ${SBP_EMU_STEP_TIMEOUT})
     endfunction()
-    gpu_emu_lora(stream SBPC_ARGS --strategy stream --chunk 7 --logits-chunk 13)
     if(NOT SBP_SANITIZE)
+      gpu_emu_lora(stream SBPC_ARGS --strategy stream --chunk 7 --logits-chunk 13)
       gpu_emu_lora(store SBPC_ARGS --strategy store)
       gpu_emu_lora(bf16_stream TOL 5e-2
                    SBPC_ARGS --strategy stream --chunk 7 --logits-chunk 13 --precision bf16)
@@ -253,16 +264,16 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
   endif()
   foreach(_fam ${_offload_fams})
     set(_m ${_fam}_4l_dynamo)
-    gpu_emu_offload_plain(${_fam}_stream ${_m} ${_fam} stream -DCHUNK=11 -DLOGITS_CHUNK=13)
     gpu_emu_offload_plain(${_fam}_checkpoint ${_m} ${_fam} checkpoint)
-    gpu_emu_offload(${_fam}_stream ${_m} ${_fam} stream -DCHUNK=11 -DLOGITS_CHUNK=13
-                    PLAIN ${_fam}_stream)
-    gpu_emu_offload(${_fam}_checkpoint ${_m} ${_fam} checkpoint PLAIN ${_fam}_checkpoint)
-    gpu_emu_offload(${_fam}_stream_optimizer ${_m} ${_fam} stream -DCHUNK=11 -DLOGITS_CHUNK=13
-                    -DOFFLOAD=optimizer PLAIN ${_fam}_stream)
     gpu_emu_offload(${_fam}_checkpoint_both ${_m} ${_fam} checkpoint
                     -DOFFLOAD=checkpoints,optimizer PLAIN ${_fam}_checkpoint)
-    if(NOT SBP_SANITIZE)
+    if(NOT SBP_SANITIZE) # (above)
+      gpu_emu_offload_plain(${_fam}_stream ${_m} ${_fam} stream -DCHUNK=11 -DLOGITS_CHUNK=13)
+      gpu_emu_offload(${_fam}_stream ${_m} ${_fam} stream -DCHUNK=11 -DLOGITS_CHUNK=13
+                      PLAIN ${_fam}_stream)
+      gpu_emu_offload(${_fam}_checkpoint ${_m} ${_fam} checkpoint PLAIN ${_fam}_checkpoint)
+      gpu_emu_offload(${_fam}_stream_optimizer ${_m} ${_fam} stream -DCHUNK=11 -DLOGITS_CHUNK=13
+                      -DOFFLOAD=optimizer PLAIN ${_fam}_stream)
       gpu_emu_offload(${_fam}_checkpoint_optimizer ${_m} ${_fam} checkpoint -DOFFLOAD=optimizer
                       PLAIN ${_fam}_checkpoint)
       gpu_emu_offload(${_fam}_stream_both ${_m} ${_fam} stream -DCHUNK=11 -DLOGITS_CHUNK=13
