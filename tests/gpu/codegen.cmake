@@ -128,10 +128,10 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
   # Under the sanitizers the emulator runs every thread switch through swapcontext and takes
   # minutes a step: the sanitizer pass keeps gpu.kernels_emu (every kernel's code), one fp32
   # stream step, one offload test with both transfers and the host's AdamW, the accumulated
-  # gradients' round trip, the OOM path and the two harnesses; the other variants (store, bf16,
-  # attention variants, LoRA, the bf16 base, the other offload groups) differ in which kernels
-  # and shapes run, which kernels_emu and the CPU target's tests hold under the sanitizers, and
-  # run in the plain build.
+  # gradients' round trip and the OOM path; the other variants (store, bf16, attention
+  # variants, LoRA, the bf16 base, the other offload groups, the log-prob and per-document
+  # harnesses) differ in which kernels and shapes run, which kernels_emu and the CPU target's
+  # tests hold under the sanitizers, and run in the plain build.
   if(NOT SBP_SANITIZE)
     gpu_emu_step(llama_store llama 2 LOSSES SBPC_ARGS --strategy store)
   endif()
@@ -321,7 +321,9 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
   # sbp_step_logps of cuda DPO and GRPO steps (unpacked, packed, LoRA) on the emulator, every
   # buffer in the step's device memory, against the float64 transformers values of
   # hf/ref/logps.safetensors and hf/ref/logps_packed.safetensors (step_logps_emu.c).
-  if(TARGET e2e_util)
+  # (plain build only, as the variants above: the same host steps on the CPU target, e2e.logps
+  # and e2e.packed, run under the sanitizers)
+  if(TARGET e2e_util AND NOT SBP_SANITIZE)
     add_executable(step_logps_emu step_logps_emu.c emu_so.c)
     target_link_libraries(step_logps_emu PRIVATE e2e_util)
     add_dependencies(step_logps_emu sbprt_cuda_emu)
