@@ -45,6 +45,7 @@
  * a bad value; the kernels clamp it into [0, pos] so they never read outside their tensors.
  */
 #include "cuda.h"
+#include "mma.cuh"
 
 #define ATT_BR 32 /* query rows per tile */
 #define ATT_BC 32 /* keys per tile (= lanes: lane j scores key j) */
@@ -537,6 +538,60 @@ __global__ void att_docs_check_kernel(const int32_t *doc_start, int tk, int q_st
         if (docs[p] < 0 || docs[p] > p || (i > 0 && docs[p] < docs[p - 1]))
             cu_flag_range(flag);
     }
+}
+
+/* ---- the tensor-core layer's self-check ------------------------------------------------ */
+
+/* One warp: d = a·b + c through cu_mma<T>'s fragment loads and products, with B kept in
+ * shared memory k-major (kn = 1) or n-major (kn = 0), so a test can compare it with a plain
+ * matrix product.  a: [16, 32]  b: [32, 8] (row-major, fp32; rounded to E on the way in)
+ * c, d: [16, 8]. */
+template <class T>
+__global__ void att_mma_check_kernel(float *d, const float *a, const float *b, const float *c,
+                                     int kn)
+{
+    typedef cu_mma<T> M;
+    typedef typename M::E E;
+    const int lda = 32 + 8, ldb = kn ? 8 + 8 : 32 + 8;
+    CU_SHARED(E, as, 16 * (32 + 8));
+    CU_SHARED(E, bs, 32 * (32 + 8));
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int e = lane; e < 16 * 32; e += 32)
+        as[(e / 32) * lda + e % 32] = M::from_float(a[e]);
+    for (int e = lane; e < 32 * 8; e += 32) {
+        const int k = e / 8, n = e % 8;
+        bs[kn ? k * ldb + n : n * ldb + k] = M::from_float(b[e]);
+    }
+    __syncwarp();
+    float acc[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t],
+                    c[(g + 8) * 8 + 2 * t + 1]};
+    for (int k0 = 0; k0 < 32; k0 += M::KS) {
+        typename M::A fa;
+        typename M::B fb;
+        M::load_a(fa, as + k0, lda);
+        if (kn)
+            M::load_b_kn(fb, bs + k0 * ldb, ldb);
+        else
+            M::load_b_nk(fb, bs + k0, ldb);
+        M::mma(acc, fa, fb);
+    }
+    d[g * 8 + 2 * t] = acc[0];
+    d[g * 8 + 2 * t + 1] = acc[1];
+    d[(g + 8) * 8 + 2 * t] = acc[2];
+    d[(g + 8) * 8 + 2 * t + 1] = acc[3];
+}
+
+/* For the GPU kernel test (declared there): bf16 = 1 runs cu_mma<cu_bf16>, else 3xTF32.
+ * d, a, b, c: device pointers, shapes as above. */
+extern "C" int cu_mma_check(sbprt_ctx *ctx, float *d, const float *a, const float *b,
+                            const float *c, int bf16, int kn)
+{
+    CU_CHECK(ctx && d && a && b && c);
+    if (bf16)
+        CU_LAUNCH(ctx, att_mma_check_kernel<cu_bf16>, 1, 32, 0, d, a, b, c, kn);
+    else
+        CU_LAUNCH(ctx, att_mma_check_kernel<float>, 1, 32, 0, d, a, b, c, kn);
+    return SBPRT_OK;
 }
 
 /* ---- host side ------------------------------------------------------------------------ */

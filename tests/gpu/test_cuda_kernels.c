@@ -937,8 +937,66 @@ static void t_attention_shape(att_shape s)
     }
 }
 
+/* The tensor-core layer (runtime/cuda/mma.cuh, through attention.cu's one-warp check kernel):
+ * d = a·b + c for a [16, 32], b [32, 8], with b kept k-major and n-major in shared memory,
+ * against a float64 loop over the same inputs.  bf16: inputs that are bf16 values, so the
+ * products are exact and only the fp32 accumulation rounds; 3xTF32: any fp32 inputs, within
+ * the 2^-22-relative terms it drops.  A fragment in the wrong register gives errors of the
+ * order of the values themselves. */
+int cu_mma_check(sbprt_ctx *ctx, float *d, const float *a, const float *b, const float *c,
+                 int bf16, int kn);
+
+static void t_mma(void)
+{
+    kstat *st = kstat_get("mma fragments vs float64 product", 1e-5);
+    for (int bf = 0; bf < 2; bf++)
+        for (int kn = 0; kn < 2; kn++) {
+            float *a = hrand(16 * 32, -1, 1), *b = hrand(32 * 8, -1, 1), *c = hrand(16 * 8, -1, 1);
+            float got[16 * 8];
+            for (int i = 0; i < 16 * 32 + 32 * 8 && bf; i++) { /* the bf16 values */
+                float *x = i < 16 * 32 ? &a[i] : &b[i - 16 * 32];
+                const sbprt_bf16 h = f_to_bf(*x);
+                bf_to_floats(x, &h, 1);
+            }
+            float *da = dnew(sizeof(float) * 16 * 32), *db = dnew(sizeof(float) * 32 * 8);
+            float *dc = dnew(sizeof(float) * 16 * 8), *dd = dnew(sizeof(float) * 16 * 8);
+            upload(da, a, sizeof(float) * 16 * 32);
+            upload(db, b, sizeof(float) * 32 * 8);
+            upload(dc, c, sizeof(float) * 16 * 8);
+            int rc = cu_mma_check(G, dd, da, db, dc, bf, kn), rs = sbprt_sync(G);
+            download(got, dd, sizeof got);
+            double worst = 0;
+            for (int i = 0; i < 16; i++)
+                for (int j = 0; j < 8; j++) {
+                    double ref = c[i * 8 + j], mag = fabs(c[i * 8 + j]);
+                    for (int k = 0; k < 32; k++) {
+                        ref += (double)a[i * 32 + k] * b[k * 8 + j];
+                        mag += fabs((double)a[i * 32 + k] * b[k * 8 + j]);
+                    }
+                    const double e = fabs(got[i * 8 + j] - ref) / mag;
+                    worst = e > worst || isnan(e) ? e : worst;
+                }
+            st->cases++;
+            if (isnan(worst) || worst > st->max_err)
+                st->max_err = worst;
+            if (rc != SBPRT_OK || rs != SBPRT_OK || !(worst <= st->tol)) {
+                fail("mma %s, b %s: status %d / sync %d, max error %.3g (relative to the sum "
+                     "of |products|) > %.0e",
+                     bf ? "bf16 m16n8k16" : "3xTF32 m16n8k8", kn ? "k-major" : "n-major", rc,
+                     rs, worst, st->tol);
+                st->fails++;
+            }
+            sbprt_arena_free(G, da);
+            sbprt_arena_free(G, db);
+            sbprt_arena_free(G, dc);
+            sbprt_arena_free(G, dd);
+        }
+    hfree_all();
+}
+
 static void t_attention(void)
 {
+    t_mma();
     static const att_shape full[] = {
         {2, 512, 512, 8, 2, 64, 0, 0, 0},       /* GQA, causal self-attention */
         {1, 256, 1024, 4, 4, 128, 768, 0, 0},   /* MHA, last StreamBP chunk */

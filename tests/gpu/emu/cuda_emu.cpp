@@ -56,6 +56,7 @@ struct Thread {
     State st;
     emu_thread_ids ids;
     int linear; /* x + y*bx + z*bx*by */
+    int xparity; /* which of the warp's two exchange buffers its next emu_warp_exchange uses */
 };
 
 struct Block {
@@ -66,6 +67,7 @@ struct Block {
     std::map<const void *, std::vector<unsigned char>> stat;       /* static shared */
     size_t stat_bytes;
     std::vector<unsigned char> shfl; /* [warps][32 lanes][8 bytes] */
+    std::vector<unsigned char> xchg; /* [warps][2 buffers][32 lanes][EMU_XCHG_BYTES] */
     const std::function<void()> *body;
 };
 
@@ -175,6 +177,7 @@ __attribute__((noinline)) void start(Block &b, Thread &t, char *stack)
 {
     t.st = READY;
     t.started = false;
+    t.xparity = 0;
 #if EMU_FAST_SWITCH
     (void)b;
     (void)stack; /* the worker of t's stack runs it (resume) */
@@ -265,6 +268,20 @@ void emu_shfl(const void *val, void *out, size_t bytes, int src_lane)
     yield_as(WAIT_WARP); /* every lane has read before any lane writes again */
 }
 
+void emu_warp_exchange(const void *mine, void *all, size_t bytes)
+{
+    if (bytes > EMU_XCHG_BYTES)
+        fatal("warp exchange of more than EMU_XCHG_BYTES bytes");
+    int w = g_cur->linear / 32, lane = g_cur->linear & 31;
+    unsigned char *buf = g_block->xchg.data() +
+                         ((size_t)w * 2 + (size_t)g_cur->xparity) * 32 * EMU_XCHG_BYTES;
+    g_cur->xparity ^= 1;
+    memcpy(buf + (size_t)lane * EMU_XCHG_BYTES, mine, bytes);
+    yield_as(WAIT_WARP); /* every lane has written */
+    for (int l = 0; l < 32; l++)
+        memcpy((unsigned char *)all + (size_t)l * bytes, buf + (size_t)l * EMU_XCHG_BYTES, bytes);
+}
+
 void *emu_dynamic_shared(void) { return g_block->dyn.data(); }
 
 void *emu_static_shared(const void *key, size_t bytes)
@@ -312,6 +329,7 @@ void emu_launch(const void *fn, dim3 grid, dim3 block, size_t smem,
     b.dyn.resize(smem);
     b.stat_bytes = 0;
     b.shfl.resize((nthreads + 31) / 32 * 32 * 8);
+    b.xchg.resize((nthreads + 31) / 32 * 2 * 32 * EMU_XCHG_BYTES);
     b.body = &body;
     Block *saved_block = g_block;
     Thread *saved_cur = g_cur;

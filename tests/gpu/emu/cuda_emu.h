@@ -17,8 +17,20 @@
  * asking for more than 48 KiB of dynamic shared memory fails unless cudaFuncSetAttribute
  * raised that kernel's limit first, as on a real device.
  *
+ * Tensor cores (runtime/cuda/mma.cuh): mma.sync m16n8k16 (bf16) and m16n8k8 (tf32) are
+ * warp-collective here too (emu_warp_exchange), and each lane's D elements are computed from
+ * the other lanes' registers through the PTX ISA's fragment layouts, so a kernel that loads
+ * a fragment wrongly gets wrong numbers here as on a device.  Bit-exact: which elements
+ * meet (the layout), the inputs the hardware reads (bf16 exactly; a .tf32 operand as the
+ * top 19 bits of its register, the low 13 ignored), cvt.rna.tf32.f32 (nearest, ties away),
+ * and the exactness of each product in fp32.  Not bit-exact: the order and internal
+ * rounding of the sum c + a0 b0 + ... inside one mma, which the PTX ISA does not specify
+ * (here: fp32, in k order after c); results agree with a device to fp32 rounding of that
+ * sum.  cp.async is a synchronous 16-byte copy (or zero fill), so commit / wait_group are
+ * no-ops and a kernel that reads a cp.async destination before waiting is not caught.
+ *
  * What it does not: concurrency between threads (a data race runs in a fixed order here),
- * the memory model, timing, TF32 rounding (the GEMM is plain fp32).
+ * the memory model, timing, TF32 rounding in the cuBLAS GEMM (plain fp32).
  *
  * Used by compiling runtime/cuda/ *.cu as C++ with -DSBPRT_CUDA_EMU; runtime/cuda/cuda.h then
  * includes this header instead of the CUDA headers.  The host API part is plain C.
@@ -181,6 +193,13 @@ void __syncwarp(unsigned mask = 0xffffffffu);
 /* Writes `bytes` of *val into this lane's slot, waits for the warp, reads lane src's slot. */
 void emu_shfl(const void *val, void *out, size_t bytes, int src_lane);
 int emu_lane(void);
+/* The tensor-core emulation's exchange (runtime/cuda/mma.cuh): every lane of the warp writes
+ * `bytes` (at most EMU_XCHG_BYTES) of *mine, waits for the warp, and reads all 32 lanes'
+ * deposits into all[0..31] (lane order).  One warp barrier per call: deposits alternate
+ * between two buffers, and a lane can only come back to a buffer after every lane has
+ * passed the next exchange's barrier, so after every lane read this one. */
+#define EMU_XCHG_BYTES 64
+void emu_warp_exchange(const void *mine, void *all, size_t bytes);
 
 template <class T> inline T __shfl_sync(unsigned mask, T v, int src, int width = 32)
 {
