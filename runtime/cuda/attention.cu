@@ -43,9 +43,18 @@
  * spans the window's key tiles and a block before its batch row's first document returns
  * at once.  A small kernel checks the chunk's doc_start first and raises the index flag on
  * a bad value; the kernels clamp it into [0, pos] so they never read outside their tensors.
+ *
+ * Tensor cores (the forward; the section "the tensor-core forward" below): head sizes 64
+ * and 128 with 16-byte aligned tensors run a FlashAttention-2 style kernel on mma.sync
+ * (mma.cuh): 64 query rows per block, 64-key tiles double-buffered with cp.async, bf16
+ * storage on bf16 m16n8k16, fp32 on 3xTF32 m16n8k8 (PyTorch's fp32 SDPA accuracy), every
+ * variant above.  Other head sizes, and the backward for now, run the scalar kernels, which
+ * stay the tested fallback.
  */
 #include "cuda.h"
 #include "mma.cuh"
+
+#include <mutex>
 
 #define ATT_BR 32 /* query rows per tile */
 #define ATT_BC 32 /* keys per tile (= lanes: lane j scores key j) */
@@ -540,6 +549,202 @@ __global__ void att_docs_check_kernel(const int32_t *doc_start, int tk, int q_st
     }
 }
 
+/* ---- the tensor-core forward ------------------------------------------------------------
+ * For head sizes TC_D in {64, 128} with 16-byte aligned tensors (attention_forward picks it;
+ * anything else runs the scalar kernel above).  One block of 4 warps per (64-row query tile,
+ * query head, batch); warp w owns rows 16w..16w+15 as the rows of its mma fragments.  Key
+ * tiles of 64 keys stream through two shared buffers with cp.async: the next tile's copy
+ * is in flight while the current one is used.  Per key tile, warp-wide: S = Q·Kᵀ (16 x 64,
+ * fp32 accumulators), the mask and online softmax on the accumulator fragments (a row's
+ * four lanes combine their max and sum with two shuffles, in a fixed order), P to the
+ * warp's shared buffer (rounded to bf16 for bf16 storage: the P·V product's input, as
+ * FlashAttention does; the row sum l uses the fp32 P), then O += P·V.  bf16 storage: the
+ * products on mma m16n8k16 bf16; fp32: 3xTF32 on m16n8k8 (cu_mma<float>), so fp32
+ * attention keeps nearly fp32 products.  Shared rows are padded by 8 elements (mma.cuh says
+ * why that is conflict-free).  Masking, windows, soft-capping and documents follow the
+ * scalar kernel (att_lo, att_score); the tiles before the first row's first key are
+ * skipped, key rows before it are zero-filled, not loaded. */
+#define TC_BR 64 /* query rows per block: 4 warps x 16 */
+#define TC_BC 64 /* keys per tile */
+#define TC_THREADS 128
+#define TC_PLD (TC_BC + 8) /* row stride of the P buffers */
+
+template <class T, int TC_D> struct att_tc_smem {
+    typedef typename cu_mma<T>::E E;
+    enum { LD = TC_D + 8 };
+    /* Q [64, LD], K and V [2][64, LD], P [4 warps][16, TC_PLD] */
+    static const size_t bytes = (5 * (size_t)TC_BR * LD + (size_t)TC_BR * TC_PLD) * sizeof(E);
+};
+
+/* Rows [n0, n) of a 64-row tile (src: its row 0, row stride `stride` elements) into shared
+ * memory (row stride ld) with cp.async, zeros elsewhere. */
+template <class E, int TC_D>
+__device__ __forceinline__ void att_tc_load(E *dst, const E *src, size_t stride, int n0, int n,
+                                            int ld)
+{
+    const int vec = 16 / (int)sizeof(E), per_row = TC_D / vec;
+    for (int e = threadIdx.x; e < 64 * per_row; e += blockDim.x) {
+        const int r = e / per_row, c = (e - r * per_row) * vec;
+        const bool ok = r >= n0 && r < n;
+        cu_cp_async16(dst + r * ld + c, ok ? src + r * stride + c : src, ok);
+    }
+}
+
+template <class T, int TC_D>
+__global__ __launch_bounds__(TC_THREADS) void att_tc_forward_kernel(
+    T *out, float *lse, const T *q, const T *k, const T *v, const int32_t *doc_start, int t,
+    int tk, int hq, int hkv, int q_start, float scale, int window, float cap)
+{
+    typedef cu_mma<T> M;
+    typedef typename M::E E;
+    const int LD = att_tc_smem<T, TC_D>::LD;
+    CU_SHARED_DYN(E, sm);
+    E *qs = sm, *ks = qs + TC_BR * LD, *vs = ks + 2 * TC_BC * LD;
+    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, bi = blockIdx.z;
+    const int g = h / (hq / hkv);
+    const int i0 = qt * TC_BR, nr = t - i0 < TC_BR ? t - i0 : TC_BR;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gr = lane >> 2, tq = lane & 3;
+    E *pw = vs + 2 * TC_BC * LD + w * 16 * TC_PLD;
+    const size_t q_row = (size_t)hq * TC_D, kv_row = (size_t)hkv * TC_D;
+    const int32_t *docs = doc_start ? doc_start + (size_t)bi * tk : NULL;
+    const E *qg = reinterpret_cast<const E *>(q), *kg = reinterpret_cast<const E *>(k);
+    const E *vg = reinterpret_cast<const E *>(v);
+
+    att_tc_load<E, TC_D>(qs, qg + ((size_t)bi * t + i0) * q_row + (size_t)h * TC_D, q_row, 0, nr,
+                         LD);
+    const int kfirst = att_lo(docs, q_start + i0, window), kend = q_start + i0 + nr;
+    const int jt0 = kfirst / TC_BC * TC_BC, ntiles = (kend - jt0 + TC_BC - 1) / TC_BC;
+    {
+        const int nc = kend - jt0 < TC_BC ? kend - jt0 : TC_BC, js = kfirst - jt0;
+        const size_t off = ((size_t)bi * tk + jt0) * kv_row + (size_t)g * TC_D;
+        att_tc_load<E, TC_D>(ks, kg + off, kv_row, js, nc, LD);
+        att_tc_load<E, TC_D>(vs, vg + off, kv_row, js, nc, LD);
+    }
+    cu_cp_async_commit(); /* Q and the first K/V tile: one group */
+
+    /* this lane's two rows (fragment rows gr and gr + 8 of the warp's 16) */
+    int rpos[2], rlo[2];
+    bool rok[2];
+    float m[2], l[2];
+    for (int x = 0; x < 2; x++) {
+        const int row = 16 * w + gr + 8 * x;
+        rok[x] = row < nr;
+        rpos[x] = q_start + i0 + row;
+        rlo[x] = rok[x] ? att_lo(docs, rpos[x], window) : 0;
+        m[x] = -INFINITY;
+        l[x] = 0;
+    }
+    float o[TC_D / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < TC_D / 8; nd++)
+        o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0;
+
+    for (int it = 0; it < ntiles; it++) {
+        const int j0 = jt0 + it * TC_BC, buf = it & 1;
+        if (it + 1 < ntiles) { /* the next tile into the other buffer, in flight meanwhile */
+            const int jn = j0 + TC_BC, nc = kend - jn < TC_BC ? kend - jn : TC_BC;
+            const size_t off = ((size_t)bi * tk + jn) * kv_row + (size_t)g * TC_D;
+            att_tc_load<E, TC_D>(ks + (buf ^ 1) * TC_BC * LD, kg + off, kv_row, 0, nc, LD);
+            att_tc_load<E, TC_D>(vs + (buf ^ 1) * TC_BC * LD, vg + off, kv_row, 0, nc, LD);
+            cu_cp_async_commit();
+            cu_cp_async_wait<1>(); /* all but the newest group: this tile has arrived */
+        } else {
+            cu_cp_async_wait<0>();
+        }
+        __syncthreads(); /* every thread's copies of this tile are visible */
+        const E *kb = ks + buf * TC_BC * LD, *vb = vs + buf * TC_BC * LD;
+
+        float s[TC_BC / 8][4];
+#pragma unroll
+        for (int n = 0; n < TC_BC / 8; n++)
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0;
+        for (int k0 = 0; k0 < TC_D; k0 += M::KS) {
+            typename M::A fa;
+            M::load_a(fa, qs + 16 * w * LD + k0, LD);
+#pragma unroll
+            for (int n = 0; n < TC_BC / 8; n++) {
+                typename M::B fb;
+                M::load_b_nk(fb, kb + 8 * n * LD + k0, LD);
+                M::mma(s[n], fa, fb);
+            }
+        }
+
+        /* mask, scale, cap; the rows' maxima over the tile */
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int n = 0; n < TC_BC / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int x = e >> 1, key = j0 + 8 * n + 2 * tq + (e & 1);
+                float sc = -INFINITY;
+                if (rok[x] && key >= rlo[x] && key <= rpos[x]) {
+                    float dcap;
+                    sc = att_score(s[n][e], scale, cap, &dcap);
+                }
+                s[n][e] = sc;
+                mx[x] = fmaxf(mx[x], sc);
+            }
+        float alpha[2], sum[2] = {0, 0};
+        for (int x = 0; x < 2; x++) {
+            mx[x] = fmaxf(mx[x], __shfl_xor_sync(CU_FULL_MASK, mx[x], 1));
+            mx[x] = fmaxf(mx[x], __shfl_xor_sync(CU_FULL_MASK, mx[x], 2));
+            const float mnew = fmaxf(m[x], mx[x]);
+            alpha[x] = mnew == -INFINITY ? 1.0f : expf(m[x] - mnew); /* 0 on a first tile */
+            mx[x] = mnew;
+            m[x] = mnew;
+        }
+#pragma unroll
+        for (int n = 0; n < TC_BC / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int x = e >> 1;
+                const float p = s[n][e] == -INFINITY ? 0.0f : expf(s[n][e] - mx[x]);
+                sum[x] += p;
+                pw[(gr + 8 * x) * TC_PLD + 8 * n + 2 * tq + (e & 1)] = M::from_float(p);
+            }
+        for (int x = 0; x < 2; x++) {
+            sum[x] += __shfl_xor_sync(CU_FULL_MASK, sum[x], 1);
+            sum[x] += __shfl_xor_sync(CU_FULL_MASK, sum[x], 2);
+            l[x] = l[x] * alpha[x] + sum[x];
+        }
+#pragma unroll
+        for (int nd = 0; nd < TC_D / 8; nd++) {
+            o[nd][0] *= alpha[0];
+            o[nd][1] *= alpha[0];
+            o[nd][2] *= alpha[1];
+            o[nd][3] *= alpha[1];
+        }
+        __syncwarp(); /* the warp's P is in shared memory */
+
+        for (int k0 = 0; k0 < TC_BC; k0 += M::KS) {
+            typename M::A fa;
+            M::load_a(fa, pw + k0, TC_PLD);
+#pragma unroll
+            for (int nd = 0; nd < TC_D / 8; nd++) {
+                typename M::B fb;
+                M::load_b_kn(fb, vb + k0 * LD + 8 * nd, LD);
+                M::mma(o[nd], fa, fb);
+            }
+        }
+        __syncthreads(); /* this buffer and P are no longer read (the next prefetch reuses it) */
+    }
+
+    for (int x = 0; x < 2; x++) {
+        const int row = 16 * w + gr + 8 * x;
+        if (!rok[x])
+            continue;
+        T *orow = out + ((size_t)bi * t + i0 + row) * q_row + (size_t)h * TC_D;
+        const float inv = 1.0f / l[x];
+#pragma unroll
+        for (int nd = 0; nd < TC_D / 8; nd++) {
+            orow[8 * nd + 2 * tq] = o[nd][2 * x] * inv;
+            orow[8 * nd + 2 * tq + 1] = o[nd][2 * x + 1] * inv;
+        }
+        if (lse && tq == 0)
+            lse[((size_t)bi * hq + h) * t + i0 + row] = m[x] + logf(l[x]);
+    }
+}
+
 /* ---- the tensor-core layer's self-check ------------------------------------------------ */
 
 /* One warp: d = a·b + c through cu_mma<T>'s fragment loads and products, with B kept in
@@ -643,12 +848,28 @@ extern "C" int cu_attention_fits(sbprt_ctx *ctx, int b, int hq, int d, int backw
     return att_fits(ctx, b, hq, d, tiles * (size_t)(d | 1) * sizeof(float));
 }
 
-/* Raises a kernel's dynamic shared memory limit when it needs more than the default. */
-static int att_optin(sbprt_ctx *ctx, const void *kernel, size_t smem)
+/* Raises a kernel's dynamic shared memory limit when it needs more than the default: once
+ * per (kernel, device), to the most the device allows beside the kernel's static shared
+ * memory (static_bytes), so later calls with any head size find it done. */
+static int att_optin(sbprt_ctx *ctx, const void *kernel, size_t smem,
+                     size_t static_bytes = ATT_STATIC_SMEM)
 {
-    if (smem + ATT_STATIC_SMEM > ATT_DEFAULT_SMEM)
-        CU_TRY(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem));
+    if (smem + static_bytes <= ATT_DEFAULT_SMEM)
+        return SBPRT_OK;
+    static std::mutex mu;
+    static struct {
+        const void *fn;
+        int device;
+    } done[64];
+    static int ndone;
+    std::lock_guard<std::mutex> lock(mu);
+    for (int i = 0; i < ndone; i++)
+        if (done[i].fn == kernel && done[i].device == ctx->device)
+            return SBPRT_OK;
+    CU_TRY(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     ctx->smem_optin - (int)static_bytes));
+    if (ndone < (int)(sizeof done / sizeof done[0])) /* (beyond: set again on every call) */
+        done[ndone++] = {kernel, ctx->device};
     return SBPRT_OK;
 }
 
@@ -664,6 +885,23 @@ static int att_check_docs(sbprt_ctx *ctx, const int32_t *doc_start, int b, int t
     return SBPRT_OK;
 }
 
+/* Whether a forward runs on the tensor-core kernel: head size 64 or 128, every tensor
+ * 16-byte aligned (cp.async copies 16 bytes), its shared memory within the device's limit,
+ * the grid within the limits.  Otherwise the scalar kernel. */
+template <class T>
+static bool att_tc_ok(sbprt_ctx *ctx, int b, int hq, int d, const T *q, const T *k, const T *v,
+                      const T *out)
+{
+    if (d != 64 && d != 128)
+        return false;
+    if ((((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)out) & 15) != 0)
+        return false;
+    if (b > 65535 || hq > 65535)
+        return false;
+    const size_t smem = d == 64 ? att_tc_smem<T, 64>::bytes : att_tc_smem<T, 128>::bytes;
+    return smem <= (size_t)ctx->smem_optin;
+}
+
 template <class T>
 static int attention_forward(sbprt_ctx *ctx, T *out, float *lse, const T *q, const T *k, const T *v,
                              const int32_t *doc_start, int b, int t, int tk, int hq, int hkv,
@@ -675,6 +913,22 @@ static int attention_forward(sbprt_ctx *ctx, T *out, float *lse, const T *q, con
         return SBPRT_OK;
     CU_CHECK(out);
     window = att_window(window, q_start, t);
+    if (att_tc_ok(ctx, b, hq, d, q, k, v, out)) {
+        CU_STATUS(att_check_docs(ctx, doc_start, b, t, tk, q_start));
+        const dim3 grid((t + TC_BR - 1) / TC_BR, hq, b);
+        if (d == 64) {
+            const size_t smem = att_tc_smem<T, 64>::bytes;
+            CU_STATUS(att_optin(ctx, (const void *)&att_tc_forward_kernel<T, 64>, smem, 0));
+            CU_LAUNCH(ctx, (att_tc_forward_kernel<T, 64>), grid, TC_THREADS, smem, out, lse, q,
+                      k, v, doc_start, t, tk, hq, hkv, q_start, scale, window, softcap);
+        } else {
+            const size_t smem = att_tc_smem<T, 128>::bytes;
+            CU_STATUS(att_optin(ctx, (const void *)&att_tc_forward_kernel<T, 128>, smem, 0));
+            CU_LAUNCH(ctx, (att_tc_forward_kernel<T, 128>), grid, TC_THREADS, smem, out, lse,
+                      q, k, v, doc_start, t, tk, hq, hkv, q_start, scale, window, softcap);
+        }
+        return SBPRT_OK;
+    }
     const size_t smem = (size_t)(ATT_BR + 2 * ATT_BC) * (d | 1) * sizeof(float);
     CU_STATUS(att_fits(ctx, b, hq, d, smem));
     CU_STATUS(att_optin(ctx, (const void *)&att_forward_kernel<T>, smem));

@@ -1027,6 +1027,13 @@ static void t_attention(void)
         {1, 70, 70, 2, 1, 16, 0, 100, 0},
         {1, 40, 40, 2, 1, 16, 0, 0, 1.0f},
         {2, 33, 45, 2, 2, 33, 7, 13, 2.0f},
+        /* head sizes of the tensor-core forward: t off the 64-row tile, chunks after a K/V
+         * prefix, GQA, b > 1, windows (one inside a tile, one across tiles), soft-capping */
+        {1, 100, 100, 2, 1, 64, 0, 0, 0},
+        {2, 70, 150, 4, 2, 128, 80, 0, 0},
+        {1, 130, 130, 2, 2, 64, 0, 50, 0},
+        {1, 90, 200, 2, 1, 64, 110, 37, 5.0f},
+        {1, 65, 65, 2, 1, 128, 0, 100, 2.0f},
     };
     const att_shape *shapes = quick ? small : full;
     const int ns = quick ? (int)(sizeof small / sizeof small[0]) : (int)(sizeof full / sizeof full[0]);
@@ -1218,6 +1225,8 @@ static void t_attention_packed(void)
         {2, 70, 70, 4, 2, 24, 0, 20, 0},
         {1, 40, 40, 2, 1, 16, 0, 0, 1.0f},
         {2, 33, 80, 2, 2, 33, 40, 13, 2.0f},
+        {2, 100, 100, 2, 1, 64, 0, 0, 0},        /* the tensor-core forward's head sizes */
+        {1, 70, 150, 4, 2, 128, 80, 30, 2.0f},
     };
     const att_shape *shapes = quick ? small : full;
     const int ns = quick ? (int)(sizeof small / sizeof small[0]) : (int)(sizeof full / sizeof full[0]);
@@ -1807,6 +1816,8 @@ static void t_bf16_attention_loss(void)
         {2, 20, 45, 4, 2, 24, 25, 0, 0},
         {2, 20, 45, 4, 2, 24, 25, 11, 0},
         {1, 40, 40, 2, 1, 16, 0, 7, 1.5f},
+        {1, 100, 100, 2, 1, 64, 0, 0, 0}, /* the tensor-core forward's head sizes */
+        {2, 70, 150, 4, 2, 128, 80, 40, 3.0f},
     };
     const att_shape *shapes = quick ? small : full;
     const int ns = quick ? (int)(sizeof small / sizeof small[0]) : (int)(sizeof full / sizeof full[0]);
