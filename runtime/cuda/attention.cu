@@ -44,11 +44,12 @@
  * at once.  A small kernel checks the chunk's doc_start first and raises the index flag on
  * a bad value; the kernels clamp it into [0, pos] so they never read outside their tensors.
  *
- * Tensor cores (the forward; the section "the tensor-core forward" below): head sizes 64
- * and 128 with 16-byte aligned tensors run a FlashAttention-2 style kernel on mma.sync
- * (mma.cuh): 64 query rows per block, 64-key tiles double-buffered with cp.async, bf16
- * storage on bf16 m16n8k16, fp32 on 3xTF32 m16n8k8 (PyTorch's fp32 SDPA accuracy), every
- * variant above.  Other head sizes, and the backward for now, run the scalar kernels, which
+ * Tensor cores (the sections "the tensor-core forward" and "backward" below): head sizes
+ * 64 and 128 with 16-byte aligned tensors run FlashAttention-2 style kernels on mma.sync
+ * (mma.cuh), forward and both backward passes: 64 query rows or keys per block, 64-row
+ * tiles through cp.async (double-buffered in the forward), bf16 storage on bf16 m16n8k16,
+ * fp32 on 3xTF32 m16n8k8 (PyTorch's fp32 SDPA accuracy), every variant above, the same
+ * determinism (no atomics, fixed orders).  Other head sizes run the scalar kernels, which
  * stay the tested fallback.
  */
 #include "cuda.h"
@@ -745,6 +746,303 @@ __global__ __launch_bounds__(TC_THREADS) void att_tc_forward_kernel(
     }
 }
 
+/* ---- the tensor-core backward ----------------------------------------------------------
+ * The same two passes as the scalar backward (after att_delta_kernel), on mma: a separate dq
+ * pass rather than dq partials per key tile reduced afterwards, because it needs no scratch
+ * the size of dq times the key tiles and its sum runs over the key tiles in order inside one
+ * block, so it is deterministic without any reduction kernel; it recomputes S and dP, which
+ * the dk, dv pass computes again (FlashAttention-2's cost for an atomic-free dq).
+ *   dq pass: one block per (64-row query tile, query head, batch), warp w = rows 16w..+15:
+ *     S = Q·Kᵀ, dP = dO·Vᵀ, dS = P (dP - delta) (times the cap's derivative), dq += dS·K.
+ *   dk, dv pass: one block per (64-key tile, kv head, batch), warp w = keys 16w..+15, over
+ *     the group's query heads and the query tiles that see the key tile: Sᵀ = K·Qᵀ,
+ *     dPᵀ = V·dOᵀ, then dv += Pᵀ·dO and dk += dSᵀ·Q.
+ * P and dS pass through the warp's shared buffer (rounded to bf16 for bf16 storage) to be
+ * the A operand of the second product.  Tiles are copied with cp.async and waited for at
+ * once (no double buffering here yet). */
+template <class T, int TC_D> struct att_tc_bwd_smem {
+    typedef typename cu_mma<T>::E E;
+    enum { LD = TC_D + 8 };
+    /* bf16: P and dS as hi + lo parts (see att_tc_dq_kernel) */
+    enum { NBUF = sizeof(E) == 2 ? 4 : 2 };
+    /* four [64, LD] tiles, NBUF [4 warps][16, TC_PLD] buffers, lse and delta [64] */
+    static const size_t bytes =
+        (4 * (size_t)TC_BR * LD + NBUF * (size_t)TC_BR * TC_PLD) * sizeof(E) +
+        2 * TC_BR * sizeof(float);
+};
+
+template <class T, int TC_D>
+__global__ __launch_bounds__(TC_THREADS) void att_tc_dq_kernel(
+    T *dq, const T *dout, const T *q, const T *k, const T *v, const float *lse,
+    const float *delta, const int32_t *doc_start, int t, int tk, int hq, int hkv, int q_start,
+    float scale, int window, float cap)
+{
+    typedef cu_mma<T> M;
+    typedef typename M::E E;
+    const int LD = att_tc_bwd_smem<T, TC_D>::LD;
+    CU_SHARED_DYN(E, sm);
+    E *qs = sm, *dos = qs + TC_BR * LD, *ks = dos + TC_BR * LD, *vs = ks + TC_BC * LD;
+    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, bi = blockIdx.z;
+    const int g = h / (hq / hkv);
+    const int i0 = qt * TC_BR, nr = t - i0 < TC_BR ? t - i0 : TC_BR;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gr = lane >> 2, tq = lane & 3;
+    E *pw = vs + TC_BC * LD + w * 16 * TC_PLD, *plo = pw + TC_BR * TC_PLD;
+    /* bf16: dS as hi + lo, two bf16 products with K.  The rows of dS sum to about zero (to
+     * exactly zero without a cap), so dq is a sum with cancellation, and dS rounded to bf16
+     * alone left dq about 1e-2 off the fp32 result in the tests; fp32 (3xTF32) needs no
+     * second part. */
+    const bool split = sizeof(E) == 2;
+    const size_t q_row = (size_t)hq * TC_D, kv_row = (size_t)hkv * TC_D;
+    const size_t q_off = ((size_t)bi * t + i0) * q_row + (size_t)h * TC_D;
+    const int32_t *docs = doc_start ? doc_start + (size_t)bi * tk : NULL;
+    const E *kg = reinterpret_cast<const E *>(k), *vg = reinterpret_cast<const E *>(v);
+
+    att_tc_load<E, TC_D>(qs, reinterpret_cast<const E *>(q) + q_off, q_row, 0, nr, LD);
+    att_tc_load<E, TC_D>(dos, reinterpret_cast<const E *>(dout) + q_off, q_row, 0, nr, LD);
+    cu_cp_async_commit();
+
+    int rpos[2], rlo[2];
+    bool rok[2];
+    float lse_r[2], delta_r[2];
+    for (int x = 0; x < 2; x++) {
+        const int row = 16 * w + gr + 8 * x;
+        const size_t srow = ((size_t)bi * hq + h) * t + i0 + row;
+        rok[x] = row < nr;
+        rpos[x] = q_start + i0 + row;
+        rlo[x] = rok[x] ? att_lo(docs, rpos[x], window) : 0;
+        lse_r[x] = rok[x] ? lse[srow] : 0.0f;
+        delta_r[x] = rok[x] ? delta[srow] : 0.0f;
+    }
+    float acc[TC_D / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < TC_D / 8; nd++)
+        acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0;
+
+    const int kfirst = att_lo(docs, q_start + i0, window), kend = q_start + i0 + nr;
+    for (int j0 = kfirst / TC_BC * TC_BC; j0 < kend; j0 += TC_BC) {
+        const int nc = kend - j0 < TC_BC ? kend - j0 : TC_BC;
+        const int js = kfirst > j0 ? kfirst - j0 : 0;
+        __syncthreads(); /* the previous tile is no longer read */
+        const size_t off = ((size_t)bi * tk + j0) * kv_row + (size_t)g * TC_D;
+        att_tc_load<E, TC_D>(ks, kg + off, kv_row, js, nc, LD);
+        att_tc_load<E, TC_D>(vs, vg + off, kv_row, js, nc, LD);
+        cu_cp_async_commit();
+        cu_cp_async_wait<0>();
+        __syncthreads();
+
+        float s[TC_BC / 8][4], dp[TC_BC / 8][4];
+#pragma unroll
+        for (int n = 0; n < TC_BC / 8; n++)
+            for (int e = 0; e < 4; e++)
+                s[n][e] = dp[n][e] = 0;
+        for (int k0 = 0; k0 < TC_D; k0 += M::KS) {
+            typename M::A fq, fo;
+            M::load_a(fq, qs + 16 * w * LD + k0, LD);
+            M::load_a(fo, dos + 16 * w * LD + k0, LD);
+#pragma unroll
+            for (int n = 0; n < TC_BC / 8; n++) {
+                typename M::B fb;
+                M::load_b_nk(fb, ks + 8 * n * LD + k0, LD);
+                M::mma(s[n], fq, fb);
+                M::load_b_nk(fb, vs + 8 * n * LD + k0, LD);
+                M::mma(dp[n], fo, fb);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < TC_BC / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int x = e >> 1, key = j0 + 8 * n + 2 * tq + (e & 1);
+                float ds = 0;
+                if (rok[x] && key >= rlo[x] && key <= rpos[x]) {
+                    float dcap;
+                    const float p = expf(att_score(s[n][e], scale, cap, &dcap) - lse_r[x]);
+                    ds = p * (dp[n][e] - delta_r[x]);
+                    if (cap > 0)
+                        ds *= dcap;
+                }
+                const E hi = M::from_float(ds);
+                pw[(gr + 8 * x) * TC_PLD + 8 * n + 2 * tq + (e & 1)] = hi;
+                if (split)
+                    plo[(gr + 8 * x) * TC_PLD + 8 * n + 2 * tq + (e & 1)] =
+                        M::from_float(ds - (float)cu_bf16{(uint16_t)hi});
+            }
+        __syncwarp();
+        for (int k0 = 0; k0 < TC_BC; k0 += M::KS) {
+            typename M::A fa, fl;
+            M::load_a(fa, pw + k0, TC_PLD);
+            if (split)
+                M::load_a(fl, plo + k0, TC_PLD);
+#pragma unroll
+            for (int nd = 0; nd < TC_D / 8; nd++) {
+                typename M::B fb;
+                M::load_b_kn(fb, ks + k0 * LD + 8 * nd, LD);
+                if (split)
+                    M::mma(acc[nd], fl, fb);
+                M::mma(acc[nd], fa, fb);
+            }
+        }
+    }
+
+    for (int x = 0; x < 2; x++) {
+        const int row = 16 * w + gr + 8 * x;
+        if (!rok[x])
+            continue;
+        T *dqrow = dq + ((size_t)bi * t + i0 + row) * q_row + (size_t)h * TC_D;
+#pragma unroll
+        for (int nd = 0; nd < TC_D / 8; nd++) {
+            dqrow[8 * nd + 2 * tq] += scale * acc[nd][2 * x];
+            dqrow[8 * nd + 2 * tq + 1] += scale * acc[nd][2 * x + 1];
+        }
+    }
+}
+
+template <class T, int TC_D>
+__global__ __launch_bounds__(TC_THREADS) void att_tc_dkdv_kernel(
+    T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v, const float *lse,
+    const float *delta, const int32_t *doc_start, int t, int tk, int hq, int hkv, int q_start,
+    float scale, int window, float cap)
+{
+    typedef cu_mma<T> M;
+    typedef typename M::E E;
+    const int LD = att_tc_bwd_smem<T, TC_D>::LD;
+    CU_SHARED_DYN(E, sm);
+    E *ks = sm, *vs = ks + TC_BC * LD, *qs = vs + TC_BC * LD, *dos = qs + TC_BR * LD;
+    const int group = hq / hkv;
+    const int kt = att_lo(NULL, q_start, window) / TC_BC + blockIdx.x, g = blockIdx.y,
+              bi = blockIdx.z;
+    const int32_t *docs = doc_start ? doc_start + (size_t)bi * tk : NULL;
+    const int klo = att_lo(docs, q_start, window), kend = q_start + t;
+    const int j0 = kt * TC_BC, nc = kend - j0 < TC_BC ? kend - j0 : TC_BC;
+    if (j0 + nc <= klo)
+        return; /* the whole block: the tile lies before the chunk's first document */
+    const int js = klo > j0 ? klo - j0 : 0;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gr = lane >> 2, tq = lane & 3;
+    const bool split = sizeof(E) == 2; /* P and dS as hi + lo (see att_tc_dq_kernel) */
+    E *pw = dos + TC_BR * LD + w * 16 * TC_PLD, *dsw = pw + TC_BR * TC_PLD;
+    E *plo = dsw + TC_BR * TC_PLD, *dslo = plo + TC_BR * TC_PLD; /* (split only) */
+    float *lse_s = reinterpret_cast<float *>(dos + TC_BR * LD +
+                                             att_tc_bwd_smem<T, TC_D>::NBUF * TC_BR * TC_PLD);
+    float *delta_s = lse_s + TC_BR;
+    const size_t q_row = (size_t)hq * TC_D, kv_row = (size_t)hkv * TC_D;
+    const size_t kv_off = ((size_t)bi * tk + j0) * kv_row + (size_t)g * TC_D;
+
+    att_tc_load<E, TC_D>(ks, reinterpret_cast<const E *>(k) + kv_off, kv_row, js, nc, LD);
+    att_tc_load<E, TC_D>(vs, reinterpret_cast<const E *>(v) + kv_off, kv_row, js, nc, LD);
+    cu_cp_async_commit();
+
+    int key[2];
+    bool kok[2];
+    for (int x = 0; x < 2; x++) {
+        const int jj = 16 * w + gr + 8 * x;
+        key[x] = j0 + jj;
+        kok[x] = jj >= js && jj < nc;
+    }
+    float acck[TC_D / 8][4], accv[TC_D / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < TC_D / 8; nd++)
+        for (int e = 0; e < 4; e++)
+            acck[nd][e] = accv[nd][e] = 0;
+
+    const int ifirst = j0 - q_start > 0 ? j0 - q_start : 0;
+    const int iend = att_row_end(docs, j0 + nc - 1, window, q_start, ifirst, t);
+    for (int hh = 0; hh < group; hh++) {
+        const int h = g * group + hh;
+        for (int i0 = ifirst / TC_BR * TC_BR; i0 < iend; i0 += TC_BR) {
+            const int nr = iend - i0 < TC_BR ? iend - i0 : TC_BR;
+            __syncthreads(); /* the previous query tile is no longer read */
+            const size_t q_off = ((size_t)bi * t + i0) * q_row + (size_t)h * TC_D;
+            att_tc_load<E, TC_D>(qs, reinterpret_cast<const E *>(q) + q_off, q_row, 0, nr, LD);
+            att_tc_load<E, TC_D>(dos, reinterpret_cast<const E *>(dout) + q_off, q_row, 0, nr,
+                                 LD);
+            cu_cp_async_commit();
+            for (int i = threadIdx.x; i < TC_BR; i += blockDim.x) {
+                const size_t srow = ((size_t)bi * hq + h) * t + i0 + i;
+                lse_s[i] = i < nr ? lse[srow] : 0.0f;
+                delta_s[i] = i < nr ? delta[srow] : 0.0f;
+            }
+            cu_cp_async_wait<0>();
+            __syncthreads();
+
+            float s[TC_BR / 8][4], dp[TC_BR / 8][4];
+#pragma unroll
+            for (int n = 0; n < TC_BR / 8; n++)
+                for (int e = 0; e < 4; e++)
+                    s[n][e] = dp[n][e] = 0;
+            for (int k0 = 0; k0 < TC_D; k0 += M::KS) {
+                typename M::A fk, fv;
+                M::load_a(fk, ks + 16 * w * LD + k0, LD);
+                M::load_a(fv, vs + 16 * w * LD + k0, LD);
+#pragma unroll
+                for (int n = 0; n < TC_BR / 8; n++) {
+                    typename M::B fb;
+                    M::load_b_nk(fb, qs + 8 * n * LD + k0, LD);
+                    M::mma(s[n], fk, fb);
+                    M::load_b_nk(fb, dos + 8 * n * LD + k0, LD);
+                    M::mma(dp[n], fv, fb);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < TC_BR / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int x = e >> 1, ic = 8 * n + 2 * tq + (e & 1), pos = q_start + i0 + ic;
+                    float p = 0, ds = 0;
+                    if (kok[x] && ic < nr && key[x] <= pos && key[x] >= att_lo(docs, pos, window)) {
+                        float dcap;
+                        p = expf(att_score(s[n][e], scale, cap, &dcap) - lse_s[ic]);
+                        ds = p * (dp[n][e] - delta_s[ic]);
+                        if (cap > 0)
+                            ds *= dcap;
+                    }
+                    const int at = (gr + 8 * x) * TC_PLD + ic;
+                    const E ph = M::from_float(p), dh = M::from_float(ds);
+                    pw[at] = ph;
+                    dsw[at] = dh;
+                    if (split) {
+                        plo[at] = M::from_float(p - (float)cu_bf16{(uint16_t)ph});
+                        dslo[at] = M::from_float(ds - (float)cu_bf16{(uint16_t)dh});
+                    }
+                }
+            __syncwarp();
+            for (int k0 = 0; k0 < TC_BR; k0 += M::KS) {
+                typename M::A fp, fs, fpl, fsl;
+                M::load_a(fp, pw + k0, TC_PLD);
+                M::load_a(fs, dsw + k0, TC_PLD);
+                if (split) {
+                    M::load_a(fpl, plo + k0, TC_PLD);
+                    M::load_a(fsl, dslo + k0, TC_PLD);
+                }
+#pragma unroll
+                for (int nd = 0; nd < TC_D / 8; nd++) {
+                    typename M::B fb;
+                    M::load_b_kn(fb, dos + k0 * LD + 8 * nd, LD);
+                    if (split)
+                        M::mma(accv[nd], fpl, fb);
+                    M::mma(accv[nd], fp, fb);
+                    M::load_b_kn(fb, qs + k0 * LD + 8 * nd, LD);
+                    if (split)
+                        M::mma(acck[nd], fsl, fb);
+                    M::mma(acck[nd], fs, fb);
+                }
+            }
+        }
+    }
+
+    for (int x = 0; x < 2; x++) {
+        if (!kok[x])
+            continue;
+        const size_t off = ((size_t)bi * tk + key[x]) * kv_row + (size_t)g * TC_D;
+#pragma unroll
+        for (int nd = 0; nd < TC_D / 8; nd++)
+            for (int e = 0; e < 2; e++) {
+                const int c = 8 * nd + 2 * tq + e;
+                dk[off + c] += scale * acck[nd][2 * x + e];
+                dv[off + c] += accv[nd][2 * x + e];
+            }
+    }
+}
+
 /* ---- the tensor-core layer's self-check ------------------------------------------------ */
 
 /* One warp: d = a·b + c through cu_mma<T>'s fragment loads and products, with B kept in
@@ -898,8 +1196,9 @@ static bool att_tc_ok(sbprt_ctx *ctx, int b, int hq, int d, const T *q, const T 
         return false;
     if (b > 65535 || hq > 65535)
         return false;
-    const size_t smem = d == 64 ? att_tc_smem<T, 64>::bytes : att_tc_smem<T, 128>::bytes;
-    return smem <= (size_t)ctx->smem_optin;
+    const size_t fwd = d == 64 ? att_tc_smem<T, 64>::bytes : att_tc_smem<T, 128>::bytes;
+    const size_t bwd = d == 64 ? att_tc_bwd_smem<T, 64>::bytes : att_tc_bwd_smem<T, 128>::bytes;
+    return (fwd > bwd ? fwd : bwd) <= (size_t)ctx->smem_optin;
 }
 
 template <class T>
@@ -939,6 +1238,36 @@ static int attention_forward(sbprt_ctx *ctx, T *out, float *lse, const T *q, con
     return SBPRT_OK;
 }
 
+/* Null or 16-byte aligned (the backward's optional outputs). */
+static bool att_tc_aligned(const void *a, const void *b, const void *c, const void *d)
+{
+    return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15) == 0;
+}
+
+/* The tensor-core passes after delta (attention_backward's arguments). */
+template <class T, int TC_D>
+static int att_tc_backward(sbprt_ctx *ctx, T *dq, T *dk, T *dv, const T *dout, const T *q,
+                           const T *k, const T *v, const float *lse, const float *delta,
+                           const int32_t *doc_start, int b, int t, int tk, int hq, int hkv,
+                           int q_start, float scale, int window, float softcap)
+{
+    const size_t smem = att_tc_bwd_smem<T, TC_D>::bytes;
+    if (dq) {
+        CU_STATUS(att_optin(ctx, (const void *)&att_tc_dq_kernel<T, TC_D>, smem, 0));
+        const dim3 grid((t + TC_BR - 1) / TC_BR, hq, b);
+        CU_LAUNCH(ctx, (att_tc_dq_kernel<T, TC_D>), grid, TC_THREADS, smem, dq, dout, q, k, v,
+                  lse, delta, doc_start, t, tk, hq, hkv, q_start, scale, window, softcap);
+    }
+    if (dk) {
+        CU_STATUS(att_optin(ctx, (const void *)&att_tc_dkdv_kernel<T, TC_D>, smem, 0));
+        const int kt0 = att_lo(NULL, q_start, window) / TC_BC;
+        const dim3 grid((q_start + t + TC_BC - 1) / TC_BC - kt0, hkv, b);
+        CU_LAUNCH(ctx, (att_tc_dkdv_kernel<T, TC_D>), grid, TC_THREADS, smem, dk, dv, dout, q, k,
+                  v, lse, delta, doc_start, t, tk, hq, hkv, q_start, scale, window, softcap);
+    }
+    return SBPRT_OK;
+}
+
 template <class T>
 static int attention_backward(sbprt_ctx *ctx, T *dq, T *dk, T *dv, const T *dout, const T *q,
                               const T *k, const T *v, const T *out, const float *lse,
@@ -965,6 +1294,13 @@ static int attention_backward(sbprt_ctx *ctx, T *dq, T *dk, T *dv, const T *dout
     CU_LAUNCH(ctx, att_delta_kernel<T>, (unsigned)dblocks, ATT_THREADS, 0, delta, dout, out, t, hq,
               d, nrows);
 
+    if (att_tc_ok(ctx, b, hq, d, q, k, v, dout) && att_tc_aligned(out, dq, dk, dv)) {
+        if (d == 64)
+            return att_tc_backward<T, 64>(ctx, dq, dk, dv, dout, q, k, v, lse, delta, doc_start,
+                                          b, t, tk, hq, hkv, q_start, scale, window, softcap);
+        return att_tc_backward<T, 128>(ctx, dq, dk, dv, dout, q, k, v, lse, delta, doc_start, b,
+                                       t, tk, hq, hkv, q_start, scale, window, softcap);
+    }
     if (dq) {
         CU_STATUS(att_optin(ctx, (const void *)&att_dq_kernel<T>, smem));
         const dim3 grid((t + ATT_BR - 1) / ATT_BR, hq, b);
