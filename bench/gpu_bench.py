@@ -4,8 +4,10 @@ PyTorch with and without per-layer checkpointing, on a Qwen3-0.6B-shaped random 
 28 layers, 16 query heads and 8 KV heads of dim 128, d_ff 3072, V=151936, q_norm/k_norm, RoPE
 theta 1e6 (the qwen3 family of tests/fixtures/gen_fixtures.py at that size; its LM head is
 untied, so 0.75B parameters rather than 0.6B). Batch 1, fp32 (no TF32 on either side), SFT
-cross-entropy over every token; one step = forward + backward (+ an SGD update with lr 0 on the
-sbpc side, which sbp-train always runs).
+cross-entropy over every token; one step = forward + backward + gradient norm (clipped at 1) +
+AdamW (lr 1e-5, weight decay 0.01) on both sides: sbp-train's AdamW, torch.optim.AdamW (its
+default foreach) with clip_grad_norm_. Step time: the median of the steps after 2 warm-up ones
+(sbp-train: differences of its --log elapsed_s).
 
     bench/gpu_bench.py --build BUILD [--out DIR] [--budget SECONDS] [--seq-lens 4096 8192 ...]
 
@@ -53,6 +55,9 @@ GIB = 1 << 30
 FULL = dict(D=1024, L=28, H=16, KV=8, HD=128, FF=3072, V=151936, MAX_POS=1 << 17, THETA=1e6)
 SMALL = dict(D=64, L=2, H=4, KV=2, HD=16, FF=128, V=1000, MAX_POS=1 << 14, THETA=1e6)
 STRATEGIES = ["store", "checkpoint", "stream"]
+# The same optimizer on both sides: AdamW (betas 0.9/0.999, eps 1e-8) with these, and the
+# gradient norm clipped at CLIP (sbp-train computes the norm every step); WARMUP steps untimed.
+LR, WD, CLIP, WARMUP = 1e-5, 0.01, 1.0, 2
 TORCH_MODES = ["torch", "torch+ckpt"]
 
 
@@ -201,6 +206,15 @@ def cmd_torch(a):
         if dev.type == "cuda":
             torch.cuda.synchronize()
 
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
+                            weight_decay=WD)
+
+    def full_step(ids, labels, use_ckpt):
+        loss = step(ids, labels, use_ckpt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        return loss
+
     dead = set()
     for T in a.seq_lens:
         for mode in TORCH_MODES:
@@ -217,15 +231,15 @@ def cmd_torch(a):
                     model.zero_grad(set_to_none=True)
                     sync()
                     t0 = time.perf_counter()
-                    loss = step(ids, labels, mode == "torch+ckpt")
+                    loss = full_step(ids, labels, mode == "torch+ckpt")
                     sync()
                     times.append(time.perf_counter() - t0)
                 peak = torch.cuda.max_memory_allocated() if dev.type == "cuda" else None
                 reserved = torch.cuda.max_memory_reserved() if dev.type == "cuda" else None
-                res = dict(T=T, mode=mode, ok=True, time=statistics.median(times[1:] or times),
+                res = dict(T=T, mode=mode, ok=True, time=statistics.median(times[WARMUP:] or times),
                            peak=peak, reserved=reserved, loss=loss)
                 if a.profile_kernels and mode == "torch":
-                    res["kernels"] = profile_step(torch, lambda: step(ids, labels, False),
+                    res["kernels"] = profile_step(torch, lambda: full_step(ids, labels, False),
                                                   model, sync)
             except RuntimeError as e:  # torch.cuda.OutOfMemoryError is a RuntimeError
                 if "out of memory" not in str(e).lower():
@@ -371,8 +385,12 @@ class Bench:
         ids_v, labels_v = batch(T, self.cfg["V"])
         write_npy_i32(ids, ids_v)
         write_npy_i32(labels, labels_v)
+        log_path = os.path.join(self.dir, f"train_{T}.jsonl")
+        if os.path.exists(log_path):
+            os.remove(log_path)
         cmd = [self.train, so, "--model", self.model, "--input-ids", ids, "--labels", labels,
-               "--steps", str(self.a.steps), "--optimizer", "sgd", "--lr", "0"]
+               "--steps", str(self.a.steps), "--optimizer", "adamw", "--lr", str(LR),
+               "--weight-decay", str(WD), "--clip-grad-norm", str(CLIP), "--log", log_path]
         if self.a.target == "cpu":
             cmd += ["--threads", str(os.cpu_count() or 1)]
         rc, out, err = self.run(cmd, 900)
@@ -386,6 +404,13 @@ class Bench:
             return dict(ok=False, why="failed: no 'step N loss' line", log=text)
         tps = float(steps[-1][2])
         res = dict(ok=True, time=T / tps if tps > 0 else float("nan"), loss=float(steps[-1][1]))
+        try:  # per-step times from the log: differences of elapsed_s, after the warm-up steps
+            el = [json.loads(x)["elapsed_s"] for x in open(log_path) if x.strip()]
+            dts = [b - c for b, c in zip(el[1:], el[:-1])][max(0, WARMUP - 1):]
+            if dts:
+                res["time"] = statistics.median(dts)
+        except (OSError, ValueError, KeyError):
+            pass
         m = re.search(r"actual \S+ \S+ more in use than before the arena \((\d+) bytes", out)
         res["peak"] = int(m.group(1)) if m else None
         if m is None:  # the CPU runtime: peak RSS
@@ -584,9 +609,10 @@ class Bench:
                  f"fp32; target {self.a.target}; device {self.device_name}, "
                  f"{(self.total0 or 0) / GIB:.1f} GiB ({self.free0 / GIB:.1f} GiB free at start)",
                  "",
-                 "step time (s, the last of %d steps), peak memory (GiB): sbpc planned / "
-                 "measured (above the CUDA context), PyTorch max_memory_allocated; the losses "
-                 "of one T agree (same weights, same batch)" % self.a.steps, ""]
+                 "step time (s: forward, backward, gradient norm and AdamW; the median of %d steps "
+                 "after %d warm-up ones), peak memory (GiB, AdamW state included): sbpc planned "
+                 "step / measured (above the CUDA context), PyTorch max_memory_allocated"
+                 % (max(1, self.a.steps - WARMUP), WARMUP), ""]
         head = "| T | " + " | ".join(methods) + " |"
         lines += [head, "|" + "---|" * (len(methods) + 1)]
         for T in sorted({t for t, _ in self.rows}):
@@ -652,7 +678,8 @@ def main():
     ap.add_argument("--budget", type=float, default=300, help="seconds for everything")
     ap.add_argument("--seq-lens", type=int, nargs="+",
                     default=[4096, 8192, 16384, 32768])
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5,
+                    help="steps per run; the median of those after the %d warm-up ones" % WARMUP)
     ap.add_argument("--target", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--small", action="store_true", help="a tiny model (smoke test)")
     ap.add_argument("--layers", type=int, help="the model's layers (default: Qwen3-0.6B's 28)")
