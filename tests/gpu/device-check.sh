@@ -34,14 +34,14 @@ stage() { # NAME SECONDS COMMAND...
 }
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
 for s in store stream; do
-    stage "profile_$s" 150 "$py" "$root/bench/gpu_profile.py" --build "$build" --layers 4 \
+    stage "profile_$s" 120 "$py" "$root/bench/gpu_profile.py" --build "$build" --layers 4 \
         --seq-len 4096 --strategy "$s" --python "$py" --out "$out/profile"
     cp "$out/profile/profile.json" "$out/profile_$s.json" 2>/dev/null || true
 done
-stage run_quick 300 env SBP_GPU_PREBUILT="$build" SBP_GPU_TOTAL=290 PYTHON="$py" \
+stage run_quick 240 env SBP_GPU_PREBUILT="$build" SBP_GPU_TOTAL=230 PYTHON="$py" \
     bash "$root/tests/gpu/run.sh" --quick --no-bench
-stage bench 240 "$py" "$root/bench/gpu_bench.py" --build "$build" --out "$out/bench" \
-    --budget 225 --python "$py" --seq-lens 4096 16384
+stage bench 200 "$py" "$root/bench/gpu_bench.py" --build "$build" --out "$out/bench" \
+    --budget 185 --python "$py" --seq-lens 4096 16384
 cp "$out/bench/gpu_bench.md" "$out/" 2>/dev/null || true
 echo "device-check: $([ $status -eq 0 ] && echo PASSED || echo FAILED)" | tee -a "$sum"
 exit $status
