@@ -44,6 +44,9 @@ typedef struct sbp_codegen_options {
      * (sbpc --keep-c). Without it they are only the compiler's temporaries: the .so assembles
      * the constants in and needs none of them at run time. */
     bool keep_c;
+    /* cuda: every entry point asks its context for TF32 GEMMs (sbprt_ctx_set_tf32; sbpc
+     * --tf32) before its first product */
+    bool tf32;
 } sbp_codegen_options;
 
 uint64_t sbp_codegen_fingerprint(const sbp_train_program *p);

@@ -545,7 +545,8 @@ int sbp_codegen_write(const sbp_train_program *p, const char *out_path,
                            strerror(errno));
     } else {
         sbp_codegen_options o = {.header_name = hbase, .model_path = opt->model_path,
-                                 .target = target, .blob_min_bytes = opt->blob_min_bytes};
+                                 .target = target, .blob_min_bytes = opt->blob_min_bytes,
+                                 .tf32 = opt->tf32};
         if (dir && final_dir && !strpbrk(dir, "\"\\\n") && !strpbrk(bbase, "\"\\\n") &&
             (size_t)snprintf(abs_blob, sizeof abs_blob, "%s%s%s", final_dir,
                              strcmp(final_dir, "/") ? "/" : "", bbase) < sizeof abs_blob &&

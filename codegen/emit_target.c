@@ -192,7 +192,10 @@ void sbp_emit_target_run_start(const sbp_train_program *p, const sbp_codegen_opt
 {
     if (!sbp_codegen_target_cuda(o))
         return;
-    fputs("    TRY(sbp_step_init(ctx)); /* the first run uploads the constants */\n\n"
+    fputs("    TRY(sbp_step_init(ctx)); /* the first run uploads the constants */\n", f);
+    if (o->tf32) /* a context setting: each entry point sets it on the context it is given */
+        fputs("    TRY(sbprt_ctx_set_tf32(ctx, 1)); /* sbpc --tf32: TF32 GEMMs */\n", f);
+    fputs("\n"
           "    /* The labels are device memory: the scored positions are counted on a host copy,\n"
           "     * made only when the count is needed. */\n"
           "    int64_t n_scored = 0;\n",

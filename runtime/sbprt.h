@@ -72,6 +72,10 @@ typedef struct sbprt_ctx sbprt_ctx;
 int sbprt_ctx_create(sbprt_ctx **out, int nthreads);
 void sbprt_ctx_destroy(sbprt_ctx *ctx); /* NULL is allowed */
 int sbprt_ctx_nthreads(const sbprt_ctx *ctx);
+/* Device work items queued on ctx so far: kernel launches and cuBLAS calls (a cuBLAS call may
+ * run more than one kernel; it counts once). What a step costs in launch overhead: a trainer
+ * reads it before and after a step. 0 on the CPU backend, which launches nothing. */
+unsigned long long sbprt_ctx_launches(const sbprt_ctx *ctx);
 /* Waits until all work queued on ctx is done (no-op on the CPU backend). */
 int sbprt_sync(sbprt_ctx *ctx);
 
@@ -513,6 +517,43 @@ int sbprt_sgd_update(sbprt_ctx *ctx, float *param, const float *grad, size_t n, 
 int sbprt_adamw_update(sbprt_ctx *ctx, float *param, float *m, float *v, const float *grad,
                        size_t n, double lr, double beta1, double beta2, double eps,
                        double weight_decay, int step);
+
+/* ---- multi-tensor forms: the optimizer of a whole step in a few calls ---------------
+ * A trainer updates hundreds of tensors a step; one call per tensor is one launch per tensor
+ * on a GPU, and the norm one host synchronisation per tensor. The forms below take the list
+ * of tensors (spans of the flat parameter, gradient and optimizer-state blocks) and do the
+ * same arithmetic as the per-tensor calls in list order, element for element: their results
+ * are bitwise those of calling the per-tensor function once per span. The CUDA backend runs
+ * each in one to three launches (the norm with one synchronisation), keeping a device copy of
+ * the last span list so that a list given again (every step) is not uploaded again. */
+
+/* One tensor in the flat blocks: elements [param, param + n) of the parameter block,
+ * [grad, grad + n) of the gradient block, [state, state + n) of AdamW's m and v. */
+typedef struct sbprt_span {
+    size_t param; /* offset in the parameter block (elements) */
+    size_t grad;  /* offset in the gradient block */
+    size_t state; /* offset in the optimizer state blocks */
+    size_t n;     /* elements; 0: the span is skipped */
+} sbprt_span;
+
+/* *out += t_0 + t_1 + ... (summed in double, in order, from 0), t_i = Σ grads[span i]² as
+ * sbprt_grad_sq_norm sums it: from *out = 0, bitwise what calling sbprt_grad_sq_norm once per
+ * span gives. out is HOST memory; the call waits for the device once.
+ *   out: [1] (host)    grads: the gradient block    spans: [nspans] (host) */
+int sbprt_grad_sq_norm_multi(sbprt_ctx *ctx, double *out, const float *grads,
+                             const sbprt_span *spans, int nspans);
+/* grads[span i] = alpha * grads[span i] for every span (sbprt_scale in place, per span). */
+int sbprt_scale_multi(sbprt_ctx *ctx, float *grads, const sbprt_span *spans, int nspans,
+                      float alpha);
+/* sbprt_sgd_update(params + param, grads + grad, n, ...) for every span. */
+int sbprt_sgd_update_multi(sbprt_ctx *ctx, float *params, const float *grads,
+                           const sbprt_span *spans, int nspans, double lr, double weight_decay);
+/* sbprt_adamw_update(params + param, m + state, v + state, grads + grad, n, ...) for every
+ * span, with the same hyper-parameters and step. */
+int sbprt_adamw_update_multi(sbprt_ctx *ctx, float *params, float *m, float *v,
+                             const float *grads, const sbprt_span *spans, int nspans, double lr,
+                             double beta1, double beta2, double eps, double weight_decay,
+                             int step);
 
 /* ---- layout and broadcasting helpers (runtime/cpu/extra.c) ---------------------------
  * What compiled steps need between the semantic ops: the exporter's Transpose, Split / Slice /

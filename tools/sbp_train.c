@@ -383,14 +383,12 @@ static void draw_bar(const train_step_stats *st, int64_t total)
     out.bar_shown = true;
 }
 
-/* The packing figures and the peak memory, planned against what the process or the device
- * used. */
+/* The packing figures, the peak memory (planned against used) and the launches. */
 static void print_report(const train_report *p)
 {
     char b1[32], b2[32], b3[32], b4[32];
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    const double rss = (double)ru.ru_maxrss * 1024.0;
+    struct rusage ru; /* peak RSS */
+    const double rss = getrusage(RUSAGE_SELF, &ru) ? 0 : (double)ru.ru_maxrss * 1024.0;
     if (p->rows > 0)
         printf("packed documents: %lld documents (a row's padding counts as one) in %lld rows "
                "of %lld tokens (mean %.1f tokens); causal attention over them is %.1f%% of the "
@@ -415,6 +413,8 @@ static void print_report(const train_report *p)
                    cli_human_bytes(b1, sizeof b1, (double)p->dev_peak),
                    cli_human_bytes(b2, sizeof b2, (double)p->dev_total));
         printf("\npeak host memory: %s (peak RSS)\n", cli_human_bytes(b4, sizeof b4, rss));
+        if (p->launches >= 0) /* kernels and cuBLAS calls, the optimizer's too */
+            printf("device launches: %lld in the last step\n", (long long)p->launches);
         if (p->host_bytes)
             printf("host workspace: %zu bytes (%s): what the step offloads (sbpc --offload: "
                    "layer checkpoints, page-locked; fp32 masters, gradients and AdamW state)\n",

@@ -2,7 +2,7 @@
  *
  *   sbpc MODEL.onnx [--batch N] [--seq-len N] [--no-retie] [--dump-ir[=PASS]] [--dump-params]
  *        [-o train_step.c|train_step.so] [--strategy stream|store|checkpoint] [--target cpu|cuda]
- *        [--precision fp32|bf16] [--base-precision fp32|bf16]
+ *        [--precision fp32|bf16] [--base-precision fp32|bf16] [--tf32]
  *        [--chunk N] [--logits-chunk N] [--memory-budget BYTES]
  *        [--offload checkpoints|optimizer|checkpoints,optimizer] [--host-budget BYTES]
  *        [--objective sft|graph-loss|dpo|grpo] [--beta F] [--epsilon F]
@@ -76,6 +76,11 @@ static void usage(FILE *f)
             "                     head too) are kept as bf16 alone, 2 bytes an element instead\n"
             "                     of 4 + 2 (no fp32 master, no copy); norms stay fp32; the\n"
             "                     plan counts it\n"
+            "  --tf32             (--target cuda, fp32) the GEMMs round their inputs to TF32 on\n"
+            "                     tensor cores (cuBLAS's FAST_TF32; PyTorch's\n"
+            "                     allow_tf32): faster, with about 1e-3 relative error per\n"
+            "                     product instead of fp32's 1e-6 (docs/gpu.md); attention and\n"
+            "                     the other kernels stay as they are. Off by default\n"
             "  --offload WHAT     checkpoints, optimizer or both, comma-separated (--target\n"
             "                     cuda --precision bf16). checkpoints (stream or checkpoint):\n"
             "                     each layer's input lives in page-locked host memory between\n"
@@ -403,6 +408,7 @@ typedef struct sbpc_target {
     bool bf16;           /* --precision bf16 (passes/train/train.h, "Precision"); else fp32 */
     bool base_bf16;      /* --base-precision bf16: frozen GEMM weights and embedding tables
                           * kept as bf16 only */
+    bool tf32;           /* --tf32: the step's GEMMs in TF32 (sbprt_ctx_set_tf32) */
 } sbpc_target;
 
 enum { OPT_BATCH = 256, OPT_SEQ_LEN, OPT_NO_RETIE, OPT_DUMP_IR, OPT_DUMP_PARAMS, OPT_STRATEGY,
@@ -410,7 +416,7 @@ enum { OPT_BATCH = 256, OPT_SEQ_LEN, OPT_NO_RETIE, OPT_DUMP_IR, OPT_DUMP_PARAMS,
        OPT_BETA, OPT_EPSILON, OPT_GRPO_NORM, OPT_FREEZE, OPT_REPORT, OPT_MEMORY_PLOT,
        OPT_VERSION, OPT_NO_EVAL, OPT_PACKED, OPT_DOC_LEN, OPT_LORA, OPT_LORA_ALPHA,
        OPT_LORA_TARGETS, OPT_LORA_SEED, OPT_RANKS, OPT_ZERO, OPT_BASE_PRECISION, OPT_OFFLOAD,
-       OPT_HOST_BUDGET, OPT_SEQ_PARALLEL, OPT_PER_DOCUMENT, OPT_KEEP_C };
+       OPT_HOST_BUDGET, OPT_SEQ_PARALLEL, OPT_PER_DOCUMENT, OPT_KEEP_C, OPT_TF32 };
 
 /* --target T or --precision P into t; 0, or -1 after a message. */
 static int target_parse(cli *c, int opt, const char *v, sbpc_target *t)
@@ -418,7 +424,9 @@ static int target_parse(cli *c, int opt, const char *v, sbpc_target *t)
     static const char *const backends[] = {"cpu", "cuda", NULL};
     static const char *const precisions[] = {"fp32", "bf16", NULL};
     int k;
-    if (opt == OPT_TARGET) {
+    if (opt == OPT_TF32) {
+        t->tf32 = true;
+    } else if (opt == OPT_TARGET) {
         if (cli_choice(c, "--target", v, backends, &k))
             return -1;
         t->backend = backends[k];
@@ -445,6 +453,11 @@ static int target_check(cli *c, const sbpc_target *t, sbp_objective objective, c
     if (t->base_bf16 && !t->bf16)
         return cli_error(c, "--base-precision bf16 needs --precision bf16 (and --target cuda): "
                          "the GEMMs of an fp32 step read fp32 weights");
+    if (t->tf32 && strcmp(t->backend, "cuda") != 0)
+        return cli_error(c, "--tf32 needs --target cuda (the CPU's GEMMs are fp32 only)");
+    if (t->tf32 && t->bf16)
+        return cli_error(c, "--tf32 with --precision bf16: a bf16 step's GEMMs read bf16, and "
+                         "TF32 applies to fp32 products only");
     if (t->bf16 && (objective == SBP_OBJECTIVE_DPO || objective == SBP_OBJECTIVE_GRPO))
         return cli_error(c, "--precision bf16: the %s objective is fp32 only",
                          sbp_objective_name(objective));
@@ -537,6 +550,7 @@ static int parse_step_option(cli *c, int o, const char *v, sbpc_options *s)
     case OPT_TARGET:
     case OPT_PRECISION:
     case OPT_BASE_PRECISION:
+    case OPT_TF32:
         return target_parse(c, o, v, &s->tgt);
     case OPT_CHUNK:
         return cli_count(c, "--chunk", v, 1, SBPC_MAX_DIM, &s->train.chunk);
@@ -693,6 +707,7 @@ static int parse_command_line(cli *c, int argc, char **argv, sbpc_options *s)
         {"doc-len", required_argument, NULL, OPT_DOC_LEN},
         {"per-document", no_argument, NULL, OPT_PER_DOCUMENT},
         {"keep-c", no_argument, NULL, OPT_KEEP_C},
+        {"tf32", no_argument, NULL, OPT_TF32},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
         {"lora", required_argument, NULL, OPT_LORA},
@@ -884,7 +899,7 @@ static int compile_and_report(const sbpc_options *s, sbp_flow *flow, const sbp_f
     if (sbp_flow_run(flow, fo, diag, NULL) != IR_OK)
         return 1;
     const sbp_codegen_options co = {.model_path = s->model, .target = s->tgt.backend,
-                                    .keep_c = s->keep_c};
+                                    .keep_c = s->keep_c, .tf32 = s->tgt.tf32};
     if (s->out && sbp_codegen_write(flow->program, s->out, &co, NULL, diag) != IR_OK)
         return 1;
     if (s->out)

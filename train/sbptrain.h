@@ -165,6 +165,8 @@ typedef struct train_report {
     bool dev_known;           /* the device figures below are available */
     size_t dev_used;          /* the most in use seen after the arena, less what was before */
     size_t dev_peak, dev_total;
+    int64_t launches;         /* the last step's device launches: kernels and cuBLAS calls, the
+                               * update's too (sbprt_ctx_launches; 0 on the cpu), -1: not counted */
     bool data_parallel;       /* under mpirun (also one rank through the collectives) */
     int ranks, zero;          /* data parallel: ranks and ZeRO stage */
     int seq_parallel;         /* ranks per row under mpirun (sbpc --seq-parallel; 0: none) */

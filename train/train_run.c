@@ -58,6 +58,7 @@ struct train_run {
     train_model mdl;           /* until its weights are in the arena */
     train_mem mem;
     train_optim optim;
+    int64_t launches;          /* the last step's device launches (train_report), -1: unknown */
     train_refs refs;           /* a DPO / GRPO dataset's reference log-probs */
     train_rewards rewards;     /* DPO: the step's rewards (the row logps it hands back) */
     bool have_refs;
@@ -417,6 +418,7 @@ int train_run_open(train_run **out, const train_config *c, train_dist *dist,
     if (!r)
         return train_err(s, "out of memory");
     r->c = *c;
+    r->launches = -1;
     if (s)
         r->sink = *s;
     r->s = &r->sink;
@@ -651,6 +653,19 @@ static int dump_first(train_run *r, int64_t s, double loss)
     return 0;
 }
 
+/* Device launches queued so far on the step's contexts (sbprt_ctx_launches), or -1 when the
+ * step's runtime does not count them. */
+static int64_t step_launches(const train_steplib *L)
+{
+    const train_rt *rt = &L->rt;
+    if (!rt->ctx_launches)
+        return -1;
+    unsigned long long n = rt->ctx_launches(rt->step_ctx);
+    if (rt->own_ctx && rt->own_ctx != rt->step_ctx)
+        n += sbprt_ctx_launches(rt->own_ctx);
+    return (int64_t)n;
+}
+
 int train_run_step(train_run *r, train_step_stats *st)
 {
     const int64_t s = r->next;
@@ -659,6 +674,7 @@ int train_run_step(train_run *r, train_step_stats *st)
         return -1;
     if (r->src.row_ex || r->src.doc_ex) /* a DPO / GRPO dataset's: reference, advantages */
         train_refs_fill(&r->refs, &r->src, &r->ti);
+    const int64_t l0 = step_launches(&r->lib);
     double t0 = train_log_now();
     const double denominator = ti_denominator(&r->ti, r->src.labels, r->src.doc_ids);
     int64_t pad_pairs = 0; /* DPO pairs of padding on this rank */
@@ -677,6 +693,8 @@ int train_run_step(train_run *r, train_step_stats *st)
         (r->lib.host_state && train_mem_upload(&r->mem, &r->lib, r->s)))
         return -1;
     train_mem_sample(&r->mem, &r->lib);
+    const int64_t l1 = step_launches(&r->lib);
+    r->launches = l0 >= 0 && l1 >= 0 ? l1 - l0 : -1;
     double dt = t_run + (train_log_now() - t0);
     /* the global batch's tokens (all ranks'; ti.N = K*G), over the window of steps */
     st->tokens_per_s = rate_add(r, (double)r->ti.N * (double)r->lib.in->seq_len, dt);
@@ -879,6 +897,7 @@ int train_run_finish(train_run *r, train_report *rep)
     rep->dev_used = rep->dev_known ? m->dev_peak - m->dev_before : 0;
     rep->dev_peak = m->dev_peak;
     rep->dev_total = m->dev_total;
+    rep->launches = r->launches;
     rep->data_parallel = r->dist->on;
     rep->ranks = r->dist->on ? r->dist->size : 1;
     rep->seq_parallel = r->dist->sp_mpi ? r->dist->sp : 0;

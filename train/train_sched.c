@@ -129,8 +129,11 @@ int train_clip_grads(const train_grad_rt *rt, const sbp_step_info *in, float *gr
     double sq = 0;
     int st;
     *coef = 1.0;
+    const bool multi = rt->sq_norm_multi && rt->scale_multi && rt->spans;
     /* tied copies have no storage of their own, frozen parameters are not trained */
-    for (int i = 0; i < in->n_params; i++) {
+    if (multi && (st = rt->sq_norm_multi(rt->sq_ctx, &sq, grads, rt->spans, rt->nspans)))
+        return st;
+    for (int i = 0; !multi && i < in->n_params; i++) {
         const sbp_step_param *p = &in->params[i];
         if (p->tied_to >= 0 || !p->trainable || p->numel == 0)
             continue;
@@ -144,6 +147,8 @@ int train_clip_grads(const train_grad_rt *rt, const sbp_step_info *in, float *gr
     if (!(k < 1.0))
         return SBPRT_OK; /* torch multiplies by 1.0: a no-op */
     *coef = k;
+    if (multi)
+        return rt->scale_multi(rt->scale_ctx, grads, rt->spans, rt->nspans, (float)k);
     for (int i = 0; i < in->n_params; i++) {
         const sbp_step_param *p = &in->params[i];
         if (p->tied_to >= 0 || !p->trainable || p->numel == 0)

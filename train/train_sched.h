@@ -66,6 +66,13 @@ typedef struct train_grad_rt {
     sbprt_ctx *sq_ctx;
     int (*scale)(sbprt_ctx *, float *, const float *, size_t, float); /* sbprt_scale */
     sbprt_ctx *scale_ctx;
+    /* optional: the multi-tensor forms (same contexts) and the spans of every trainable
+     * parameter with storage, whole (train_optim's update list); with all four set the norm
+     * takes one synchronisation and the clipping one launch */
+    int (*sq_norm_multi)(sbprt_ctx *, double *, const float *, const sbprt_span *, int);
+    int (*scale_multi)(sbprt_ctx *, float *, const sbprt_span *, int, float);
+    const sbprt_span *spans;
+    int nspans;
 } train_grad_rt;
 
 /* The L2 norm of the gradients of every trainable parameter with storage (grads: the step's

@@ -40,6 +40,28 @@ static void pick_memory(train_rt *rt, void *lib)
     }
 }
 
+/* The multi-tensor forms and the launch counter, each from the copy its per-tensor function
+ * came from (a step without them gets NULL: the trainer then loops per tensor). */
+static void pick_multi(train_rt *rt, void *lib)
+{
+#define RT_PICK_MULTI(field, fn, ctxf)                                                            \
+    do {                                                                                          \
+        if (rt->ctxf == &rt->own_ctx)                                                             \
+            rt->field = fn;                                                                       \
+        else                                                                                      \
+            *(void **)(&rt->field) = dlsym(lib, #fn);                                             \
+    } while (0)
+    RT_PICK_MULTI(sgd_update_multi, sbprt_sgd_update_multi, sgd_ctx);
+    RT_PICK_MULTI(adamw_update_multi, sbprt_adamw_update_multi, adamw_ctx);
+    RT_PICK_MULTI(grad_sq_norm_multi, sbprt_grad_sq_norm_multi, norm_ctx);
+    RT_PICK_MULTI(scale_multi, sbprt_scale_multi, scale_ctx);
+#undef RT_PICK_MULTI
+    if (rt->ctx_from_step)
+        *(void **)(&rt->ctx_launches) = dlsym(lib, "sbprt_ctx_launches");
+    else
+        rt->ctx_launches = sbprt_ctx_launches;
+}
+
 static int runtime_load(train_rt *rt, void *lib, const char *step_path, const char *target,
                         const train_sink *s)
 {
@@ -75,6 +97,7 @@ static int runtime_load(train_rt *rt, void *lib, const char *step_path, const ch
     RT_PICK(scale, sbprt_scale, scale_ctx);
     RT_PICK(arena_alloc, sbprt_arena_alloc, arena_ctx);
 #undef RT_PICK
+    pick_multi(rt, lib);
     pick_memory(rt, lib);
     void *last = rt->ctx_from_step ? dlsym(lib, "sbprt_ctx_last_error") : NULL;
     void *mem = rt->ctx_from_step ? dlsym(lib, "sbprt_device_memory") : NULL;
@@ -350,6 +373,10 @@ static int host_state_view(train_steplib *L, const train_sink *s)
     rt->sgd_update = sbprt_sgd_update;
     rt->grad_sq_norm = sbprt_grad_sq_norm;
     rt->scale = sbprt_scale;
+    rt->adamw_update_multi = sbprt_adamw_update_multi;
+    rt->sgd_update_multi = sbprt_sgd_update_multi;
+    rt->grad_sq_norm_multi = sbprt_grad_sq_norm_multi;
+    rt->scale_multi = sbprt_scale_multi;
     rt->adamw_ctx = rt->sgd_ctx = rt->norm_ctx = rt->scale_ctx = &rt->own_ctx;
     return 0;
 }

@@ -46,6 +46,18 @@ typedef struct train_rt {
     /* the gradient norm and clipping (train_sched.h) */
     int (*grad_sq_norm)(sbprt_ctx *, double *, const float *, size_t);
     int (*scale)(sbprt_ctx *, float *, const float *, size_t, float);
+    /* the multi-tensor forms (sbprt.h), each with the context of its per-tensor function
+     * above, from the same copy; NULL when that copy lacks it (a step built before they
+     * existed): the trainer then loops over the per-tensor function */
+    int (*grad_sq_norm_multi)(sbprt_ctx *, double *, const float *, const sbprt_span *, int);
+    int (*scale_multi)(sbprt_ctx *, float *, const sbprt_span *, int, float);
+    int (*sgd_update_multi)(sbprt_ctx *, float *, const float *, const sbprt_span *, int, double,
+                            double);
+    int (*adamw_update_multi)(sbprt_ctx *, float *, float *, float *, const float *,
+                              const sbprt_span *, int, double, double, double, double, double,
+                              int);
+    /* the step's copy's sbprt_ctx_launches, or NULL (not exported; the CPU launches nothing) */
+    unsigned long long (*ctx_launches)(const sbprt_ctx *);
     /* the step's copy when it made the context (else ours): diagnostics and memory figures */
     const char *(*last_error)(const sbprt_ctx *);
     int (*device_memory)(sbprt_ctx *, size_t *, size_t *);

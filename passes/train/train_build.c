@@ -422,18 +422,51 @@ static int build_eval(ir_graph *g, sbp_train_program *p, const sbp_train_options
     return IR_OK;
 }
 
+/* The automatic logits chunk (stream without --logits-chunk or a budget): the first guess, about
+ * 2^22 floats of logits (stream.c), is 64 rows for a 150k vocabulary, and every LM-head chunk
+ * reads the head weight and reads and writes its gradient (0.6 GB each for Qwen3-0.6B): at 64
+ * rows that traffic, 64 times a step at T = 4096, and a GEMM too thin for tensor cores cost
+ * more than the head's arithmetic. Grown by bisection to the largest chunk whose planned peak
+ * stays within 1/STREAM_HEAD_GROWTH above the first guess's (up to a whole sequence), so the
+ * head's buffers stay a small part of the peak. p: planned at the first guess. */
+#define STREAM_HEAD_GROWTH 8
+static sbp_train_program *grow_logits_chunk(ir_graph *g, sbp_objective objective,
+                                            const sbp_train_options *opt, sbp_train_program *p)
+{
+    const size_t peak0 = sbp_train_planned_peak(p);
+    const int64_t lc0 = p->logits_chunk;
+    sbp_train_options o = *opt;
+    o.memory_budget = peak0 + peak0 / STREAM_HEAD_GROWTH;
+    sbp_train_program *best = largest_fitting(g, objective, &o, p, 1, lc0, p->seq_len);
+    if (best && best->logits_chunk != lc0)
+        ir_diag_add(g->diag, IR_SEV_NOTE, NULL, NULL,
+                    "logits chunk %lld rows (automatic): the largest up to a sequence whose "
+                    "planned peak, %zu bytes, is within 1/%d of the %lld-row chunk's %zu bytes "
+                    "(fewer passes over the LM head's weight and gradient); --logits-chunk or "
+                    "--memory-budget choose otherwise",
+                    (long long)best->logits_chunk, sbp_train_planned_peak(best),
+                    STREAM_HEAD_GROWTH, (long long)lc0, peak0);
+    return best;
+}
+
 sbp_train_program *sbp_train_build_until(ir_graph *g, sbp_objective objective,
                                          const sbp_train_options *opt, sbp_train_stage stop)
 {
     sbp_train_program *p;
-    if (!opt || !opt->memory_budget)
-        p = build_once(g, objective, opt, stop);
-    else
+    /* a program of its own chunks (evaluation, log-probabilities) takes them as given */
+    const bool auto_head = opt && !opt->memory_budget && opt->strategy == SBP_STRATEGY_STREAM &&
+                           opt->logits_chunk <= 0 && !opt->forward_only;
+    if (!opt || !opt->memory_budget) {
+        p = build_once(g, objective, opt, auto_head ? SBP_TRAIN_UNTIL_PLAN : stop);
+        if (p && auto_head && p->logits_chunk < p->seq_len)
+            p = grow_logits_chunk(g, objective, opt, p);
+    } else {
         p = fit_budget(g, objective, opt);
+    }
     if (p && stop == SBP_TRAIN_UNTIL_PLAN && opt && opt->eval && !opt->forward_only &&
         build_eval(g, p, opt) != IR_OK)
         return NULL;
-    if (!p || stop == SBP_TRAIN_UNTIL_PLAN || !opt || !opt->memory_budget)
+    if (!p || stop == SBP_TRAIN_UNTIL_PLAN || !opt || (!opt->memory_budget && !auto_head))
         return p;
     /* a dump before the plan shows the program at the chunks the budget chose */
     sbp_train_options o = *opt;

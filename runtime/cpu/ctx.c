@@ -58,6 +58,12 @@ void sbprt_ctx_destroy(sbprt_ctx *ctx)
 
 int sbprt_ctx_nthreads(const sbprt_ctx *ctx) { return ctx ? ctx->nthreads : 0; }
 
+unsigned long long sbprt_ctx_launches(const sbprt_ctx *ctx)
+{
+    (void)ctx;
+    return 0;
+}
+
 int sbprt_sync(sbprt_ctx *ctx)
 {
     CPU_CHECK(ctx);

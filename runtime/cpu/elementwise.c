@@ -115,6 +115,42 @@ int sbprt_grad_sq_norm(sbprt_ctx *ctx, double *out, const float *x, size_t n)
     return SBPRT_OK;
 }
 
+/* The per-span totals added in order from 0, then into *out (sbprt.h). */
+int sbprt_grad_sq_norm_multi(sbprt_ctx *ctx, double *out, const float *grads,
+                             const sbprt_span *spans, int nspans)
+{
+    CPU_CHECK(ctx && out && nspans >= 0 && (nspans == 0 || spans));
+    double sum = 0;
+    for (int i = 0; i < nspans; i++) {
+        if (spans[i].n == 0)
+            continue;
+        CPU_CHECK(grads);
+        double total;
+        int st = sum_squares_f64(ctx, grads + spans[i].grad, spans[i].n, &total);
+        if (st)
+            return st;
+        sum += total;
+    }
+    *out += sum;
+    return SBPRT_OK;
+}
+
+int sbprt_scale_multi(sbprt_ctx *ctx, float *grads, const sbprt_span *spans, int nspans,
+                      float alpha)
+{
+    CPU_CHECK(ctx && nspans >= 0 && (nspans == 0 || spans));
+    for (int i = 0; i < nspans; i++) {
+        if (spans[i].n == 0)
+            continue;
+        CPU_CHECK(grads);
+        float *g = grads + spans[i].grad;
+        int st = sbprt_scale(ctx, g, g, spans[i].n, alpha);
+        if (st)
+            return st;
+    }
+    return SBPRT_OK;
+}
+
 /* ---- activations -------------------------------------------------------------------- */
 
 #define EW_SQRT_2_OVER_PI 0.7978845608028654f  /* √(2/π) */

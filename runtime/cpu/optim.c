@@ -52,3 +52,41 @@ int sbprt_adamw_update(sbprt_ctx *ctx, float *param, float *m, float *v, const f
     }
     return SBPRT_OK;
 }
+
+/* ---- multi-tensor forms: the per-tensor calls, span by span (sbprt.h) ---------------- */
+
+int sbprt_sgd_update_multi(sbprt_ctx *ctx, float *params, const float *grads,
+                           const sbprt_span *spans, int nspans, double lr, double weight_decay)
+{
+    CPU_CHECK(ctx && nspans >= 0 && (nspans == 0 || spans));
+    for (int i = 0; i < nspans; i++) {
+        if (spans[i].n == 0)
+            continue;
+        CPU_CHECK(params && grads);
+        int st = sbprt_sgd_update(ctx, params + spans[i].param, grads + spans[i].grad,
+                                  spans[i].n, lr, weight_decay);
+        if (st)
+            return st;
+    }
+    return SBPRT_OK;
+}
+
+int sbprt_adamw_update_multi(sbprt_ctx *ctx, float *params, float *m, float *v,
+                             const float *grads, const sbprt_span *spans, int nspans, double lr,
+                             double beta1, double beta2, double eps, double weight_decay,
+                             int step)
+{
+    CPU_CHECK(ctx && nspans >= 0 && (nspans == 0 || spans) && step >= 1);
+    for (int i = 0; i < nspans; i++) {
+        if (spans[i].n == 0)
+            continue;
+        CPU_CHECK(params && m && v && grads);
+        const sbprt_span *s = &spans[i];
+        int st = sbprt_adamw_update(ctx, params + s->param, m + s->state, v + s->state,
+                                    grads + s->grad, s->n, lr, beta1, beta2, eps, weight_decay,
+                                    step);
+        if (st)
+            return st;
+    }
+    return SBPRT_OK;
+}

@@ -105,6 +105,8 @@ static void cu_release(sbprt_ctx *ctx)
             (void)cudaEventDestroy(ctx->events[i]);
     free(ctx->events);
     (void)cudaFree(ctx->scratch);
+    (void)cudaFree(ctx->span_dev);
+    free(ctx->span_host);
     (void)cudaFree(ctx->dev_flag);
     if (ctx->host_flag)
         (void)cudaFreeHost(ctx->host_flag);
@@ -170,6 +172,8 @@ void sbprt_ctx_destroy(sbprt_ctx *ctx)
 }
 
 int sbprt_ctx_nthreads(const sbprt_ctx *ctx) { return ctx ? ctx->nthreads : 0; }
+
+unsigned long long sbprt_ctx_launches(const sbprt_ctx *ctx) { return ctx ? ctx->launches : 0; }
 
 int sbprt_sync(sbprt_ctx *ctx)
 {

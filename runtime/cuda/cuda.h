@@ -64,6 +64,13 @@ struct sbprt_ctx {
     sbprt_comm comm;      /* sbprt_ctx_set_comm's copy (seqpar.cu); meaningful only when
                            * has_comm */
     int has_comm;         /* 0: no communicator (size 1, rank 0) */
+    void *span_dev;       /* the multi-tensor optimizer's span table on the device (optim.cu),
+                           * built from span_host; NULL until the first multi-tensor call */
+    void *span_host;      /* [span_count] sbprt_span: the list span_dev was built from */
+    int span_count;       /* entries of span_host */
+    size_t span_cap;      /* bytes of span_dev */
+    unsigned long long launches; /* kernels and cuBLAS calls queued on this context so far
+                                  * (sbprt_ctx_launches) */
     char msg[320];        /* diagnostic of the last failure on this context, "" if none */
 };
 
@@ -137,6 +144,7 @@ int cu_colsum_finish(sbprt_ctx *ctx, float *dst, const float *parts, int nparts,
     do {                                                                                       \
         emu_launch((const void *)&kernel, dim3(grid), dim3(block), (smem),                     \
                    [&]() { kernel(__VA_ARGS__); });                                            \
+        (ctx)->launches++;                                                                     \
         CU_TRY((ctx), cudaGetLastError());                                                     \
     } while (0)
 #define CU_SHARED(type, name, count)                                                           \
@@ -147,6 +155,7 @@ int cu_colsum_finish(sbprt_ctx *ctx, float *dst, const float *parts, int nparts,
 #define CU_LAUNCH(ctx, kernel, grid, block, smem, ...)                                         \
     do {                                                                                       \
         kernel<<<(grid), (block), (smem), (ctx)->stream>>>(__VA_ARGS__);                       \
+        (ctx)->launches++;                                                                     \
         CU_TRY((ctx), cudaGetLastError());                                                     \
     } while (0)
 #define CU_SHARED(type, name, count) __shared__ type name[count]
@@ -156,6 +165,12 @@ int cu_colsum_finish(sbprt_ctx *ctx, float *dst, const float *parts, int nparts,
 #endif
 
 #define CU_FULL_MASK 0xffffffffu
+/* Elements per partial of the sums of squares (sbprt_sum_squares, the gradient norms: the CPU
+ * twin's block size), summed by CU_SUMSQ_THREADS threads; the partials are summed by one
+ * block of CU_SUMSQ_FINAL_THREADS. */
+#define CU_SUMSQ_BLOCK 8192
+#define CU_SUMSQ_THREADS 256
+#define CU_SUMSQ_FINAL_THREADS 1024
 #define CU_MAX_BLOCKS 65535u /* cap of a grid-stride loop's grid (x); y and z are capped too */
 
 /* Blocks for a grid-stride loop over n items with `threads` threads per block. */
@@ -196,6 +211,29 @@ template <class T> __device__ __forceinline__ T cu_block_sum(T v, T *red)
     __syncthreads();
     v = lane < nw ? red[lane] : (T)0;
     return cu_warp_sum(v);
+}
+
+/* Σ x[i]² over [i0, i1) in double: each thread sums a strided subset in order, then a fixed
+ * tree (one block's partial of sbprt_sum_squares and of the multi-tensor norm, which must
+ * agree bit for bit).   red: [32] shared */
+__device__ __forceinline__ double cu_sumsq_range(const float *x, size_t i0, size_t i1,
+                                                 double *red)
+{
+    double s = 0;
+    for (size_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
+        s += (double)x[i] * x[i];
+    return cu_block_sum(s, red);
+}
+
+/* Σ parts[0..n) in double, each thread a strided subset in order, then a fixed tree (the
+ * second stage of the sums of squares).   red: [32] shared */
+__device__ __forceinline__ double cu_sum_doubles_range(const double *parts, size_t n,
+                                                       double *red)
+{
+    double s = 0;
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x)
+        s += parts[i];
+    return cu_block_sum(s, red);
 }
 
 __device__ __forceinline__ float cu_block_max(float v, float *red)

@@ -16,8 +16,10 @@
 #include "cuda.h"
 
 #define EW_THREADS 256
-#define EW_SUMSQ_BLOCK 8192 /* elements per partial sum of sbprt_sum_squares */
+#define EW_SUMSQ_BLOCK CU_SUMSQ_BLOCK
 #define EW_FINAL_THREADS 1024
+static_assert(EW_THREADS == CU_SUMSQ_THREADS && EW_FINAL_THREADS == CU_SUMSQ_FINAL_THREADS,
+              "the multi-tensor norm (optim.cu) sums as sbprt_grad_sq_norm does");
 
 #define EW_SQRT_2_OVER_PI 0.7978845608028654f /* √(2/π) */
 #define EW_INV_SQRT_2 0.7071067811865476f     /* 1/√2 */
@@ -341,10 +343,7 @@ __global__ void sumsq_part_kernel(double *partial, const float *x, size_t n)
     CU_SHARED(double, red, 32);
     const size_t i0 = (size_t)blockIdx.x * EW_SUMSQ_BLOCK;
     const size_t i1 = i0 + EW_SUMSQ_BLOCK < n ? i0 + EW_SUMSQ_BLOCK : n;
-    double s = 0;
-    for (size_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
-        s += (double)x[i] * x[i];
-    s = cu_block_sum(s, red);
+    const double s = cu_sumsq_range(x, i0, i1, red);
     if (threadIdx.x == 0)
         partial[blockIdx.x] = s;
 }
@@ -385,10 +384,7 @@ extern "C" int sbprt_sum_squares(sbprt_ctx *ctx, float *out, const float *x, siz
 __global__ void sum_doubles_f64_kernel(double *out, const double *parts, size_t n)
 {
     CU_SHARED(double, red, 32);
-    double s = 0;
-    for (size_t i = threadIdx.x; i < n; i += blockDim.x)
-        s += parts[i];
-    s = cu_block_sum(s, red);
+    const double s = cu_sum_doubles_range(parts, n, red);
     if (threadIdx.x == 0)
         out[0] = s;
 }

@@ -76,6 +76,7 @@ static int gemm_any(sbprt_ctx *ctx, TC *c, const TA *a, const TA *b, cudaDataTyp
                                                 (long long)stride_a, &beta, c, ctype, ldc,
                                                 (long long)stride_c, batch, compute,
                                                 CUBLAS_GEMM_DEFAULT));
+    ctx->launches++;
     return SBPRT_OK;
 }
 

@@ -18,6 +18,8 @@
 #    compare-grads, 1e-4) instead of ref/<family>_grads.safetensors (check-ref)]
 #   [-DTOL=x: compare-grads against REF_GRADS, or ref/<family>_grads.safetensors, at relative
 #    tolerance x per tensor (and for the loss) instead of 1e-4: --precision bf16 steps]
+#   [-DNOT_WITHIN=x: the gradients must NOT all be within x of ref/<family>_grads.safetensors
+#    (a setting that changes the arithmetic, --tf32, took effect)]
 #   [-DDECREASING=ON: every "step N loss X" line below the one before (STEPS >= 2)]
 #   [-DHF_CHECK=hf_check -DHF_KEY=<export>: a real transformers export (tests/fixtures/hf): the
 #    gradients, loss (and with LOSSES the AdamW losses) checked by tests/hf/hf_check against
@@ -54,6 +56,10 @@ endif()
 run("sbp-train" ${train})
 if(NOT LAST_OUT MATCHES "\\(cuda, " OR NOT LAST_OUT MATCHES "peak device memory: planned")
   message(FATAL_ERROR "sbp-train did not run the step as a cuda step with device memory")
+endif()
+# the step's launches are counted (sbprt_ctx_launches), the optimizer's among them
+if(NOT LAST_OUT MATCHES "device launches: [1-9][0-9]* in the last step")
+  message(FATAL_ERROR "sbp-train did not report the step's device launches")
 endif()
 set(log "${OUT}/${NAME}.log")
 file(WRITE "${log}" "${LAST_OUT}")
@@ -99,6 +105,17 @@ if(LOSSES)
   list(APPEND check ${log} ${REF}/${FAMILY}_adamw.json)
 endif()
 run("the gradients against the PyTorch reference" ${check})
+if(NOT_WITHIN)
+  # the setting under test took effect: the gradients are measurably off the exact ones
+  execute_process(COMMAND ${FIXTURE} compare-grads ${grads} ${MODEL}
+                          ${REF}/${FAMILY}_grads.safetensors ${MODEL} ${NOT_WITHIN}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(rc EQUAL 0)
+    message(FATAL_ERROR "the gradients agree with the reference within ${NOT_WITHIN}: the "
+                        "setting did not change the arithmetic\n${out}${err}")
+  endif()
+  message("as expected, not within ${NOT_WITHIN} of the reference:\n${out}${err}")
+endif()
 if(SGD_SAVE)
   run("the saved weights" ${FIXTURE} check-sgd-save ${MODEL} ${saved} ${grads} ${SGD_SAVE})
 endif()

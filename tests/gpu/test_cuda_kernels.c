@@ -1348,6 +1348,76 @@ static void t_loss(void)
 /* Exact: the updates are the CPU twin's operation by operation (no fused multiply-adds), so
  * that --offload optimizer (AdamW on the host for a device step) trains as the device does. */
 
+/* The multi-tensor forms against the CPU twin's per-tensor calls, one per span: bitwise (the
+ * spans overlap nowhere, one is empty, one spans two partials of the norm, and the three
+ * blocks' offsets differ). The norm also against the device's own per-tensor loop. */
+static void t_optim_multi(void)
+{
+    const size_t n = 20000;
+    const sbprt_span sp[] = {{0, 0, 0, 1000},
+                             {1000, 1500, 1000, 0},
+                             {1000, 1200, 1000, 9000},
+                             {10000, 10300, 10000, 200},
+                             {12000, 12000, 12000, 8000}};
+    const int ns = (int)(sizeof sp / sizeof sp[0]);
+    const float *param = hrand(n, -1, 1), *grad = hrand(n, -1, 1);
+    const float *m = hrand(n, -0.1f, 0.1f), *v = hrand(n, 0.001f, 0.01f);
+    kcase K;
+    for (int wd = 0; wd < 2; wd++) {
+        kc_begin(&K, "sgd_update_multi (exact)", 0, "spans=%d wd=%d", ns, wd);
+        float *dg = KC_IN_F(&K, grad, n);
+        obuf *p = kc_out(&K, "param", param, n, 1);
+        for (int i = 0; i < ns; i++)
+            REF(cpuref_sbprt_sgd_update(C, p->ref + sp[i].param, grad + sp[i].grad, sp[i].n, 0.05,
+                                        wd ? 0.1 : 0.0));
+        KC_RUN(K, sbprt_sgd_update_multi(G, p->d, dg, sp, ns, 0.05, wd ? 0.1 : 0.0));
+    }
+    for (int step = 1; step <= 3; step += 2) {
+        kc_begin(&K, "adamw_update_multi (exact)", 0, "spans=%d step=%d", ns, step);
+        float *dg = KC_IN_F(&K, grad, n);
+        obuf *p = kc_out(&K, "param", param, n, 1);
+        obuf *mo = kc_out(&K, "m", m, n, 1), *vo = kc_out(&K, "v", v, n, 1);
+        for (int i = 0; i < ns; i++)
+            REF(cpuref_sbprt_adamw_update(C, p->ref + sp[i].param, mo->ref + sp[i].state,
+                                          vo->ref + sp[i].state, grad + sp[i].grad, sp[i].n, 0.05,
+                                          0.9, 0.999, 1e-8, 0.01, step));
+        KC_RUN(K, sbprt_adamw_update_multi(G, p->d, mo->d, vo->d, dg, sp, ns, 0.05, 0.9, 0.999,
+                                           1e-8, 0.01, step));
+    }
+    kc_begin(&K, "scale_multi (exact)", 0, "spans=%d", ns);
+    obuf *g = kc_out(&K, "grads", grad, n, 1);
+    for (int i = 0; i < ns; i++)
+        REF(cpuref_sbprt_scale(C, g->ref + sp[i].grad, g->ref + sp[i].grad, sp[i].n, 0.375f));
+    KC_RUN(K, sbprt_scale_multi(G, g->d, sp, ns, 0.375f));
+
+    /* the norm: host doubles, compared directly */
+    kc_begin(&K, "grad_sq_norm_multi", TOL_FP32, "spans=%d", ns);
+    float *dg = KC_IN_F(&K, grad, n);
+    double got = 0, loop = 0, ref = 0;
+    int st = SBPRT_OK;
+    for (int i = 0; i < ns && !st; i++)
+        if (!(st = cpuref_sbprt_grad_sq_norm(C, &ref, grad + sp[i].grad, sp[i].n)))
+            st = sbprt_grad_sq_norm(G, &loop, dg + sp[i].grad, sp[i].n);
+    if (!st)
+        st = sbprt_grad_sq_norm_multi(G, &got, dg, sp, ns);
+    if (st || got != loop || !(fabs(got - ref) <= 1e-12 * fabs(ref)))
+        fail("grad_sq_norm_multi: status %s, %.17g against the per-tensor loop's %.17g and the "
+             "CPU twin's %.17g", sbprt_status_string(st), got, loop, ref);
+    /* the same list again reuses the device table; a changed one rebuilds it */
+    double again = 0, shorter = 0, shorter_loop = 0;
+    if (!st)
+        st = sbprt_grad_sq_norm_multi(G, &again, dg, sp, ns);
+    if (!st)
+        st = sbprt_grad_sq_norm_multi(G, &shorter, dg, sp, 2);
+    for (int i = 0; i < 2 && !st; i++)
+        st = sbprt_grad_sq_norm(G, &shorter_loop, dg + sp[i].grad, sp[i].n);
+    if (st || again != got || shorter != shorter_loop)
+        fail("grad_sq_norm_multi again: status %s, %.17g then %.17g; two spans %.17g against "
+             "%.17g", sbprt_status_string(st), got, again, shorter, shorter_loop);
+    kc_finish(&K, 0);
+    hfree_all();
+}
+
 static void t_optim(void)
 {
     const size_t n = quick ? 3001 : ((size_t)1 << 22) + 1;
@@ -1374,6 +1444,7 @@ static void t_optim(void)
                                      steps[i]));
     }
     hfree_all();
+    t_optim_multi();
 }
 
 /* ---- layout and broadcasting -------------------------------------------------------------- */

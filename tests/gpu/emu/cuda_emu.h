@@ -29,8 +29,11 @@
  * sum.  cp.async is a synchronous 16-byte copy (or zero fill), so commit / wait_group are
  * no-ops and a kernel that reads a cp.async destination before waiting is not caught.
  *
+ * The cuBLAS GEMM computes in fp32 in k order; with CUBLAS_COMPUTE_32F_FAST_TF32 it rounds
+ * fp32 inputs to TF32 first (as cvt.rna does; cuBLAS's own conversion is undocumented).
+ *
  * What it does not: concurrency between threads (a data race runs in a fixed order here),
- * the memory model, timing, TF32 rounding in the cuBLAS GEMM (plain fp32).
+ * the memory model, timing.
  *
  * Used by compiling runtime/cuda/ *.cu as C++ with -DSBPRT_CUDA_EMU; runtime/cuda/cuda.h then
  * includes this header instead of the CUDA headers.  The host API part is plain C.
