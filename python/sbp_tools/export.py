@@ -24,6 +24,20 @@ The export settings keep every weight its own initializer, because sbpc trains i
     passes an all-ones attention mask (without one, transformers looks for packed sequences in
     the position ids, which that exporter cannot write), whose `m.` prefix is taken off the
     initializer names.
+Mixture-of-Experts models (Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE, ...: the classes whose experts
+transformers dispatches through its ExpertsInterface, `@use_experts_implementation`) are loaded
+with `experts_implementation="batched_mm"`; dense models load as before, without the keyword.
+transformers' default for them, grouped_mm, sorts the tokens by expert and runs an opaque custom
+op (`transformers::grouped_mm_fallback` in float32) that the dynamo exporter cannot convert; its
+eager implementation loops over the experts that were hit (nonzero, where, index_add_): a graph
+whose shape depends on the routing. batched_mm is the same function written statically: each token
+is repeated top_k times, the expert tensors (gate_up_proj [E, 2F, d], down_proj [E, d, F], each
+its own initializer) are gathered by the token's expert index and applied by a batched MatMul,
+and the top-k weights scale the rows before a sum over the k copies. The router (logits, softmax,
+top-k, the optional renormalisation) stays in the graph as transformers writes it; docs/
+moe-export.md describes the exported block node by node. It computes per token what the eager loop
+computes (tests/frontend/test_moe_export.py compares them), at top_k x [2F, d] weight copies per
+token, which sbpc is to recognise as one routed op and lower (DESIGN.md), not run as written.
 After the export every parameter of the model is looked for among the initializers (params.py):
 as is or transposed, one initializer per parameter (tied parameters share one); anything else
 is refused. Then onnxruntime runs a short batch and its logits are compared with PyTorch's
@@ -76,6 +90,21 @@ def check_folder(model_dir):
         raise Fail("%s has no config.json (not a transformers model folder)" % model_dir)
 
 
+# the experts implementation of Mixture-of-Experts models (see the header)
+EXPERTS = "batched_mm"
+
+
+def has_experts(model_cls):
+    """Whether transformers dispatches this class's experts through its ExpertsInterface (the
+    `@use_experts_implementation` experts classes: Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE, ...).
+    Dense models answer False and load exactly as before, without the keyword."""
+    probe = getattr(model_cls, "_can_set_experts_implementation", None)
+    try:
+        return bool(probe()) if probe else False
+    except Exception:
+        return False
+
+
 def load(model_dir, attn):
     import torch
     import transformers
@@ -88,9 +117,13 @@ def load(model_dir, attn):
     if type(cfg) not in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
         raise Fail("%s holds a %s, which is not a causal LM (no AutoModelForCausalLM class for "
                    "it)" % (model_dir, type(cfg).__name__))
+    extra = {}
+    if has_experts(transformers.MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)]):
+        extra["experts_implementation"] = EXPERTS
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            model_dir, local_files_only=True, dtype=torch.float32, attn_implementation=attn)
+            model_dir, local_files_only=True, dtype=torch.float32, attn_implementation=attn,
+            **extra)
     except Exception as e:
         raise Fail("cannot load the model from %s: %s" % (model_dir, str(e).splitlines()[0]
                                                           if str(e) else type(e).__name__))

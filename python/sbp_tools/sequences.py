@@ -75,6 +75,9 @@ def split_sequences(m):
                                                            sizes_name))
         split_node = helper.make_node("Split", [n.input[0], sizes_name], pieces, axis=axis,
                                       name=n.name)
+        # before the insert: the graph holds a copy of the node it is given
+        for p in n.metadata_props:
+            split_node.metadata_props.add(key=p.key, value=p.value)
         at = list(m.graph.node).index(n)
         m.graph.node.remove(n)
         m.graph.node.insert(at, split_node)
@@ -85,8 +88,6 @@ def split_sequences(m):
             at = list(m.graph.node).index(u)
             m.graph.node.remove(u)
             m.graph.node.insert(at, ident)
-        for p in n.metadata_props:
-            split_node.metadata_props.add(key=p.key, value=p.value)
         replaced += 1
     # the sequence-typed value_info of the replaced outputs would no longer match anything
     live = {o for nd in m.graph.node for o in nd.output}
