@@ -18,7 +18,10 @@ batched_mm experts. Checks, per family:
     on the CPU with its eager experts loop (experts_implementation="eager": nonzero, where,
     index_add_), so the switch of implementation changes nothing: relative 1e-5;
   - the committed fixture tests/fixtures/hf/<family>_dynamo_eager.onnx gives the same logits
-    (it is this model's export).
+    (it is this model's export);
+  - the training loss docs/moe-export.md writes down (gen_moe.reference_loss, float64) equals
+    transformers' model(input_ids, labels, output_router_logits=True).loss (float32), with and
+    without an attention mask: relative 2e-6.
 SKIP (exit 77) without torch, transformers, onnx, onnxruntime or onnxscript.
 """
 import os
@@ -123,6 +126,19 @@ for fam in FAMS:
     e2 = rel(ort_logits(fix, ids.numpy()), want) if os.path.isfile(fix) else float("inf")
     C.ok(e2 <= 1e-5, "%s: the committed %s vs the model: relative %.3g (regenerate it: "
          "gen_moe.py)" % (fam, os.path.relpath(fix, ROOT), e2))
+    labels = ids.clone()
+    labels[0, :5] = -100
+    mask = torch.ones_like(ids)
+    mask[1, 17:] = 0
+    for am in (None, mask):
+        with torch.no_grad():
+            hf = model(input_ids=ids, labels=labels, attention_mask=am, output_router_logits=True,
+                       use_cache=False)
+            ref, ce, aux = gen_moe.reference_loss(model, ids, labels, am)
+        d = abs(float(hf.loss) - float(ref)) / abs(float(ref))
+        C.ok(d <= 2e-6 and abs(float(hf.aux_loss) - float(aux)) <= 2e-6 * float(aux),
+             "%s: loss%s: transformers %.9g (aux %.9g), the documented formula %.9g (aux %.9g)"
+             % (fam, " with a mask" if am is not None else "", hf.loss, hf.aux_loss, ref, aux))
     print("%s: sbp-export ok, %d nodes, %.0f kB; onnxruntime vs eager experts %.2g, committed "
           "fixture %.2g" % (fam, len(ops), os.path.getsize(path) / 1e3, e, e2), flush=True)
 
