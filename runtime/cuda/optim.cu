@@ -282,25 +282,32 @@ __global__ void sum_in_order_kernel(double *out, const double *total, const opt_
     out[0] = s;
 }
 
-static int opt_grid(sbprt_ctx *ctx, size_t nblocks)
+/* What every multi-tensor call does first: the span list checked, its device table (opt_spans)
+ * and the blocks of the launch, *nblocks (norm: the partials' count), checked against the grid;
+ * *nblocks = 0: nothing to do. */
+static int opt_prepare(sbprt_ctx *ctx, const sbprt_span *spans, int nspans, int norm,
+                       const opt_span **tab, size_t *nblocks)
 {
-    if (nblocks > 0x7fffffffu)
+    CU_CHECK(ctx && nspans >= 0 && (nspans == 0 || spans));
+    size_t elem = 0, parts = 0;
+    CU_STATUS(opt_spans(ctx, spans, nspans, tab, &elem, &parts));
+    *nblocks = norm ? parts : elem;
+    if (*nblocks > 0x7fffffffu)
         return cu_error(ctx, SBPRT_ERR_INVALID, "multi-tensor call of %zu blocks: beyond the grid",
-                        nblocks);
+                        *nblocks);
     return SBPRT_OK;
 }
 
 extern "C" int sbprt_grad_sq_norm_multi(sbprt_ctx *ctx, double *out, const float *grads,
                                         const sbprt_span *spans, int nspans)
 {
-    CU_CHECK(ctx && out && nspans >= 0 && (nspans == 0 || spans));
+    CU_CHECK(out);
     const opt_span *tab;
-    size_t nblocks, nparts;
-    CU_STATUS(opt_spans(ctx, spans, nspans, &tab, &nblocks, &nparts));
+    size_t nparts;
+    CU_STATUS(opt_prepare(ctx, spans, nspans, 1, &tab, &nparts));
     if (nparts == 0)
         return SBPRT_OK; /* *out += 0 */
     CU_CHECK(grads);
-    CU_STATUS(opt_grid(ctx, nparts));
     double *partial, total = 0; /* partial: [nparts] partials, [nspans] totals, [1] sum */
     CU_STATUS(cu_scratch(ctx, (nparts + (size_t)nspans + 1) * sizeof(double), (void **)&partial));
     double *totals = partial + nparts, *sum = totals + nspans;
@@ -318,14 +325,12 @@ extern "C" int sbprt_grad_sq_norm_multi(sbprt_ctx *ctx, double *out, const float
 extern "C" int sbprt_scale_multi(sbprt_ctx *ctx, float *grads, const sbprt_span *spans,
                                  int nspans, float alpha)
 {
-    CU_CHECK(ctx && nspans >= 0 && (nspans == 0 || spans));
     const opt_span *tab;
-    size_t nblocks, nparts;
-    CU_STATUS(opt_spans(ctx, spans, nspans, &tab, &nblocks, &nparts));
+    size_t nblocks;
+    CU_STATUS(opt_prepare(ctx, spans, nspans, 0, &tab, &nblocks));
     if (nblocks == 0)
         return SBPRT_OK;
     CU_CHECK(grads);
-    CU_STATUS(opt_grid(ctx, nblocks));
     CU_LAUNCH(ctx, scale_multi_kernel, (unsigned)nblocks, OPT_THREADS, 0, grads, tab, nspans,
               alpha);
     return SBPRT_OK;
@@ -335,14 +340,12 @@ extern "C" int sbprt_sgd_update_multi(sbprt_ctx *ctx, float *params, const float
                                       const sbprt_span *spans, int nspans, double lr,
                                       double weight_decay)
 {
-    CU_CHECK(ctx && nspans >= 0 && (nspans == 0 || spans));
     const opt_span *tab;
-    size_t nblocks, nparts;
-    CU_STATUS(opt_spans(ctx, spans, nspans, &tab, &nblocks, &nparts));
+    size_t nblocks;
+    CU_STATUS(opt_prepare(ctx, spans, nspans, 0, &tab, &nblocks));
     if (nblocks == 0)
         return SBPRT_OK;
     CU_CHECK(params && grads);
-    CU_STATUS(opt_grid(ctx, nblocks));
     CU_LAUNCH(ctx, sgd_multi_kernel, (unsigned)nblocks, OPT_THREADS, 0, params, grads, tab, nspans,
               (float)lr, (float)weight_decay);
     return SBPRT_OK;
@@ -353,15 +356,14 @@ extern "C" int sbprt_adamw_update_multi(sbprt_ctx *ctx, float *params, float *m,
                                         double lr, double beta1, double beta2, double eps,
                                         double weight_decay, int step)
 {
-    CU_CHECK(ctx && nspans >= 0 && (nspans == 0 || spans) && step >= 1);
+    CU_CHECK(step >= 1);
     CU_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1 && eps >= 0);
     const opt_span *tab;
-    size_t nblocks, nparts;
-    CU_STATUS(opt_spans(ctx, spans, nspans, &tab, &nblocks, &nparts));
+    size_t nblocks;
+    CU_STATUS(opt_prepare(ctx, spans, nspans, 0, &tab, &nblocks));
     if (nblocks == 0)
         return SBPRT_OK;
     CU_CHECK(params && m && v && grads);
-    CU_STATUS(opt_grid(ctx, nblocks));
     const adamw_consts c = adamw_make(lr, beta1, beta2, eps, weight_decay, step);
     CU_LAUNCH(ctx, adamw_multi_kernel, (unsigned)nblocks, OPT_THREADS, 0, params, m, v, grads, tab,
               nspans, c);
