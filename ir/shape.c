@@ -1388,6 +1388,37 @@ static int infer_constant(ir_graph *g, ir_node *n)
     }
 }
 
+/* TopK(X, K): values like X with K along the axis (default -1), and int64 indices of the same
+ * shape. K is a one-element int64 input; unknown until it is constant. */
+static int infer_top_k(ir_graph *g, ir_node *n)
+{
+    const ir_value *x = in_at(n, 0), *kv = in_at(n, 1);
+    ir_dtype dt = x ? x->dtype : IR_DT_UNDEFINED;
+    if (!x || x->rank < 0) {
+        if (set_out(g, n, 0, dt, NULL) != IR_OK)
+            return IR_ERR;
+        return set_out(g, n, 1, IR_DT_INT64, NULL);
+    }
+    if (x->rank < 1)
+        return node_err(g, n, "TopK needs an input of rank >= 1");
+    int axis = norm_axis(g, n, ir_attr_int(n, "axis", -1), x->rank, "axis");
+    if (axis < 0)
+        return IR_ERR;
+    shp s = shp_of(x);
+    int64_t k[2];
+    if (kv && ir_const_ints(kv, k, 2) == 1) {
+        if (k[0] < 0 || (dk(x->dims[axis]) && k[0] > x->dims[axis].value))
+            return node_err(g, n, "input 1 ('%s'): k = %lld is outside [0, %lld]", kv->name,
+                            (long long)k[0], (long long)x->dims[axis].value);
+        s.d[axis] = dim_known(k[0]);
+    } else {
+        s.d[axis] = (ir_dim){-1, NULL};
+    }
+    if (set_out(g, n, 0, dt, &s) != IR_OK)
+        return IR_ERR;
+    return set_out(g, n, 1, IR_DT_INT64, &s);
+}
+
 /* ------------------------------------------------------------------ reductions and norms */
 
 static int infer_reduce(ir_graph *g, ir_node *n)

@@ -242,6 +242,12 @@ int sbprt_tanh_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n);
 /* dx += dout * (1 - y²), with y = tanh(x) the forward's OUTPUT (as PyTorch's tanh_backward),
  * so that the input need not be kept.   dx, dout, y: [n] */
 int sbprt_tanh_backward(sbprt_ctx *ctx, float *dx, const float *dout, const float *y, size_t n);
+/* Sigmoid: 1 / (1 + exp(-x)).   out, x: [n] */
+int sbprt_sigmoid_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n);
+/* dx += dout * y (1 - y), with y = sigmoid(x) the forward's OUTPUT (as PyTorch's
+ * sigmoid_backward), so that the input need not be kept.   dx, dout, y: [n] */
+int sbprt_sigmoid_backward(sbprt_ctx *ctx, float *dx, const float *dout, const float *y,
+                           size_t n);
 /* SwiGLU product: out = silu(gate) * up.  out may alias gate or up.
  *   out, gate, up: [n] */
 int sbprt_swiglu_forward(sbprt_ctx *ctx, float *out, const float *gate, const float *up,
@@ -469,6 +475,55 @@ int sbprt_sp_attention_backward(sbprt_ctx *ctx, float *dq, float *dkh, float *dv
                                 float *s4, int b, int t, int tl, int hq, int hkv, int d,
                                 int q_start, float scale, int window, float softcap,
                                 int nranks);
+
+/* ---- Mixture-of-Experts (runtime/cpu/moe.c, runtime/cuda/moe.cu) --------------------- */
+
+/* A routed layer of SwiGLU experts (Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE) over n token rows:
+ *   z[r, :]  = x[r] wrᵀ                      the router's logits over the e experts
+ *   p[r, :]  = softmax(z[r, :])               probs: [n, e] (written, for the backward)
+ *   sel[r, :] the k largest p[r, :] in descending order; equal values: the lower expert
+ *             index first (ONNX TopK)         sel: [n, k] int32 (written)
+ *   v[r, j]  = p[r, sel[r, j]]
+ *   wts[r, j] = norm_topk ? v[r, j] / Σ_j' v[r, j'] : v[r, j]     wts: [n, k] (written)
+ *   y[r]     = Σ_{j = 0 .. k-1, in this order} wts[r, j] · FFN_{sel[r, j]}(x[r])
+ *   FFN_i(u) = w2[i] (silu(w1[i][0:f] u) ⊙ (w1[i][f:2f] u))
+ * with x: [n, d], wr: [e, d], w1: [e, 2f, d] (rows [0, f) the gate projection, [f, 2f) the up
+ * projection, each out x in, as transformers' fused gate_up_proj), w2: [e, d, f]
+ * (down_proj), y: [n, d].  Only the experts a row selects run on it: the n*k (row, choice)
+ * pairs are sorted by expert (stably: row, then choice, within an expert) and each expert's
+ * matrices are one GEMM over its own rows, so the work is proportional to k, not e.
+ * stats: [2e] or NULL; when given it ACCUMULATES the load-balancing loss's sums,
+ *   stats[i] += #{(r, j) : sel[r, j] = i},    stats[e + i] += Σ_r p[r, i]
+ * (the forward that counts each row once passes it; a recomputation passes NULL).
+ * scratch: sbprt_moe_scratch_floats(n, d, e, k, f) floats, the same for every routing, so a
+ * memory plan can hold it.  1 <= k <= e. */
+int sbprt_moe_forward(sbprt_ctx *ctx, float *y, float *probs, int32_t *sel, float *wts,
+                      float *stats, const float *x, const float *wr, const float *w1,
+                      const float *w2, float *scratch, int n, int d, int e, int k, int f,
+                      int norm_topk);
+/* Its backward, ACCUMULATED into dx [n, d], dwr [e, d], dw1 [e, 2f, d] and dw2 [e, d, f]
+ * (each may be NULL: not computed), from dy [n, d] and the forward's x, weights, probs, sel
+ * and wts; the experts' activations are recomputed here from x (they are not kept).  The
+ * router's gradient flows through wts (the renormalisation, then the softmax); the selection
+ * itself has none.  The load-balancing term aux_scale · Σ_i c_i P_i, with c_i = stats[i] the
+ * step's counts and P_i the probabilities summed over the step's rows, adds
+ * aux_scale · stats[i] to dL/dp[r, i] for every row r (aux_scale 0 or stats NULL: nothing).
+ * scratch: as the forward's. */
+int sbprt_moe_backward(sbprt_ctx *ctx, float *dx, float *dwr, float *dw1, float *dw2,
+                       const float *dy, const float *x, const float *wr, const float *w1,
+                       const float *w2, const float *probs, const int32_t *sel,
+                       const float *wts, const float *stats, float *scratch, int n, int d,
+                       int e, int k, int f, int norm_topk, float aux_scale);
+/* Floats of scratch the two calls above need: the sorted copies of the rows and their
+ * activations (n*k rows of d, 2f, f, d floats), their gradients, and the routing tables (the
+ * sort's order and each expert's first row, stored as int32 in float slots), each piece
+ * rounded up to 64 floats.  It depends on the sizes alone, never on the routing. */
+static inline size_t sbprt_moe_scratch_floats(int n, int d, int e, int k, int f)
+{
+    size_t nk = (size_t)n * (size_t)k;
+    return nk * (2 * (size_t)d + 6 * (size_t)f + 3) + (size_t)n * (size_t)e + (size_t)e + 1 +
+           16 * 64;
+}
 
 /* ---- losses ------------------------------------------------------------------------- */
 

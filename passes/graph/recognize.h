@@ -29,6 +29,7 @@ ir_node *rz_replace(ir_graph *g, ir_op op, ir_value *const *in, int n_in, ir_val
 
 /* The recognisers, run in this order by sbp_pass_recognize (recognize.c). Each returns IR_OK or
  * IR_ERR and rewrites every occurrence it finds. */
+int sbp_recognize_moe(ir_graph *g);         /* MoE (router, top-k, routed SwiGLU experts) */
 int sbp_recognize_norms(ir_graph *g);       /* LayerNorm, RMSNorm (all forms) */
 int sbp_recognize_activations(ir_graph *g); /* Gelu (tanh, erf), Silu, SwiGLU */
 int sbp_recognize_rope(ir_graph *g);        /* Rope (rotate-half with cos/sin tables) */
