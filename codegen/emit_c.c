@@ -347,6 +347,10 @@ static void emit_info(const sbp_train_program *p, const sbp_codegen_options *o, 
             (long long)p->seq_len, (long long)p->vocab, p->n_params, p->param_elems,
             p->workspace_bytes, peak, p->grad_elems);
     sbp_emit_objective_info(p, f); /* DPO / GRPO: beta, epsilon, grpo_norm */
+    if (p->moe_layers > 0)
+        fprintf(f, "    .moe_layers = %d,\n    .moe_experts = %lld,\n"
+                   "    .router_aux_coef = %.17g, /* the load-balancing loss's coefficient */\n",
+                p->moe_layers, (long long)p->moe_experts, p->moe_aux_coef);
     if (p->packed)
         fputs("    .packed = 1, /* args->doc_ids required */\n", f);
     if (p->g->lora_rank > 0)
@@ -850,6 +854,31 @@ static void emit_logps_run(const sbp_train_program *p, const sbp_codegen_options
     fputs("    return SBPRT_OK;\n}\n", f);
 }
 
+/* A MoE step's load-balancing term, from the sums its forward accumulated (train.h: moe_*),
+ * on the host in double, in expert order: coef * E / R^2 * sum_e c_e P_e, added to the loss. */
+static void emit_moe_aux(const sbp_train_program *p, FILE *f)
+{
+    if (p->moe_stats_buf < 0)
+        return;
+    fprintf(f,
+            "\n    /* the load-balancing loss: E / R^2 sum_e c_e P_e over the %d MoE layers (R = "
+            "%.17g rows) */\n"
+            "    float moe_sums[%lld];\n"
+            "    TRY(sbprt_memcpy(ctx, moe_sums, ws + %s, sizeof moe_sums,\n"
+            "                     SBPRT_COPY_DEVICE_TO_HOST));\n"
+            "    double aux = 0;\n"
+            "    for (int e = 0; e < %lld; e++)\n"
+            "        aux += (double)moe_sums[e] * (double)moe_sums[%lld + e];\n"
+            "    aux *= %.17g; /* router_aux_coef * E / R^2 */\n"
+            "    *args->loss += aux;\n"
+            "    if (args->aux_loss)\n"
+            "        *args->aux_loss = aux;\n",
+            p->moe_layers, p->moe_aux_rows, (long long)(2 * p->moe_experts),
+            ws_macro(p, p->bufs[p->moe_stats_buf]), (long long)p->moe_experts,
+            (long long)p->moe_experts,
+            p->moe_aux_coef * (double)p->moe_experts / (p->moe_aux_rows * p->moe_aux_rows));
+}
+
 /* sbp_step_run, or for the evaluation program (p->forward_only) sbp_step_eval: the same
  * checks, scored-position count and mean's divisor, then the program's blocks and the loss. */
 static void emit_run(const sbp_train_program *p, const sbp_codegen_options *o, FILE *f)
@@ -944,13 +973,15 @@ static void emit_run(const sbp_train_program *p, const sbp_codegen_options *o, F
     for (int i = 0; i < p->n_blocks; i++)
         fprintf(f, "    TRY(%s(ctx, P, G, ws, ids, labels, scale, args));\n", p->blocks[i]->name);
     sbp_emit_target_run_end(p, o, f);
-    if (p->loss_buf >= 0)
+    if (p->loss_buf >= 0) {
         fprintf(f,
                 "\n    float loss_sum = 0;\n"
                 "    TRY(sbprt_memcpy(ctx, &loss_sum, ws + %s, sizeof loss_sum,\n"
                 "                     SBPRT_COPY_DEVICE_TO_HOST));\n"
                 "    *args->loss = denom > 0 ? (double)loss_sum / denom : 0.0;\n",
                 ws_macro(p, p->bufs[p->loss_buf]));
+        emit_moe_aux(p, f);
+    }
     fputs("    return SBPRT_OK;\n}\n", f);
 }
 

@@ -87,7 +87,7 @@
 
 #include "sbprt.h"
 
-#define SBP_STEP_ABI_VERSION 8
+#define SBP_STEP_ABI_VERSION 9
 #define SBP_STEP_MAX_RANK 8
 
 typedef struct sbp_step_param {
@@ -190,6 +190,18 @@ typedef struct sbp_step_info {
                                         * (see "Objectives"): ref_logps (DPO), advantages (GRPO),
                                         * row_logps and sbp_step_logps's row_logps are [B*T],
                                         * document k of row b at b*T + k */
+    /* ABI 9: Mixture-of-Experts (docs/moe-export.md). */
+    int moe_layers;                    /* the step's MoE layers (0: a dense model) */
+    int64_t moe_experts;               /* E, the experts of each */
+    double router_aux_coef;            /* the load-balancing loss's coefficient (sbpc
+                                        * --router-aux-coef, default the config's
+                                        * router_aux_loss_coef; 0: the term is off): *loss is
+                                        * transformers' CE + router_aux_coef x aux, aux =
+                                        * E / R^2 Σ_e c_e P_e pooled over the MoE layers (c_e
+                                        * the (token, choice) pairs routed to expert e, P_e its
+                                        * router probabilities summed over the tokens, R the
+                                        * tokens of all MoE layers); the term is this batch's,
+                                        * whatever args->denominator */
 } sbp_step_info;
 
 typedef struct sbp_step_args {
@@ -236,6 +248,10 @@ typedef struct sbp_step_args {
                                         * [B*T], document k of row b's logp at b*T + k, 0
                                         * elsewhere; other objectives do not write it (see
                                         * "Objectives") */
+    /* ABI 9 */
+    double *aux_loss;                  /* out, may be NULL: a MoE step's router_aux_coef x
+                                        * aux, the part of *loss the load-balancing term
+                                        * adds (0 for a dense model); HOST memory */
 } sbp_step_args;
 
 /* Floats of the parameter block that parameter p occupies (a tied parameter: none). */

@@ -10,6 +10,7 @@
  * (sbpio_json_u64 for sizes and offsets).
  */
 #include <stdarg.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -603,6 +604,24 @@ bool sbpio_json_object_u64(const char *text, size_t n, const char *key, uint64_t
     sbpio_json_doc *doc = sbpio_json_parse(text, n, &root, err, sizeof err);
     const sbpio_json *v = doc && root->kind == SBPIO_JSON_OBJECT ? sbpio_json_get(root, key) : NULL;
     bool ok = v && sbpio_json_u64(v, out);
+    sbpio_json_free(doc);
+    return ok;
+}
+
+bool sbpio_json_object_f64(const char *text, size_t n, const char *key, double *out)
+{
+    const sbpio_json *root = NULL;
+    char err[160];
+    sbpio_json_doc *doc = sbpio_json_parse(text, n, &root, err, sizeof err);
+    const sbpio_json *v = doc && root->kind == SBPIO_JSON_OBJECT ? sbpio_json_get(root, key) : NULL;
+    bool ok = false;
+    if (v && v->kind == SBPIO_JSON_NUMBER) { /* the parser checked the literal's syntax */
+        char *end = NULL;
+        double x = strtod(v->str, &end);
+        ok = end && *end == 0 && isfinite(x);
+        if (ok)
+            *out = x;
+    }
     sbpio_json_free(doc);
     return ok;
 }

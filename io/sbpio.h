@@ -259,6 +259,9 @@ int sbpio_st_open_mem(const void *buf, size_t len, const char *name, sbpio_st_fi
  * missing or no such integer. */
 char *sbpio_json_quote(const char *s);
 bool sbpio_json_object_u64(const char *text, size_t n, const char *key, uint64_t *out);
+/* The member `key` of a JSON object given as text as a finite number (any JSON number): true
+ * and *out, false when missing or not a number. */
+bool sbpio_json_object_f64(const char *text, size_t n, const char *key, double *out);
 /* The member `key` of a JSON object as token ids: a non-negative integer, or an array of them
  * (transformers' eos_token_id is either). Returns how many were stored into ids[0..max), 0
  * when the text is not an object, the member is missing, or it is neither (or holds more than

@@ -363,6 +363,8 @@ static void print_step(const train_step_stats *st)
     /* "step N loss X" first: scripts parse that prefix; the other fields follow */
     printf("step %lld loss %.6f tokens/s %.1f lr %.9g grad_norm %.9g", (long long)st->step,
            st->loss, st->tokens_per_s, st->lr, st->grad_norm);
+    if (!isnan(st->aux_loss)) /* MoE: the load-balancing term, part of the loss */
+        printf(" aux_loss %.9g", st->aux_loss);
     const train_rewards_stats *w = &st->rewards; /* DPO: TRL's rewards/... */
     if (!isnan(w->margin))
         printf(" rewards_chosen %.9g rewards_rejected %.9g rewards_margin %.9g "

@@ -116,6 +116,10 @@ static void usage(FILE *f)
             "  --epsilon F        grpo: the ratio is clipped to [1-F, 1+F] (default 0.2)\n"
             "  --grpo-norm N      grpo: sequence (default: mean over rows of each row's mean\n"
             "                     token loss) or token (sum over tokens / scored tokens)\n"
+            "  --router-aux-coef F Mixture-of-Experts models: the load-balancing loss's\n"
+            "                     coefficient (default: router_aux_loss_coef of the config\n"
+            "                     sbp-export recorded, else 0; 0 turns the term off): the\n"
+            "                     loss is transformers' cross-entropy + F x aux\n"
             "  --freeze REGEX     do not train parameters whose name matches (POSIX extended;\n"
             "                     may be repeated)\n"
             "  --lora RANK        LoRA: add PEFT's low-rank adapters (lora_A [RANK,in], lora_B\n"
@@ -416,7 +420,8 @@ enum { OPT_BATCH = 256, OPT_SEQ_LEN, OPT_NO_RETIE, OPT_DUMP_IR, OPT_DUMP_PARAMS,
        OPT_BETA, OPT_EPSILON, OPT_GRPO_NORM, OPT_FREEZE, OPT_REPORT, OPT_MEMORY_PLOT,
        OPT_VERSION, OPT_NO_EVAL, OPT_PACKED, OPT_DOC_LEN, OPT_LORA, OPT_LORA_ALPHA,
        OPT_LORA_TARGETS, OPT_LORA_SEED, OPT_RANKS, OPT_ZERO, OPT_BASE_PRECISION, OPT_OFFLOAD,
-       OPT_HOST_BUDGET, OPT_SEQ_PARALLEL, OPT_PER_DOCUMENT, OPT_KEEP_C, OPT_TF32 };
+       OPT_HOST_BUDGET, OPT_SEQ_PARALLEL, OPT_PER_DOCUMENT, OPT_KEEP_C, OPT_TF32,
+       OPT_ROUTER_AUX_COEF };
 
 /* --target T or --precision P into t; 0, or -1 after a message. */
 static int target_parse(cli *c, int opt, const char *v, sbpc_target *t)
@@ -492,6 +497,7 @@ typedef struct sbpc_options {
     sbp_objective objective;      /* --objective */
     const char *beta_given;       /* "--beta" when given: DPO and GRPO only */
     const char *grpo_given;       /* "--epsilon" / "--grpo-norm" when given: GRPO only */
+    bool aux_coef_given;          /* --router-aux-coef (else the config's, aux_coef_default) */
     sbpc_target tgt;              /* --target, --precision, --base-precision */
     sbp_lora_options lora;        /* --lora RANK, --lora-alpha, --lora-targets, --lora-seed */
     const char *lora_given;       /* a --lora-* flag seen: it needs --lora RANK */
@@ -607,6 +613,9 @@ static int parse_objective_option(cli *c, int o, const char *v, sbpc_options *s)
     case OPT_BETA:
         s->beta_given = "--beta";
         return cli_real(c, "--beta", v, &s->train.beta);
+    case OPT_ROUTER_AUX_COEF:
+        s->aux_coef_given = true;
+        return cli_real(c, "--router-aux-coef", v, &s->train.moe_aux_coef);
     case OPT_EPSILON:
         s->grpo_given = "--epsilon";
         return cli_real(c, "--epsilon", v, &s->train.epsilon);
@@ -708,6 +717,7 @@ static int parse_command_line(cli *c, int argc, char **argv, sbpc_options *s)
         {"per-document", no_argument, NULL, OPT_PER_DOCUMENT},
         {"keep-c", no_argument, NULL, OPT_KEEP_C},
         {"tf32", no_argument, NULL, OPT_TF32},
+        {"router-aux-coef", required_argument, NULL, OPT_ROUTER_AUX_COEF},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
         {"lora", required_argument, NULL, OPT_LORA},
@@ -972,6 +982,27 @@ static int run(const sbpc_options *s)
     return rc;
 }
 
+/* The load-balancing loss's coefficient of a Mixture-of-Experts model when --router-aux-coef
+ * is not given: router_aux_loss_coef of the config.json sbp-export recorded ("sbp.config.json"
+ * in the ONNX metadata), as transformers' loss uses it; 0 without one (a dense model never
+ * reads it). */
+static void aux_coef_default(sbpc_options *s)
+{
+    if (s->aux_coef_given || !s->model)
+        return;
+    sbpio_kv *kv = NULL;
+    int n = 0;
+    char why[600];
+    if (sbpio_onnx_meta_read(s->model, &kv, &n, why, sizeof why) != SBPIO_OK)
+        return; /* the import reports an unreadable file */
+    const char *cfg = sbpio_onnx_meta_get(kv, n, "sbp.config.json");
+    double coef = 0;
+    if (cfg && sbpio_json_object_f64(cfg, strlen(cfg), "router_aux_loss_coef", &coef) &&
+        coef >= 0)
+        s->train.moe_aux_coef = coef;
+    sbpio_onnx_meta_free(kv, n);
+}
+
 int main(int argc, char **argv)
 {
     cli c;
@@ -984,5 +1015,6 @@ int main(int argc, char **argv)
     }
     if (check_options(&c, &s) != 0 || choose_first_stop(&s) != 0)
         return 1;
+    aux_coef_default(&s);
     return run(&s);
 }

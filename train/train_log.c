@@ -117,8 +117,8 @@ static size_t put_number(char *buf, size_t n, size_t k, const char *key, double 
 }
 
 int train_log_step(train_log *l, int64_t s, double loss, double lr, double grad_norm,
-                   double tokens_per_s, double eval_loss, const train_rewards_stats *rewards,
-                   char *err, size_t errlen)
+                   double tokens_per_s, double eval_loss, double aux_loss,
+                   const train_rewards_stats *rewards, char *err, size_t errlen)
 {
     if (!l->f)
         return 0;
@@ -131,6 +131,8 @@ int train_log_step(train_log *l, int64_t s, double loss, double lr, double grad_
     k = put_number(line, sizeof line, k, "elapsed_s", train_log_now() - l->t0);
     if (!isnan(eval_loss))
         k = put_number(line, sizeof line, k, "eval_loss", eval_loss);
+    if (!isnan(aux_loss)) /* a MoE step: the load-balancing term inside loss */
+        k = put_number(line, sizeof line, k, "aux_loss", aux_loss);
     if (rewards && !isnan(rewards->margin)) {
         k = put_number(line, sizeof line, k, "rewards_chosen", rewards->chosen);
         k = put_number(line, sizeof line, k, "rewards_rejected", rewards->rejected);

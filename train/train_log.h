@@ -35,11 +35,11 @@ typedef struct train_log {
  * last checkpoint, which the resumed run redoes), rewritten atomically, then appended to. */
 int train_log_open(train_log *l, const char *path, int64_t keep_through, char *err,
                    size_t errlen);
-/* Appends step s's line and flushes it; eval_loss NaN: none; rewards NULL or NaN: none. 0, or
- * -1 with a message. */
+/* Appends step s's line and flushes it; eval_loss NaN: none; aux_loss (a MoE step's
+ * load-balancing term) NaN: none; rewards NULL or NaN: none. 0, or -1 with a message. */
 int train_log_step(train_log *l, int64_t s, double loss, double lr, double grad_norm,
-                   double tokens_per_s, double eval_loss, const train_rewards_stats *rewards,
-                   char *err, size_t errlen);
+                   double tokens_per_s, double eval_loss, double aux_loss,
+                   const train_rewards_stats *rewards, char *err, size_t errlen);
 /* Closes the log; 0, or -1 with a message when the last writes failed. NULL-safe. */
 int train_log_close(train_log *l, char *err, size_t errlen);
 /* CLOCK_MONOTONIC, in seconds. */

@@ -552,7 +552,7 @@ static int load_micro(train_run *r, int64_t k, int64_t *pad_pairs)
 /* The K micro-batches, the gradients accumulated with the whole batch's denominator; *loss
  * their sum; a failed status names the step (and the micro-batch). */
 static int run_micro_batches(train_run *r, int64_t s, double denominator, double *loss,
-                             int64_t *pad_pairs)
+                             double *aux_loss, int64_t *pad_pairs)
 {
     const train_steplib *L = &r->lib;
     const train_rt *rt = &L->rt;
@@ -563,10 +563,12 @@ static int run_micro_batches(train_run *r, int64_t s, double denominator, double
     int st = SBPRT_OK;
     int64_t micro = 0; /* after a failure: the failed micro-batch's number, from 1 */
     train_rewards_begin(&r->rewards);
+    const bool moe = L->in->moe_layers > 0;
+    *aux_loss = moe ? 0 : NAN;
     for (*loss = 0; micro < K && st == SBPRT_OK; micro++) {
         if (load_micro(r, micro, pad_pairs))
             return -1;
-        double micro_loss = NAN;
+        double micro_loss = NAN, micro_aux = 0;
         sbp_step_args args = {
             .params = m->step_params, .grads = m->step_grads, .accumulate = micro > 0,
             .input_ids = m->d_ids, .labels = m->d_labels, .denominator = denominator,
@@ -575,11 +577,14 @@ static int run_micro_batches(train_run *r, int64_t s, double denominator, double
             .advantages = ti->mb_adv ? m->d_adv : NULL,
             .doc_ids = m->d_doc_ids, /* NULL unless the step is packed */
             .row_logps = train_rewards_out(&r->rewards), /* DPO: host memory */
+            .aux_loss = moe ? &micro_aux : NULL,
         };
         st = L->run(rt->step_ctx, &args);
         if (!st)
             st = rt->sync(*rt->sync_ctx);
         *loss += micro_loss;
+        if (moe)
+            *aux_loss += micro_aux;
         if (!st)
             train_rewards_add(&r->rewards, ti->mb_ref, ti->mb_labels, r->mb_doc_ids);
     }
@@ -669,7 +674,7 @@ static int64_t step_launches(const train_steplib *L)
 int train_run_step(train_run *r, train_step_stats *st)
 {
     const int64_t s = r->next;
-    *st = (train_step_stats){.step = s, .eval_loss = NAN};
+    *st = (train_step_stats){.step = s, .eval_loss = NAN, .aux_loss = NAN};
     if (train_source_next(&r->src, s, r->s))
         return -1;
     if (r->src.row_ex || r->src.doc_ex) /* a DPO / GRPO dataset's: reference, advantages */
@@ -679,7 +684,7 @@ int train_run_step(train_run *r, train_step_stats *st)
     const double denominator = ti_denominator(&r->ti, r->src.labels, r->src.doc_ids);
     int64_t pad_pairs = 0; /* DPO pairs of padding on this rank */
     char err[512];
-    if (run_micro_batches(r, s, denominator, &st->loss, &pad_pairs) ||
+    if (run_micro_batches(r, s, denominator, &st->loss, &st->aux_loss, &pad_pairs) ||
         reduce_loss(r, s, denominator, pad_pairs, &st->loss))
         return -1;
     if (train_rewards_finish(&r->rewards, r->dist, denominator, &st->rewards, err, sizeof err))
@@ -776,7 +781,7 @@ int train_run_end_step(train_run *r, train_step_stats *st)
     if (train_eval_due(&o->eval, s, o->steps) && run_eval(r, s, &st->eval_loss))
         return -1;
     if (train_log_step(&r->log, s, st->loss, st->lr, st->grad_norm, st->tokens_per_s,
-                       st->eval_loss, &st->rewards, err, sizeof err))
+                       st->eval_loss, st->aux_loss, &st->rewards, err, sizeof err))
         return train_err(r->s, "step %lld: %s", (long long)s, err);
     /* the signal this step acts on, read once: under mpirun the ranks' combined one, so that
      * every rank decides alike whether a checkpoint is due */

@@ -791,10 +791,51 @@ int lower_emit_blocks(tctx *t, ir_node **nodes, int nn, const ir_value *loss)
 }
 
 
+/* Mixture-of-Experts: the load-balancing loss's sums, one [2E] buffer for the whole step (the
+ * loss pools the layers), zeroed at the start of the forward (tx_emit_doc_setup), added to by
+ * each MoE layer's forward, read by their backwards and by the step after its blocks. */
+static int bind_moe(tctx *t, const sbp_train_options *opt)
+{
+    ir_graph *g = t->g;
+    sbp_train_program *p = t->p;
+    p->moe_stats_buf = -1;
+    p->moe_layers = 0;
+    p->moe_experts = 0;
+    double rows = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const ir_node *n = g->nodes[i];
+        if (n->dead || n->op != IR_OP_MOE)
+            continue;
+        const ir_value *x = n->in[0], *wr = n->in[1];
+        int64_t e = wr->rank == 2 ? wr->dims[0].value : 0;
+        if (p->moe_layers > 0 && e != p->moe_experts)
+            return tx_error(t, n, "MoE layers with different expert counts (%lld and %lld): "
+                                  "the load-balancing loss pools them over one set of experts",
+                            (long long)p->moe_experts, (long long)e);
+        p->moe_experts = e;
+        p->moe_layers++;
+        if (x->rank >= 1 && x->dims[x->rank - 1].value > 0)
+            rows += (double)tx_numel(x) / (double)x->dims[x->rank - 1].value;
+    }
+    if (p->moe_layers == 0)
+        return IR_OK;
+    p->moe_aux_rows = rows;
+    p->moe_aux_coef = opt->moe_aux_coef;
+    p->moe_aux_scale = rows > 0 ? opt->moe_aux_coef * (double)p->moe_experts / (rows * rows) : 0;
+    p->moe_stats_buf = tx_new_buf(t, TP_BUF_WS, "moe_stats", NULL, (size_t)(2 * p->moe_experts),
+                                  false, false, TP_REGION_PERSIST,
+                                  "load-balancing sums: routed pairs, then router probabilities, "
+                                  "per expert over every MoE layer");
+    if (p->moe_stats_buf < 0)
+        return ir_diag_error(g->diag, "out of memory");
+    return IR_OK;
+}
+
 int lower_analyze(tctx *t, const ir_value *loss, const sbp_train_options *opt)
 {
     ir_graph *g = t->g;
-    if (build_params(t) != IR_OK || bind_inputs(t) != IR_OK || pref_setup(t, opt) != IR_OK)
+    if (build_params(t) != IR_OK || bind_inputs(t) != IR_OK || pref_setup(t, opt) != IR_OK ||
+        bind_moe(t, opt) != IR_OK)
         return IR_ERR;
     if (plan(t, g->nodes, g->n_nodes, loss) != IR_OK)
         return IR_ERR;

@@ -17,6 +17,8 @@
  */
 #include "train_internal.h"
 
+#include "sbprt.h" /* sbprt_moe_scratch_floats */
+
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -432,6 +434,123 @@ static int swiglu_bwd(tctx *t, const ir_node *n)
     if (gy >= 0 && (gg >= 0 || gu >= 0))
         tx_emit(t, TP_K_SWIGLU_BWD, BUFS(gg, gu, gy, tx_in(t, n, 0), tx_in(t, n, 1)),
                 ARGS(A_I(numel(n->in[0]))));
+    return IR_OK;
+}
+
+static int sigmoid_fwd(tctx *t, const ir_node *n)
+{
+    tx_emit(t, TP_K_SIGMOID_FWD, BUFS(tx_out(t, n, 0), tx_in(t, n, 0)),
+            ARGS(A_I(numel(n->in[0]))));
+    return IR_OK;
+}
+
+/* From the output, as tanh (recomputed into a scratch when the output's gradient overwrote
+ * it). */
+static int sigmoid_bwd(tctx *t, const ir_node *n)
+{
+    int gx = tx_gin(t, n, 0), gy = tx_gout(t, n, 0);
+    if (gx < 0 || gy < 0)
+        return IR_OK;
+    int y = tx_out(t, n, 0);
+    if (out_overwritten(t, n)) {
+        y = tx_aux(t, n, 0, tx_numel(n->out[0]), false, false, "sigmoid_again");
+        tx_emit(t, TP_K_SIGMOID_FWD, BUFS(y, tx_in(t, n, 0)), ARGS(A_I(numel(n->in[0]))));
+    }
+    tx_emit(t, TP_K_SIGMOID_BWD, BUFS(gx, gy, y), ARGS(A_I(numel(n->in[0]))));
+    return IR_OK;
+}
+
+/* ------------------------------------------------------------------ Mixture-of-Experts */
+
+/* MoE(x [R,d], router [E,d], gate_up [E,2F,d], down [E,d,F]) attrs k, norm_topk. The forward
+ * keeps each row's router probabilities, chosen experts and routing weights (R*(E + 2k), node-
+ * owned, so a recomputation refills them); the experts' activations live only in the call's
+ * scratch, whose size depends on R alone (sbprt_moe_scratch_floats), never on the routing: the
+ * plan holds for any routing. The backward recomputes them inside its call. */
+static int plan_moe(tctx *t, const ir_node *n)
+{
+    const ir_value *x = n->in[0], *wr = n->in[1], *w1 = n->in[2], *w2 = n->in[3];
+    if (x->rank < 1 || wr->rank != 2 || w1->rank != 3 || w2->rank != 3)
+        return tx_error(t, n, "MoE needs x [..., d], router [E, d], gate_up [E, 2F, d] and "
+                              "down [E, d, F]");
+    int64_t d = dim(x, -1), E = dim(wr, 0), F = dim(w2, 2), k = ir_attr_int(n, "k", 0);
+    if (dim(wr, 1) != d || dim(w1, 0) != E || dim(w1, 1) != 2 * F || dim(w1, 2) != d ||
+        dim(w2, 0) != E || dim(w2, 1) != d)
+        return tx_error(t, n, "MoE: the router and expert tensors do not match [E, d], "
+                              "[E, 2F, d], [E, d, F] with d = %lld", (long long)d);
+    if (k < 1 || k > E)
+        return tx_error(t, n, "MoE: top-k %lld is outside [1, %lld experts]", (long long)k,
+                        (long long)E);
+    if (t->p->bf16)
+        return tx_error(t, n, "Mixture-of-Experts layers have no bf16 form yet: compile with "
+                              "--precision fp32");
+    if (t->p->seq_parallel >= 1)
+        return tx_error(t, n, "Mixture-of-Experts layers are not supported with "
+                              "--seq-parallel yet");
+    if (t->p->moe_stats_buf >= 0 && t->p->moe_experts != E)
+        return tx_error(t, n, "MoE layers with different expert counts (%lld and %lld): the "
+                              "load-balancing loss pools them over one set of experts",
+                        (long long)t->p->moe_experts, (long long)E);
+    if (fits_int(t, n, rows_of(x)) || fits_int(t, n, d) || fits_int(t, n, E) ||
+        fits_int(t, n, F) || fits_int(t, n, rows_of(x) * k))
+        return IR_ERR;
+    return plan_natural(t, n);
+}
+
+static void moe_args(tctx *t, const ir_node *n, tp_arg *a)
+{
+    (void)t;
+    a[0] = A_I(rows_of(n->in[0]));
+    a[1] = A_I(dim(n->in[0], -1));
+    a[2] = A_I(dim(n->in[1], 0));
+    a[3] = A_I(ir_attr_int(n, "k", 1));
+    a[4] = A_I(dim(n->in[3], 2));
+    a[5] = A_I(ir_attr_int(n, "norm_topk", 0) != 0);
+}
+
+static int moe_scratch(tctx *t, const ir_node *n)
+{
+    size_t numel = sbprt_moe_scratch_floats((int)rows_of(n->in[0]), (int)dim(n->in[0], -1),
+                                            (int)dim(n->in[1], 0), (int)ir_attr_int(n, "k", 1),
+                                            (int)dim(n->in[3], 2));
+    return tx_node_buf(t, n, numel, false, false, "routing scratch (any routing)");
+}
+
+static int moe_fwd(tctx *t, const ir_node *n)
+{
+    size_t R = (size_t)rows_of(n->in[0]), E = (size_t)dim(n->in[1], 0);
+    size_t K = (size_t)ir_attr_int(n, "k", 1);
+    int probs = tx_aux(t, n, 0, R * E, false, false, "router probabilities");
+    int sel = tx_aux(t, n, 1, R * K, true, false, "chosen experts");
+    int wts = tx_aux(t, n, 2, R * K, false, false, "routing weights");
+    /* the load-balancing sums count each row once: in the forward, not when recomputed */
+    bool counts = !(t->cur_what && strcmp(t->cur_what, "recompute") == 0);
+    int stats = counts ? t->p->moe_stats_buf : -1;
+    tp_arg a[6];
+    moe_args(t, n, a);
+    tx_emit(t, TP_K_MOE_FWD,
+            BUFS(tx_out(t, n, 0), probs, sel, wts, stats, tx_in(t, n, 0), tx_in(t, n, 1),
+                 tx_in(t, n, 2), tx_in(t, n, 3), moe_scratch(t, n)),
+            a);
+    return IR_OK;
+}
+
+static int moe_bwd(tctx *t, const ir_node *n)
+{
+    int gy = tx_gout(t, n, 0), gx = tx_gin(t, n, 0), gr = tx_gin(t, n, 1);
+    int g1 = tx_gin(t, n, 2), g2 = tx_gin(t, n, 3);
+    if (gy < 0 || (gx < 0 && gr < 0 && g1 < 0 && g2 < 0))
+        return IR_OK;
+    const tn *r = tx_node(t, n);
+    double scale = t->p->moe_aux_scale;
+    tp_arg a[7];
+    moe_args(t, n, a);
+    a[6] = A_F(scale);
+    tx_emit(t, TP_K_MOE_BWD,
+            BUFS(gx, gr, g1, g2, gy, tx_in(t, n, 0), tx_in(t, n, 1), tx_in(t, n, 2),
+                 tx_in(t, n, 3), r->aux[0], r->aux[1], r->aux[2],
+                 scale != 0 ? t->p->moe_stats_buf : -1, moe_scratch(t, n)),
+            a);
     return IR_OK;
 }
 
@@ -1289,6 +1408,8 @@ static const grad_rule rules[] = {
     {IR_OP_SILU,           D0,   plan_rowwise,    silu_fwd,      silu_bwd},
     {IR_OP_RELU,           D0,   plan_float_unary, relu_fwd,     relu_bwd},
     {IR_OP_TANH,           D0,   plan_float_unary, tanh_fwd,     tanh_bwd},
+    {IR_OP_SIGMOID,        D0,   plan_float_unary, sigmoid_fwd,  sigmoid_bwd},
+    {IR_OP_MOE,            0xfu, plan_moe,        moe_fwd,       moe_bwd},
     {IR_OP_SWIGLU,         D01,  plan_swiglu,     swiglu_fwd,    swiglu_bwd},
     {IR_OP_ROPE,           D0,   plan_rope,       rope_fwd,      rope_bwd},
     {IR_OP_ATTENTION,      D012, plan_attention,  attention_fwd, attention_bwd},

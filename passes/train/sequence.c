@@ -322,6 +322,7 @@ static int node_rule(sctx *s, const ir_node *n)
             if (n->in[i] && sv(s, n->in[i])->state != SBP_SEQ_NONE)
                 return mixing(s, n, "its weight '%s' depends on the sequence", n->in[i]->name);
         return rowwise_like(s, n, true, 1);
+    case IR_OP_MOE: /* each row routed on its own: row-wise, with weights */
     case IR_OP_LAYER_NORM:
     case IR_OP_RMS_NORM:
         for (int i = 1; i < n->n_in; i++)
@@ -332,6 +333,7 @@ static int node_rule(sctx *s, const ir_node *n)
     case IR_OP_SILU:
     case IR_OP_RELU:
     case IR_OP_TANH:
+    case IR_OP_SIGMOID:
     case IR_OP_IDENTITY:
     case IR_OP_CAST:
         return rowwise_like(s, n, false, 1);

@@ -387,6 +387,16 @@ typedef struct sbp_train_program {
                                 * once on the whole sequence (the K/V path, static values) */
 
     int loss_buf;            /* float [1]: Σ of token losses of the forward */
+    /* Mixture-of-Experts (grad_rules.c, MoE): transformers' load-balancing loss, pooled over
+     * the MoE layers, aux = E / R² Σ_e c_e P_e (c_e: the (row, choice) pairs routed to expert
+     * e, P_e: its router probabilities summed over the rows, R: the rows of all MoE layers);
+     * the step's loss adds moe_aux_coef · aux (docs/moe-export.md) */
+    int moe_stats_buf;       /* WS float [2E]: c then P, accumulated by the forward; -1: no MoE */
+    int64_t moe_experts;     /* E */
+    int moe_layers;          /* MoE nodes */
+    double moe_aux_rows;     /* R */
+    double moe_aux_coef;     /* router_aux_loss_coef (0: the term is off) */
+    double moe_aux_scale;    /* moe_aux_coef · E / R²: d(coef · aux) / dP_e = scale · c_e */
     /* Packed documents (sbp_train_options.packed; see "Packed documents" above) */
     bool packed;
     bool per_document;       /* DPO / GRPO per document (sbp_train_options.per_document) */
@@ -482,6 +492,8 @@ typedef struct sbp_train_options {
                               * each row's tokens (seqpar.c; "Sequence parallelism" above; N =
                               * 1: one rank through the exchanges, which tests their paths on
                               * one device); 0: none */
+    double moe_aux_coef;     /* Mixture-of-Experts: the load-balancing loss's coefficient
+                              * (router_aux_loss_coef; 0: off) */
     bool eval;               /* sbp_train_build: also build the evaluation program (p->eval:
                               * SFT, graph loss) or the log-probability program (p->logps: DPO,
                               * GRPO) */

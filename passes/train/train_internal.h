@@ -152,8 +152,8 @@ int tx_aux(tctx *t, const ir_node *n, int idx, size_t numel, bool is_int, bool i
 /* Position table r % T for r in [0, rows) (int32 constant, shared); a packed program's
  * positions are its doc_pos buffer (rows must be B*T). */
 int tx_positions(tctx *t, int64_t rows, int64_t T);
-/* Packed programs: the document starts and positions from the ids, into t->cur (the forward
- * block's first calls); nothing otherwise. */
+/* The forward block's first calls, into t->cur: packed programs' document starts and positions
+ * from the ids; a MoE program's load-balancing sums zeroed; nothing otherwise. */
 void tx_emit_doc_setup(tctx *t);
 /* A float constant of n ones (shared per n). */
 int tx_ones(tctx *t, int64_t n);

@@ -347,6 +347,11 @@ int tx_aux(tctx *t, const ir_node *n, int idx, size_t numel, bool is_int, bool i
 void tx_emit_doc_setup(tctx *t)
 {
     sbp_train_program *p = t->p;
+    if (p->moe_stats_buf >= 0) { /* the load-balancing sums count this step's rows only */
+        t->cur_node = NULL;
+        t->cur_what = "the load-balancing loss's sums start at zero";
+        tx_zero_buf(t, p->moe_stats_buf);
+    }
     if (p->seq_parallel >= 1) {
         /* one rank's tokens of every row: their positions in the whole row; packed, the
          * whole rows' document ids and starts first (seqpar.c) */
