@@ -149,9 +149,7 @@ static void usage(FILE *f)
 
 enum { OPT_MODEL = 256, OPT_INPUT_IDS, OPT_LABELS, OPT_DATA, OPT_DUMP_GRADS, OPT_SAVE,
        OPT_REF_LOGPS, OPT_OLD_LOGPS, OPT_ADVANTAGES, OPT_GRAD_ACCUM, OPT_STEPS, OPT_THREADS,
-       OPT_LR, OPT_WEIGHT_DECAY, OPT_OPTIMIZER, OPT_VERSION,
-       /* safetensors export */
-       OPT_SAVE_SAFETENSORS,
+       OPT_LR, OPT_WEIGHT_DECAY, OPT_OPTIMIZER, OPT_VERSION, OPT_SAVE_SAFETENSORS,
        OPT_ZERO, OPT_SEQ_PARALLEL, OPT_DATASET, OPT_EPOCHS, OPT_SHUFFLE_SEED, OPT_EVAL_DATASET,
        OPT_SAVE_PRETRAINED, OPT_TOKENIZER, OPT_COMPUTE_LOGPS, OPT_REF_CACHE, OPT_HOST_BUDGET };
 
@@ -363,8 +361,7 @@ static void print_step(const train_step_stats *st)
     /* "step N loss X" first: scripts parse that prefix; the other fields follow */
     printf("step %lld loss %.6f tokens/s %.1f lr %.9g grad_norm %.9g", (long long)st->step,
            st->loss, st->tokens_per_s, st->lr, st->grad_norm);
-    if (!isnan(st->aux_loss)) /* MoE: the load-balancing term, part of the loss */
-        printf(" aux_loss %.9g", st->aux_loss);
+    if (!isnan(st->aux_loss)) printf(" aux_loss %.9g", st->aux_loss); /* MoE: load balancing */
     const train_rewards_stats *w = &st->rewards; /* DPO: TRL's rewards/... */
     if (!isnan(w->margin))
         printf(" rewards_chosen %.9g rewards_rejected %.9g rewards_margin %.9g "

@@ -182,6 +182,17 @@ static inline float ew_gelu_erf_grad(float x)
 /* For very negative x, expf(-x) overflows to +inf and the sigmoid correctly becomes 0. */
 static inline float ew_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+/* The Sigmoid op's own form (Qwen2-MoE's shared-expert gate, for one): e^-|x| never
+ * overflows, and for x < 0 the quotient e^x / (1 + e^x) keeps the tiny values that
+ * 1 / (1 + e^-x) flushes to 0 once e^-x overflows (x < -88.7).  SiLU and SwiGLU keep
+ * ew_sigmoid: there x * sigmoid(x) underflows long before it matters, and their bits stay
+ * as they were. */
+static inline float ew_sigmoid_stable(float x)
+{
+    float t = expf(-fabsf(x));
+    return x >= 0.0f ? 1.0f / (1.0f + t) : t / (1.0f + t);
+}
+
 static inline float ew_silu_grad(float x)
 {
     float s = ew_sigmoid(x);
@@ -261,6 +272,21 @@ int sbprt_tanh_backward(sbprt_ctx *ctx, float *dx, const float *dout, const floa
 {
     CPU_CHECK(ctx && (n == 0 || (dx && dout && y)));
     EW_FOR(dx[i] += dout[i] * (1.0f - y[i] * y[i]));
+    return SBPRT_OK;
+}
+
+int sbprt_sigmoid_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n)
+{
+    CPU_CHECK(ctx && (n == 0 || (out && x)));
+    EW_FOR(out[i] = ew_sigmoid_stable(x[i]));
+    return SBPRT_OK;
+}
+
+int sbprt_sigmoid_backward(sbprt_ctx *ctx, float *dx, const float *dout, const float *y,
+                           size_t n)
+{
+    CPU_CHECK(ctx && (n == 0 || (dx && dout && y)));
+    EW_FOR(dx[i] += dout[i] * (y[i] * (1.0f - y[i])));
     return SBPRT_OK;
 }
 

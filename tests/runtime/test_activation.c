@@ -1,5 +1,5 @@
 /*
- * test_activation.c — GELU (tanh and erf forms), SiLU, ReLU, tanh and the SwiGLU product,
+ * test_activation.c — GELU (tanh and erf forms), SiLU, ReLU, tanh, sigmoid and the SwiGLU product,
  * forward and backward, against double formulas and finite differences of those formulas.
  * ReLU's backward is also run on the forward's output (the same mask), tanh's takes the
  * forward's output by definition.
@@ -182,6 +182,48 @@ static void test_tanh(void **state)
     sbprt_ctx_destroy(ctx);
 }
 
+static double ref_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+/* sigmoid: the backward takes the forward's output y (dy * y (1 - y)).  Past x < -88.7,
+ * 1 / (1 + e^-x) in float flushes to 0; the kernel's e^x / (1 + e^x) form must keep those
+ * values, each within float rounding of the double one. */
+static void test_sigmoid(void **state)
+{
+    (void)state;
+    sbprt_ctx *ctx = rt_ctx(2);
+    rt_rng r = {15};
+    float *x = rt_random(&r, N, -12, 12), *y = RT_NEW(float, N);
+    double *ref = RT_NEW(double, N);
+    for (size_t i = 0; i < N; i++)
+        ref[i] = ref_sigmoid(x[i]);
+    rt_assert_ok(sbprt_sigmoid_forward(ctx, y, x, N));
+    rt_assert_err(rt_rel_err(y, ref, N), RT_TOL, "sigmoid");
+
+    /* -100 .. -89: subnormal results (the spacing there is 2^-149 = 1.4e-45); -87, -80:
+     * normal ones, to float rounding */
+    float tail[6] = {-100.0f, -95.0f, -89.0f, -87.0f, -80.0f, 60.0f}, ty[6];
+    rt_assert_ok(sbprt_sigmoid_forward(ctx, ty, tail, 6));
+    for (int i = 0; i < 6; i++) {
+        double want = ref_sigmoid(tail[i]);
+        assert_true(ty[i] > 0.0f);
+        assert_true(fabs(ty[i] - want) <= 1e-6 * want + 1.5e-45);
+    }
+
+    float *dy = rt_random(&r, N, -1, 1);
+    float *dx = rt_random(&r, N, -1, 1), *dx0 = rt_copy(dx, N);
+    for (size_t i = 0; i < N; i++)
+        ref[i] = dy[i] * ref_sigmoid(x[i]) * (1.0 - ref_sigmoid(x[i]));
+    rt_assert_ok(sbprt_sigmoid_backward(ctx, dx, dy, y, N));
+    rt_assert_err(rt_rel_err_delta(dx, dx0, ref, N), RT_TOL, "sigmoid backward");
+    act_fd st = {ref_sigmoid, rt_to_double(dy, N), rt_to_double(x, N), 0, N};
+    rt_assert_err(rt_fd_check(act_f, act_focus, &st, st.x, N, dx, dx0, FD_POINTS), RT_TOL,
+                  "sigmoid backward fd");
+    assert_int_equal(sbprt_sigmoid_forward(ctx, NULL, x, 4), SBPRT_ERR_INVALID);
+    free((void *)st.w), free(st.x);
+    free(x), free(y), free(ref), free(dy), free(dx), free(dx0);
+    sbprt_ctx_destroy(ctx);
+}
+
 /* f = Σ w_i silu(gate_i) up_i over [lo, hi), as act_fd. */
 typedef struct {
     const double *w;
@@ -253,6 +295,7 @@ int main(void)
         cmocka_unit_test(test_silu),
         cmocka_unit_test(test_relu),
         cmocka_unit_test(test_tanh),
+        cmocka_unit_test(test_sigmoid),
         cmocka_unit_test(test_swiglu),
     };
     return cmocka_run_group_tests_name("runtime_activation", tests, NULL, NULL);
