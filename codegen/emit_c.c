@@ -869,14 +869,14 @@ static void emit_moe_aux(const sbp_train_program *p, FILE *f)
             "    double aux = 0;\n"
             "    for (int e = 0; e < %lld; e++)\n"
             "        aux += (double)moe_sums[e] * (double)moe_sums[%lld + e];\n"
-            "    aux *= %.17g; /* router_aux_coef * E / R^2 */\n"
-            "    *args->loss += aux;\n"
+            "    aux *= %.17g; /* E / R^2 */\n"
+            "    *args->loss += %.17g * aux; /* router_aux_coef */\n"
             "    if (args->aux_loss)\n"
             "        *args->aux_loss = aux;\n",
             p->moe_layers, p->moe_aux_rows, (long long)(2 * p->moe_experts),
             ws_macro(p, p->bufs[p->moe_stats_buf]), (long long)p->moe_experts,
             (long long)p->moe_experts,
-            p->moe_aux_coef * (double)p->moe_experts / (p->moe_aux_rows * p->moe_aux_rows));
+            (double)p->moe_experts / (p->moe_aux_rows * p->moe_aux_rows), p->moe_aux_coef);
 }
 
 /* sbp_step_run, or for the evaluation program (p->forward_only) sbp_step_eval: the same

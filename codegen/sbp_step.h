@@ -249,9 +249,11 @@ typedef struct sbp_step_args {
                                         * elsewhere; other objectives do not write it (see
                                         * "Objectives") */
     /* ABI 9 */
-    double *aux_loss;                  /* out, may be NULL: a MoE step's router_aux_coef x
-                                        * aux, the part of *loss the load-balancing term
-                                        * adds (0 for a dense model); HOST memory */
+    double *aux_loss;                  /* out, may be NULL: a MoE step's load-balancing
+                                        * loss aux itself (transformers' out.aux_loss, before
+                                        * the coefficient: *loss holds router_aux_coef x aux;
+                                        * computed also when the coefficient is 0); not
+                                        * written for a dense model; HOST memory */
 } sbp_step_args;
 
 /* Floats of the parameter block that parameter p occupies (a tied parameter: none). */

@@ -143,9 +143,9 @@ typedef struct train_step_stats {
     double lr;           /* this step's learning rate (the schedule's) */
     double grad_norm;    /* before clipping */
     double eval_loss;    /* NaN unless an evaluation ran after this step */
-    double aux_loss;     /* a Mixture-of-Experts step's load-balancing term (router_aux_coef x
-                          * aux, included in loss; this rank's micro-batches); NaN for a dense
-                          * model */
+    double aux_loss;     /* a Mixture-of-Experts step's load-balancing loss aux (transformers'
+                          * aux_loss: loss includes router_aux_coef x aux), the mean over this
+                          * rank's micro-batches; NaN for a dense model */
     train_rewards_stats rewards; /* DPO: the mean rewards of the step's pairs (train_rewards.h,
                                   * TRL's rewards/chosen, rejected, margins, accuracies);
                                   * NaN for other objectives */

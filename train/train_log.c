@@ -131,7 +131,7 @@ int train_log_step(train_log *l, int64_t s, double loss, double lr, double grad_
     k = put_number(line, sizeof line, k, "elapsed_s", train_log_now() - l->t0);
     if (!isnan(eval_loss))
         k = put_number(line, sizeof line, k, "eval_loss", eval_loss);
-    if (!isnan(aux_loss)) /* a MoE step: the load-balancing term inside loss */
+    if (!isnan(aux_loss)) /* a MoE step: the load-balancing loss (x coef inside loss) */
         k = put_number(line, sizeof line, k, "aux_loss", aux_loss);
     if (rewards && !isnan(rewards->margin)) {
         k = put_number(line, sizeof line, k, "rewards_chosen", rewards->chosen);

@@ -550,7 +550,9 @@ static int load_micro(train_run *r, int64_t k, int64_t *pad_pairs)
 }
 
 /* The K micro-batches, the gradients accumulated with the whole batch's denominator; *loss
- * their sum; a failed status names the step (and the micro-batch). */
+ * their sum; *aux_loss (a MoE step) the mean of their load-balancing losses (each micro-batch's
+ * counts its own rows, as transformers' per forward); a failed status names the step (and the
+ * micro-batch). */
 static int run_micro_batches(train_run *r, int64_t s, double denominator, double *loss,
                              double *aux_loss, int64_t *pad_pairs)
 {
@@ -588,6 +590,8 @@ static int run_micro_batches(train_run *r, int64_t s, double denominator, double
         if (!st)
             train_rewards_add(&r->rewards, ti->mb_ref, ti->mb_labels, r->mb_doc_ids);
     }
+    if (moe)
+        *aux_loss /= (double)K;
     if (!st) /* --offload optimizer: the gradients to the host, where the update runs */
         return train_mem_fetch_grads(m, L, r->s);
     char mb[64] = "";

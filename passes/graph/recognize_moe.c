@@ -389,14 +389,94 @@ static int match(ir_graph *g, moe_match *m, ir_node *rs, ir_value **ops, int64_t
     return 1;
 }
 
+/* The axis of the Softmax the top-k's input comes from (through Casts, Identities and
+ * Transposes), in that Softmax's frame, against the Softmax's own axis: 1 when they differ (the
+ * top-k picks along another axis than the one normalised: expert-choice routing, where every
+ * expert takes its top tokens of the per-token probabilities, transposed or not). */
+static bool topk_crosses_softmax(const ir_node *topk)
+{
+    const ir_value *v = topk->in[0];
+    int64_t axis = ir_attr_int(topk, "axis", -1);
+    for (int guard = 0; guard < 16 && v && v->rank > 0; guard++) {
+        if (axis < 0)
+            axis += v->rank;
+        if (axis < 0 || axis >= v->rank)
+            return false;
+        const ir_node *n = prod(v);
+        if (!n)
+            return false;
+        if (n->op == IR_OP_SOFTMAX) {
+            int64_t s = ir_attr_int(n, "axis", -1);
+            if (s < 0)
+                s += v->rank;
+            return s != axis;
+        }
+        if (n->op == IR_OP_TRANSPOSE) {
+            const ir_attr *a = ir_attr_get(n, "perm");
+            if (a && a->kind == IR_ATTR_INTS && a->n == v->rank)
+                axis = a->ints[axis];
+            else /* no perm: the axes reversed */
+                axis = v->rank - 1 - axis;
+        } else if (n->op != IR_OP_CAST && n->op != IR_OP_IDENTITY) {
+            return false;
+        }
+        v = n->in[0];
+    }
+    return false;
+}
+
+/* A CumSum within a few nodes downstream of the top-k's outputs: the running count of each
+ * expert's tokens that a capacity limit compares with the capacity (Switch Transformer,
+ * GShard) to drop the tokens past it. */
+static const ir_node *capacity_cumsum(ir_graph *g, const ir_node *topk)
+{
+    enum { DEPTH = 8, WAVE = 64 };
+    ir_uses u = ir_uses_build(g);
+    if (!u.n_uses)
+        return NULL;
+    const ir_value *wave[WAVE];
+    int n = 0;
+    for (int o = 0; o < topk->n_out && n < WAVE; o++)
+        if (topk->out[o])
+            wave[n++] = topk->out[o];
+    for (int depth = 0; depth < DEPTH && n > 0; depth++) {
+        const ir_value *next[WAVE];
+        int m = 0;
+        for (int i = 0; i < n; i++) {
+            const ir_value *v = wave[i];
+            if (v->id < 0 || v->id >= g->n_values)
+                continue;
+            for (int q = 0; q < u.n_uses[v->id]; q++) {
+                const ir_node *c = u.uses[v->id][q].node;
+                if (c->dead)
+                    continue;
+                if (c->op == IR_OP_CUMSUM)
+                    return c;
+                for (int o = 0; o < c->n_out && m < WAVE; o++)
+                    if (c->out[o])
+                        next[m++] = c->out[o];
+            }
+        }
+        memcpy(wave, next, sizeof(next[0]) * (size_t)m);
+        n = m;
+    }
+    return NULL;
+}
+
 /* A TopK left after the sweep: why it is not a routed block sbpc can lower. */
 static int refuse(ir_graph *g, const ir_node *topk, const char *why)
 {
-    const ir_value *x = topk->in[0];
-    int64_t axis = ir_attr_int(topk, "axis", -1);
-    if (x->rank >= 2 && axis >= 0 ? axis != x->rank - 1 : axis != -1)
-        why = "the top-k runs over the tokens (expert-choice routing), not over each token's "
-              "experts";
+    char buf[256];
+    const ir_node *cs = NULL;
+    if (topk_crosses_softmax(topk)) {
+        why = "the top-k runs over the tokens (expert-choice routing: each expert picks its "
+              "tokens), not over each token's experts";
+    } else if ((cs = capacity_cumsum(g, topk))) {
+        snprintf(buf, sizeof buf,
+                 "a capacity limit (the CumSum '%s' numbers each expert's tokens, and those "
+                 "past its capacity are dropped)", cs->name ? cs->name : "?");
+        why = buf;
+    }
     return ir_diag_add(g->diag, IR_SEV_ERROR, topk->name, topk->op_type,
                        "a Mixture-of-Experts router sbpc does not support: %s. Supported: "
                        "softmax router, top-k experts per token (optionally renormalised), "
