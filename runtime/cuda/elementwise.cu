@@ -52,6 +52,15 @@ __device__ __forceinline__ float ew_gelu_erf_grad(float x)
 
 __device__ __forceinline__ float ew_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+/* The Sigmoid op's own form, as the CPU twin's ew_sigmoid_stable: e^-|x| never overflows, and
+ * for x < 0 the quotient e^x / (1 + e^x) keeps the tiny values that 1 / (1 + e^-x) flushes to 0
+ * once e^-x overflows.  SiLU and SwiGLU keep ew_sigmoid, as on the CPU. */
+__device__ __forceinline__ float ew_sigmoid_stable(float x)
+{
+    float t = expf(-fabsf(x));
+    return x >= 0.0f ? 1.0f / (1.0f + t) : t / (1.0f + t);
+}
+
 __device__ __forceinline__ float ew_silu_grad(float x)
 {
     float s = ew_sigmoid(x);
@@ -78,6 +87,8 @@ enum ew_op {
     EW_RELU_BW,         /* out += a > 0 ? b : 0        (a: x or y, b: dout) */
     EW_TANH,
     EW_TANH_BW,         /* out += b * (1 - a²)         (a: y = tanh(x), b: dout) */
+    EW_SIGMOID,         /* out = sigmoid(a), the stable form */
+    EW_SIGMOID_BW,      /* out += b * (a (1 - a))      (a: y = sigmoid(x), b: dout) */
 };
 
 /* Every operand is indexed by the same i, and each element reads its inputs before it
@@ -109,6 +120,8 @@ __global__ void ew_kernel(int op, T *out, const T *a, const T *b, const T *c, fl
         case EW_RELU_BW: out[i] += (float)a[i] > 0.0f ? (float)b[i] : 0.0f; break;
         case EW_TANH: out[i] = tanhf(a[i]); break;
         case EW_TANH_BW: out[i] += b[i] * (1.0f - a[i] * a[i]); break;
+        case EW_SIGMOID: out[i] = ew_sigmoid_stable(a[i]); break;
+        case EW_SIGMOID_BW: out[i] += b[i] * ((float)a[i] * (1.0f - a[i])); break;
         }
     }
 }
@@ -220,6 +233,19 @@ extern "C" int sbprt_tanh_backward(sbprt_ctx *ctx, float *dx, const float *dout,
 {
     CU_CHECK(ctx && (n == 0 || (dx && dout && y)));
     return ew_run<float>(ctx, EW_TANH_BW, dx, y, dout, NULL, 0, n);
+}
+
+extern "C" int sbprt_sigmoid_forward(sbprt_ctx *ctx, float *out, const float *x, size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (out && x)));
+    return ew_run<float>(ctx, EW_SIGMOID, out, x, NULL, NULL, 0, n);
+}
+
+extern "C" int sbprt_sigmoid_backward(sbprt_ctx *ctx, float *dx, const float *dout,
+                                      const float *y, size_t n)
+{
+    CU_CHECK(ctx && (n == 0 || (dx && dout && y)));
+    return ew_run<float>(ctx, EW_SIGMOID_BW, dx, y, dout, NULL, 0, n);
 }
 
 extern "C" int sbprt_swiglu_forward(sbprt_ctx *ctx, float *out, const float *gate,

@@ -4,7 +4,7 @@ set(SBPRT_CUDA_DIR "${CMAKE_CURRENT_LIST_DIR}")
 set(SBPRT_CUDA_C_SOURCES "${SBPRT_CUDA_DIR}/ctx.c")
 set(SBPRT_CUDA_CU_SOURCES)
 foreach(unit gemm elementwise norm embedding rope attention loss objectives optim extra docs
-             seqpar)
+             seqpar moe)
   list(APPEND SBPRT_CUDA_CU_SOURCES "${SBPRT_CUDA_DIR}/${unit}.cu")
 endforeach()
 

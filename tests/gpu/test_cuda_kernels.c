@@ -646,6 +646,16 @@ static void t_elementwise(void)
                  sbprt_relu_backward, cpuref_sbprt_relu_backward, n, 1);
     t_activation("tanh_forward", "tanh_backward", sbprt_tanh_forward, cpuref_sbprt_tanh_forward,
                  sbprt_tanh_backward, cpuref_sbprt_tanh_backward, n, 1);
+    t_activation("sigmoid_forward", "sigmoid_backward", sbprt_sigmoid_forward,
+                 cpuref_sbprt_sigmoid_forward, sbprt_sigmoid_backward,
+                 cpuref_sbprt_sigmoid_backward, n, 1);
+    /* the stable form far out: e^-|x| neither overflows nor loses the tiny values of x < -88 */
+    const float *wide = hrand(n, -120, 120);
+    kc_begin(&K, "sigmoid_forward", TOL_FP32, "n=%zu |x| <= 120", n);
+    da = KC_IN_F(&K, wide, n);
+    out = kc_out_rand(&K, "out", n, 0);
+    REF(cpuref_sbprt_sigmoid_forward(C, out->ref, wide, n));
+    KC_RUN(K, sbprt_sigmoid_forward(G, out->d, da, n));
 
     const float *gate = hrand(n, -4, 4), *up = hrand(n, -2, 2), *dout = hrand(n, -1, 1);
     kc_begin(&K, "swiglu_forward", TOL_FP32, "n=%zu", n);
@@ -1341,6 +1351,224 @@ static void t_loss(void)
         KC_RUN(K, sbprt_grpo_token_loss(G, ls->d, o->d, dlp, dl2, variant ? NULL : dold,
                                         variant ? NULL : dref, dadv, dw, n, r0, seq, beta, 0.2f));
     }
+    hfree_all();
+}
+
+/* ---- Mixture-of-Experts ------------------------------------------------------------------
+ * sbprt_moe_forward / _backward on small layers.  The forward's sel (int32) must equal the
+ * CPU twin's exactly; the backward then takes the twin's probs, sel, wts and stats as its
+ * inputs on both backends.  A "starved" layer gives the last expert a router bias of -50
+ * through a constant first feature, so it receives no rows; a "ties" layer gives experts 0
+ * and 1 the same router row (equal probabilities: the lower index must come first). */
+
+typedef struct {
+    const char *what;
+    int n, d, e, k, f;
+    int norm_topk;
+    int stats;   /* pass stats (else NULL) */
+    float aux;   /* the backward's aux_scale */
+    int starve;  /* the last expert receives no rows */
+    int tie;     /* experts 0 and 1 share their router row, biased to be chosen */
+    int grads;   /* run the backward with each subset of gradient outputs, not just all */
+} moe_shape;
+
+static void t_moe_shape(const moe_shape *s)
+{
+    const int n = s->n, d = s->d, e = s->e, k = s->k, f = s->f;
+    const size_t nd = (size_t)n * d, ne = (size_t)n * e, nk = (size_t)n * k;
+    const size_t nw1 = (size_t)e * 2 * f * d, nw2 = (size_t)e * d * f;
+    const size_t nscr = sbprt_moe_scratch_floats(n, d, e, k, f);
+    float *x = hrand(nd, -1, 1), *wr = hrand((size_t)e * d, -0.5f, 0.5f);
+    const float *w1 = hrand(nw1, -0.3f, 0.3f), *w2 = hrand(nw2, -0.3f, 0.3f);
+    const float *dy = hrand(nd, -1, 1);
+    if (s->starve || s->tie)
+        for (int r = 0; r < n; r++)
+            x[(size_t)r * d] = 1.0f; /* a constant feature: wr[:, 0] acts as a bias */
+    if (s->starve)
+        wr[(size_t)(e - 1) * d] = -50.0f;
+    if (s->tie) {
+        wr[0] = 2.0f;
+        memcpy(wr + d, wr, (size_t)d * sizeof(float));
+    }
+    float *scr = hnew(nscr * sizeof(float));
+    char label[160];
+    snprintf(label, sizeof label, "%s: n=%d d=%d e=%d k=%d f=%d norm=%d%s", s->what, n, d, e, k,
+             f, s->norm_topk, s->stats ? " stats" : "");
+    kcase K;
+
+    /* the forward: y, probs, wts written, stats accumulated; sel compared exactly after */
+    kc_begin(&K, "moe_forward", TOL_FP32, "%s", label);
+    kstat *sel_st = kstat_get("moe_forward sel (exact)", 0);
+    float *dxin = KC_IN_F(&K, x, nd), *dwr = KC_IN_F(&K, wr, (size_t)e * d);
+    float *dw1 = KC_IN_F(&K, w1, nw1), *dw2 = KC_IN_F(&K, w2, nw2);
+    float *dscr = KC_IN_F(&K, hrand(nscr, -1, 1), nscr);
+    obuf *y = kc_out_rand(&K, "y", nd, 0), *probs = kc_out_rand(&K, "probs", ne, 0);
+    obuf *wts = kc_out_rand(&K, "wts", nk, 0);
+    obuf *stats = s->stats ? kc_out(&K, "stats", hrand(2 * (size_t)e, 0, 3), 2 * (size_t)e, 1)
+                           : NULL;
+    int32_t *sel = hnew(nk * sizeof(int32_t)), *gsel = hnew(nk * sizeof(int32_t));
+    int32_t *dsel = dnew(nk * sizeof(int32_t));
+    REF(cpuref_sbprt_moe_forward(C, y->ref, probs->ref, sel, wts->ref, stats ? stats->ref : NULL,
+                                 x, wr, w1, w2, scr, n, d, e, k, f, s->norm_topk));
+    /* the twin's probs, wts and stats, kept for the backward (kc_finish frees the obufs) */
+    float *hprobs = hnew(ne * sizeof(float)), *hwts = hnew(nk * sizeof(float));
+    float *hstats = hnew(2 * (size_t)e * sizeof(float));
+    memcpy(hprobs, probs->ref, ne * sizeof(float));
+    memcpy(hwts, wts->ref, nk * sizeof(float));
+    if (stats)
+        memcpy(hstats, stats->ref, 2 * (size_t)e * sizeof(float));
+    KC_RUN(K, sbprt_moe_forward(G, y->d, probs->d, dsel, wts->d, stats ? stats->d : NULL, dxin,
+                                dwr, dw1, dw2, dscr, n, d, e, k, f, s->norm_topk));
+    download(gsel, dsel, nk * sizeof(int32_t));
+    sbprt_arena_free(G, dsel);
+    sel_st->cases++;
+    if (memcmp(gsel, sel, nk * sizeof(int32_t)) != 0) {
+        fail("moe_forward [%s]: sel differs from the CPU twin's", label);
+        sel_st->fails++;
+    }
+    /* the routing the layer was built for (on the twin: a failure here is a test bug) */
+    int both = 0, routed = 1;
+    for (int r = 0; r < n; r++) {
+        int j0 = -1, j1 = -1;
+        for (int j = 0; j < k; j++) {
+            const int32_t i = sel[(size_t)r * k + j];
+            j0 = i == 0 ? j : j0;
+            j1 = i == 1 ? j : j1;
+            routed &= !(s->starve && i == e - 1);
+        }
+        both += j0 >= 0 && j1 >= 0;
+        routed &= !(s->tie && j1 >= 0 && (j0 < 0 || j0 > j1)); /* equal: expert 0 first */
+        routed &= !(s->tie && hprobs[(size_t)r * e] != hprobs[(size_t)r * e + 1]);
+    }
+    if (!routed || (s->tie && both == 0)) {
+        fail("moe [%s]: the routing is not the one the case is built for", label);
+        sel_st->fails++;
+    }
+
+    /* the backward, accumulated into random gradients; which: all, dw1 dw2, dx dwr, dx */
+    for (int which = 0; which < (s->grads ? 4 : 1); which++) {
+        static const char *names[] = {"all", "dw1,dw2", "dx,dwr", "dx"};
+        kc_begin(&K, "moe_backward", TOL_FP32, "%s aux=%g grads=%s", label, (double)s->aux,
+                 names[which]);
+        float *ddy = KC_IN_F(&K, dy, nd), *dxi = KC_IN_F(&K, x, nd);
+        float *dwri = KC_IN_F(&K, wr, (size_t)e * d);
+        float *dw1i = KC_IN_F(&K, w1, nw1), *dw2i = KC_IN_F(&K, w2, nw2);
+        float *dpr = KC_IN_F(&K, hprobs, ne), *dwt = KC_IN_F(&K, hwts, nk);
+        int32_t *dsl = KC_IN_I(&K, sel, nk);
+        float *dst = s->stats ? KC_IN_F(&K, hstats, 2 * (size_t)e) : NULL;
+        float *dscr2 = KC_IN_F(&K, hrand(nscr, -1, 1), nscr);
+        obuf *gx = which != 1 ? kc_out_rand(&K, "dx", nd, 1) : NULL;
+        obuf *gwr = which == 0 || which == 2 ? kc_out_rand(&K, "dwr", (size_t)e * d, 1) : NULL;
+        obuf *gw1 = which <= 1 ? kc_out_rand(&K, "dw1", nw1, 1) : NULL;
+        obuf *gw2 = which <= 1 ? kc_out_rand(&K, "dw2", nw2, 1) : NULL;
+        REF(cpuref_sbprt_moe_backward(C, gx ? gx->ref : NULL, gwr ? gwr->ref : NULL,
+                                      gw1 ? gw1->ref : NULL, gw2 ? gw2->ref : NULL, dy, x, wr, w1,
+                                      w2, hprobs, sel, hwts, s->stats ? hstats : NULL, scr, n, d,
+                                      e, k, f, s->norm_topk, s->aux));
+        KC_RUN(K, sbprt_moe_backward(G, gx ? gx->d : NULL, gwr ? gwr->d : NULL,
+                                     gw1 ? gw1->d : NULL, gw2 ? gw2->d : NULL, ddy, dxi, dwri,
+                                     dw1i, dw2i, dpr, dsl, dwt, dst, dscr2, n, d, e, k, f,
+                                     s->norm_topk, s->aux));
+    }
+}
+
+/* Argument errors: the same status from both backends, found up front. */
+static void t_moe_errors(void)
+{
+    kstat *s = kstat_get("moe argument errors", 0);
+    s->cases++;
+    const int before = nfail;
+    float *d = dnew(4096 * sizeof(float));
+    int32_t *di = (int32_t *)d;
+    static float h[4096];
+    static const struct {
+        const char *what;
+        int n, d, e, k, f, null_x, want;
+    } cases[] = {
+        {"k = 0", 2, 4, 3, 0, 2, 0, SBPRT_ERR_INVALID},
+        {"k > e", 2, 4, 3, 4, 2, 0, SBPRT_ERR_INVALID},
+        {"d = 0", 2, 0, 3, 1, 2, 0, SBPRT_ERR_INVALID},
+        {"e = 0", 2, 4, 0, 1, 2, 0, SBPRT_ERR_INVALID},
+        {"f = 0", 2, 4, 3, 1, 0, 0, SBPRT_ERR_INVALID},
+        {"n < 0", -1, 4, 3, 1, 2, 0, SBPRT_ERR_INVALID},
+        {"x NULL", 2, 4, 3, 1, 2, 1, SBPRT_ERR_INVALID},
+        {"n = 0, x NULL", 0, 4, 3, 1, 2, 1, SBPRT_OK},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int n = cases[i].n, dd = cases[i].d, e = cases[i].e, k = cases[i].k;
+        const int f = cases[i].f, z = cases[i].null_x;
+        float *g = z ? NULL : d; /* x NULL, or every tensor in one buffer (never read) */
+        float *c = z ? NULL : h;
+        char what[96];
+        snprintf(what, sizeof what, "moe_forward %s", cases[i].what);
+        check_status(what,
+                     sbprt_moe_forward(G, d, d, di, d, NULL, g, d, d, d, d, n, dd, e, k, f, 1),
+                     cases[i].want);
+        int cst = cpuref_sbprt_moe_forward(C, h, h, (int32_t *)h, h, NULL, c, h, h, h, h, n, dd, e,
+                                           k, f, 1);
+        if (cst != cases[i].want)
+            fail("%s on the CPU twin returned %d, expected %d", what, cst, cases[i].want);
+        snprintf(what, sizeof what, "moe_backward %s", cases[i].what);
+        check_status(what,
+                     sbprt_moe_backward(G, d, d, d, d, d, g, d, d, d, d, di, d, NULL, d, n, dd, e,
+                                        k, f, 0, 0.0f),
+                     cases[i].want);
+        cst = cpuref_sbprt_moe_backward(C, h, h, h, h, h, c, h, h, h, h, (int32_t *)h, h, NULL, h,
+                                        n, dd, e, k, f, 0, 0.0f);
+        if (cst != cases[i].want)
+            fail("%s on the CPU twin returned %d, expected %d", what, cst, cases[i].want);
+    }
+    check_status("moe_forward n = 0, all NULL",
+                 sbprt_moe_forward(G, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                   0, 4, 3, 1, 2, 0),
+                 SBPRT_OK);
+    check_status("moe_backward n = 0, all NULL",
+                 sbprt_moe_backward(G, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                    NULL, NULL, NULL, NULL, 0, 4, 3, 1, 2, 0, 0.0f),
+                 SBPRT_OK);
+    check_status("moe_forward NULL context",
+                 sbprt_moe_forward(NULL, d, d, di, d, NULL, d, d, d, d, d, 2, 4, 3, 1, 2, 0),
+                 SBPRT_ERR_INVALID);
+    check_status("moe_backward NULL scratch",
+                 sbprt_moe_backward(G, d, d, d, d, d, d, d, d, d, d, di, d, NULL, NULL, 2, 4, 3, 1,
+                                    2, 0, 0.0f),
+                 SBPRT_ERR_INVALID);
+    /* no gradient wanted: nothing to do (a valid sel, so the sync stays clean) */
+    check_status("sbprt_memset_zero", sbprt_memset_zero(G, d, 4096 * sizeof(float)), SBPRT_OK);
+    check_status("moe_backward no outputs",
+                 sbprt_moe_backward(G, NULL, NULL, NULL, NULL, d, d, d, d, d, d, di, d, NULL, d,
+                                    2, 4, 3, 1, 2, 0, 0.0f),
+                 SBPRT_OK);
+    check_status("sync after moe errors", sbprt_sync(G), SBPRT_OK);
+    sbprt_arena_free(G, d);
+    if (nfail != before)
+        s->fails++;
+}
+
+static void t_moe(void)
+{
+    static const moe_shape quick_shapes[] = {
+        {"k=2", 37, 24, 6, 2, 20, 1, 1, 0.01f, 0, 0, 1},
+        {"k=1, stats NULL", 29, 16, 5, 1, 12, 0, 0, 0.5f, 0, 0, 1},
+        {"starved expert", 23, 20, 4, 2, 8, 0, 1, 0.02f, 1, 0, 0},
+        {"ties", 17, 12, 7, 3, 16, 1, 1, -0.03f, 0, 1, 0},
+        {"one row, k = e", 1, 8, 3, 3, 4, 1, 1, 0.1f, 0, 0, 0},
+        {"rows > sort threads, starved expert", 301, 8, 4, 2, 4, 1, 1, 0.01f, 1, 0, 0},
+    };
+    static const moe_shape full_shapes[] = {
+        {"k=2", 1000, 256, 8, 2, 512, 1, 1, 0.01f, 0, 0, 1},
+        {"k=1, stats NULL", 777, 128, 16, 1, 256, 0, 0, 0.5f, 0, 0, 1},
+        {"starved expert", 513, 192, 8, 2, 320, 0, 1, 0.02f, 1, 0, 0},
+        {"ties", 300, 64, 7, 3, 96, 1, 1, -0.03f, 0, 1, 0},
+        {"one row, k = e", 1, 64, 4, 4, 32, 1, 1, 0.1f, 0, 0, 0},
+        {"Qwen3-like", 2048, 512, 64, 8, 128, 1, 1, 0.001f, 0, 0, 0},
+    };
+    const moe_shape *shapes = quick ? quick_shapes : full_shapes;
+    const size_t ns = quick ? sizeof quick_shapes / sizeof quick_shapes[0]
+                            : sizeof full_shapes / sizeof full_shapes[0];
+    for (size_t i = 0; i < ns; i++)
+        t_moe_shape(&shapes[i]);
+    t_moe_errors();
     hfree_all();
 }
 
@@ -2053,7 +2281,9 @@ static void t_range_errors(void)
     upload(d_neg, neg, sizeof neg);
     upload(d_lab, labels, sizeof labels);
     check_status("sync before", sbprt_sync(G), SBPRT_OK);
-    for (int which = 0; which < 14; which++) {
+    const size_t moe_scr = sbprt_moe_scratch_floats(n, c, 4, 1, 4);
+    float *d_moe = dnew(moe_scr * sizeof(float));
+    for (int which = 0; which < 15; which++) {
         int st = -1;
         const char *name = "";
         switch (which) {
@@ -2071,6 +2301,7 @@ static void t_range_errors(void)
         case 11: name = "attention_backward_packed"; st = sbprt_attention_backward_packed(G, buf2, buf2 + 64, buf2 + 128, buf, buf, buf, buf, buf, buf, d_starts, 1, 2, n, 1, 1, c, 2, 1.0f, 0, 0); break;
         case 12: name = "attention_forward_packed (negative)"; st = sbprt_attention_forward_packed(G, buf2, buf2 + 64, buf, buf, buf, d_neg, 1, 2, n, 1, 1, c, 0, 1.0f, 0, 0); break;
         case 13: name = "embedding_forward_bf16_table"; st = sbprt_embedding_forward_bf16_table(G, (sbprt_bf16 *)buf2, (const sbprt_bf16 *)buf, d_ids, n, v, c); break;
+        case 14: name = "moe_backward (expert 10 of 4)"; st = sbprt_moe_backward(G, buf2, NULL, NULL, NULL, buf, buf, buf, buf, buf, buf, d_ids, buf, NULL, d_moe, n, c, 4, 1, 4, 0, 0.0f); break;
         }
         s->cases++;
         int st1 = sbprt_sync(G), st2 = sbprt_sync(G);
@@ -2088,6 +2319,7 @@ static void t_range_errors(void)
     sbprt_arena_free(G, d_lab);
     sbprt_arena_free(G, d_starts);
     sbprt_arena_free(G, d_i32);
+    sbprt_arena_free(G, d_moe);
     hfree_all();
 }
 
@@ -3038,7 +3270,7 @@ int main(int argc, char **argv)
         {"optim", t_optim},     {"extra", t_extra},         {"bf16 gemm", t_bf16_gemm},
         {"bf16 elementwise", t_bf16_bias_ew}, {"bf16 rows", t_bf16_rows},
         {"bf16 attn, loss", t_bf16_attention_loss}, {"bf16 layout", t_bf16_layout},
-        {"seqpar", t_seqpar},   {"index checks", t_range_errors},
+        {"moe", t_moe},         {"seqpar", t_seqpar},       {"index checks", t_range_errors},
         {"errors", t_errors},
     };
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {
