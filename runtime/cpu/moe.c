@@ -13,77 +13,18 @@
  * order by one thread, and nothing is summed across items except by the GEMMs.  So results
  * depend on the thread count only through sbprt_gemm (see sbprt.h).
  *
- * All temporaries live in the caller's scratch (sbprt_moe_scratch_floats floats): moe_plan
- * carves it into pieces whose offsets are multiples of 64 floats and checks, for the sizes
- * given, that the carving fits the formula.
+ * All temporaries live in the caller's scratch (sbprt_moe_scratch_floats floats):
+ * sbprt_moe_layout_plan (runtime/moe_layout.h, shared with the CUDA twin) carves it into
+ * pieces whose offsets are multiples of 64 floats and checks, for the sizes given, that the
+ * carving fits the formula.
  */
 #include <math.h>
 #include <stdint.h>
 
 #include "cpu.h"
+#include "moe_layout.h"
 
 _Static_assert(sizeof(int32_t) == sizeof(float), "routing tables are int32 in float slots");
-
-/* Offsets of the scratch pieces are rounded up to this many floats. */
-#define MOE_PIECE_ALIGN 64
-
-/* Where each temporary lives in scratch, in floats from its start.  Per sorted pair p:
- *   xs: [nk, d]   the gathered rows; in the backward, overwritten per expert by dxs
- *   h:  [nk, 2f]  w1 products (gate | up)
- *   a:  [nk, f]   silu(gate) * up
- *   ye: [nk, d]   w2 products; in the backward overwritten by dye = wts * dy
- *   da: [nk, f], dh: [nk, 2f]   their gradients (backward only)
- *   dw: [nk]      dL/dwts, then dL/dv, indexed by pair r*k + j (backward only)
- *   order: [nk] int32   sorted position -> pair r*k + j
- *   pos:   [nk] int32   pair r*k + j -> sorted position
- *   dz:    [n, e]       dL/dp, then dL/dz, of the router (backward only)
- *   start: [e + 1] int32  first sorted position of each expert; start[e] = nk */
-typedef struct {
-    size_t nk;
-    size_t xs, h, a, ye, da, dh, dw, order, pos, dz, start;
-} moe_layout;
-
-enum { MOE_PIECES = 11 };
-
-/* Appends a piece of `count` floats at *at (a multiple of MOE_PIECE_ALIGN); 0 on overflow. */
-static int moe_piece(size_t *at, size_t count, size_t *off)
-{
-    size_t rounded;
-    *off = *at;
-    if (!cpu_add_size(count, MOE_PIECE_ALIGN - 1, &rounded))
-        return 0;
-    rounded -= rounded % MOE_PIECE_ALIGN;
-    return cpu_add_size(*at, rounded, at);
-}
-
-/* Validates the sizes and carves the scratch.  The pieces add up to exactly
- *   nk (d + 2f + f + d + f + 2f + 1 + 1 + 1) + n e + (e + 1) = nk (2d + 6f + 3) + n e + e + 1
- * floats, and rounding each of the MOE_PIECES pieces up to 64 adds at most 63 per piece,
- * 11 * 63 = 693 < 16 * 64: the total never exceeds sbprt_moe_scratch_floats, which the
- * last check re-verifies for these sizes (computed with overflow checks, which the inline
- * formula lacks). */
-static int moe_plan(int n, int d, int e, int k, int f, moe_layout *L)
-{
-    CPU_CHECK(n >= 0 && d > 0 && e > 0 && k >= 1 && k <= e && f > 0);
-    CPU_CHECK(f <= INT32_MAX / 2); /* 2f is a GEMM dimension */
-    size_t nk, nkd, nkf, nkf2, ne, at = 0;
-    CPU_CHECK(cpu_mul_size((size_t)n, (size_t)k, &nk) && nk <= (size_t)INT32_MAX);
-    CPU_CHECK(cpu_mul_size(nk, (size_t)d, &nkd) && cpu_mul_size(nk, (size_t)f, &nkf) &&
-              cpu_mul_size(nkf, 2, &nkf2) && cpu_mul_size((size_t)n, (size_t)e, &ne));
-    L->nk = nk;
-    CPU_CHECK(moe_piece(&at, nkd, &L->xs) && moe_piece(&at, nkf2, &L->h) &&
-              moe_piece(&at, nkf, &L->a) && moe_piece(&at, nkd, &L->ye) &&
-              moe_piece(&at, nkf, &L->da) && moe_piece(&at, nkf2, &L->dh) &&
-              moe_piece(&at, nk, &L->dw) && moe_piece(&at, nk, &L->order) &&
-              moe_piece(&at, nk, &L->pos) && moe_piece(&at, ne, &L->dz) &&
-              moe_piece(&at, (size_t)e + 1, &L->start));
-    /* the formula of sbprt_moe_scratch_floats, overflow-checked */
-    size_t per_pair = 2 * (size_t)d + 6 * (size_t)f + 3, formula;
-    CPU_CHECK(cpu_mul_size(nk, per_pair, &formula) && cpu_add_size(formula, ne, &formula) &&
-              cpu_add_size(formula, (size_t)e + 1 + 16 * 64, &formula));
-    CPU_CHECK(at <= formula && formula == sbprt_moe_scratch_floats(n, d, e, k, f));
-    return SBPRT_OK;
-}
 
 /* The same formulas as elementwise.c's SwiGLU, so an expert's product is bitwise what
  * sbprt_swiglu_forward / sbprt_swiglu_backward give. */
@@ -148,7 +89,7 @@ static void moe_route_row(float *p, int32_t *sel, float *wts, int e, int k, int 
 }
 
 /* Stable counting sort of the pairs by expert: start [e + 1], order and pos [nk] (see
- * moe_layout).  One thread, pairs in row-major order.  A sel value outside [0, e) gives
+ * sbprt_moe_layout).  One thread, pairs in row-major order.  A sel value outside [0, e) gives
  * SBPRT_ERR_RANGE before anything but the counts is written. */
 static int moe_sort(const int32_t *sel, size_t nk, int e, int32_t *start, int32_t *order,
                     int32_t *pos)
@@ -175,10 +116,11 @@ static int moe_sort(const int32_t *sel, size_t nk, int e, int32_t *start, int32_
 }
 
 /* The experts over the sorted pairs: xs gathered from x, h = xs w1ᵀ, a = swiglu(h),
- * ye = a w2ᵀ, per expert one GEMM each over its rows.  Scratch pieces as moe_layout.
+ * ye = a w2ᵀ, per expert one GEMM each over its rows.  Scratch pieces as sbprt_moe_layout.
  *   x: [n, d]    w1: [e, 2f, d]    w2: [e, d, f] */
-static int moe_experts(sbprt_ctx *ctx, float *scratch, const moe_layout *L, const float *x,
-                       const float *w1, const float *w2, int d, int e, int k, int f)
+static int moe_experts(sbprt_ctx *ctx, float *scratch, const sbprt_moe_layout *L,
+                       const float *x, const float *w1, const float *w2, int d, int e, int k,
+                       int f)
 {
     float *xs = scratch + L->xs, *h = scratch + L->h, *a = scratch + L->a;
     float *ye = scratch + L->ye;
@@ -228,8 +170,8 @@ int sbprt_moe_forward(sbprt_ctx *ctx, float *y, float *probs, int32_t *sel, floa
                       int norm_topk)
 {
     CPU_CHECK(ctx);
-    moe_layout L;
-    int st = moe_plan(n, d, e, k, f, &L);
+    sbprt_moe_layout L;
+    int st = sbprt_moe_layout_plan(n, d, e, k, f, &L);
     if (st)
         return st;
     if (n == 0)
@@ -299,8 +241,8 @@ int sbprt_moe_backward(sbprt_ctx *ctx, float *dx, float *dwr, float *dw1, float 
                        int e, int k, int f, int norm_topk, float aux_scale)
 {
     CPU_CHECK(ctx);
-    moe_layout L;
-    int st = moe_plan(n, d, e, k, f, &L);
+    sbprt_moe_layout L;
+    int st = sbprt_moe_layout_plan(n, d, e, k, f, &L);
     if (st)
         return st;
     if (n == 0)

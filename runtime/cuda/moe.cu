@@ -24,80 +24,12 @@
 #include <stdlib.h>
 
 #include "cuda.h"
+#include "moe_layout.h"
 
 static_assert(sizeof(int32_t) == sizeof(float), "routing tables are int32 in float slots");
 
 #define MOE_THREADS 256      /* threads of the elementwise and per-row kernels */
 #define MOE_SORT_THREADS 256 /* the sort's one block; also its most chunks of rows */
-#define MOE_PIECE_ALIGN 64   /* scratch pieces start at multiples of this many floats */
-
-/* Where each temporary lives in scratch, in floats from its start (as cpu/moe.c):
- *   xs: [nk, d]   the gathered rows; in the backward, overwritten per expert by dxs
- *   h:  [nk, 2f]  w1 products (gate | up)
- *   a:  [nk, f]   silu(gate) * up
- *   ye: [nk, d]   w2 products; in the backward overwritten by dye = wts * dy
- *   da: [nk, f], dh: [nk, 2f]   their gradients (backward only)
- *   dw: [nk]      dL/dwts, then dL/dv, indexed by pair r*k + j (backward only)
- *   order: [nk] int32   sorted position -> pair r*k + j
- *   pos:   [nk] int32   pair r*k + j -> sorted position
- *   dz:    [n, e]       the sort's chunk counters, then dL/dp and dL/dz (backward only)
- *   start: [e + 1] int32  first sorted position of each expert; start[e] = nk */
-struct moe_layout {
-    size_t nk;
-    size_t xs, h, a, ye, da, dh, dw, order, pos, dz, start;
-};
-
-static int moe_mul(size_t a, size_t b, size_t *out)
-{
-    if (a != 0 && b > SIZE_MAX / a)
-        return 0;
-    *out = a * b;
-    return 1;
-}
-
-static int moe_add(size_t a, size_t b, size_t *out)
-{
-    if (b > SIZE_MAX - a)
-        return 0;
-    *out = a + b;
-    return 1;
-}
-
-/* Appends a piece of `count` floats at *at (a multiple of MOE_PIECE_ALIGN); 0 on overflow. */
-static int moe_piece(size_t *at, size_t count, size_t *off)
-{
-    size_t rounded;
-    *off = *at;
-    if (!moe_add(count, MOE_PIECE_ALIGN - 1, &rounded))
-        return 0;
-    rounded -= rounded % MOE_PIECE_ALIGN;
-    return moe_add(*at, rounded, at);
-}
-
-/* Validates the sizes as the twin does and carves the scratch.  The 11 pieces, each rounded
- * up by at most 63 floats, add up to at most sbprt_moe_scratch_floats (see cpu/moe.c), which
- * the last check re-verifies for these sizes with overflow checks. */
-static int moe_plan(int n, int d, int e, int k, int f, moe_layout *L)
-{
-    CU_CHECK(n >= 0 && d > 0 && e > 0 && k >= 1 && k <= e && f > 0);
-    CU_CHECK(f <= INT32_MAX / 2); /* 2f is a GEMM dimension */
-    size_t nk, nkd, nkf, nkf2, ne, at = 0;
-    CU_CHECK(moe_mul((size_t)n, (size_t)k, &nk) && nk <= (size_t)INT32_MAX);
-    CU_CHECK(moe_mul(nk, (size_t)d, &nkd) && moe_mul(nk, (size_t)f, &nkf) &&
-             moe_mul(nkf, 2, &nkf2) && moe_mul((size_t)n, (size_t)e, &ne));
-    L->nk = nk;
-    CU_CHECK(moe_piece(&at, nkd, &L->xs) && moe_piece(&at, nkf2, &L->h) &&
-             moe_piece(&at, nkf, &L->a) && moe_piece(&at, nkd, &L->ye) &&
-             moe_piece(&at, nkf, &L->da) && moe_piece(&at, nkf2, &L->dh) &&
-             moe_piece(&at, nk, &L->dw) && moe_piece(&at, nk, &L->order) &&
-             moe_piece(&at, nk, &L->pos) && moe_piece(&at, ne, &L->dz) &&
-             moe_piece(&at, (size_t)e + 1, &L->start));
-    size_t per_pair = 2 * (size_t)d + 6 * (size_t)f + 3, formula;
-    CU_CHECK(moe_mul(nk, per_pair, &formula) && moe_add(formula, ne, &formula) &&
-             moe_add(formula, (size_t)e + 1 + 16 * 64, &formula));
-    CU_CHECK(at <= formula && formula == sbprt_moe_scratch_floats(n, d, e, k, f));
-    return SBPRT_OK;
-}
 
 /* ---- kernels ---------------------------------------------------------------------------- */
 
@@ -398,8 +330,8 @@ __global__ void moe_router_backward_kernel(float *dz, float *dw, const float *pr
 /* Queues the sort of sel into scratch.  With hstart, also copies the e + 1 expert offsets to
  * it and waits for them (the GEMMs' row counts are host arguments; see the file comment);
  * *valid is then 0 when sel held an index outside [0, e) (the flag is raised for sbprt_sync). */
-static int moe_sort(sbprt_ctx *ctx, float *scratch, const moe_layout *L, const int32_t *sel,
-                    int n, int e, int k, int32_t *hstart, int *valid)
+static int moe_sort(sbprt_ctx *ctx, float *scratch, const sbprt_moe_layout *L,
+                    const int32_t *sel, int n, int e, int k, int32_t *hstart, int *valid)
 {
     int32_t *start = (int32_t *)(scratch + L->start);
     CU_LAUNCH(ctx, moe_sort_kernel, 1, MOE_SORT_THREADS, 0, start,
@@ -417,7 +349,7 @@ static int moe_sort(sbprt_ctx *ctx, float *scratch, const moe_layout *L, const i
 /* The experts over the sorted pairs: xs gathered from x, h = xs w1ᵀ, a = swiglu(h),
  * ye = a w2ᵀ, per expert one GEMM each over its rows (hstart: the offsets on the host).
  *   x: [n, d]    w1: [e, 2f, d]    w2: [e, d, f] */
-static int moe_experts(sbprt_ctx *ctx, float *scratch, const moe_layout *L,
+static int moe_experts(sbprt_ctx *ctx, float *scratch, const sbprt_moe_layout *L,
                        const int32_t *hstart, const float *x, const float *w1, const float *w2,
                        int d, int e, int k, int f)
 {
@@ -457,7 +389,8 @@ static int moe_host_offsets(sbprt_ctx *ctx, int e, int32_t **out)
 static int moe_forward_run(sbprt_ctx *ctx, int32_t *hstart, float *y, float *probs,
                            int32_t *sel, float *wts, float *stats, const float *x,
                            const float *wr, const float *w1, const float *w2, float *scratch,
-                           const moe_layout *L, int n, int d, int e, int k, int f, int norm_topk)
+                           const sbprt_moe_layout *L, int n, int d, int e, int k, int f,
+                           int norm_topk)
 {
     /* router: logits straight into probs, then softmax and top-k per row */
     CU_STATUS(sbprt_gemm(ctx, probs, x, wr, 0, 1, n, e, d, 1.0f, 0.0f));
@@ -484,8 +417,8 @@ extern "C" int sbprt_moe_forward(sbprt_ctx *ctx, float *y, float *probs, int32_t
                                  int e, int k, int f, int norm_topk)
 {
     CU_CHECK(ctx);
-    moe_layout L;
-    CU_STATUS(moe_plan(n, d, e, k, f, &L));
+    sbprt_moe_layout L;
+    CU_STATUS(sbprt_moe_layout_plan(n, d, e, k, f, &L));
     if (n == 0)
         return SBPRT_OK;
     CU_CHECK(y && probs && sel && wts && x && wr && w1 && w2 && scratch);
@@ -501,7 +434,7 @@ static int moe_backward_run(sbprt_ctx *ctx, int32_t *hstart, float *dx, float *d
                             float *dw2, const float *dy, const float *x, const float *wr,
                             const float *w1, const float *w2, const float *probs,
                             const int32_t *sel, const float *wts, const float *stats,
-                            float *scratch, const moe_layout *L, int n, int d, int e, int k,
+                            float *scratch, const sbprt_moe_layout *L, int n, int d, int e, int k,
                             int f, int norm_topk, float aux_scale)
 {
     int valid = 0;
@@ -579,8 +512,8 @@ extern "C" int sbprt_moe_backward(sbprt_ctx *ctx, float *dx, float *dwr, float *
                                   int norm_topk, float aux_scale)
 {
     CU_CHECK(ctx);
-    moe_layout L;
-    CU_STATUS(moe_plan(n, d, e, k, f, &L));
+    sbprt_moe_layout L;
+    CU_STATUS(sbprt_moe_layout_plan(n, d, e, k, f, &L));
     if (n == 0)
         return SBPRT_OK;
     CU_CHECK(dy && x && wr && w1 && w2 && probs && sel && wts && scratch);
