@@ -508,7 +508,10 @@ int sbprt_moe_forward(sbprt_ctx *ctx, float *y, float *probs, int32_t *sel, floa
  * itself has none.  The load-balancing term aux_scale · Σ_i c_i P_i, with c_i = stats[i] the
  * step's counts and P_i the probabilities summed over the step's rows, adds
  * aux_scale · stats[i] to dL/dp[r, i] for every row r (aux_scale 0 or stats NULL: nothing).
- * scratch: as the forward's. */
+ * scratch: as the forward's.
+ * CUDA: each call copies the e+1 expert offsets of its sort to the host once, synchronously
+ * (cuBLAS takes each expert's row count from the host); a sel entry outside [0, e) makes the
+ * call write nothing and the next sbprt_sync return SBPRT_ERR_RANGE, as a bad label does. */
 int sbprt_moe_backward(sbprt_ctx *ctx, float *dx, float *dwr, float *dw1, float *dw2,
                        const float *dy, const float *x, const float *wr, const float *w1,
                        const float *w2, const float *probs, const int32_t *sel,
