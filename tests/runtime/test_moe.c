@@ -14,6 +14,8 @@
  * need nothing from its previous contents, bitwise equality across thread counts, and the
  * error statuses.
  */
+#include <stdio.h>
+
 #include "rt_test.h"
 
 enum { KMAX = 16, GUARD = 256 };
