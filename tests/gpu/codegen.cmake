@@ -154,6 +154,19 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
                  SBPC_ARGS --batch 2 --seq-len 32 --strategy stream --chunk 7 --logits-chunk 13)
     gpu_emu_step(mistral_window_bf16 mistral 3 DECREASING TOL 2e-2 HF mistral_dynamo_sdpa
                  SBPC_ARGS --batch 2 --seq-len 32 --strategy stream --chunk 5 --precision bf16)
+    # The Mixture-of-Experts exports (tests/fixtures/hf/gen_moe.py: top-2 of 8 experts, the
+    # router's aux loss on): the routed op's CUDA kernels (runtime/cuda/moe.cu) and its launch
+    # code end to end, fp32, against the float64 transformers model at hf_check's defaults
+    # (gradients 1e-4, first loss 1e-5, 3 AdamW losses 1e-4); store, stream with chunks that do
+    # not divide T = 32 and checkpoint (which recomputes the experts in the backward).
+    foreach(_moe mixtral olmoe qwen2_moe qwen3_moe)
+      gpu_emu_step(${_moe}_store ${_moe} 3 LOSSES HF ${_moe}_dynamo_eager
+                   SBPC_ARGS --batch 2 --seq-len 32 --strategy store)
+      gpu_emu_step(${_moe}_stream ${_moe} 3 LOSSES HF ${_moe}_dynamo_eager
+                   SBPC_ARGS --batch 2 --seq-len 32 --strategy stream --chunk 7 --logits-chunk 13)
+      gpu_emu_step(${_moe}_checkpoint ${_moe} 3 LOSSES HF ${_moe}_dynamo_eager
+                   SBPC_ARGS --batch 2 --seq-len 32 --strategy checkpoint)
+    endforeach()
     # bf16 through Mul / Div by scalar constants (sbprt_scale, sbprt_div_scalar): Gemma-2's
     # embedding normaliser and final-logit soft-cap, Granite's embedding, residual and logit
     # multipliers. Measured worst gradient errors: Granite 0.017; Gemma-2 0.038 (store too),

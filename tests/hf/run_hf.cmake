@@ -3,7 +3,8 @@
 # hf_check. Every command must exit 0; their output is printed, and kept in OUT.sbpc, OUT.log
 # and OUT.check for tests/fixtures/hf/table.py. PARAMS, the initializer -> torch name map, is
 # REF/KEY.params.txt unless given (tests/frontend/test_hf_export.py writes its own for
-# sbp-export's exports, which are not the committed fixtures).
+# sbp-export's exports, which are not the committed fixtures). TOL, when given, is hf_check's
+# --tol: one bound for the gradients, the first loss and the AdamW losses (the MoE families').
 function(run what file)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   message("${out}${err}")
@@ -31,5 +32,9 @@ run(sbpc ${OUT}.sbpc ${SBPC} ${MODEL} --batch 2 --seq-len 32 ${OPTS} -o ${OUT}.s
 run(sbp-train ${OUT}.log ${TRAIN} ${OUT}.so --model ${MODEL}
     --input-ids ${REF}/${FAM}_input_ids.npy --labels ${REF}/${FAM}_labels.npy
     --steps 10 --lr 0.01 --weight-decay ${wd} --threads 2 --dump-grads ${OUT}_grads.safetensors)
+set(tol "")
+if(TOL)
+  set(tol --tol ${TOL})
+endif()
 run(hf_check ${OUT}.check ${CHECK} ${OUT}_grads.safetensors ${REF}/${FAM}.safetensors
-    ${PARAMS} ${OUT}.log --steps 10 ${wd0})
+    ${PARAMS} ${OUT}.log --steps 10 ${wd0} ${tol})
