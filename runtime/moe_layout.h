@@ -92,4 +92,38 @@ static inline int sbprt_moe_layout_plan(int n, int d, int e, int k, int f, sbprt
     return SBPRT_OK;
 }
 
+/* The LoRA pieces of sbprt_moe_lora_forward / _backward, after the plain layout's formula
+ * (sbprt_moe_scratch_floats), in floats from the scratch's start:
+ *   t1, t2: [nk, r]      x A1ᵀ and a A2ᵀ per sorted pair (the adapters' inner products)
+ *   g1, g2: [nk, r]      their gradients, already times scale (backward only)
+ *   bg1: [e, 2f, r]  bg2: [e, d, r]    b1, b2 copied expert-major (B1_i contiguous)
+ *   db1: [e, 2f, r]  db2: [e, d, r]    each expert's share of db1, db2 before the scatter
+ * 8 pieces of at most 63 floats' rounding each: within the 8 * 64 of the formula. */
+typedef struct sbprt_moe_lora_layout {
+    size_t t1, t2, g1, g2, bg1, bg2, db1, db2;
+} sbprt_moe_lora_layout;
+
+/* Checks r (>= 1, r * e within int32) and fills LL; SBPRT_OK or SBPRT_ERR_INVALID. L is the
+ * plain layout of the same sizes (sbprt_moe_layout_plan, already validated). */
+static inline int sbprt_moe_lora_layout_plan(int n, int d, int e, int k, int f, int r,
+                                             sbprt_moe_lora_layout *LL)
+{
+    if (!(r >= 1 && (int64_t)r * e <= INT32_MAX))
+        return SBPRT_ERR_INVALID;
+    size_t at = sbprt_moe_scratch_floats(n, d, e, k, f), nkr, ef2r, edr;
+    size_t nk = (size_t)n * (size_t)k;
+    if (!(sbprt_moe_mul_(nk, (size_t)r, &nkr) &&
+          sbprt_moe_mul_((size_t)e * 2 * (size_t)f, (size_t)r, &ef2r) &&
+          sbprt_moe_mul_((size_t)e * (size_t)d, (size_t)r, &edr)))
+        return SBPRT_ERR_INVALID;
+    if (!(sbprt_moe_piece_(&at, nkr, &LL->t1) && sbprt_moe_piece_(&at, nkr, &LL->t2) &&
+          sbprt_moe_piece_(&at, nkr, &LL->g1) && sbprt_moe_piece_(&at, nkr, &LL->g2) &&
+          sbprt_moe_piece_(&at, ef2r, &LL->bg1) && sbprt_moe_piece_(&at, edr, &LL->bg2) &&
+          sbprt_moe_piece_(&at, ef2r, &LL->db1) && sbprt_moe_piece_(&at, edr, &LL->db2)))
+        return SBPRT_ERR_INVALID;
+    if (at > sbprt_moe_lora_scratch_floats(n, d, e, k, f, r))
+        return SBPRT_ERR_INVALID;
+    return SBPRT_OK;
+}
+
 #endif

@@ -528,6 +528,43 @@ static inline size_t sbprt_moe_scratch_floats(int n, int d, int e, int k, int f)
            16 * 64;
 }
 
+/* The same layer with LoRA on the experts (PEFT's target_parameters on the fused tensors,
+ * peft 0.21's ParamWrapper layout): the gate/up projection of expert i becomes
+ *   w1[i] + scale · B1_i A1_i   with A1_i = a1[i r : (i+1) r, :]   (a1: [e r, d])
+ *                                    B1_i[o, j] = b1[o, j e + i]    (b1: [2f, r e])
+ * and the down projection likewise with a2: [e r, f], b2: [d, r e].  Either pair may be NULL
+ * (that projection not adapted).  The adapters are applied as they are factored: rows x of
+ * expert i get x A1_iᵀ [r] and then · B1_iᵀ, so no per-expert delta matrix is ever formed
+ * (each call copies b1 / b2 into expert-major tiles [e, out, r], the adapters' own size).
+ * r: the rank (0 with both pairs NULL: the plain calls above); scale: alpha / r.
+ * scratch: sbprt_moe_lora_scratch_floats(n, d, e, k, f, r) floats. */
+int sbprt_moe_lora_forward(sbprt_ctx *ctx, float *y, float *probs, int32_t *sel, float *wts,
+                           float *stats, const float *x, const float *wr, const float *w1,
+                           const float *w2, const float *a1, const float *b1, const float *a2,
+                           const float *b2, float *scratch, int n, int d, int e, int k, int f,
+                           int norm_topk, int r, float scale);
+/* Its backward: as sbprt_moe_backward, and ACCUMULATED into da1 [e r, d], db1 [2f, r e],
+ * da2 [e r, f], db2 [d, r e] (each may be NULL; a NULL adapter has none). */
+int sbprt_moe_lora_backward(sbprt_ctx *ctx, float *dx, float *dwr, float *dw1, float *dw2,
+                            float *da1, float *db1, float *da2, float *db2, const float *dy,
+                            const float *x, const float *wr, const float *w1, const float *w2,
+                            const float *a1, const float *b1, const float *a2, const float *b2,
+                            const float *probs, const int32_t *sel, const float *wts,
+                            const float *stats, float *scratch, int n, int d, int e, int k,
+                            int f, int norm_topk, float aux_scale, int r, float scale);
+/* Floats of scratch the two calls above need: sbprt_moe_scratch_floats's, then the adapters'
+ * products and their gradients (4 of n*k rows of r floats) and the expert-major copies of b1,
+ * b2 and of their gradients (2 e (2f + d) r), each piece rounded up to 64 floats; r = 0 gives
+ * sbprt_moe_scratch_floats's figure.  It depends on the sizes alone, never on the routing. */
+static inline size_t sbprt_moe_lora_scratch_floats(int n, int d, int e, int k, int f, int r)
+{
+    size_t base = sbprt_moe_scratch_floats(n, d, e, k, f);
+    if (r <= 0)
+        return base;
+    size_t nk = (size_t)n * (size_t)k;
+    return base + (size_t)r * (4 * nk + 2 * (size_t)e * (2 * (size_t)f + (size_t)d)) + 8 * 64;
+}
+
 /* ---- losses ------------------------------------------------------------------------- */
 
 #define SBPRT_IGNORE_INDEX (-100) /* a label that is not scored (as torch's ignore_index) */

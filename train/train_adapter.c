@@ -83,6 +83,45 @@ static int count_adapters(const sbp_step_info *in)
     return n;
 }
 
+/* For an adapter parameter of a MoE layer's fused expert tensor (passes/graph/lora.c names it
+ * `<tensor>.lora_A.weight`, the tensor itself a rank-3 step parameter [E, out, in]): that
+ * tensor's index; -1 for an adapter of a Linear (`<module>.lora_A.weight`, the weight
+ * `<module>.weight`). */
+static int expert_tensor(const sbp_step_info *in, const char *adapter)
+{
+    size_t ml = strlen(adapter) - strlen(IR_LORA_A_SUFFIX); /* both suffixes are as long */
+    for (int i = 0; i < in->n_params; i++)
+        if (in->params[i].rank == 3 && strlen(in->params[i].name) == ml &&
+            strncmp(in->params[i].name, adapter, ml) == 0)
+            return i;
+    return -1;
+}
+
+/* PEFT's key of adapter parameter p (less "base_model.model."): a Linear's as sbpc names it; an
+ * expert tensor's under its module M (the tensor's name less its last component) as PEFT's
+ * ParamWrapper nests them: the wrappers of one module nest in the order its parameters are
+ * defined (transformers' experts: gate_up_proj, then down_proj), the first innermost, so
+ * gate_up_proj's adapters are M.base_layer.lora_* when down_proj is adapted too, else M.lora_*. */
+static void peft_key(const sbp_step_info *in, const char *name, char *out, size_t n)
+{
+    const int t = expert_tensor(in, name);
+    if (t < 0) {
+        snprintf(out, n, "%s", name);
+        return;
+    }
+    const char *tensor = in->params[t].name, *dot = strrchr(tensor, '.');
+    const size_t ml = dot ? (size_t)(dot - tensor) : 0;
+    bool inner = false;
+    if (dot && strcmp(dot + 1, "gate_up_proj") == 0) {
+        char down[1100];
+        snprintf(down, sizeof down, "%.*s.down_proj%s", (int)ml, tensor, IR_LORA_A_SUFFIX);
+        for (int i = 0; i < in->n_params && !inner; i++)
+            inner = strcmp(in->params[i].name, down) == 0;
+    }
+    snprintf(out, n, "%.*s%s%s", (int)ml, tensor, inner ? ".base_layer" : "",
+             name + strlen(tensor));
+}
+
 int train_adapter_init(ir_graph *g, const sbp_step_info *in, const train_adapter_opts *o,
                        char *err, size_t errlen)
 {
@@ -127,6 +166,35 @@ int train_adapter_init(ir_graph *g, const sbp_step_info *in, const train_adapter
     return added;
 }
 
+/* The config's "target_modules" (experts false: the adapted Linears' modules) or
+ * "target_parameters" (true: the adapted fused expert tensors), by full name, null when there
+ * are none of the kind. */
+static int write_targets(FILE *f, const sbp_step_info *in, bool experts, const char *path,
+                         char *err, size_t errlen)
+{
+    int any = 0, k = 0;
+    for (int i = 0; i < in->n_params; i++)
+        any += ir_lora_kind(in->params[i].name) == 'A' &&
+               (expert_tensor(in, in->params[i].name) >= 0) == experts;
+    fprintf(f, "  \"%s\": %s", experts ? "target_parameters" : "target_modules",
+            any ? "[" : "null");
+    for (int i = 0; i < in->n_params && any; i++) {
+        const char *name = in->params[i].name;
+        if (ir_lora_kind(name) != 'A' || (expert_tensor(in, name) >= 0) != experts)
+            continue;
+        char mod[1024];
+        snprintf(mod, sizeof mod, "%.*s", (int)(strlen(name) - strlen(IR_LORA_A_SUFFIX)), name);
+        char *quoted = sbpio_json_quote(mod); /* names are UTF-8 (ONNX strings) */
+        if (!quoted)
+            return cli_errf(err, errlen, "%s: module name '%s' is not valid UTF-8", path, mod);
+        fputs(k++ ? ",\n    " : "\n    ", f);
+        fputs(quoted, f);
+        free(quoted);
+    }
+    fprintf(f, any ? "\n  ],\n" : ",\n");
+    return 0;
+}
+
 static int write_config(const char *path, const sbp_step_info *in, int64_t r, char *err,
                         size_t errlen)
 {
@@ -145,24 +213,11 @@ static int write_config(const char *path, const sbp_step_info *in, int64_t r, ch
     /* the adapted modules by full path: PEFT matches a target by name or dotted suffix, so a
      * full path selects exactly the module sbpc adapted (a short name like "q_proj" would also
      * select the layers a custom --lora-targets left out) */
-    fprintf(f, "  \"target_modules\": [");
-    int k = 0;
-    for (int i = 0; i < in->n_params; i++) {
-        const char *name = in->params[i].name;
-        if (ir_lora_kind(name) != 'A')
-            continue;
-        char mod[1024];
-        snprintf(mod, sizeof mod, "%.*s", (int)(strlen(name) - strlen(IR_LORA_A_SUFFIX)), name);
-        char *quoted = sbpio_json_quote(mod); /* names are UTF-8 (ONNX strings) */
-        if (!quoted) {
-            sbp_atomic_abort(&a);
-            return cli_errf(err, errlen, "%s: module name '%s' is not valid UTF-8", path, mod);
-        }
-        fputs(k++ ? ",\n    " : "\n    ", f);
-        fputs(quoted, f);
-        free(quoted);
+    if (write_targets(f, in, false, path, err, errlen) || write_targets(f, in, true, path, err,
+                                                                          errlen)) {
+        sbp_atomic_abort(&a);
+        return -1;
     }
-    fprintf(f, "\n  ],\n");
     fprintf(f, "  \"lora_dropout\": 0.0,\n  \"bias\": \"none\",\n  \"fan_in_fan_out\": false,\n"
                "  \"modules_to_save\": null,\n  \"init_lora_weights\": true,\n"
                "  \"use_rslora\": false,\n  \"use_dora\": false,\n  \"inference_mode\": true\n}\n");
@@ -199,18 +254,23 @@ int train_adapter_save(const train_adapter_opts *o, const sbp_step_info *in, con
         if (!kind)
             continue;
         int64_t pr = kind == 'A' ? p->dims[0] : p->dims[1];
+        const int et = expert_tensor(in, p->name); /* [E r, in] / [out, r E] */
+        if (et >= 0 && in->params[et].dims[0] > 0 && pr % in->params[et].dims[0] == 0)
+            pr /= in->params[et].dims[0];
         if (pr != in->lora_rank) {
             rc = cli_errf(err, errlen, "--save-adapter: adapter '%s' has rank %lld, the step says "
                           "lora_rank %lld", p->name, (long long)pr, (long long)in->lora_rank);
             break;
         }
         r = pr;
-        size_t len = strlen(p->name) + sizeof "base_model.model.";
+        char key[1200];
+        peft_key(in, p->name, key, sizeof key);
+        size_t len = strlen(key) + sizeof "base_model.model.";
         if (!(names[k] = malloc(len))) {
             rc = cli_errf(err, errlen, "out of memory");
             break;
         }
-        snprintf(names[k], len, "base_model.model.%s", p->name);
+        snprintf(names[k], len, "base_model.model.%s", key);
         shapes[k][0] = p->dims[0];
         shapes[k][1] = p->dims[1];
         ts[k] = (sbpio_st_tensor){.name = names[k], .dtype = SBPIO_DT_F32, .rank = 2,
@@ -246,6 +306,9 @@ typedef struct merge_entry {
     int a, b;        /* the step parameters lora_A [r, in] and lora_B [out, r] */
     int target;      /* the step parameter with storage the update goes to */
     bool transposed; /* target's layout is [in, out] (the update is (B·A)^T), else [out, in] */
+    int64_t experts; /* > 0: target is a fused expert tensor [E, out, in], A [E r, in] and B
+                      * [out, r E] in PEFT's ParamWrapper layout (expert i: A's rows i r ..,
+                      * B's columns j E + i); 0: a Linear's weight */
 } merge_entry;
 
 struct train_adapter_merge_plan {
@@ -383,6 +446,22 @@ static int plan_pair(train_adapter_merge_plan *pl, const ir_graph *g, const ir_u
     return 0;
 }
 
+/* Plans the adapter pair (a, b) of fused expert tensor et [E, out, in]. */
+static int plan_experts(train_adapter_merge_plan *pl, const sbp_step_info *in, int a, int b,
+                        int et, char *err, size_t errlen)
+{
+    const sbp_step_param *pa = &in->params[a], *pb = &in->params[b], *pt = &in->params[et];
+    const int64_t E = pt->dims[0], r = in->lora_rank;
+    if (pa->rank != 2 || pb->rank != 2 || pa->dims[0] != E * r || pa->dims[1] != pt->dims[2] ||
+        pb->dims[0] != pt->dims[1] || pb->dims[1] != r * E)
+        return cli_errf(err, errlen, "adapters '%s' and '%s' do not fit the experts' '%s' [%lld, "
+                        "%lld, %lld] at the step's rank %lld", pa->name, pb->name, pt->name,
+                        (long long)E, (long long)pt->dims[1], (long long)pt->dims[2],
+                        (long long)r);
+    pl->e[pl->n++] = (merge_entry){.a = a, .b = b, .target = et, .experts = E};
+    return 0;
+}
+
 train_adapter_merge_plan *train_adapter_merge_plan_make(const ir_graph *g,
                                                         const sbp_step_info *in, char *err,
                                                         size_t errlen)
@@ -404,9 +483,12 @@ train_adapter_merge_plan *train_adapter_merge_plan_make(const ir_graph *g,
         char module[1024], bname[1100];
         snprintf(module, sizeof module, "%.*s", (int)ml, an);
         snprintf(bname, sizeof bname, "%s%s", module, IR_LORA_B_SUFFIX);
-        int b = find_param(in, bname);
-        rc = b < 0 ? cli_errf(err, errlen, "adapter '%s' has no '%s'", an, bname)
-                   : plan_pair(pl, g, &u, in, names, a, b, module, err, errlen);
+        int b = find_param(in, bname), et = expert_tensor(in, an);
+        if (b >= 0 && et >= 0)
+            rc = plan_experts(pl, in, a, b, et, err, errlen);
+        else
+            rc = b < 0 ? cli_errf(err, errlen, "adapter '%s' has no '%s'", an, bname)
+                       : plan_pair(pl, g, &u, in, names, a, b, module, err, errlen);
     }
     for (int i = 0; names && i < in->n_params; i++)
         free(names[i]);
@@ -431,6 +513,20 @@ void train_adapter_merge(const train_adapter_merge_plan *p, const sbp_step_info 
         const int64_t r = pa->dims[0], nin = pa->dims[1], nout = pb->dims[0];
         const float *A = params + pa->offset, *B = params + pb->offset;
         float *W = out + in->params[e->target].offset;
+        if (e->experts > 0) { /* W[i] += scaling B_i A_i, expert by expert */
+            const int64_t E = e->experts, rr = r / E;
+            for (int64_t x = 0; x < E; x++)
+                for (int64_t o = 0; o < nout; o++)
+                    for (int64_t i = 0; i < nin; i++) {
+                        double d = 0;
+                        for (int64_t j = 0; j < rr; j++)
+                            d += (double)B[o * rr * E + j * E + x] *
+                                 (double)A[(x * rr + j) * nin + i];
+                        float *w = &W[(x * nout + o) * nin + i];
+                        *w = (float)((double)*w + scaling * d);
+                    }
+            continue;
+        }
         for (int64_t o = 0; o < nout; o++)
             for (int64_t i = 0; i < nin; i++) {
                 double d = 0;

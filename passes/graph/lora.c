@@ -12,6 +12,14 @@
  * so no new op kind and no new gradient rule is needed. Then every other parameter is frozen, as
  * PEFT freezes the base model. Nodes are appended and the graph is re-sorted once at the end.
  *
+ * The experts of a MoE layer are not Linears: their fused tensors gate_up_proj [E, 2F, d] and
+ * down_proj [E, d, F] are the MoE node's slots 2 and 3, matched by their own PyTorch names (as
+ * PEFT's target_parameters names them). A matched one gets the pair `<tensor>.lora_A.weight`
+ * [E RANK, in], `<tensor>.lora_B.weight` [out, RANK E] in PEFT's ParamWrapper layout, as the
+ * MoE node's slots 4, 5 (gate_up) or 6, 7 (down), with attributes lora_rank and lora_scale:
+ * the runtime applies them per expert as x A_iᵀ then · B_iᵀ (runtime/sbprt.h), never as a
+ * delta matrix.
+ *
  * Names that cannot be recovered (a dynamo export whose node metadata was stripped names its
  * transposed weights `val_N` and says no more) cannot be matched: they are counted and the error
  * for a regex that matches nothing says so.
@@ -128,6 +136,41 @@ static int adapt(ir_graph *g, ir_node *n, const char *name, const sbp_lora_optio
     return IR_OK;
 }
 
+/* The adapter pair of expert tensor w (slot 2: gate_up [E, 2F, d]; slot 3: down [E, d, F]) of
+ * MoE node n, under w's own PyTorch name: `<name>.lora_A.weight` [E RANK, in] and
+ * `<name>.lora_B.weight` [out, RANK E], PEFT's ParamWrapper layout (train/train_adapter.c maps
+ * the names to PEFT's keys). Placed in slots 4, 5 (gate_up) or 6, 7 (down). */
+static int adapt_experts(ir_graph *g, ir_node *n, int slot, const sbp_lora_options *o)
+{
+    ir_value *w = n->in[slot];
+    const int64_t E = w->dims[0].value;
+    const int64_t in = w->dims[2].value, out = w->dims[1].value;
+    if (o->rank > in || o->rank > out)
+        return ir_diag_add(g->diag, IR_SEV_ERROR, n->name, ir_op_name(n->op),
+                           "--lora %lld: the rank exceeds min(in, out) = min(%lld, %lld) of "
+                           "the experts' '%s'",
+                           (long long)o->rank, (long long)in, (long long)out, w->name);
+    if (n->n_in < 8) { /* the adapter slots, absent (NULL) until adapted */
+        ir_value **in8 = ir_arena_alloc(g->arena, 8 * sizeof *in8);
+        if (!in8)
+            return ir_diag_error(g->diag, "out of memory");
+        for (int i = 0; i < 8; i++)
+            in8[i] = i < n->n_in ? n->in[i] : NULL;
+        n->in = in8;
+        n->n_in = 8;
+    }
+    ir_value *a = add_adapter(g, w->name, IR_LORA_A_SUFFIX, E * o->rank, in, o->seed);
+    ir_value *b = a ? add_adapter(g, w->name, IR_LORA_B_SUFFIX, out, o->rank * E, o->seed)
+                    : NULL;
+    if (!b)
+        return IR_ERR;
+    n->in[slot == 2 ? 4 : 6] = a;
+    n->in[slot == 2 ? 5 : 7] = b;
+    ir_attr_set_int(g, n, "lora_rank", o->rank);
+    ir_attr_set_float(g, n, "lora_scale", o->alpha / (double)o->rank);
+    return IR_OK;
+}
+
 int sbp_pass_lora(ir_graph *g, const sbp_lora_options *o, int *n_adapted)
 {
     if (n_adapted)
@@ -199,16 +242,39 @@ int sbp_pass_lora(ir_graph *g, const sbp_lora_options *o, int *n_adapted)
         }
         free(name);
     }
+    /* the experts of MoE layers: their fused tensors are parameters under PyTorch's names
+     * (PEFT's target_parameters), matched by those names */
+    int n_experts = 0;
+    for (int i = 0; i < nn && rc == IR_OK; i++) {
+        ir_node *n = g->nodes[i];
+        if (n->dead || n->op != IR_OP_MOE || n->n_in < 4)
+            continue;
+        for (int slot = 2; slot <= 3 && rc == IR_OK; slot++) {
+            ir_value *w = n->in[slot];
+            if (!w || w->kind != IR_VAL_PARAM || w->rank != 3 || w->dtype != IR_DT_FLOAT ||
+                !ir_torch_is_name(g, w->name))
+                continue;
+            n_experts++;
+            if (regexec(&re, w->name, 0, NULL, 0) == 0) {
+                rc = adapt_experts(g, n, slot, o);
+                matched++;
+            }
+        }
+    }
     if (rc == IR_OK && matched == 0) {
         char ex[600] = "";
         for (int i = 0; i < 3 && example[i]; i++)
             snprintf(ex + strlen(ex), sizeof ex - strlen(ex), "%s'%s'", i ? ", " : "",
                      example[i]);
+        char exp_[160] = "";
+        if (n_experts)
+            snprintf(exp_, sizeof exp_, "; %d fused expert tensors, named like "
+                     "'model.layers.0.mlp.experts.gate_up_proj'", n_experts);
         rc = ir_diag_error(g->diag,
                            "--lora-targets '%s' matches no Linear weight of the model (%d "
-                           "Linear weights%s%s%s; %d without a recoverable PyTorch name%s)",
+                           "Linear weights%s%s%s%s; %d without a recoverable PyTorch name%s)",
                            targets, n_named, n_named ? ", named like " : "", ex,
-                           n_named > 3 ? ", ..." : "", unnamed,
+                           n_named > 3 ? ", ..." : "", exp_, unnamed,
                            unnamed ? ": a dynamo export keeps module names only in its nodes' "
                                      "pkg.torch.onnx.name_scopes metadata" : "");
     }

@@ -467,6 +467,12 @@ static int sigmoid_bwd(tctx *t, const ir_node *n)
  * owned, so a recomputation refills them); the experts' activations live only in the call's
  * scratch, whose size depends on R alone (sbprt_moe_scratch_floats), never on the routing: the
  * plan holds for any routing. The backward recomputes them inside its call. */
+/* The experts' LoRA rank (attribute lora_rank), 0 without adapters on them. */
+static int64_t moe_lora_rank(const ir_node *n)
+{
+    return n->n_in > 4 ? ir_attr_int(n, "lora_rank", 0) : 0;
+}
+
 static int plan_moe(tctx *t, const ir_node *n)
 {
     const ir_value *x = n->in[0], *wr = n->in[1], *w1 = n->in[2], *w2 = n->in[3];
@@ -494,6 +500,22 @@ static int plan_moe(tctx *t, const ir_node *n)
     if (fits_int(t, n, rows_of(x)) || fits_int(t, n, d) || fits_int(t, n, E) ||
         fits_int(t, n, F) || fits_int(t, n, rows_of(x) * k))
         return IR_ERR;
+    /* LoRA on the experts (passes/graph/lora.c): slots 4, 5 adapt gate_up, 6, 7 down, in
+     * PEFT's layout A [E r, in], B [out, r E] */
+    const int64_t r = moe_lora_rank(n);
+    for (int s = 0; s < 2 && n->n_in > 4; s++) {
+        const ir_value *a = n->n_in > 4 + 2 * s ? n->in[4 + 2 * s] : NULL;
+        const ir_value *b = n->n_in > 5 + 2 * s ? n->in[5 + 2 * s] : NULL;
+        int64_t in = s ? F : d, out = s ? d : 2 * F;
+        if (!a != !b || (a && (r < 1 || a->rank != 2 || b->rank != 2 || dim(a, 0) != E * r ||
+                               dim(a, 1) != in || dim(b, 0) != out || dim(b, 1) != r * E)))
+            return tx_error(t, n, "MoE: the %s adapter is not the pair A [%lld, %lld], B "
+                                  "[%lld, %lld] of rank %lld",
+                            s ? "down" : "gate_up", (long long)(E * r), (long long)in,
+                            (long long)out, (long long)(r * E), (long long)r);
+    }
+    if (r > 0 && fits_int(t, n, r * E))
+        return IR_ERR;
     return plan_natural(t, n);
 }
 
@@ -510,9 +532,9 @@ static void moe_args(tctx *t, const ir_node *n, tp_arg *a)
 
 static int moe_scratch(tctx *t, const ir_node *n)
 {
-    size_t numel = sbprt_moe_scratch_floats((int)rows_of(n->in[0]), (int)dim(n->in[0], -1),
-                                            (int)dim(n->in[1], 0), (int)ir_attr_int(n, "k", 1),
-                                            (int)dim(n->in[3], 2));
+    size_t numel = sbprt_moe_lora_scratch_floats(
+        (int)rows_of(n->in[0]), (int)dim(n->in[0], -1), (int)dim(n->in[1], 0),
+        (int)ir_attr_int(n, "k", 1), (int)dim(n->in[3], 2), (int)moe_lora_rank(n));
     return tx_node_buf(t, n, numel, false, false, "routing scratch (any routing)");
 }
 
@@ -526,8 +548,18 @@ static int moe_fwd(tctx *t, const ir_node *n)
     /* the load-balancing sums count each row once: in the forward, not when recomputed */
     bool counts = !(t->cur_what && strcmp(t->cur_what, "recompute") == 0);
     int stats = counts ? t->p->moe_stats_buf : -1;
-    tp_arg a[6];
+    tp_arg a[8];
     moe_args(t, n, a);
+    if (moe_lora_rank(n) > 0) {
+        a[6] = A_I(moe_lora_rank(n));
+        a[7] = A_F(ir_attr_float(n, "lora_scale", 1.0));
+        tx_emit(t, TP_K_MOE_LORA_FWD,
+                BUFS(tx_out(t, n, 0), probs, sel, wts, stats, tx_in(t, n, 0), tx_in(t, n, 1),
+                     tx_in(t, n, 2), tx_in(t, n, 3), tx_in(t, n, 4), tx_in(t, n, 5),
+                     tx_in(t, n, 6), tx_in(t, n, 7), moe_scratch(t, n)),
+                a);
+        return IR_OK;
+    }
     tx_emit(t, TP_K_MOE_FWD,
             BUFS(tx_out(t, n, 0), probs, sel, wts, stats, tx_in(t, n, 0), tx_in(t, n, 1),
                  tx_in(t, n, 2), tx_in(t, n, 3), moe_scratch(t, n)),
@@ -539,13 +571,27 @@ static int moe_bwd(tctx *t, const ir_node *n)
 {
     int gy = tx_gout(t, n, 0), gx = tx_gin(t, n, 0), gr = tx_gin(t, n, 1);
     int g1 = tx_gin(t, n, 2), g2 = tx_gin(t, n, 3);
-    if (gy < 0 || (gx < 0 && gr < 0 && g1 < 0 && g2 < 0))
+    int ga1 = tx_gin(t, n, 4), gb1 = tx_gin(t, n, 5), ga2 = tx_gin(t, n, 6),
+        gb2 = tx_gin(t, n, 7);
+    if (gy < 0 || (gx < 0 && gr < 0 && g1 < 0 && g2 < 0 && ga1 < 0 && gb1 < 0 && ga2 < 0 &&
+                   gb2 < 0))
         return IR_OK;
     const tn *r = tx_node(t, n);
     double scale = t->p->moe_aux_scale;
-    tp_arg a[7];
+    tp_arg a[9];
     moe_args(t, n, a);
     a[6] = A_F(scale);
+    if (moe_lora_rank(n) > 0) {
+        a[7] = A_I(moe_lora_rank(n));
+        a[8] = A_F(ir_attr_float(n, "lora_scale", 1.0));
+        tx_emit(t, TP_K_MOE_LORA_BWD,
+                BUFS(gx, gr, g1, g2, ga1, gb1, ga2, gb2, gy, tx_in(t, n, 0), tx_in(t, n, 1),
+                     tx_in(t, n, 2), tx_in(t, n, 3), tx_in(t, n, 4), tx_in(t, n, 5),
+                     tx_in(t, n, 6), tx_in(t, n, 7), r->aux[0], r->aux[1], r->aux[2],
+                     scale != 0 ? t->p->moe_stats_buf : -1, moe_scratch(t, n)),
+                a);
+        return IR_OK;
+    }
     tx_emit(t, TP_K_MOE_BWD,
             BUFS(gx, gr, g1, g2, gy, tx_in(t, n, 0), tx_in(t, n, 1), tx_in(t, n, 2),
                  tx_in(t, n, 3), r->aux[0], r->aux[1], r->aux[2],
@@ -1409,7 +1455,7 @@ static const grad_rule rules[] = {
     {IR_OP_RELU,           D0,   plan_float_unary, relu_fwd,     relu_bwd},
     {IR_OP_TANH,           D0,   plan_float_unary, tanh_fwd,     tanh_bwd},
     {IR_OP_SIGMOID,        D0,   plan_float_unary, sigmoid_fwd,  sigmoid_bwd},
-    {IR_OP_MOE,            0xfu, plan_moe,        moe_fwd,       moe_bwd},
+    {IR_OP_MOE,            0xffu, plan_moe,        moe_fwd,       moe_bwd},
     {IR_OP_SWIGLU,         D01,  plan_swiglu,     swiglu_fwd,    swiglu_bwd},
     {IR_OP_ROPE,           D0,   plan_rope,       rope_fwd,      rope_bwd},
     {IR_OP_ATTENTION,      D012, plan_attention,  attention_fwd, attention_bwd},

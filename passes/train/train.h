@@ -273,7 +273,7 @@ typedef struct tp_arg {
     const char *expr;
 } tp_arg;
 
-#define TP_MAX_BUFS 16
+#define TP_MAX_BUFS 24
 #define TP_MAX_ARGS 12
 
 /* Where an operand starts inside its buffer, in a chunk loop: element per_row * r0 +

@@ -13,6 +13,12 @@
  * order by one thread, and nothing is summed across items except by the GEMMs.  So results
  * depend on the thread count only through sbprt_gemm (see sbprt.h).
  *
+ * LoRA on the experts (sbprt_moe_lora_forward / _backward) rides on the same sorted rows: each
+ * adapted projection adds, per expert, the two thin GEMMs (rows · Aᵀ, then · Bᵀ times scale)
+ * after the dense one, and in the backward the three of their gradients; PEFT's B, whose
+ * columns interleave the experts, is copied expert-major first and its gradient scattered
+ * back, so every operand is contiguous and no per-expert delta W is ever formed.
+ *
  * All temporaries live in the caller's scratch (sbprt_moe_scratch_floats floats):
  * sbprt_moe_layout_plan (runtime/moe_layout.h, shared with the CUDA twin) carves it into
  * pieces whose offsets are multiples of 64 floats and checks, for the sizes given, that the
@@ -115,12 +121,102 @@ static int moe_sort(const int32_t *sel, size_t nk, int e, int32_t *start, int32_
     return SBPRT_OK;
 }
 
+/* LoRA on the experts (sbprt_moe_lora_forward): the adapters, their gradients and where
+ * their temporaries live.  NULL pointers: that projection is not adapted / no gradient. */
+typedef struct moe_lora {
+    const float *a1, *b1, *a2, *b2; /* [e r, d], [2f, r e], [e r, f], [d, r e] */
+    float *da1, *db1, *da2, *db2;   /* their gradients (backward), same shapes */
+    int r;
+    float scale;
+    sbprt_moe_lora_layout L;
+} moe_lora;
+
+/* b [out, r e] (PEFT's column j e + i for expert i's column j) copied expert-major into
+ * bg [e, out, r], so that each expert's factor is one contiguous GEMM operand. */
+static void moe_lora_gather_b(sbprt_ctx *ctx, float *bg, const float *b, int e, int out, int r)
+{
+    const int64_t rows = (int64_t)e * out;
+#pragma omp parallel for schedule(static) num_threads(ctx->nthreads) \
+    if ((size_t)rows * r >= CPU_PARALLEL_MIN)
+    for (int64_t q = 0; q < rows; q++) {
+        int i = (int)(q / out), o = (int)(q % out);
+        const float *src = b + (size_t)o * r * e + i;
+        float *dst = bg + (size_t)q * r;
+        for (int j = 0; j < r; j++)
+            dst[j] = src[(size_t)j * e];
+    }
+}
+
+/* The inverse of the gather, accumulating: b [out, r e] += the tiles db [e, out, r] of the
+ * experts that received rows (the others' tiles were not written). */
+static void moe_lora_scatter_b(sbprt_ctx *ctx, float *b, const float *db, const int32_t *start,
+                               int e, int out, int r)
+{
+#pragma omp parallel for schedule(static) num_threads(ctx->nthreads) \
+    if ((size_t)e * out * r >= CPU_PARALLEL_MIN)
+    for (int o = 0; o < out; o++)
+        for (int i = 0; i < e; i++) {
+            if (start[i + 1] == start[i])
+                continue;
+            const float *src = db + ((size_t)i * out + o) * r;
+            float *dst = b + (size_t)o * r * e + i;
+            for (int j = 0; j < r; j++)
+                dst[(size_t)j * e] += src[j];
+        }
+}
+
+/* Expert i's adapter on its c rows u [c, in] (sorted positions from s0): t = u A_iᵀ [c, r]
+ * kept in t (the backward reads it), then out [c, n_out] += scale · t B_iᵀ. */
+static int moe_lora_apply(sbprt_ctx *ctx, float *out, float *t, const float *u, const float *a,
+                          const float *bg, const moe_lora *lo, int i, int s0, int c, int in,
+                          int n_out)
+{
+    const int r = lo->r;
+    float *ti = t + (size_t)s0 * r;
+    int st = sbprt_gemm(ctx, ti, u, a + (size_t)i * r * in, 0, 1, c, r, in, 1.0f, 0.0f);
+    if (st)
+        return st;
+    return sbprt_gemm(ctx, out, ti, bg + (size_t)i * n_out * r, 0, 1, c, n_out, r, lo->scale,
+                      1.0f);
+}
+
+/* The backward of one adapted projection of expert i: out = u Wᵀ + scale (u Aᵀ) Bᵀ, given
+ * dout [c, n_out] (its rows of the sorted pairs from s0).  db's tile [n_out, r] = scale doutᵀ t
+ * (written, scattered later); g = scale dout B [c, r] (kept for du); da [r, in] += gᵀ u.
+ * du (the caller's dense product already in it) gets += g A afterwards: moe_lora_du. */
+static int moe_lora_backward_w(sbprt_ctx *ctx, const float *dout, const float *u, float *t,
+                               float *g, const float *bg, float *dbt, float *da, int need_g,
+                               const moe_lora *lo, int i, int s0, int c, int in, int n_out)
+{
+    const int r = lo->r;
+    const float *ti = t + (size_t)s0 * r;
+    float *gi = g + (size_t)s0 * r;
+    int st = SBPRT_OK;
+    if (dbt)
+        st = sbprt_gemm(ctx, dbt + (size_t)i * n_out * r, dout, ti, 1, 0, n_out, r, c,
+                        lo->scale, 0.0f);
+    if (!st && (need_g || da))
+        st = sbprt_gemm(ctx, gi, dout, bg + (size_t)i * n_out * r, 0, 0, c, r, n_out,
+                        lo->scale, 0.0f);
+    if (!st && da)
+        st = sbprt_gemm(ctx, da + (size_t)i * r * in, gi, u, 1, 0, r, in, c, 1.0f, 1.0f);
+    return st;
+}
+
+/* du [c, in] += g A_i (g from moe_lora_backward_w). */
+static int moe_lora_du(sbprt_ctx *ctx, float *du, const float *g, const float *a,
+                       const moe_lora *lo, int i, int s0, int c, int in)
+{
+    return sbprt_gemm(ctx, du, g + (size_t)s0 * lo->r, a + (size_t)i * lo->r * in, 0, 0, c,
+                      in, lo->r, 1.0f, 1.0f);
+}
+
 /* The experts over the sorted pairs: xs gathered from x, h = xs w1ᵀ, a = swiglu(h),
  * ye = a w2ᵀ, per expert one GEMM each over its rows.  Scratch pieces as sbprt_moe_layout.
  *   x: [n, d]    w1: [e, 2f, d]    w2: [e, d, f] */
 static int moe_experts(sbprt_ctx *ctx, float *scratch, const sbprt_moe_layout *L,
-                       const float *x, const float *w1, const float *w2, int d, int e, int k,
-                       int f)
+                       const moe_lora *lo, const float *x, const float *w1, const float *w2,
+                       int d, int e, int k, int f)
 {
     float *xs = scratch + L->xs, *h = scratch + L->h, *a = scratch + L->a;
     float *ye = scratch + L->ye;
@@ -141,6 +237,10 @@ static int moe_experts(sbprt_ctx *ctx, float *scratch, const sbprt_moe_layout *L
             continue;
         int st = sbprt_gemm(ctx, h + (size_t)start[i] * f2, xs + (size_t)start[i] * d,
                             w1 + (size_t)i * f2 * d, 0, 1, c, (int)f2, d, 1.0f, 0.0f);
+        if (!st && lo && lo->a1)
+            st = moe_lora_apply(ctx, h + (size_t)start[i] * f2, scratch + lo->L.t1,
+                                xs + (size_t)start[i] * d, lo->a1, scratch + lo->L.bg1, lo, i,
+                                start[i], c, d, (int)f2);
         if (st)
             return st;
     }
@@ -158,9 +258,37 @@ static int moe_experts(sbprt_ctx *ctx, float *scratch, const sbprt_moe_layout *L
             continue;
         int st = sbprt_gemm(ctx, ye + (size_t)start[i] * d, a + (size_t)start[i] * f,
                             w2 + (size_t)i * d * f, 0, 1, c, d, f, 1.0f, 0.0f);
+        if (!st && lo && lo->a2)
+            st = moe_lora_apply(ctx, ye + (size_t)start[i] * d, scratch + lo->L.t2,
+                                a + (size_t)start[i] * f, lo->a2, scratch + lo->L.bg2, lo, i,
+                                start[i], c, f, d);
         if (st)
             return st;
     }
+    return SBPRT_OK;
+}
+
+/* Validates the adapters' arguments and fills lo (lo->r = 0: no LoRA); gathers b1, b2 into
+ * their expert-major copies.  SBPRT_ERR_INVALID for an adapter without its pair or a rank
+ * that does not fit. */
+static int moe_lora_setup(sbprt_ctx *ctx, moe_lora *lo, float *scratch, const float *a1,
+                          const float *b1, const float *a2, const float *b2, int n, int d,
+                          int e, int k, int f, int r, float scale)
+{
+    *lo = (moe_lora){.a1 = a1, .b1 = b1, .a2 = a2, .b2 = b2, .r = r, .scale = scale};
+    if (!a1 != !b1 || !a2 != !b2)
+        return SBPRT_ERR_INVALID;
+    if (!a1 && !a2) {
+        lo->r = 0;
+        return SBPRT_OK;
+    }
+    int st = sbprt_moe_lora_layout_plan(n, d, e, k, f, r, &lo->L);
+    if (st || n == 0 || !scratch)
+        return st;
+    if (b1)
+        moe_lora_gather_b(ctx, scratch + lo->L.bg1, b1, e, 2 * f, r);
+    if (b2)
+        moe_lora_gather_b(ctx, scratch + lo->L.bg2, b2, e, d, r);
     return SBPRT_OK;
 }
 
@@ -169,10 +297,24 @@ int sbprt_moe_forward(sbprt_ctx *ctx, float *y, float *probs, int32_t *sel, floa
                       const float *w2, float *scratch, int n, int d, int e, int k, int f,
                       int norm_topk)
 {
+    return sbprt_moe_lora_forward(ctx, y, probs, sel, wts, stats, x, wr, w1, w2, NULL, NULL,
+                                  NULL, NULL, scratch, n, d, e, k, f, norm_topk, 0, 0.0f);
+}
+
+int sbprt_moe_lora_forward(sbprt_ctx *ctx, float *y, float *probs, int32_t *sel, float *wts,
+                           float *stats, const float *x, const float *wr, const float *w1,
+                           const float *w2, const float *a1, const float *b1, const float *a2,
+                           const float *b2, float *scratch, int n, int d, int e, int k, int f,
+                           int norm_topk, int r, float scale)
+{
     CPU_CHECK(ctx);
     sbprt_moe_layout L;
     int st = sbprt_moe_layout_plan(n, d, e, k, f, &L);
     if (st)
+        return st;
+    CPU_CHECK(n == 0 || scratch);
+    moe_lora lo;
+    if ((st = moe_lora_setup(ctx, &lo, scratch, a1, b1, a2, b2, n, d, e, k, f, r, scale)))
         return st;
     if (n == 0)
         return SBPRT_OK;
@@ -193,7 +335,7 @@ int sbprt_moe_forward(sbprt_ctx *ctx, float *y, float *probs, int32_t *sel, floa
     st = moe_sort(sel, L.nk, e, start, (int32_t *)(scratch + L.order), pos);
     if (st)
         return st; /* not reached: the routing above only writes valid experts */
-    st = moe_experts(ctx, scratch, &L, x, w1, w2, d, e, k, f);
+    st = moe_experts(ctx, scratch, &L, lo.r ? &lo : NULL, x, w1, w2, d, e, k, f);
     if (st)
         return st;
 
@@ -240,13 +382,35 @@ int sbprt_moe_backward(sbprt_ctx *ctx, float *dx, float *dwr, float *dw1, float 
                        const float *wts, const float *stats, float *scratch, int n, int d,
                        int e, int k, int f, int norm_topk, float aux_scale)
 {
+    return sbprt_moe_lora_backward(ctx, dx, dwr, dw1, dw2, NULL, NULL, NULL, NULL, dy, x, wr,
+                                   w1, w2, NULL, NULL, NULL, NULL, probs, sel, wts, stats,
+                                   scratch, n, d, e, k, f, norm_topk, aux_scale, 0, 0.0f);
+}
+
+int sbprt_moe_lora_backward(sbprt_ctx *ctx, float *dx, float *dwr, float *dw1, float *dw2,
+                            float *da1, float *db1, float *da2, float *db2, const float *dy,
+                            const float *x, const float *wr, const float *w1, const float *w2,
+                            const float *a1, const float *b1, const float *a2, const float *b2,
+                            const float *probs, const int32_t *sel, const float *wts,
+                            const float *stats, float *scratch, int n, int d, int e, int k,
+                            int f, int norm_topk, float aux_scale, int r, float scale)
+{
     CPU_CHECK(ctx);
     sbprt_moe_layout L;
     int st = sbprt_moe_layout_plan(n, d, e, k, f, &L);
     if (st)
         return st;
+    CPU_CHECK(n == 0 || scratch);
+    moe_lora lo;
+    if ((st = moe_lora_setup(ctx, &lo, scratch, a1, b1, a2, b2, n, d, e, k, f, r, scale)))
+        return st;
     if (n == 0)
         return SBPRT_OK;
+    lo.da1 = a1 ? da1 : NULL;
+    lo.db1 = a1 ? db1 : NULL;
+    lo.da2 = a2 ? da2 : NULL;
+    lo.db2 = a2 ? db2 : NULL;
+    const int lora_g1 = lo.da1 || lo.db1, lora_g2 = lo.da2 || lo.db2;
     CPU_CHECK(dy && x && wr && w1 && w2 && probs && sel && wts && scratch);
     const int32_t *start = (const int32_t *)(scratch + L.start);
     const int32_t *order = (const int32_t *)(scratch + L.order);
@@ -255,9 +419,9 @@ int sbprt_moe_backward(sbprt_ctx *ctx, float *dx, float *dwr, float *dw1, float 
                   (int32_t *)(scratch + L.pos));
     if (st)
         return st;
-    if (!dx && !dwr && !dw1 && !dw2)
+    if (!dx && !dwr && !dw1 && !dw2 && !lora_g1 && !lora_g2)
         return SBPRT_OK;
-    st = moe_experts(ctx, scratch, &L, x, w1, w2, d, e, k, f);
+    st = moe_experts(ctx, scratch, &L, lo.r ? &lo : NULL, x, w1, w2, d, e, k, f);
     if (st)
         return st;
 
@@ -279,27 +443,40 @@ int sbprt_moe_backward(sbprt_ctx *ctx, float *dx, float *dwr, float *dw1, float 
             yp[c] = w * dyr[c];
     }
 
-    /* down projection: dw2[i] += dyeᵀ a, da = dye w2[i] */
+    /* down projection: dw2[i] += dyeᵀ a, da = dye w2[i] (+ its adapter's share) */
+    const int need_dh = dw1 || dx || lora_g1;
+    float *t1 = scratch + lo.L.t1, *t2 = scratch + lo.L.t2;
+    float *g1 = scratch + lo.L.g1, *g2 = scratch + lo.L.g2;
     for (int i = 0; i < e; i++) {
         int c = start[i + 1] - start[i];
         if (c == 0)
             continue;
-        const float *dye_i = ye + (size_t)start[i] * d;
+        const float *dye_i = ye + (size_t)start[i] * d, *a_i = a + (size_t)start[i] * f;
         if (dw2) {
-            st = sbprt_gemm(ctx, dw2 + (size_t)i * d * f, dye_i, a + (size_t)start[i] * f, 1, 0,
-                            d, f, c, 1.0f, 1.0f);
+            st = sbprt_gemm(ctx, dw2 + (size_t)i * d * f, dye_i, a_i, 1, 0, d, f, c, 1.0f, 1.0f);
             if (st)
                 return st;
         }
-        if (dw1 || dx) {
-            st = sbprt_gemm(ctx, da + (size_t)start[i] * f, dye_i, w2 + (size_t)i * d * f, 0, 0,
-                            c, f, d, 1.0f, 0.0f);
+        if (lo.a2 && (lora_g2 || need_dh)) {
+            st = moe_lora_backward_w(ctx, dye_i, a_i, t2, g2, scratch + lo.L.bg2,
+                                     lo.db2 ? scratch + lo.L.db2 : NULL, lo.da2, need_dh, &lo,
+                                     i, start[i], c, f, d);
+            if (st)
+                return st;
+        }
+        if (need_dh) {
+            float *da_i = da + (size_t)start[i] * f;
+            st = sbprt_gemm(ctx, da_i, dye_i, w2 + (size_t)i * d * f, 0, 0, c, f, d, 1.0f, 0.0f);
+            if (!st && lo.a2)
+                st = moe_lora_du(ctx, da_i, g2, lo.a2, &lo, i, start[i], c, f);
             if (st)
                 return st;
         }
     }
+    if (lo.db2)
+        moe_lora_scatter_b(ctx, lo.db2, scratch + lo.L.db2, start, e, d, lo.r);
 
-    if (dw1 || dx) {
+    if (need_dh) {
         /* SwiGLU backward, written (dh is a temporary) */
 #pragma omp parallel for schedule(static) num_threads(ctx->nthreads) \
     if (L.nk * (size_t)f >= CPU_PARALLEL_MIN)
@@ -319,6 +496,13 @@ int sbprt_moe_backward(sbprt_ctx *ctx, float *dx, float *dwr, float *dw1, float 
                 continue;
             const float *dh_i = dh + (size_t)start[i] * f2;
             float *xs_i = xs + (size_t)start[i] * d;
+            if (lo.a1 && (lora_g1 || dx)) { /* before dxs overwrites xs_i */
+                st = moe_lora_backward_w(ctx, dh_i, xs_i, t1, g1, scratch + lo.L.bg1,
+                                         lo.db1 ? scratch + lo.L.db1 : NULL, lo.da1, dx != NULL,
+                                         &lo, i, start[i], c, d, (int)f2);
+                if (st)
+                    return st;
+            }
             if (dw1) {
                 st = sbprt_gemm(ctx, dw1 + (size_t)i * f2 * d, dh_i, xs_i, 1, 0, (int)f2, d, c,
                                 1.0f, 1.0f);
@@ -328,10 +512,14 @@ int sbprt_moe_backward(sbprt_ctx *ctx, float *dx, float *dwr, float *dw1, float 
             if (dx) {
                 st = sbprt_gemm(ctx, xs_i, dh_i, w1 + (size_t)i * f2 * d, 0, 0, c, d, (int)f2,
                                 1.0f, 0.0f);
+                if (!st && lo.a1)
+                    st = moe_lora_du(ctx, xs_i, g1, lo.a1, &lo, i, start[i], c, d);
                 if (st)
                     return st;
             }
         }
+        if (lo.db1)
+            moe_lora_scatter_b(ctx, lo.db1, scratch + lo.L.db1, start, e, (int)f2, lo.r);
     }
 
     if (dx) {
