@@ -12,16 +12,25 @@
  * copy: that is the one host synchronisation of this file.  The backward recomputes the sort
  * and the activations from x, as the twin does.
  *
+ * LoRA on the experts (sbprt_moe_lora_forward / _backward; the plain calls are these without
+ * adapters) adds, after each expert's dense GEMM of an adapted projection, the adapter's two
+ * thin GEMMs (rows · A_iᵀ, then · B_iᵀ times scale), and in the backward the three of their
+ * gradients, in the twin's order.  PEFT's B interleaves the experts' columns, so a kernel
+ * copies it expert-major into scratch first and another adds the per-expert tiles of its
+ * gradient back, one thread per element of B (no atomics), skipping experts with no rows.
+ *
  * Determinism: every output element is written by one thread, which sums its terms in a fixed
  * order (the k choices of a row in choice order, a dot product in a fixed lane tree); the
  * statistics reduce each expert's probabilities in double over a fixed block tree; there are
  * no atomics but the index-error flag.  So results are bitwise equal run to run.
  *
- * All temporaries live in the caller's scratch (sbprt_moe_scratch_floats floats), carved into
- * the twin's pieces.  The sort's per-chunk counters borrow the dz piece ([n, e]), which only
- * the backward's router stage uses, after the sort is done.
+ * All temporaries live in the caller's scratch (sbprt_moe_scratch_floats floats, or
+ * sbprt_moe_lora_scratch_floats with adapters), carved into the twin's pieces (moe_layout.h).
+ * The sort's per-chunk counters borrow the dz piece ([n, e]), which only the backward's router
+ * stage uses, after the sort is done.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda.h"
 #include "moe_layout.h"
@@ -325,6 +334,39 @@ __global__ void moe_router_backward_kernel(float *dz, float *dw, const float *pr
     }
 }
 
+/* ---- LoRA kernels ------------------------------------------------------------------------
+ * PEFT stores expert i's B factor as the columns j e + i (j < r) of b [out, r e], so one expert's
+ * factor is strided by e.  These two kernels move it to and from expert-major tiles [e, out, r]
+ * so that every GEMM operand is dense.  Both walk b in its own order (i fastest): the gather's
+ * reads and the scatter's read-modify-writes are the coalesced side. */
+
+/* bg[i, o, j] = b[o, j e + i].   bg: [e, out, r]    b: [out, r e] */
+__global__ void moe_lora_gather_kernel(float *bg, const float *b, int e, int out, int r)
+{
+    const size_t total = (size_t)out * r * e;
+    for (size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (size_t)gridDim.x * blockDim.x) {
+        const size_t i = t % e, j = (t / e) % r, o = t / ((size_t)e * r);
+        bg[(i * out + o) * r + j] = b[t];
+    }
+}
+
+/* b[o, j e + i] += db[i, o, j] for the experts i that received rows (start[i + 1] > start[i]);
+ * the tiles of the others were never written.  One thread per element of b, one addition each,
+ * so the result does not depend on the launch shape.
+ *   b: [out, r e]    db: [e, out, r]    start: [e + 1] (device) */
+__global__ void moe_lora_scatter_kernel(float *b, const float *db, const int32_t *start, int e,
+                                        int out, int r)
+{
+    const size_t total = (size_t)out * r * e;
+    for (size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (size_t)gridDim.x * blockDim.x) {
+        const size_t i = t % e, j = (t / e) % r, o = t / ((size_t)e * r);
+        if (start[i + 1] != start[i])
+            b[t] += db[(i * out + o) * r + j];
+    }
+}
+
 /* ---- host side ---------------------------------------------------------------------------- */
 
 /* Queues the sort of sel into scratch.  With hstart, also copies the e + 1 expert offsets to
@@ -346,32 +388,170 @@ static int moe_sort(sbprt_ctx *ctx, float *scratch, const sbprt_moe_layout *L,
     return SBPRT_OK;
 }
 
+/* LoRA on the experts: one adapted projection, u [c, in] -> [c, out] per expert, with its
+ * factors, gradients and temporaries.  Projection 0 is the gate/up one (in d, out 2f, on xs),
+ * projection 1 the down one (in f, out d, on a).  The twin (cpu/moe.c) runs the same GEMMs in
+ * the same order on the same operands, so the two differ only inside the GEMMs. */
+typedef struct moe_lora_proj {
+    const float *a; /* A stacked by expert [e r, in]; NULL: the projection is not adapted */
+    const float *b; /* B as PEFT lays it out [out, r e] */
+    float *da, *db; /* their gradients (backward), same shapes; NULL: not wanted */
+    float *t, *g;   /* scratch [nk, r]: u Aᵀ per sorted pair, then scale · dout B */
+    float *bg;      /* scratch [e, out, r]: b expert-major */
+    float *dbg;     /* scratch [e, out, r]: each expert's share of db, before the scatter */
+    int in, out;
+} moe_lora_proj;
+
+typedef struct moe_lora {
+    moe_lora_proj p[2];
+    int r;       /* the rank; 0: no adapter at all (the plain layer) */
+    float scale; /* alpha / r */
+} moe_lora;
+
+/* Checks the adapters' arguments as the twin does (each A with its B; with any adapter a rank
+ * whose pieces fit) and, with one, carves their pieces out of scratch.  lo->r = 0: none. */
+static int moe_lora_plan(moe_lora *lo, float *scratch, const float *a1, const float *b1,
+                         const float *a2, const float *b2, int n, int d, int e, int k, int f,
+                         int r, float scale)
+{
+    memset(lo, 0, sizeof *lo);
+    CU_CHECK(!a1 == !b1 && !a2 == !b2);
+    if (!a1 && !a2)
+        return SBPRT_OK;
+    sbprt_moe_lora_layout LL;
+    CU_STATUS(sbprt_moe_lora_layout_plan(n, d, e, k, f, r, &LL));
+    lo->r = r;
+    lo->scale = scale;
+    const float *as[2] = {a1, a2}, *bs[2] = {b1, b2};
+    const size_t t[2] = {LL.t1, LL.t2}, g[2] = {LL.g1, LL.g2};
+    const size_t bg[2] = {LL.bg1, LL.bg2}, dbg[2] = {LL.db1, LL.db2};
+    const int in[2] = {d, f}, out[2] = {2 * f, d};
+    for (int q = 0; q < 2; q++) {
+        moe_lora_proj *pj = &lo->p[q];
+        pj->a = as[q];
+        pj->b = bs[q];
+        pj->in = in[q];
+        pj->out = out[q];
+        if (scratch) { /* NULL only with n = 0, when nothing runs */
+            pj->t = scratch + t[q];
+            pj->g = scratch + g[q];
+            pj->bg = scratch + bg[q];
+            pj->dbg = scratch + dbg[q];
+        }
+    }
+    return SBPRT_OK;
+}
+
+/* b -> bg for each adapted projection (queued before the experts' GEMMs read it). */
+static int moe_lora_gather(sbprt_ctx *ctx, const moe_lora *lo, int e)
+{
+    for (int q = 0; q < 2; q++) {
+        const moe_lora_proj *pj = &lo->p[q];
+        if (!pj->a)
+            continue;
+        const size_t total = (size_t)pj->out * lo->r * e;
+        CU_LAUNCH(ctx, moe_lora_gather_kernel, cu_blocks(total, MOE_THREADS), MOE_THREADS, 0,
+                  pj->bg, pj->b, e, pj->out, lo->r);
+    }
+    return SBPRT_OK;
+}
+
+/* Expert i's adapter on its c rows from sorted position s0: t_i = u A_iᵀ [c, r] (kept: the
+ * backward's db reads it), then y [c, out] += scale · t_i B_iᵀ, on top of the dense product
+ * already in y.  Factored, so the per-expert delta B_i A_i [out, in] never exists. */
+static int moe_lora_forward_proj(sbprt_ctx *ctx, const moe_lora *lo, const moe_lora_proj *pj,
+                                 int i, int s0, int c, const float *u, float *y)
+{
+    const int r = lo->r;
+    float *ti = pj->t + (size_t)s0 * r;
+    CU_STATUS(sbprt_gemm(ctx, ti, u, pj->a + (size_t)i * r * pj->in, 0, 1, c, r, pj->in, 1.0f,
+                         0.0f));
+    return sbprt_gemm(ctx, y, ti, pj->bg + (size_t)i * pj->out * r, 0, 1, c, pj->out, r,
+                      lo->scale, 1.0f);
+}
+
+/* The factors' gradients for expert i from dout [c, out] (its rows of the sorted pairs) and u:
+ *   dB_i = scale · doutᵀ t_i  [out, r]   written to its tile of dbg (scattered into db later);
+ *   g_i  = scale · dout B_i   [c, r]     kept when the input gradient (need_g) or dA needs it;
+ *   dA_i += g_iᵀ u            [r, in]    straight into da (A_i is a contiguous block of rows).
+ * The input gradient's share, du += g_i A_i, is moe_lora_input_grad, run once du holds the
+ * dense product. */
+static int moe_lora_backward_proj(sbprt_ctx *ctx, const moe_lora *lo, const moe_lora_proj *pj,
+                                  int i, int s0, int c, const float *u, const float *dout,
+                                  int need_g)
+{
+    const int r = lo->r;
+    const float *ti = pj->t + (size_t)s0 * r;
+    float *gi = pj->g + (size_t)s0 * r;
+    if (pj->db)
+        CU_STATUS(sbprt_gemm(ctx, pj->dbg + (size_t)i * pj->out * r, dout, ti, 1, 0, pj->out, r,
+                             c, lo->scale, 0.0f));
+    if (need_g || pj->da)
+        CU_STATUS(sbprt_gemm(ctx, gi, dout, pj->bg + (size_t)i * pj->out * r, 0, 0, c, r,
+                             pj->out, lo->scale, 0.0f));
+    if (pj->da)
+        CU_STATUS(sbprt_gemm(ctx, pj->da + (size_t)i * r * pj->in, gi, u, 1, 0, r, pj->in, c,
+                             1.0f, 1.0f));
+    return SBPRT_OK;
+}
+
+/* du [c, in] += g_i A_i: the adapter's share of the projection's input gradient. */
+static int moe_lora_input_grad(sbprt_ctx *ctx, const moe_lora *lo, const moe_lora_proj *pj,
+                               int i, int s0, int c, float *du)
+{
+    const int r = lo->r;
+    return sbprt_gemm(ctx, du, pj->g + (size_t)s0 * r, pj->a + (size_t)i * r * pj->in, 0, 0, c,
+                      pj->in, r, 1.0f, 1.0f);
+}
+
+/* db += the tiles of dbg, for the experts that received rows (start: the device offsets). */
+static int moe_lora_scatter(sbprt_ctx *ctx, const moe_lora *lo, const moe_lora_proj *pj,
+                            const int32_t *start, int e)
+{
+    const size_t total = (size_t)pj->out * lo->r * e;
+    CU_LAUNCH(ctx, moe_lora_scatter_kernel, cu_blocks(total, MOE_THREADS), MOE_THREADS, 0,
+              pj->db, pj->dbg, start, e, pj->out, lo->r);
+    return SBPRT_OK;
+}
+
 /* The experts over the sorted pairs: xs gathered from x, h = xs w1ᵀ, a = swiglu(h),
- * ye = a w2ᵀ, per expert one GEMM each over its rows (hstart: the offsets on the host).
+ * ye = a w2ᵀ, per expert one GEMM each over its rows (hstart: the offsets on the host), each
+ * followed by its adapter's two thin GEMMs when lo adapts that projection (lo NULL: none).
  *   x: [n, d]    w1: [e, 2f, d]    w2: [e, d, f] */
 static int moe_experts(sbprt_ctx *ctx, float *scratch, const sbprt_moe_layout *L,
-                       const int32_t *hstart, const float *x, const float *w1, const float *w2,
-                       int d, int e, int k, int f)
+                       const moe_lora *lo, const int32_t *hstart, const float *x,
+                       const float *w1, const float *w2, int d, int e, int k, int f)
 {
     float *xs = scratch + L->xs, *h = scratch + L->h, *a = scratch + L->a;
     float *ye = scratch + L->ye;
     const int32_t *order = (const int32_t *)(scratch + L->order);
     const size_t f2 = 2 * (size_t)f;
+    const moe_lora_proj *up = lo && lo->p[0].a ? &lo->p[0] : NULL;
+    const moe_lora_proj *down = lo && lo->p[1].a ? &lo->p[1] : NULL;
     CU_LAUNCH(ctx, moe_gather_kernel, cu_blocks(L->nk * d, MOE_THREADS), MOE_THREADS, 0, xs, x,
               order, L->nk, d, k);
     for (int i = 0; i < e; i++) {
-        const int c = hstart[i + 1] - hstart[i];
-        if (c > 0)
-            CU_STATUS(sbprt_gemm(ctx, h + (size_t)hstart[i] * f2, xs + (size_t)hstart[i] * d,
-                                 w1 + (size_t)i * f2 * d, 0, 1, c, (int)f2, d, 1.0f, 0.0f));
+        const int s0 = hstart[i], c = hstart[i + 1] - s0;
+        if (c == 0)
+            continue;
+        float *h_i = h + (size_t)s0 * f2;
+        const float *xs_i = xs + (size_t)s0 * d;
+        CU_STATUS(sbprt_gemm(ctx, h_i, xs_i, w1 + (size_t)i * f2 * d, 0, 1, c, (int)f2, d, 1.0f,
+                             0.0f));
+        if (up)
+            CU_STATUS(moe_lora_forward_proj(ctx, lo, up, i, s0, c, xs_i, h_i));
     }
     CU_LAUNCH(ctx, moe_swiglu_kernel, cu_blocks(L->nk * f, MOE_THREADS), MOE_THREADS, 0, a, h,
               L->nk, f);
     for (int i = 0; i < e; i++) {
-        const int c = hstart[i + 1] - hstart[i];
-        if (c > 0)
-            CU_STATUS(sbprt_gemm(ctx, ye + (size_t)hstart[i] * d, a + (size_t)hstart[i] * f,
-                                 w2 + (size_t)i * d * f, 0, 1, c, d, f, 1.0f, 0.0f));
+        const int s0 = hstart[i], c = hstart[i + 1] - s0;
+        if (c == 0)
+            continue;
+        float *ye_i = ye + (size_t)s0 * d;
+        const float *a_i = a + (size_t)s0 * f;
+        CU_STATUS(sbprt_gemm(ctx, ye_i, a_i, w2 + (size_t)i * d * f, 0, 1, c, d, f, 1.0f, 0.0f));
+        if (down)
+            CU_STATUS(moe_lora_forward_proj(ctx, lo, down, i, s0, c, a_i, ye_i));
     }
     return SBPRT_OK;
 }
@@ -386,8 +566,8 @@ static int moe_host_offsets(sbprt_ctx *ctx, int e, int32_t **out)
     return SBPRT_OK;
 }
 
-static int moe_forward_run(sbprt_ctx *ctx, int32_t *hstart, float *y, float *probs,
-                           int32_t *sel, float *wts, float *stats, const float *x,
+static int moe_forward_run(sbprt_ctx *ctx, int32_t *hstart, const moe_lora *lo, float *y,
+                           float *probs, int32_t *sel, float *wts, float *stats, const float *x,
                            const float *wr, const float *w1, const float *w2, float *scratch,
                            const sbprt_moe_layout *L, int n, int d, int e, int k, int f,
                            int norm_topk)
@@ -400,7 +580,7 @@ static int moe_forward_run(sbprt_ctx *ctx, int32_t *hstart, float *y, float *pro
     CU_STATUS(moe_sort(ctx, scratch, L, sel, n, e, k, hstart, &valid));
     if (!valid)
         return SBPRT_OK; /* not reached: the routing above only writes valid experts */
-    CU_STATUS(moe_experts(ctx, scratch, L, hstart, x, w1, w2, d, e, k, f));
+    CU_STATUS(moe_experts(ctx, scratch, L, lo, hstart, x, w1, w2, d, e, k, f));
     CU_LAUNCH(ctx, moe_combine_kernel, cu_blocks((size_t)n * d, MOE_THREADS), MOE_THREADS, 0, y,
               scratch + L->ye, (const int32_t *)(scratch + L->pos), wts, n, d, k);
     if (stats) {
@@ -411,81 +591,120 @@ static int moe_forward_run(sbprt_ctx *ctx, int32_t *hstart, float *y, float *pro
     return SBPRT_OK;
 }
 
+/* The plain layer is the LoRA one without adapters: one code path, as in the twin. */
 extern "C" int sbprt_moe_forward(sbprt_ctx *ctx, float *y, float *probs, int32_t *sel,
                                  float *wts, float *stats, const float *x, const float *wr,
                                  const float *w1, const float *w2, float *scratch, int n, int d,
                                  int e, int k, int f, int norm_topk)
 {
+    return sbprt_moe_lora_forward(ctx, y, probs, sel, wts, stats, x, wr, w1, w2, NULL, NULL,
+                                  NULL, NULL, scratch, n, d, e, k, f, norm_topk, 0, 0.0f);
+}
+
+extern "C" int sbprt_moe_lora_forward(sbprt_ctx *ctx, float *y, float *probs, int32_t *sel,
+                                      float *wts, float *stats, const float *x, const float *wr,
+                                      const float *w1, const float *w2, const float *a1,
+                                      const float *b1, const float *a2, const float *b2,
+                                      float *scratch, int n, int d, int e, int k, int f,
+                                      int norm_topk, int r, float scale)
+{
     CU_CHECK(ctx);
     sbprt_moe_layout L;
     CU_STATUS(sbprt_moe_layout_plan(n, d, e, k, f, &L));
+    CU_CHECK(n == 0 || scratch);
+    moe_lora lo;
+    CU_STATUS(moe_lora_plan(&lo, scratch, a1, b1, a2, b2, n, d, e, k, f, r, scale));
     if (n == 0)
         return SBPRT_OK;
-    CU_CHECK(y && probs && sel && wts && x && wr && w1 && w2 && scratch);
+    CU_CHECK(y && probs && sel && wts && x && wr && w1 && w2);
+    if (lo.r)
+        CU_STATUS(moe_lora_gather(ctx, &lo, e));
     int32_t *hstart;
     CU_STATUS(moe_host_offsets(ctx, e, &hstart));
-    const int st = moe_forward_run(ctx, hstart, y, probs, sel, wts, stats, x, wr, w1, w2,
-                                   scratch, &L, n, d, e, k, f, norm_topk);
+    const int st = moe_forward_run(ctx, hstart, lo.r ? &lo : NULL, y, probs, sel, wts, stats, x,
+                                   wr, w1, w2, scratch, &L, n, d, e, k, f, norm_topk);
     free(hstart);
     return st;
 }
 
-static int moe_backward_run(sbprt_ctx *ctx, int32_t *hstart, float *dx, float *dwr, float *dw1,
-                            float *dw2, const float *dy, const float *x, const float *wr,
-                            const float *w1, const float *w2, const float *probs,
-                            const int32_t *sel, const float *wts, const float *stats,
-                            float *scratch, const sbprt_moe_layout *L, int n, int d, int e, int k,
-                            int f, int norm_topk, float aux_scale)
+static int moe_backward_run(sbprt_ctx *ctx, int32_t *hstart, const moe_lora *lo, float *dx,
+                            float *dwr, float *dw1, float *dw2, const float *dy, const float *x,
+                            const float *wr, const float *w1, const float *w2,
+                            const float *probs, const int32_t *sel, const float *wts,
+                            const float *stats, float *scratch, const sbprt_moe_layout *L, int n,
+                            int d, int e, int k, int f, int norm_topk, float aux_scale)
 {
     int valid = 0;
     CU_STATUS(moe_sort(ctx, scratch, L, sel, n, e, k, hstart, &valid));
     if (!valid)
         return SBPRT_OK; /* a bad expert index: nothing written, sbprt_sync reports it */
-    CU_STATUS(moe_experts(ctx, scratch, L, hstart, x, w1, w2, d, e, k, f));
+    CU_STATUS(moe_experts(ctx, scratch, L, lo, hstart, x, w1, w2, d, e, k, f));
 
     float *xs = scratch + L->xs, *h = scratch + L->h, *a = scratch + L->a, *ye = scratch + L->ye;
     float *da = scratch + L->da, *dh = scratch + L->dh, *dw = scratch + L->dw;
     float *dz = scratch + L->dz;
     const int32_t *order = (const int32_t *)(scratch + L->order);
     const int32_t *pos = (const int32_t *)(scratch + L->pos);
+    const int32_t *dstart = (const int32_t *)(scratch + L->start);
     const size_t f2 = 2 * (size_t)f;
+    /* the adapted projections, and whether their factors want a gradient */
+    const moe_lora_proj *up = lo && lo->p[0].a ? &lo->p[0] : NULL;
+    const moe_lora_proj *down = lo && lo->p[1].a ? &lo->p[1] : NULL;
+    const int up_g = up && (up->da || up->db), down_g = down && (down->da || down->db);
 
     /* per pair: dL/dwts = dy[r] · ye, then ye becomes dye = wts dy[r] */
     CU_LAUNCH(ctx, moe_pair_grad_kernel, cu_blocks(L->nk, MOE_THREADS / 32), MOE_THREADS, 0, dw,
               ye, dy, wts, order, L->nk, d, k);
 
-    /* down projection: dw2[i] += dyeᵀ a, da = dye w2[i] */
+    /* down projection: dw2[i] += dyeᵀ a, da = dye w2[i] (+ its adapter's share).  dh (and so
+     * da) is needed by dw1, by dx and by the gate/up adapter's factors. */
+    const int need_dh = dw1 || dx || up_g;
     for (int i = 0; i < e; i++) {
-        const int c = hstart[i + 1] - hstart[i];
+        const int s0 = hstart[i], c = hstart[i + 1] - s0;
         if (c == 0)
             continue;
-        const float *dye_i = ye + (size_t)hstart[i] * d;
+        const float *dye_i = ye + (size_t)s0 * d, *a_i = a + (size_t)s0 * f;
         if (dw2)
-            CU_STATUS(sbprt_gemm(ctx, dw2 + (size_t)i * d * f, dye_i, a + (size_t)hstart[i] * f,
-                                 1, 0, d, f, c, 1.0f, 1.0f));
-        if (dw1 || dx)
-            CU_STATUS(sbprt_gemm(ctx, da + (size_t)hstart[i] * f, dye_i, w2 + (size_t)i * d * f,
-                                 0, 0, c, f, d, 1.0f, 0.0f));
+            CU_STATUS(sbprt_gemm(ctx, dw2 + (size_t)i * d * f, dye_i, a_i, 1, 0, d, f, c, 1.0f,
+                                 1.0f));
+        if (down && (down_g || need_dh))
+            CU_STATUS(moe_lora_backward_proj(ctx, lo, down, i, s0, c, a_i, dye_i, need_dh));
+        if (need_dh) {
+            float *da_i = da + (size_t)s0 * f;
+            CU_STATUS(sbprt_gemm(ctx, da_i, dye_i, w2 + (size_t)i * d * f, 0, 0, c, f, d, 1.0f,
+                                 0.0f));
+            if (down)
+                CU_STATUS(moe_lora_input_grad(ctx, lo, down, i, s0, c, da_i));
+        }
     }
+    if (down && down->db)
+        CU_STATUS(moe_lora_scatter(ctx, lo, down, dstart, e));
 
-    if (dw1 || dx) {
+    if (need_dh) {
         CU_LAUNCH(ctx, moe_swiglu_backward_kernel, cu_blocks(L->nk * f, MOE_THREADS),
                   MOE_THREADS, 0, dh, da, h, L->nk, f);
-        /* up/gate projection: dw1[i] += dhᵀ xs, then dxs = dh w1[i] over xs (each expert's
-         * rows of xs are read by its own dw1 product only, which comes first) */
+        /* up/gate projection: the adapter's factors and dw1[i] += dhᵀ xs, then dxs = dh w1[i]
+         * over xs (each expert's rows of xs are read only by its own products above it) */
         for (int i = 0; i < e; i++) {
-            const int c = hstart[i + 1] - hstart[i];
+            const int s0 = hstart[i], c = hstart[i + 1] - s0;
             if (c == 0)
                 continue;
-            const float *dh_i = dh + (size_t)hstart[i] * f2;
-            float *xs_i = xs + (size_t)hstart[i] * d;
+            const float *dh_i = dh + (size_t)s0 * f2;
+            float *xs_i = xs + (size_t)s0 * d;
+            if (up && (up_g || dx))
+                CU_STATUS(moe_lora_backward_proj(ctx, lo, up, i, s0, c, xs_i, dh_i, dx != NULL));
             if (dw1)
                 CU_STATUS(sbprt_gemm(ctx, dw1 + (size_t)i * f2 * d, dh_i, xs_i, 1, 0, (int)f2, d,
                                      c, 1.0f, 1.0f));
-            if (dx)
+            if (dx) {
                 CU_STATUS(sbprt_gemm(ctx, xs_i, dh_i, w1 + (size_t)i * f2 * d, 0, 0, c, d,
                                      (int)f2, 1.0f, 0.0f));
+                if (up)
+                    CU_STATUS(moe_lora_input_grad(ctx, lo, up, i, s0, c, xs_i));
+            }
         }
+        if (up && up->db)
+            CU_STATUS(moe_lora_scatter(ctx, lo, up, dstart, e));
     }
 
     if (dx)
@@ -511,18 +730,49 @@ extern "C" int sbprt_moe_backward(sbprt_ctx *ctx, float *dx, float *dwr, float *
                                   float *scratch, int n, int d, int e, int k, int f,
                                   int norm_topk, float aux_scale)
 {
+    return sbprt_moe_lora_backward(ctx, dx, dwr, dw1, dw2, NULL, NULL, NULL, NULL, dy, x, wr,
+                                   w1, w2, NULL, NULL, NULL, NULL, probs, sel, wts, stats,
+                                   scratch, n, d, e, k, f, norm_topk, aux_scale, 0, 0.0f);
+}
+
+extern "C" int sbprt_moe_lora_backward(sbprt_ctx *ctx, float *dx, float *dwr, float *dw1,
+                                       float *dw2, float *da1, float *db1, float *da2,
+                                       float *db2, const float *dy, const float *x,
+                                       const float *wr, const float *w1, const float *w2,
+                                       const float *a1, const float *b1, const float *a2,
+                                       const float *b2, const float *probs, const int32_t *sel,
+                                       const float *wts, const float *stats, float *scratch,
+                                       int n, int d, int e, int k, int f, int norm_topk,
+                                       float aux_scale, int r, float scale)
+{
     CU_CHECK(ctx);
     sbprt_moe_layout L;
     CU_STATUS(sbprt_moe_layout_plan(n, d, e, k, f, &L));
+    CU_CHECK(n == 0 || scratch);
+    moe_lora lo;
+    CU_STATUS(moe_lora_plan(&lo, scratch, a1, b1, a2, b2, n, d, e, k, f, r, scale));
     if (n == 0)
         return SBPRT_OK;
-    CU_CHECK(dy && x && wr && w1 && w2 && probs && sel && wts && scratch);
-    if (!dx && !dwr && !dw1 && !dw2) /* nothing to compute, but sel is still checked */
+    /* a projection without an adapter has no factor gradients, whatever was passed */
+    if (lo.p[0].a) {
+        lo.p[0].da = da1;
+        lo.p[0].db = db1;
+    }
+    if (lo.p[1].a) {
+        lo.p[1].da = da2;
+        lo.p[1].db = db2;
+    }
+    const int lora_g = lo.p[0].da || lo.p[0].db || lo.p[1].da || lo.p[1].db;
+    CU_CHECK(dy && x && wr && w1 && w2 && probs && sel && wts);
+    if (!dx && !dwr && !dw1 && !dw2 && !lora_g) /* nothing to compute, but sel is still checked */
         return moe_sort(ctx, scratch, &L, sel, n, e, k, NULL, NULL);
+    if (lo.r)
+        CU_STATUS(moe_lora_gather(ctx, &lo, e));
     int32_t *hstart;
     CU_STATUS(moe_host_offsets(ctx, e, &hstart));
-    const int st = moe_backward_run(ctx, hstart, dx, dwr, dw1, dw2, dy, x, wr, w1, w2, probs, sel,
-                                    wts, stats, scratch, &L, n, d, e, k, f, norm_topk, aux_scale);
+    const int st = moe_backward_run(ctx, hstart, lo.r ? &lo : NULL, dx, dwr, dw1, dw2, dy, x, wr,
+                                    w1, w2, probs, sel, wts, stats, scratch, &L, n, d, e, k, f,
+                                    norm_topk, aux_scale);
     free(hstart);
     return st;
 }

@@ -1545,6 +1545,221 @@ static void t_moe_errors(void)
         s->fails++;
 }
 
+/* LoRA on the experts (sbprt_moe_lora_forward / _backward) against the twin.  PEFT's layout:
+ * a1 [e r, d], b1 [2f, r e], a2 [e r, f], b2 [d, r e], expert i's B in the columns j e + i.
+ * B is random, not PEFT's zeros, so every term of the adapters' gradients is exercised.
+ * adapt: bit 0 the gate/up adapter, bit 1 the down one; a projection without one still gets
+ * (non-NULL) gradient buffers for its factors, which both backends must leave untouched.  A
+ * starved expert's tiles of the B gradients are never written (the CUDA scratch starts random,
+ * the twin's uninitialised): its columns of db1 / db2 must come out unchanged. */
+
+typedef struct {
+    const char *what;
+    int n, d, e, k, f, r;
+    float scale;
+    int adapt;  /* 1: gate/up only, 2: down only, 3: both */
+    int starve; /* the last expert receives no rows */
+    int norm_topk;
+} moe_lora_shape;
+
+enum { ML_DX, ML_DWR, ML_DW1, ML_DW2, ML_DA1, ML_DB1, ML_DA2, ML_DB2, ML_NGRAD };
+
+static void t_moe_lora_shape(const moe_lora_shape *s)
+{
+    const int n = s->n, d = s->d, e = s->e, k = s->k, f = s->f, r = s->r;
+    const size_t nd = (size_t)n * d, ne = (size_t)n * e, nk = (size_t)n * k;
+    const size_t nw1 = (size_t)e * 2 * f * d, nw2 = (size_t)e * d * f, nwr = (size_t)e * d;
+    const size_t na1 = (size_t)e * r * d, nb1 = (size_t)2 * f * r * e;
+    const size_t na2 = (size_t)e * r * f, nb2 = (size_t)d * r * e;
+    const size_t nscr = sbprt_moe_lora_scratch_floats(n, d, e, k, f, r);
+    const float aux = 0.01f;
+    float *x = hrand(nd, -1, 1), *wr = hrand(nwr, -0.5f, 0.5f);
+    const float *w1 = hrand(nw1, -0.3f, 0.3f), *w2 = hrand(nw2, -0.3f, 0.3f);
+    const float *dy = hrand(nd, -1, 1);
+    const float *a1 = s->adapt & 1 ? hrand(na1, -0.3f, 0.3f) : NULL;
+    const float *b1 = s->adapt & 1 ? hrand(nb1, -0.3f, 0.3f) : NULL;
+    const float *a2 = s->adapt & 2 ? hrand(na2, -0.3f, 0.3f) : NULL;
+    const float *b2 = s->adapt & 2 ? hrand(nb2, -0.3f, 0.3f) : NULL;
+    if (s->starve) {
+        for (int q = 0; q < n; q++)
+            x[(size_t)q * d] = 1.0f; /* a constant feature: wr[:, 0] acts as a bias */
+        wr[(size_t)(e - 1) * d] = -50.0f;
+    }
+    float *scr = hnew(nscr * sizeof(float));
+    char label[160];
+    snprintf(label, sizeof label, "%s: n=%d d=%d e=%d k=%d f=%d r=%d scale=%g", s->what, n, d, e,
+             k, f, r, (double)s->scale);
+    static const char *adapt_names[] = {"", "gate/up only", "down only", "both"};
+    char fname[40], bname[40];
+    snprintf(fname, sizeof fname, "moe_lora_forward (%s)", adapt_names[s->adapt]);
+    snprintf(bname, sizeof bname, "moe_lora_backward (%s)", adapt_names[s->adapt]);
+    kcase K;
+
+    kc_begin(&K, fname, TOL_FP32, "%s", label);
+    kstat *sel_st = kstat_get("moe_lora_forward sel (exact)", 0);
+    float *dxin = KC_IN_F(&K, x, nd), *dwrin = KC_IN_F(&K, wr, nwr);
+    float *dw1in = KC_IN_F(&K, w1, nw1), *dw2in = KC_IN_F(&K, w2, nw2);
+    float *da1in = a1 ? KC_IN_F(&K, a1, na1) : NULL, *db1in = b1 ? KC_IN_F(&K, b1, nb1) : NULL;
+    float *da2in = a2 ? KC_IN_F(&K, a2, na2) : NULL, *db2in = b2 ? KC_IN_F(&K, b2, nb2) : NULL;
+    float *dscr = KC_IN_F(&K, hrand(nscr, -1, 1), nscr);
+    obuf *y = kc_out_rand(&K, "y", nd, 0), *probs = kc_out_rand(&K, "probs", ne, 0);
+    obuf *wts = kc_out_rand(&K, "wts", nk, 0);
+    obuf *stats = kc_out(&K, "stats", hrand(2 * (size_t)e, 0, 3), 2 * (size_t)e, 1);
+    int32_t *sel = hnew(nk * sizeof(int32_t)), *gsel = hnew(nk * sizeof(int32_t));
+    int32_t *dsel = dnew(nk * sizeof(int32_t));
+    REF(cpuref_sbprt_moe_lora_forward(C, y->ref, probs->ref, sel, wts->ref, stats->ref, x, wr, w1,
+                                      w2, a1, b1, a2, b2, scr, n, d, e, k, f, s->norm_topk, r,
+                                      s->scale));
+    float *hprobs = hnew(ne * sizeof(float)), *hwts = hnew(nk * sizeof(float));
+    float *hstats = hnew(2 * (size_t)e * sizeof(float)), *yplain = hnew(nd * sizeof(float));
+    memcpy(hprobs, probs->ref, ne * sizeof(float));
+    memcpy(hwts, wts->ref, nk * sizeof(float));
+    memcpy(hstats, stats->ref, 2 * (size_t)e * sizeof(float));
+    /* the adapters must move y well beyond the tolerance, or the case tests nothing */
+    float *tmp = hnew(ne * sizeof(float) + 2 * nk * sizeof(float));
+    REF(cpuref_sbprt_moe_forward(C, yplain, tmp, (int32_t *)(tmp + ne), tmp + ne + nk, NULL, x,
+                                 wr, w1, w2, scr, n, d, e, k, f, s->norm_topk));
+    if (!(nerr(yplain, y->ref, NULL, nd) > 1e-2))
+        fail("moe_lora [%s]: the adapters barely change y (%.3g): a test bug", label,
+             nerr(yplain, y->ref, NULL, nd));
+    KC_RUN(K, sbprt_moe_lora_forward(G, y->d, probs->d, dsel, wts->d, stats->d, dxin, dwrin,
+                                     dw1in, dw2in, da1in, db1in, da2in, db2in, dscr, n, d, e, k,
+                                     f, s->norm_topk, r, s->scale));
+    download(gsel, dsel, nk * sizeof(int32_t));
+    sbprt_arena_free(G, dsel);
+    sel_st->cases++;
+    if (memcmp(gsel, sel, nk * sizeof(int32_t)) != 0) {
+        fail("moe_lora_forward [%s]: sel differs from the CPU twin's", label);
+        sel_st->fails++;
+    }
+    if (s->starve)
+        for (size_t q = 0; q < nk; q++)
+            if (sel[q] == e - 1) {
+                fail("moe_lora [%s]: the starved expert received a row: a test bug", label);
+                break;
+            }
+
+    /* the backward with subsets of the gradients (a bit per ML_*; NULL where clear), each
+     * accumulated into random buffers */
+    static const struct {
+        const char *name;
+        unsigned mask;
+    } subsets[] = {
+        {"all", 0xff},
+        {"adapters only (frozen base, no dx)", 0xf0},
+        {"dx and adapters", 1u << ML_DX | 0xf0},
+        {"dx only", 1u << ML_DX},
+        {"dw1, dw2 only", 1u << ML_DW1 | 1u << ML_DW2},
+        {"db1, da2", 1u << ML_DB1 | 1u << ML_DA2},
+        {"da1, db2, dwr", 1u << ML_DA1 | 1u << ML_DB2 | 1u << ML_DWR},
+        {"da2 only", 1u << ML_DA2},
+        {"db2 only", 1u << ML_DB2},
+    };
+    static const char *gnames[ML_NGRAD] = {"dx", "dwr", "dw1", "dw2", "da1", "db1", "da2", "db2"};
+    const size_t gsize[ML_NGRAD] = {nd, nwr, nw1, nw2, na1, nb1, na2, nb2};
+    for (size_t v = 0; v < sizeof subsets / sizeof subsets[0]; v++) {
+        kc_begin(&K, bname, TOL_FP32, "%s grads=%s", label, subsets[v].name);
+        float *ddy = KC_IN_F(&K, dy, nd), *dxi = KC_IN_F(&K, x, nd);
+        float *dwri = KC_IN_F(&K, wr, nwr);
+        float *dw1i = KC_IN_F(&K, w1, nw1), *dw2i = KC_IN_F(&K, w2, nw2);
+        float *da1i = a1 ? KC_IN_F(&K, a1, na1) : NULL, *db1i = b1 ? KC_IN_F(&K, b1, nb1) : NULL;
+        float *da2i = a2 ? KC_IN_F(&K, a2, na2) : NULL, *db2i = b2 ? KC_IN_F(&K, b2, nb2) : NULL;
+        float *dpr = KC_IN_F(&K, hprobs, ne), *dwt = KC_IN_F(&K, hwts, nk);
+        int32_t *dsl = KC_IN_I(&K, sel, nk);
+        float *dst = KC_IN_F(&K, hstats, 2 * (size_t)e);
+        float *dscr2 = KC_IN_F(&K, hrand(nscr, -1, 1), nscr);
+        obuf *g[ML_NGRAD];
+        float *gr[ML_NGRAD], *gd[ML_NGRAD];
+        for (int q = 0; q < ML_NGRAD; q++) {
+            g[q] = subsets[v].mask >> q & 1 ? kc_out_rand(&K, gnames[q], gsize[q], 1) : NULL;
+            gr[q] = g[q] ? g[q]->ref : NULL;
+            gd[q] = g[q] ? g[q]->d : NULL;
+        }
+        REF(cpuref_sbprt_moe_lora_backward(C, gr[ML_DX], gr[ML_DWR], gr[ML_DW1], gr[ML_DW2],
+                                           gr[ML_DA1], gr[ML_DB1], gr[ML_DA2], gr[ML_DB2], dy, x,
+                                           wr, w1, w2, a1, b1, a2, b2, hprobs, sel, hwts, hstats,
+                                           scr, n, d, e, k, f, s->norm_topk, aux, r, s->scale));
+        /* a projection without an adapter: its factors' gradients are left as they were */
+        for (int q = ML_DA1; q < ML_NGRAD; q++)
+            if (g[q] && !(s->adapt >> ((q - ML_DA1) / 2) & 1) &&
+                memcmp(g[q]->ref, g[q]->h0, gsize[q] * sizeof(float)) != 0)
+                fail("moe_lora_backward [%s]: the twin wrote %s of a missing adapter", label,
+                     gnames[q]);
+        /* the starved expert's columns of db1 / db2 are left as they were (on the twin; the
+         * comparison then checks the CUDA backend) */
+        for (int q = ML_DB1; q < ML_NGRAD; q += 2)
+            if (s->starve && g[q])
+                for (size_t t = (size_t)e - 1; t < gsize[q]; t += (size_t)e)
+                    if (g[q]->ref[t] != g[q]->h0[t]) {
+                        fail("moe_lora_backward [%s]: the twin wrote the starved expert's %s",
+                             label, gnames[q]);
+                        break;
+                    }
+        KC_RUN(K, sbprt_moe_lora_backward(G, gd[ML_DX], gd[ML_DWR], gd[ML_DW1], gd[ML_DW2],
+                                          gd[ML_DA1], gd[ML_DB1], gd[ML_DA2], gd[ML_DB2], ddy,
+                                          dxi, dwri, dw1i, dw2i, da1i, db1i, da2i, db2i, dpr, dsl,
+                                          dwt, dst, dscr2, n, d, e, k, f, s->norm_topk, aux, r,
+                                          s->scale));
+    }
+}
+
+/* The adapters' argument errors: the same status from both backends, found before anything
+ * runs (so one buffer can stand for every tensor; it is never read). */
+static void t_moe_lora_errors(void)
+{
+    kstat *s = kstat_get("moe_lora argument errors", 0);
+    s->cases++;
+    const int before = nfail;
+    const int dd = 4, e = 3, k = 1, f = 2;
+    float *d = dnew(4096 * sizeof(float));
+    int32_t *di = (int32_t *)d;
+    static float h[4096];
+    static const struct {
+        const char *what;
+        int a1, b1, a2, b2, n, r, want;
+    } cases[] = {
+        {"a1 without b1", 1, 0, 0, 0, 2, 2, SBPRT_ERR_INVALID},
+        {"b2 without a2", 0, 0, 0, 1, 2, 2, SBPRT_ERR_INVALID},
+        {"adapters with r = 0", 1, 1, 1, 1, 2, 0, SBPRT_ERR_INVALID},
+        {"an adapter with r < 0", 0, 0, 1, 1, 2, -1, SBPRT_ERR_INVALID},
+        {"n = 0, a1 without b1", 1, 0, 0, 0, 0, 2, SBPRT_ERR_INVALID},
+        {"n = 0, adapters with r = 0", 1, 1, 0, 0, 0, 0, SBPRT_ERR_INVALID},
+        {"n = 0, adapters", 1, 1, 1, 1, 0, 2, SBPRT_OK},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const float *ga1 = cases[i].a1 ? d : NULL, *gb1 = cases[i].b1 ? d : NULL;
+        const float *ga2 = cases[i].a2 ? d : NULL, *gb2 = cases[i].b2 ? d : NULL;
+        const float *ca1 = cases[i].a1 ? h : NULL, *cb1 = cases[i].b1 ? h : NULL;
+        const float *ca2 = cases[i].a2 ? h : NULL, *cb2 = cases[i].b2 ? h : NULL;
+        const int n = cases[i].n, r = cases[i].r;
+        char what[96];
+        snprintf(what, sizeof what, "moe_lora_forward %s", cases[i].what);
+        check_status(what,
+                     sbprt_moe_lora_forward(G, d, d, di, d, NULL, d, d, d, d, ga1, gb1, ga2, gb2,
+                                            d, n, dd, e, k, f, 1, r, 1.0f),
+                     cases[i].want);
+        int cst = cpuref_sbprt_moe_lora_forward(C, h, h, (int32_t *)h, h, NULL, h, h, h, h, ca1,
+                                                cb1, ca2, cb2, h, n, dd, e, k, f, 1, r, 1.0f);
+        if (cst != cases[i].want)
+            fail("%s on the CPU twin returned %d, expected %d", what, cst, cases[i].want);
+        snprintf(what, sizeof what, "moe_lora_backward %s", cases[i].what);
+        check_status(what,
+                     sbprt_moe_lora_backward(G, d, d, d, d, d, d, d, d, d, d, d, d, d, ga1, gb1,
+                                             ga2, gb2, d, di, d, NULL, d, n, dd, e, k, f, 0, 0.0f,
+                                             r, 1.0f),
+                     cases[i].want);
+        cst = cpuref_sbprt_moe_lora_backward(C, h, h, h, h, h, h, h, h, h, h, h, h, h, ca1, cb1,
+                                             ca2, cb2, h, (int32_t *)h, h, NULL, h, n, dd, e, k,
+                                             f, 0, 0.0f, r, 1.0f);
+        if (cst != cases[i].want)
+            fail("%s on the CPU twin returned %d, expected %d", what, cst, cases[i].want);
+    }
+    check_status("sync after moe_lora errors", sbprt_sync(G), SBPRT_OK);
+    sbprt_arena_free(G, d);
+    if (nfail != before)
+        s->fails++;
+}
+
 static void t_moe(void)
 {
     static const moe_shape quick_shapes[] = {
@@ -1569,6 +1784,28 @@ static void t_moe(void)
     for (size_t i = 0; i < ns; i++)
         t_moe_shape(&shapes[i]);
     t_moe_errors();
+    hfree_all();
+
+    static const moe_lora_shape lora_quick[] = {
+        {"both adapters, k=2", 37, 24, 6, 2, 20, 4, 2.0f, 3, 0, 1},
+        {"gate/up adapter, starved expert", 23, 20, 4, 2, 8, 3, 0.5f, 1, 1, 0},
+        {"down adapter, k=1", 29, 16, 5, 1, 12, 5, 1.5f, 2, 0, 0},
+        {"both, rows > sort threads, starved", 301, 8, 4, 2, 4, 2, 4.0f, 3, 1, 1},
+    };
+    static const moe_lora_shape lora_full[] = {
+        {"both adapters, k=2", 1000, 256, 8, 2, 512, 16, 2.0f, 3, 0, 1},
+        {"gate/up adapter, starved expert", 513, 192, 8, 2, 320, 8, 0.5f, 1, 1, 0},
+        {"down adapter, k=1", 777, 128, 16, 1, 256, 4, 1.5f, 2, 0, 0},
+        {"Qwen3-like, both", 2048, 512, 64, 8, 128, 8, 2.0f, 3, 0, 1},
+    };
+    const moe_lora_shape *ls = quick ? lora_quick : lora_full;
+    const size_t nls = quick ? sizeof lora_quick / sizeof lora_quick[0]
+                             : sizeof lora_full / sizeof lora_full[0];
+    for (size_t i = 0; i < nls; i++) {
+        t_moe_lora_shape(&ls[i]);
+        hfree_all();
+    }
+    t_moe_lora_errors();
     hfree_all();
 }
 
