@@ -11,8 +11,13 @@
  * the 10 losses within 1e-4 of `adamw`; adapter_model.safetensors holds exactly PEFT's keys
  * (base_model.model.<module>.lora_{A,B}.weight) with PEFT's shapes, each within 1e-4 of the
  * float64 trained adapters (`trained/`; ten fp32 steps of Adam land within 2e-6); adapter_config.json says LORA, r 4, lora_alpha 8. Prints the figures;
- * exit 1 on a failure. TOL (a --precision bf16 step, tests/gpu/emu_lora.cmake) replaces every
- * one of those tolerances (1e-4 and 1e-5) by TOL.
+ * exit 1 on a failure. TOL (a --precision bf16 step, tests/gpu/emu_lora.cmake; the MoE family,
+ * tests/lora/CMakeLists.txt) replaces every one of those tolerances (1e-4 and 1e-5) by TOL.
+ * A reference with LoRA on fused expert tensors (gen_lora.py's qwen3_moe) names in its metadata
+ * peft_keys, PEFT's key -> sbpc's name for the adapters whose two differ (PEFT nests one
+ * lora.ParamWrapper per tensor of a module: M.base_layer.lora_A.weight is gate_up_proj's), and
+ * target_parameters, the adapted tensors: such an adapter must be saved under PEFT's key (not
+ * sbpc's name), and adapter_config.json's "target_parameters" must list exactly those tensors.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -70,6 +75,68 @@ static double rel_err(const float *g, const double *r, int64_t n, double floor)
     for (int64_t k = 0; k < n; k++)
         num += (g[k] - r[k]) * (g[k] - r[k]);
     return sqrt(num) / fmax(norm(r, n), floor);
+}
+
+/* The JSON string that follows `"key": ` in the flat object obj (json.dumps' separators; torch
+ * names need no escapes), copied into out; NULL when obj has no such key. */
+static const char *json_value(const char *obj, const char *key, char *out, size_t n)
+{
+    char pat[1100];
+    snprintf(pat, sizeof pat, "\"%s\": \"", key);
+    const char *at = obj ? strstr(obj, pat) : NULL;
+    if (!at)
+        return NULL;
+    at += strlen(pat);
+    const char *end = strchr(at, '"');
+    if (!end || (size_t)(end - at) >= n)
+        return NULL;
+    snprintf(out, n, "%.*s", (int)(end - at), at);
+    return out;
+}
+
+/* Whether value is one of obj's values: sbpc's name of an adapter PEFT keys otherwise */
+static int json_has_value(const char *obj, const char *value)
+{
+    char pat[1100];
+    snprintf(pat, sizeof pat, ": \"%s\"", value);
+    return obj && strstr(obj, pat) != NULL;
+}
+
+/* The next quoted string at or after q and before limit (NULL: the end of the text): its
+ * opening quote, *end its closing one; NULL when there is none. */
+static const char *next_quoted(const char *q, const char *limit, const char **end)
+{
+    const char *s = strchr(q, '"');
+    if (!s || (limit && s > limit) || !(*end = strchr(s + 1, '"')))
+        return NULL;
+    return s;
+}
+
+/* The quoted strings of the JSON list `list` (the reference's target_parameters) must be, as a
+ * set, the list that follows `"target_parameters":` in cfg (sbp-train writes one per line). */
+static void check_target_parameters(const char *cfg, const char *list, const char *path)
+{
+    const char *at = strstr(cfg, "\"target_parameters\":");
+    const char *open = at ? strchr(at, '[') : NULL, *close = open ? strchr(open, ']') : NULL;
+    const char *nl = at ? strchr(at, '\n') : NULL; /* "target_parameters": null ends its line */
+    if (!close || (nl && nl < open)) {
+        fail("%s: no \"target_parameters\" list (PEFT would not adapt the expert tensors)", path);
+        return;
+    }
+    int want = 0, have = 0;
+    const char *s, *e;
+    for (const char *q = open; (s = next_quoted(q, close, &e)); q = e + 1)
+        have++;
+    for (const char *q = list; (s = next_quoted(q, NULL, &e)); q = e + 1) {
+        char pat[1100];
+        snprintf(pat, sizeof pat, "%.*s", (int)(e - s + 1), s);
+        const char *hit = strstr(open, pat);
+        if (!hit || hit > close)
+            fail("%s: \"target_parameters\" does not name %s", path, pat);
+        want++;
+    }
+    if (have != want)
+        fail("%s: \"target_parameters\" names %d tensors, PEFT adapted %d", path, have, want);
 }
 
 static int is_adapter(const char *name)
@@ -135,7 +202,8 @@ int main(int argc, char **argv)
         n_grads++;
     }
     printf("lora_check: %d adapter gradients, worst relative error %.3g\n", n_grads, worst);
-    /* the saved adapters */
+    /* the saved adapters, under PEFT's keys: sbpc's names but where peft_keys says otherwise */
+    const char *peft_keys = sbpio_st_meta(ref, "peft_keys");
     int n_ref = 0, n_ad = 0;
     double worst_w = 0;
     for (int i = 0; i < sbpio_st_count(ref); i++)
@@ -149,7 +217,15 @@ int main(int argc, char **argv)
             fail("adapter key '%s' does not start with '%s'", a->name, pre);
             continue;
         }
-        snprintf(key, sizeof key, "trained/%s", a->name + strlen(pre));
+        const char *peft = a->name + strlen(pre), *name = peft;
+        char mapped[1000];
+        if (json_value(peft_keys, peft, mapped, sizeof mapped)) {
+            name = mapped;
+        } else if (json_has_value(peft_keys, peft)) {
+            fail("adapter '%s' is saved under sbpc's name, not PEFT's key", a->name);
+            continue;
+        }
+        snprintf(key, sizeof key, "trained/%s", name);
         const sbpio_st_info *r = sbpio_st_find(ref, key);
         if (!r || r->numel != a->numel || r->rank != a->rank || a->dtype != SBPIO_DT_F32 ||
             r->shape[0] != a->shape[0]) {
@@ -172,6 +248,9 @@ int main(int argc, char **argv)
     if (!cfg || !strstr(cfg, "\"peft_type\": \"LORA\"") || !strstr(cfg, "\"r\": 4,") ||
         !strstr(cfg, "\"lora_alpha\": 8,") || !strstr(cfg, "\"task_type\": \"CAUSAL_LM\""))
         fail("%s: not PEFT's LoRA config with r 4 and lora_alpha 8", path);
+    const char *tp = sbpio_st_meta(ref, "target_parameters");
+    if (cfg && tp)
+        check_target_parameters(cfg, tp, path);
     free(cfg);
     /* the losses */
     char *log = read_text(argv[3]);
