@@ -38,6 +38,14 @@ the figures are medians over the rounds; the E=32 / E=4 ratios are medians of th
 each round. The loss of step 1 is printed for every configuration: the sides run the same model
 on the same batch, so the losses agree to float32 rounding.
 
+Output (markdown): table 1, one row per E, each configuration's step time and peak memory, and
+the E=32 / E=4 ratios; table 2, per configuration: sbpc's planned peak and workspace, what the
+step holds above the weights (sbpc: gradients + workspace by the plan; PyTorch: peak RSS minus
+the RSS before step 1), PyTorch's RSS before step 1, the loss of step 1 and the path grouped_mm
+took; then each step-time ratio with its per-round values, sbpc's against the 1.3x target.
+Where there is no GPU, --target cuda cannot run here. A smoke run takes about 30 s, most of it
+two dynamo exports, so there is no ctest for this script.
+
 --target cuda (not run by the author: written for a lent GPU, following bench/gpu_bench.py): the
 sbpc side compiles with --target cuda and reports the device memory sbp-train saw in use above
 the CUDA context; PyTorch runs on the GPU (TF32 off, as sbpc's fp32 steps use none), timed with
