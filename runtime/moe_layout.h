@@ -98,7 +98,8 @@ static inline int sbprt_moe_layout_plan(int n, int d, int e, int k, int f, sbprt
  *   g1, g2: [nk, r]      their gradients, already times scale (backward only)
  *   bg1: [e, 2f, r]  bg2: [e, d, r]    b1, b2 copied expert-major (B1_i contiguous)
  *   db1: [e, 2f, r]  db2: [e, d, r]    each expert's share of db1, db2 before the scatter
- * 8 pieces of at most 63 floats' rounding each: within the 8 * 64 of the formula. */
+ * They start at the plain total rounded up to SBPRT_MOE_PIECE_ALIGN: that rounding and the 8
+ * pieces' own, at most 63 floats each, fit the 9 * 64 of the formula. */
 typedef struct sbprt_moe_lora_layout {
     size_t t1, t2, g1, g2, bg1, bg2, db1, db2;
 } sbprt_moe_lora_layout;
@@ -110,7 +111,9 @@ static inline int sbprt_moe_lora_layout_plan(int n, int d, int e, int k, int f, 
 {
     if (!(r >= 1 && (int64_t)r * e <= INT32_MAX))
         return SBPRT_ERR_INVALID;
+    /* the plain formula's total, rounded up so that every LoRA piece is aligned too */
     size_t at = sbprt_moe_scratch_floats(n, d, e, k, f), nkr, ef2r, edr;
+    at += (SBPRT_MOE_PIECE_ALIGN - at % SBPRT_MOE_PIECE_ALIGN) % SBPRT_MOE_PIECE_ALIGN;
     size_t nk = (size_t)n * (size_t)k;
     if (!(sbprt_moe_mul_(nk, (size_t)r, &nkr) &&
           sbprt_moe_mul_((size_t)e * 2 * (size_t)f, (size_t)r, &ef2r) &&

@@ -536,7 +536,7 @@ static inline size_t sbprt_moe_scratch_floats(int n, int d, int e, int k, int f)
  * (that projection not adapted).  The adapters are applied as they are factored: rows x of
  * expert i get x A1_iᵀ [r] and then · B1_iᵀ, so no per-expert delta matrix is ever formed
  * (each call copies b1 / b2 into expert-major tiles [e, out, r], the adapters' own size).
- * r: the rank (0 with both pairs NULL: the plain calls above); scale: alpha / r.
+ * r: the rank (ignored when both pairs are NULL: the plain calls above); scale: alpha / r.
  * scratch: sbprt_moe_lora_scratch_floats(n, d, e, k, f, r) floats. */
 int sbprt_moe_lora_forward(sbprt_ctx *ctx, float *y, float *probs, int32_t *sel, float *wts,
                            float *stats, const float *x, const float *wr, const float *w1,
@@ -554,7 +554,7 @@ int sbprt_moe_lora_backward(sbprt_ctx *ctx, float *dx, float *dwr, float *dw1, f
                             int f, int norm_topk, float aux_scale, int r, float scale);
 /* Floats of scratch the two calls above need: sbprt_moe_scratch_floats's, then the adapters'
  * products and their gradients (4 of n*k rows of r floats) and the expert-major copies of b1,
- * b2 and of their gradients (2 e (2f + d) r), each piece rounded up to 64 floats; r = 0 gives
+ * b2 and of their gradients (2 e (2f + d) r), each piece aligned to 64 floats; r = 0 gives
  * sbprt_moe_scratch_floats's figure.  It depends on the sizes alone, never on the routing. */
 static inline size_t sbprt_moe_lora_scratch_floats(int n, int d, int e, int k, int f, int r)
 {
@@ -562,7 +562,7 @@ static inline size_t sbprt_moe_lora_scratch_floats(int n, int d, int e, int k, i
     if (r <= 0)
         return base;
     size_t nk = (size_t)n * (size_t)k;
-    return base + (size_t)r * (4 * nk + 2 * (size_t)e * (2 * (size_t)f + (size_t)d)) + 8 * 64;
+    return base + (size_t)r * (4 * nk + 2 * (size_t)e * (2 * (size_t)f + (size_t)d)) + 9 * 64;
 }
 
 /* ---- losses ------------------------------------------------------------------------- */
