@@ -495,6 +495,9 @@ int sbprt_sp_attention_backward(sbprt_ctx *ctx, float *dq, float *dkh, float *dv
  * stats: [2e] or NULL; when given it ACCUMULATES the load-balancing loss's sums,
  *   stats[i] += #{(r, j) : sel[r, j] = i},    stats[e + i] += Σ_r p[r, i]
  * (the forward that counts each row once passes it; a recomputation passes NULL).
+ * y NULL: the routing alone (probs, sel, wts and stats), no expert runs and w1, w2 are not
+ * read: what a recomputation before the backward needs, since the backward recomputes the
+ * experts' activations itself.
  * scratch: sbprt_moe_scratch_floats(n, d, e, k, f) floats, the same for every routing, so a
  * memory plan can hold it.  1 <= k <= e. */
 int sbprt_moe_forward(sbprt_ctx *ctx, float *y, float *probs, int32_t *sel, float *wts,

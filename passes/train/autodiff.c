@@ -707,9 +707,11 @@ int tx_emit_rules(tctx *t, ir_node **nodes, int nn, const bool *sel, int first, 
     if (recompute) {
         bool *need = calloc((size_t)p->n_bufs + 64, sizeof *need);
         bool *run = calloc((size_t)nn, sizeof *run);
-        if (!need || !run) {
+        bool *unread = calloc((size_t)nn, sizeof *unread);
+        if (!need || !run || !unread) {
             free(need);
             free(run);
+            free(unread);
             return ir_diag_error(t->g->diag, "out of memory");
         }
         mark_bufs(&grads, 0, need);
@@ -724,6 +726,12 @@ int tx_emit_rules(tctx *t, ir_node **nodes, int nn, const bool *sel, int first, 
                 if (b >= 0 && need[b] && p->bufs[b]->region != TP_REGION_PERSIST)
                     run[k] = true;
             }
+            bool outs_read = run[k];
+            for (int i = 0; i < n->n_out && !outs_read; i++) {
+                int b = n->out[i] ? tx_root(t, n->out[i])->buf : -1;
+                outs_read = b >= 0 && need[b];
+            }
+            unread[k] = !outs_read;
             for (int i = 0; i < TN_MAX_AUX && !run[k]; i++)
                 if (r->aux[i] >= 0 && need[r->aux[i]] && !p->bufs[r->aux[i]]->is_grad)
                     run[k] = true;
@@ -735,14 +743,19 @@ int tx_emit_rules(tctx *t, ir_node **nodes, int nn, const bool *sel, int first, 
                     if (n->in[i] && tx_root(t, n->in[i])->buf >= 0)
                         need[tx_root(t, n->in[i])->buf] = true;
         }
-        for (int k = first; k < end; k++)
-            if (run[k] && tx_lower_forward(t, nodes[k], "recompute") != IR_OK) {
-                free(need);
-                free(run);
-                return IR_ERR;
-            }
+        int rc = IR_OK;
+        for (int k = first; k < end && rc == IR_OK; k++) {
+            if (!run[k])
+                continue;
+            t->outs_unread = unread[k];
+            rc = tx_lower_forward(t, nodes[k], "recompute");
+            t->outs_unread = false;
+        }
         free(need);
         free(run);
+        free(unread);
+        if (rc != IR_OK)
+            return IR_ERR;
     }
     return tx_append(t, blk, &grads);
 }

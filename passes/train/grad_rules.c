@@ -548,20 +548,23 @@ static int moe_fwd(tctx *t, const ir_node *n)
     /* the load-balancing sums count each row once: in the forward, not when recomputed */
     bool counts = !(t->cur_what && strcmp(t->cur_what, "recompute") == 0);
     int stats = counts ? t->p->moe_stats_buf : -1;
+    /* recomputed for its routing alone (nothing reads y: the backward recomputes the experts'
+     * activations itself), the experts do not run */
+    int y = t->outs_unread ? -1 : tx_out(t, n, 0);
     tp_arg a[8];
     moe_args(t, n, a);
     if (moe_lora_rank(n) > 0) {
         a[6] = A_I(moe_lora_rank(n));
         a[7] = A_F(ir_attr_float(n, "lora_scale", 1.0));
         tx_emit(t, TP_K_MOE_LORA_FWD,
-                BUFS(tx_out(t, n, 0), probs, sel, wts, stats, tx_in(t, n, 0), tx_in(t, n, 1),
+                BUFS(y, probs, sel, wts, stats, tx_in(t, n, 0), tx_in(t, n, 1),
                      tx_in(t, n, 2), tx_in(t, n, 3), tx_in(t, n, 4), tx_in(t, n, 5),
                      tx_in(t, n, 6), tx_in(t, n, 7), moe_scratch(t, n)),
                 a);
         return IR_OK;
     }
     tx_emit(t, TP_K_MOE_FWD,
-            BUFS(tx_out(t, n, 0), probs, sel, wts, stats, tx_in(t, n, 0), tx_in(t, n, 1),
+            BUFS(y, probs, sel, wts, stats, tx_in(t, n, 0), tx_in(t, n, 1),
                  tx_in(t, n, 2), tx_in(t, n, 3), moe_scratch(t, n)),
             a);
     return IR_OK;

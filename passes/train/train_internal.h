@@ -85,6 +85,8 @@ typedef struct tctx {
     tp_block *cur;                /* instructions are appended here */
     const ir_node *cur_node;
     const char *cur_what;
+    bool outs_unread;             /* while a node is recomputed only for its node-owned buffers
+                                   * (nothing reads its outputs): its rule may skip them */
     int64_t B, T;
     int rope_pos_cache[8][3];     /* (rows, T) -> const buffer */
     int n_rope_pos;

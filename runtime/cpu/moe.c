@@ -5,8 +5,11 @@
  * then choice, within an expert), the selected rows are gathered into one contiguous copy in
  * that order, and every expert that received c > 0 rows runs one sbprt_gemm per matrix over
  * its own c rows.  The output is then combined per row over the k copies in choice order.
- * The backward recomputes the same sort and activations from x (nothing but probs, sel and
- * wts is kept between the two calls), so the forward and the recomputation are bitwise equal.
+ * The backward recomputes the same sort and the gate/up activations from x (nothing but probs,
+ * sel and wts is kept between the two calls), bitwise as the forward had them; it never
+ * recomputes the experts' outputs: the routing weights' gradient is taken through the down
+ * projection's input gradient (G · u below), which the backward forms anyway.  A forward without
+ * y (a recomputation for the routing alone) runs the router and no expert.
  *
  * Determinism: the sort runs on one thread; every other loop is a static split over rows or
  * pairs (or experts, for the statistics) in which each item's result is computed in a fixed
@@ -165,19 +168,27 @@ static void moe_lora_scatter_b(sbprt_ctx *ctx, float *b, const float *db, const 
         }
 }
 
-/* Expert i's adapter on its c rows u [c, in] (sorted positions from s0): t = u A_iᵀ [c, r]
- * kept in t (the backward reads it), then out [c, n_out] += scale · t B_iᵀ. */
+/* Expert i's first factor on its c rows u [c, in] (sorted positions from s0): t = u A_iᵀ
+ * [c, r], kept in t (the backward's dB reads it). */
+static int moe_lora_t(sbprt_ctx *ctx, float *t, const float *u, const float *a,
+                      const moe_lora *lo, int i, int s0, int c, int in)
+{
+    const int r = lo->r;
+    return sbprt_gemm(ctx, t + (size_t)s0 * r, u, a + (size_t)i * r * in, 0, 1, c, r, in, 1.0f,
+                      0.0f);
+}
+
+/* Expert i's adapter on its c rows: t as moe_lora_t, then out [c, n_out] += scale · t B_iᵀ. */
 static int moe_lora_apply(sbprt_ctx *ctx, float *out, float *t, const float *u, const float *a,
                           const float *bg, const moe_lora *lo, int i, int s0, int c, int in,
                           int n_out)
 {
     const int r = lo->r;
-    float *ti = t + (size_t)s0 * r;
-    int st = sbprt_gemm(ctx, ti, u, a + (size_t)i * r * in, 0, 1, c, r, in, 1.0f, 0.0f);
+    int st = moe_lora_t(ctx, t, u, a, lo, i, s0, c, in);
     if (st)
         return st;
-    return sbprt_gemm(ctx, out, ti, bg + (size_t)i * n_out * r, 0, 1, c, n_out, r, lo->scale,
-                      1.0f);
+    return sbprt_gemm(ctx, out, t + (size_t)s0 * r, bg + (size_t)i * n_out * r, 0, 1, c, n_out,
+                      r, lo->scale, 1.0f);
 }
 
 /* The backward of one adapted projection of expert i: out = u Wᵀ + scale (u Aᵀ) Bᵀ, given
@@ -213,10 +224,12 @@ static int moe_lora_du(sbprt_ctx *ctx, float *du, const float *g, const float *a
 
 /* The experts over the sorted pairs: xs gathered from x, h = xs w1ᵀ, a = swiglu(h),
  * ye = a w2ᵀ, per expert one GEMM each over its rows.  Scratch pieces as sbprt_moe_layout.
+ * down 0 (the backward's recomputation): ye is not formed, only the down adapter's x A_iᵀ,
+ * since the backward takes dL/dwts through the down projection's input gradient instead.
  *   x: [n, d]    w1: [e, 2f, d]    w2: [e, d, f] */
 static int moe_experts(sbprt_ctx *ctx, float *scratch, const sbprt_moe_layout *L,
                        const moe_lora *lo, const float *x, const float *w1, const float *w2,
-                       int d, int e, int k, int f)
+                       int d, int e, int k, int f, int down)
 {
     float *xs = scratch + L->xs, *h = scratch + L->h, *a = scratch + L->a;
     float *ye = scratch + L->ye;
@@ -254,8 +267,15 @@ static int moe_experts(sbprt_ctx *ctx, float *scratch, const sbprt_moe_layout *L
     }
     for (int i = 0; i < e; i++) {
         int c = start[i + 1] - start[i];
-        if (c == 0)
+        if (c == 0 || (!down && !(lo && lo->a2)))
             continue;
+        if (!down) {
+            int st = moe_lora_t(ctx, scratch + lo->L.t2, a + (size_t)start[i] * f, lo->a2, lo,
+                                i, start[i], c, f);
+            if (st)
+                return st;
+            continue;
+        }
         int st = sbprt_gemm(ctx, ye + (size_t)start[i] * d, a + (size_t)start[i] * f,
                             w2 + (size_t)i * d * f, 0, 1, c, d, f, 1.0f, 0.0f);
         if (!st && lo && lo->a2)
@@ -273,7 +293,7 @@ static int moe_experts(sbprt_ctx *ctx, float *scratch, const sbprt_moe_layout *L
  * that does not fit. */
 static int moe_lora_setup(sbprt_ctx *ctx, moe_lora *lo, float *scratch, const float *a1,
                           const float *b1, const float *a2, const float *b2, int n, int d,
-                          int e, int k, int f, int r, float scale)
+                          int e, int k, int f, int r, float scale, int gather)
 {
     *lo = (moe_lora){.a1 = a1, .b1 = b1, .a2 = a2, .b2 = b2, .r = r, .scale = scale};
     if (!a1 != !b1 || !a2 != !b2)
@@ -283,7 +303,7 @@ static int moe_lora_setup(sbprt_ctx *ctx, moe_lora *lo, float *scratch, const fl
         return SBPRT_OK;
     }
     int st = sbprt_moe_lora_layout_plan(n, d, e, k, f, r, &lo->L);
-    if (st || n == 0 || !scratch)
+    if (st || n == 0 || !scratch || !gather)
         return st;
     if (b1)
         moe_lora_gather_b(ctx, scratch + lo->L.bg1, b1, e, 2 * f, r);
@@ -314,11 +334,12 @@ int sbprt_moe_lora_forward(sbprt_ctx *ctx, float *y, float *probs, int32_t *sel,
         return st;
     CPU_CHECK(n == 0 || scratch);
     moe_lora lo;
-    if ((st = moe_lora_setup(ctx, &lo, scratch, a1, b1, a2, b2, n, d, e, k, f, r, scale)))
+    if ((st = moe_lora_setup(ctx, &lo, scratch, a1, b1, a2, b2, n, d, e, k, f, r, scale,
+                             y != NULL)))
         return st;
     if (n == 0)
         return SBPRT_OK;
-    CPU_CHECK(y && probs && sel && wts && x && wr && w1 && w2 && scratch);
+    CPU_CHECK(probs && sel && wts && x && wr && scratch && (!y || (w1 && w2)));
 
     /* router: logits straight into probs, then softmax and top-k per row */
     st = sbprt_gemm(ctx, probs, x, wr, 0, 1, n, e, d, 1.0f, 0.0f);
@@ -335,15 +356,17 @@ int sbprt_moe_lora_forward(sbprt_ctx *ctx, float *y, float *probs, int32_t *sel,
     st = moe_sort(sel, L.nk, e, start, (int32_t *)(scratch + L.order), pos);
     if (st)
         return st; /* not reached: the routing above only writes valid experts */
-    st = moe_experts(ctx, scratch, &L, lo.r ? &lo : NULL, x, w1, w2, d, e, k, f);
-    if (st)
-        return st;
+    if (y) {
+        st = moe_experts(ctx, scratch, &L, lo.r ? &lo : NULL, x, w1, w2, d, e, k, f, 1);
+        if (st)
+            return st;
+    }
 
     /* y[r] = Σ_j wts[r, j] ye[pos(r, j)], j in order */
     const float *ye = scratch + L.ye;
 #pragma omp parallel for schedule(static) num_threads(ctx->nthreads) \
-    if (L.nk * (size_t)d >= CPU_PARALLEL_MIN)
-    for (int r = 0; r < n; r++) {
+    if (y && L.nk * (size_t)d >= CPU_PARALLEL_MIN)
+    for (int r = 0; r < (y ? n : 0); r++) {
         float *yr = y + (size_t)r * d;
         for (int j = 0; j < k; j++) {
             size_t q = (size_t)r * k + j;
@@ -402,7 +425,7 @@ int sbprt_moe_lora_backward(sbprt_ctx *ctx, float *dx, float *dwr, float *dw1, f
         return st;
     CPU_CHECK(n == 0 || scratch);
     moe_lora lo;
-    if ((st = moe_lora_setup(ctx, &lo, scratch, a1, b1, a2, b2, n, d, e, k, f, r, scale)))
+    if ((st = moe_lora_setup(ctx, &lo, scratch, a1, b1, a2, b2, n, d, e, k, f, r, scale, 1)))
         return st;
     if (n == 0)
         return SBPRT_OK;
@@ -421,7 +444,7 @@ int sbprt_moe_lora_backward(sbprt_ctx *ctx, float *dx, float *dwr, float *dw1, f
         return st;
     if (!dx && !dwr && !dw1 && !dw2 && !lora_g1 && !lora_g2)
         return SBPRT_OK;
-    st = moe_experts(ctx, scratch, &L, lo.r ? &lo : NULL, x, w1, w2, d, e, k, f);
+    st = moe_experts(ctx, scratch, &L, lo.r ? &lo : NULL, x, w1, w2, d, e, k, f, 0);
     if (st)
         return st;
 
@@ -430,23 +453,66 @@ int sbprt_moe_lora_backward(sbprt_ctx *ctx, float *dx, float *dwr, float *dw1, f
     float *dz = scratch + L.dz;
     const int64_t nk = (int64_t)L.nk, f2 = 2 * (int64_t)f;
 
-    /* per pair: dL/dwts = dy[r] · ye, then ye becomes dye = wts dy[r] */
+    /* The down projection.  With u the pair's activations and W its expert's effective down
+     * projection (w2[i] + scale B_i A_i), the pair's output is wts · u Wᵀ; so, with G = dy[r] W
+     * (dy unweighted), dL/dwts = G · u and dL/du = wts · G: the expert outputs are never
+     * recomputed.  Then dw2[i] += dyeᵀ u with dye = wts dy[r]. */
+    const int need_dh = dw1 || dx || lora_g1;
+    const int need_g = need_dh || dwr;       /* G: for dh, and for dL/dwts (the router) */
+    const int lora_gd = lo.a2 && (need_g || lo.da2);
+    float *t1 = scratch + lo.L.t1, *t2 = scratch + lo.L.t2;
+    float *g1 = scratch + lo.L.g1, *g2 = scratch + lo.L.g2;
+    const int rr = lo.r;
+    /* ye <- dy of each pair's row, in sorted order */
 #pragma omp parallel for schedule(static) num_threads(ctx->nthreads) \
     if (L.nk * (size_t)d >= CPU_PARALLEL_MIN)
     for (int64_t p = 0; p < nk; p++) {
-        int32_t q = order[p];
-        const float *dyr = dy + (size_t)(q / k) * d;
+        const float *dyr = dy + (size_t)(order[p] / k) * d;
         float *yp = ye + (size_t)p * d;
-        dw[q] = cpu_dot(dyr, yp, d);
-        float w = wts[q];
         for (int c = 0; c < d; c++)
-            yp[c] = w * dyr[c];
+            yp[c] = dyr[c];
     }
-
-    /* down projection: dw2[i] += dyeᵀ a, da = dye w2[i] (+ its adapter's share) */
-    const int need_dh = dw1 || dx || lora_g1;
-    float *t1 = scratch + lo.L.t1, *t2 = scratch + lo.L.t2;
-    float *g1 = scratch + lo.L.g1, *g2 = scratch + lo.L.g2;
+    for (int i = 0; i < e && (need_g || lora_gd); i++) {
+        int c = start[i + 1] - start[i];
+        if (c == 0)
+            continue;
+        const float *dys_i = ye + (size_t)start[i] * d;
+        float *da_i = da + (size_t)start[i] * f;
+        if (lora_gd) { /* g = scale dy B_i, unweighted for now */
+            st = sbprt_gemm(ctx, g2 + (size_t)start[i] * rr, dys_i,
+                            scratch + lo.L.bg2 + (size_t)i * d * rr, 0, 0, c, rr, d, lo.scale,
+                            0.0f);
+            if (st)
+                return st;
+        }
+        if (need_g) {
+            st = sbprt_gemm(ctx, da_i, dys_i, w2 + (size_t)i * d * f, 0, 0, c, f, d, 1.0f, 0.0f);
+            if (!st && lo.a2)
+                st = moe_lora_du(ctx, da_i, g2, lo.a2, &lo, i, start[i], c, f);
+            if (st)
+                return st;
+        }
+    }
+    /* per pair: dL/dwts = G · u, then G, dy and g take the routing weight */
+#pragma omp parallel for schedule(static) num_threads(ctx->nthreads) \
+    if (L.nk * (size_t)(d + f) >= CPU_PARALLEL_MIN)
+    for (int64_t p = 0; p < nk; p++) {
+        int32_t q = order[p];
+        float w = wts[q];
+        float *gp = da + (size_t)p * f, *yp = ye + (size_t)p * d;
+        if (need_g) {
+            dw[q] = cpu_dot(gp, a + (size_t)p * f, f);
+            for (int c = 0; c < f; c++)
+                gp[c] *= w;
+        }
+        for (int c = 0; c < d; c++)
+            yp[c] *= w;
+        if (lora_gd)
+            for (int j = 0; j < rr; j++)
+                g2[(size_t)p * rr + j] *= w;
+    }
+    /* the weight gradients: dw2[i] += dyeᵀ u, the adapter's dB tile = scale dyeᵀ t and
+     * dA_i += gᵀ u */
     for (int i = 0; i < e; i++) {
         int c = start[i + 1] - start[i];
         if (c == 0)
@@ -457,18 +523,15 @@ int sbprt_moe_lora_backward(sbprt_ctx *ctx, float *dx, float *dwr, float *dw1, f
             if (st)
                 return st;
         }
-        if (lo.a2 && (lora_g2 || need_dh)) {
-            st = moe_lora_backward_w(ctx, dye_i, a_i, t2, g2, scratch + lo.L.bg2,
-                                     lo.db2 ? scratch + lo.L.db2 : NULL, lo.da2, need_dh, &lo,
-                                     i, start[i], c, f, d);
+        if (lo.db2) {
+            st = sbprt_gemm(ctx, scratch + lo.L.db2 + (size_t)i * d * rr, dye_i,
+                            t2 + (size_t)start[i] * rr, 1, 0, d, rr, c, lo.scale, 0.0f);
             if (st)
                 return st;
         }
-        if (need_dh) {
-            float *da_i = da + (size_t)start[i] * f;
-            st = sbprt_gemm(ctx, da_i, dye_i, w2 + (size_t)i * d * f, 0, 0, c, f, d, 1.0f, 0.0f);
-            if (!st && lo.a2)
-                st = moe_lora_du(ctx, da_i, g2, lo.a2, &lo, i, start[i], c, f);
+        if (lo.da2) {
+            st = sbprt_gemm(ctx, lo.da2 + (size_t)i * rr * f, g2 + (size_t)start[i] * rr, a_i,
+                            1, 0, rr, f, c, 1.0f, 1.0f);
             if (st)
                 return st;
         }

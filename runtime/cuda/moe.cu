@@ -10,7 +10,9 @@
  * GEMM per matrix (sbprt_gemm) over its own rows.  cuBLAS takes a GEMM's row count as a host
  * argument, so each call copies the e + 1 expert offsets to the host once, with a synchronous
  * copy: that is the one host synchronisation of this file.  The backward recomputes the sort
- * and the activations from x, as the twin does.
+ * and the gate/up activations from x, as the twin does, and, as it, never the experts' outputs:
+ * the routing weights' gradient goes through the down projection's input gradient.  A forward
+ * without y runs the router alone.
  *
  * LoRA on the experts (sbprt_moe_lora_forward / _backward; the plain calls are these without
  * adapters) adds, after each expert's dense GEMM of an adapted projection, the adapter's two
@@ -242,28 +244,38 @@ __global__ void moe_stats_kernel(float *stats, const float *probs, const int32_t
     }
 }
 
-/* One warp per sorted pair p of pair q = order[p], row r = q / k: dw[q] = dy[r] · ye[p] (lanes
- * over columns, then a butterfly), then ye[p] = wts[q] dy[r] (each lane rewrites only what it
- * read).   dw: [nk]    ye: [nk, d]    dy: [n, d] */
-__global__ void moe_pair_grad_kernel(float *dw, float *ye, const float *dy, const float *wts,
-                                     const int32_t *order, size_t nk, int d, int k)
+/* One warp per sorted pair p of pair q = order[p]: with G = da[p] (dy of its row through the
+ * expert's down projection) and u = a[p], dw[q] = G · u (need_g; lanes over columns, then a
+ * butterfly), and G, ye[p] (dy of the row) and g[p] (the down adapter's scale dy B, when given)
+ * take the routing weight wts[q] (each lane rewrites only what it read).
+ *   dw: [nk]    da, a: [nk, f]    ye: [nk, d]    g: [nk, r] or NULL */
+__global__ void moe_pair_weight_kernel(float *dw, float *da, float *ye, float *g, const float *a,
+                                       const float *wts, const int32_t *order, size_t nk, int d,
+                                       int f, int r, int need_g)
 {
     const int lane = threadIdx.x & 31;
     const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
     for (size_t p = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; p < nk;
          p += warps) { /* warp-uniform */
         const int32_t q = order[p];
-        const float *dyr = dy + (size_t)(q / k) * d;
-        float *yp = ye + p * d;
         const float w = wts[q];
-        float s = 0;
-        for (int c = lane; c < d; c += 32) {
-            s += dyr[c] * yp[c];
-            yp[c] = w * dyr[c];
+        if (need_g) {
+            float *gp = da + p * f;
+            const float *ap = a + p * f;
+            float s = 0;
+            for (int c = lane; c < f; c += 32) {
+                s += gp[c] * ap[c];
+                gp[c] *= w;
+            }
+            s = cu_warp_sum(s);
+            if (lane == 0)
+                dw[q] = s;
         }
-        s = cu_warp_sum(s);
-        if (lane == 0)
-            dw[q] = s;
+        for (int c = lane; c < d; c += 32)
+            ye[p * d + c] *= w;
+        if (g)
+            for (int c = lane; c < r; c += 32)
+                g[p * r + c] *= w;
     }
 }
 
@@ -517,17 +529,18 @@ static int moe_lora_scatter(sbprt_ctx *ctx, const moe_lora *lo, const moe_lora_p
 /* The experts over the sorted pairs: xs gathered from x, h = xs w1ᵀ, a = swiglu(h),
  * ye = a w2ᵀ, per expert one GEMM each over its rows (hstart: the offsets on the host), each
  * followed by its adapter's two thin GEMMs when lo adapts that projection (lo NULL: none).
+ * down 0 (the backward's recomputation): no ye, only the down adapter's t = a A_iᵀ.
  *   x: [n, d]    w1: [e, 2f, d]    w2: [e, d, f] */
 static int moe_experts(sbprt_ctx *ctx, float *scratch, const sbprt_moe_layout *L,
                        const moe_lora *lo, const int32_t *hstart, const float *x,
-                       const float *w1, const float *w2, int d, int e, int k, int f)
+                       const float *w1, const float *w2, int d, int e, int k, int f, int down)
 {
     float *xs = scratch + L->xs, *h = scratch + L->h, *a = scratch + L->a;
     float *ye = scratch + L->ye;
     const int32_t *order = (const int32_t *)(scratch + L->order);
     const size_t f2 = 2 * (size_t)f;
     const moe_lora_proj *up = lo && lo->p[0].a ? &lo->p[0] : NULL;
-    const moe_lora_proj *down = lo && lo->p[1].a ? &lo->p[1] : NULL;
+    const moe_lora_proj *dn = lo && lo->p[1].a ? &lo->p[1] : NULL;
     CU_LAUNCH(ctx, moe_gather_kernel, cu_blocks(L->nk * d, MOE_THREADS), MOE_THREADS, 0, xs, x,
               order, L->nk, d, k);
     for (int i = 0; i < e; i++) {
@@ -545,13 +558,18 @@ static int moe_experts(sbprt_ctx *ctx, float *scratch, const sbprt_moe_layout *L
               L->nk, f);
     for (int i = 0; i < e; i++) {
         const int s0 = hstart[i], c = hstart[i + 1] - s0;
-        if (c == 0)
+        if (c == 0 || (!down && !dn))
             continue;
         float *ye_i = ye + (size_t)s0 * d;
         const float *a_i = a + (size_t)s0 * f;
+        if (!down) {
+            CU_STATUS(sbprt_gemm(ctx, dn->t + (size_t)s0 * lo->r, a_i,
+                                 dn->a + (size_t)i * lo->r * f, 0, 1, c, lo->r, f, 1.0f, 0.0f));
+            continue;
+        }
         CU_STATUS(sbprt_gemm(ctx, ye_i, a_i, w2 + (size_t)i * d * f, 0, 1, c, d, f, 1.0f, 0.0f));
-        if (down)
-            CU_STATUS(moe_lora_forward_proj(ctx, lo, down, i, s0, c, a_i, ye_i));
+        if (dn)
+            CU_STATUS(moe_lora_forward_proj(ctx, lo, dn, i, s0, c, a_i, ye_i));
     }
     return SBPRT_OK;
 }
@@ -576,13 +594,19 @@ static int moe_forward_run(sbprt_ctx *ctx, int32_t *hstart, const moe_lora *lo, 
     CU_STATUS(sbprt_gemm(ctx, probs, x, wr, 0, 1, n, e, d, 1.0f, 0.0f));
     CU_LAUNCH(ctx, moe_route_kernel, cu_blocks((size_t)n, MOE_THREADS), MOE_THREADS, 0, probs,
               sel, wts, n, e, k, norm_topk);
-    int valid = 0;
-    CU_STATUS(moe_sort(ctx, scratch, L, sel, n, e, k, hstart, &valid));
-    if (!valid)
-        return SBPRT_OK; /* not reached: the routing above only writes valid experts */
-    CU_STATUS(moe_experts(ctx, scratch, L, lo, hstart, x, w1, w2, d, e, k, f));
-    CU_LAUNCH(ctx, moe_combine_kernel, cu_blocks((size_t)n * d, MOE_THREADS), MOE_THREADS, 0, y,
-              scratch + L->ye, (const int32_t *)(scratch + L->pos), wts, n, d, k);
+    if (!y && !stats)
+        return SBPRT_OK; /* the routing alone, and nothing to count */
+    if (!y) { /* the counts only: the sort, with no host copy of its offsets */
+        CU_STATUS(moe_sort(ctx, scratch, L, sel, n, e, k, NULL, NULL));
+    } else {
+        int valid = 0;
+        CU_STATUS(moe_sort(ctx, scratch, L, sel, n, e, k, hstart, &valid));
+        if (!valid)
+            return SBPRT_OK; /* not reached: the routing above only writes valid experts */
+        CU_STATUS(moe_experts(ctx, scratch, L, lo, hstart, x, w1, w2, d, e, k, f, 1));
+        CU_LAUNCH(ctx, moe_combine_kernel, cu_blocks((size_t)n * d, MOE_THREADS), MOE_THREADS, 0,
+                  y, scratch + L->ye, (const int32_t *)(scratch + L->pos), wts, n, d, k);
+    }
     if (stats) {
         const unsigned blocks = (unsigned)e < CU_MAX_BLOCKS ? (unsigned)e : CU_MAX_BLOCKS;
         CU_LAUNCH(ctx, moe_stats_kernel, blocks, MOE_THREADS, 0, stats, probs,
@@ -616,8 +640,8 @@ extern "C" int sbprt_moe_lora_forward(sbprt_ctx *ctx, float *y, float *probs, in
     CU_STATUS(moe_lora_plan(&lo, scratch, a1, b1, a2, b2, n, d, e, k, f, r, scale));
     if (n == 0)
         return SBPRT_OK;
-    CU_CHECK(y && probs && sel && wts && x && wr && w1 && w2);
-    if (lo.r)
+    CU_CHECK(probs && sel && wts && x && wr && (!y || (w1 && w2)));
+    if (lo.r && y)
         CU_STATUS(moe_lora_gather(ctx, &lo, e));
     int32_t *hstart;
     CU_STATUS(moe_host_offsets(ctx, e, &hstart));
@@ -638,7 +662,7 @@ static int moe_backward_run(sbprt_ctx *ctx, int32_t *hstart, const moe_lora *lo,
     CU_STATUS(moe_sort(ctx, scratch, L, sel, n, e, k, hstart, &valid));
     if (!valid)
         return SBPRT_OK; /* a bad expert index: nothing written, sbprt_sync reports it */
-    CU_STATUS(moe_experts(ctx, scratch, L, lo, hstart, x, w1, w2, d, e, k, f));
+    CU_STATUS(moe_experts(ctx, scratch, L, lo, hstart, x, w1, w2, d, e, k, f, 0));
 
     float *xs = scratch + L->xs, *h = scratch + L->h, *a = scratch + L->a, *ye = scratch + L->ye;
     float *da = scratch + L->da, *dh = scratch + L->dh, *dw = scratch + L->dw;
@@ -650,15 +674,37 @@ static int moe_backward_run(sbprt_ctx *ctx, int32_t *hstart, const moe_lora *lo,
     /* the adapted projections, and whether their factors want a gradient */
     const moe_lora_proj *up = lo && lo->p[0].a ? &lo->p[0] : NULL;
     const moe_lora_proj *down = lo && lo->p[1].a ? &lo->p[1] : NULL;
-    const int up_g = up && (up->da || up->db), down_g = down && (down->da || down->db);
+    const int up_g = up && (up->da || up->db);
 
-    /* per pair: dL/dwts = dy[r] · ye, then ye becomes dye = wts dy[r] */
-    CU_LAUNCH(ctx, moe_pair_grad_kernel, cu_blocks(L->nk, MOE_THREADS / 32), MOE_THREADS, 0, dw,
-              ye, dy, wts, order, L->nk, d, k);
-
-    /* down projection: dw2[i] += dyeᵀ a, da = dye w2[i] (+ its adapter's share).  dh (and so
-     * da) is needed by dw1, by dx and by the gate/up adapter's factors. */
+    /* The down projection, as the twin: G = dy[r] W of each pair (W the expert's effective
+     * down projection, dy unweighted) into da, dL/dwts = G · u, then G, dy and the adapter's g
+     * weighted; the weight gradients from the weighted dy.  dh (and so da) is needed by dw1,
+     * by dx and by the gate/up adapter's factors, G also by the router. */
     const int need_dh = dw1 || dx || up_g;
+    const int need_g = need_dh || dwr;
+    const int lora_gd = down && (need_g || down->da);
+    const int r = lo ? lo->r : 0;
+    CU_LAUNCH(ctx, moe_gather_kernel, cu_blocks(L->nk * d, MOE_THREADS), MOE_THREADS, 0, ye, dy,
+              order, L->nk, d, k);
+    for (int i = 0; i < e && (need_g || lora_gd); i++) {
+        const int s0 = hstart[i], c = hstart[i + 1] - s0;
+        if (c == 0)
+            continue;
+        const float *dys_i = ye + (size_t)s0 * d;
+        float *da_i = da + (size_t)s0 * f;
+        if (lora_gd)
+            CU_STATUS(sbprt_gemm(ctx, down->g + (size_t)s0 * r, dys_i,
+                                 down->bg + (size_t)i * d * r, 0, 0, c, r, d, lo->scale, 0.0f));
+        if (need_g) {
+            CU_STATUS(sbprt_gemm(ctx, da_i, dys_i, w2 + (size_t)i * d * f, 0, 0, c, f, d, 1.0f,
+                                 0.0f));
+            if (down)
+                CU_STATUS(moe_lora_input_grad(ctx, lo, down, i, s0, c, da_i));
+        }
+    }
+    CU_LAUNCH(ctx, moe_pair_weight_kernel, cu_blocks(L->nk, MOE_THREADS / 32), MOE_THREADS, 0,
+              dw, da, ye, lora_gd ? down->g : (float *)NULL, a, wts, order, L->nk, d, f, r,
+              need_g);
     for (int i = 0; i < e; i++) {
         const int s0 = hstart[i], c = hstart[i + 1] - s0;
         if (c == 0)
@@ -667,15 +713,12 @@ static int moe_backward_run(sbprt_ctx *ctx, int32_t *hstart, const moe_lora *lo,
         if (dw2)
             CU_STATUS(sbprt_gemm(ctx, dw2 + (size_t)i * d * f, dye_i, a_i, 1, 0, d, f, c, 1.0f,
                                  1.0f));
-        if (down && (down_g || need_dh))
-            CU_STATUS(moe_lora_backward_proj(ctx, lo, down, i, s0, c, a_i, dye_i, need_dh));
-        if (need_dh) {
-            float *da_i = da + (size_t)s0 * f;
-            CU_STATUS(sbprt_gemm(ctx, da_i, dye_i, w2 + (size_t)i * d * f, 0, 0, c, f, d, 1.0f,
-                                 0.0f));
-            if (down)
-                CU_STATUS(moe_lora_input_grad(ctx, lo, down, i, s0, c, da_i));
-        }
+        if (down && down->db)
+            CU_STATUS(sbprt_gemm(ctx, down->dbg + (size_t)i * d * r, dye_i,
+                                 down->t + (size_t)s0 * r, 1, 0, d, r, c, lo->scale, 0.0f));
+        if (down && down->da)
+            CU_STATUS(sbprt_gemm(ctx, down->da + (size_t)i * r * f, down->g + (size_t)s0 * r,
+                                 a_i, 1, 0, r, f, c, 1.0f, 1.0f));
     }
     if (down && down->db)
         CU_STATUS(moe_lora_scatter(ctx, lo, down, dstart, e));

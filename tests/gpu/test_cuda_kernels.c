@@ -1445,6 +1445,27 @@ static void t_moe_shape(const moe_shape *s)
         sel_st->fails++;
     }
 
+    /* the routing alone (y NULL, the experts' weights NULL): a recomputation's call */
+    kc_begin(&K, "moe_forward", TOL_FP32, "%s routing only", label);
+    float *rx = KC_IN_F(&K, x, nd), *rwr = KC_IN_F(&K, wr, (size_t)e * d);
+    float *rscr = KC_IN_F(&K, hrand(nscr, -1, 1), nscr);
+    obuf *rprobs = kc_out_rand(&K, "probs", ne, 0), *rwts = kc_out_rand(&K, "wts", nk, 0);
+    obuf *rstats = s->stats ? kc_out(&K, "stats", hrand(2 * (size_t)e, 0, 3), 2 * (size_t)e, 1)
+                            : NULL;
+    int32_t *rsel = hnew(nk * sizeof(int32_t)), *rdsel = dnew(nk * sizeof(int32_t));
+    REF(cpuref_sbprt_moe_forward(C, NULL, rprobs->ref, rsel, rwts->ref,
+                                 rstats ? rstats->ref : NULL, x, wr, NULL, NULL, scr, n, d, e, k,
+                                 f, s->norm_topk));
+    KC_RUN(K, sbprt_moe_forward(G, NULL, rprobs->d, rdsel, rwts->d, rstats ? rstats->d : NULL,
+                                rx, rwr, NULL, NULL, rscr, n, d, e, k, f, s->norm_topk));
+    download(gsel, rdsel, nk * sizeof(int32_t));
+    sbprt_arena_free(G, rdsel);
+    sel_st->cases++;
+    if (memcmp(gsel, rsel, nk * sizeof(int32_t)) != 0 || memcmp(rsel, sel, nk * sizeof(int32_t))) {
+        fail("moe_forward [%s, routing only]: sel differs from the full forward's", label);
+        sel_st->fails++;
+    }
+
     /* the backward, accumulated into random gradients; which: all, dw1 dw2, dx dwr, dx */
     for (int which = 0; which < (s->grads ? 4 : 1); which++) {
         static const char *names[] = {"all", "dw1,dw2", "dx,dwr", "dx"};

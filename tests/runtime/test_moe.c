@@ -9,10 +9,10 @@
  *
  * Besides the cases (k = 1, 2, e; norm_topk 0 and 1; an expert no row selects; equal router
  * logits; stats NULL or given; the aux term), it checks: NULL gradient outputs, accumulation,
- * that forward outputs are overwritten, that the unselected expert's weights are never read
- * (NaN there changes nothing), that the kernels stay inside sbprt_moe_scratch_floats and
- * need nothing from its previous contents, bitwise equality across thread counts, and the
- * error statuses.
+ * that forward outputs are overwritten, the routing-only forward (y NULL), that the
+ * unselected expert's weights are never read (NaN there changes nothing), that the kernels
+ * stay inside sbprt_moe_scratch_floats and need nothing from its previous contents, bitwise
+ * equality across thread counts, and the error statuses.
  */
 #include <stdio.h>
 
@@ -491,6 +491,39 @@ static void test_moe_reference(void **state)
 
 /* ---- properties ---------------------------------------------------------------------- */
 
+/* y NULL, the routing alone (a recomputation before the backward): the same probs, sel, wts
+ * and stats bits as the full forward, the experts' weights unread (NULL), and a backward after
+ * it the same gradient bits as after the full forward. */
+static void test_moe_routing_only(void **state)
+{
+    (void)state;
+    for (size_t ci = 0; ci < NCASES; ci++) {
+        const moe_case *c = &cases[ci];
+        sbprt_ctx *ctx = rt_ctx(2);
+        moe_inputs in = make_inputs(c, 300 + ci);
+        rt_rng r = {400 + ci};
+        moe_outputs full = outputs_new(c, &r), part = outputs_copy(c, &full);
+        float *y0 = rt_copy(part.y, sz_x(c));
+        run_forward(ctx, c, &in, &full);
+        size_t floats;
+        float *s = scratch_new(c, &floats);
+        rt_assert_ok(sbprt_moe_forward(ctx, NULL, part.probs, part.sel, part.wts,
+                                       c->stats ? part.stats : NULL, in.x, in.wr, NULL, NULL, s,
+                                       c->n, c->d, c->e, c->k, c->f, c->norm));
+        scratch_check(s, floats);
+        free(s);
+        assert_memory_equal(part.y, y0, sz_x(c) * sizeof(float));
+        memcpy(part.y, full.y, sz_x(c) * sizeof(float));
+        run_backward(ctx, c, &in, &full, full.dx, full.dwr, full.dw1, full.dw2);
+        run_backward(ctx, c, &in, &part, part.dx, part.dwr, part.dw1, part.dw2);
+        assert_outputs_equal(c, &full, &part);
+        free(y0);
+        outputs_free(&full), outputs_free(&part);
+        free_inputs(&in);
+        sbprt_ctx_destroy(ctx);
+    }
+}
+
 /* NULL gradient outputs are skipped, and the others get the same bits as in a full call. */
 static void test_moe_null_grads(void **state)
 {
@@ -660,8 +693,11 @@ static void test_moe_errors(void **state)
     assert_int_equal(sbprt_moe_forward(ctx, o.y, o.probs, o.sel, o.wts, o.stats, in.x, in.wr,
                                        in.w1, in.w2, NULL, n, d, e, k, f, 1),
                      SBPRT_ERR_INVALID);
-    assert_int_equal(sbprt_moe_forward(ctx, NULL, o.probs, o.sel, o.wts, o.stats, in.x, in.wr,
-                                       in.w1, in.w2, s, n, d, e, k, f, 1),
+    assert_int_equal(sbprt_moe_forward(ctx, o.y, o.probs, o.sel, o.wts, o.stats, in.x, in.wr,
+                                       NULL, in.w2, s, n, d, e, k, f, 1),
+                     SBPRT_ERR_INVALID);
+    assert_int_equal(sbprt_moe_forward(ctx, NULL, NULL, o.sel, o.wts, o.stats, in.x, in.wr,
+                                       NULL, NULL, s, n, d, e, k, f, 1),
                      SBPRT_ERR_INVALID);
     assert_int_equal(sbprt_moe_forward(NULL, o.y, o.probs, o.sel, o.wts, o.stats, in.x, in.wr,
                                        in.w1, in.w2, s, n, d, e, k, f, 1),
@@ -1393,6 +1429,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_moe_reference),
+        cmocka_unit_test(test_moe_routing_only),
         cmocka_unit_test(test_moe_null_grads),
         cmocka_unit_test(test_moe_accumulate),
         cmocka_unit_test(test_moe_unselected_expert_unread),
