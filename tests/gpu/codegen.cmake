@@ -11,7 +11,8 @@
 #   gpu.step_emu_lora_{stream,store,bf16_stream} (emulator enabled) a LoRA step (--lora 4) of
 #                         the Llama export on the emulator: 10 AdamW steps, first gradients,
 #                         losses and trained adapters against float64 PEFT (emu_lora.cmake,
-#                         tests/lora's lora_check), bf16 at 5e-2
+#                         tests/lora's lora_check), bf16 at 5e-2; gpu.step_emu_lora_qwen3_moe_stream
+#                         the same for Qwen3-MoE with adapters on its experts too
 #   gpu.step_emu_lora_base_bf16 (emulator enabled) sbpc --base-precision bf16: the same
 #                         training as the fp32 master weights' bf16 copy, smaller plan
 #                         (emu_base_bf16.cmake), the frozen token embedding kept as bf16 too;
@@ -214,14 +215,18 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
   # losses 1.3e-4, the trained adapters 3.6e-2: Adam divides by the gradient's own scale).
   if(TARGET lora_check)
     function(gpu_emu_lora name)
-      cmake_parse_arguments(E "" "TOL" "SBPC_ARGS" ${ARGN})
+      cmake_parse_arguments(E "" "TOL;MODEL;FAM" "SBPC_ARGS" ${ARGN})
+      if(NOT E_MODEL)
+        set(E_MODEL llama_dynamo_scoped)
+        set(E_FAM llama)
+      endif()
       add_test(NAME gpu.step_emu_lora_${name}
                COMMAND ${CMAKE_COMMAND} -DSBPC=$<TARGET_FILE:sbpc> -DTRAIN=$<TARGET_FILE:sbp-train>
                        -DINFO=$<TARGET_FILE:sbp_step_info> -DCHECK=$<TARGET_FILE:lora_check>
                        -DCC=${CMAKE_C_COMPILER} -DEMU_LIB=$<TARGET_FILE:sbprt_cuda_emu>
                        "-DINCLUDES=${SBP_ROOT}/codegen;${SBP_ROOT}/runtime"
-                       "-DCFLAGS=${_emu_cflags}" -DMODEL=${_fx}/hf/llama_dynamo_scoped.onnx
-                       -DHFREF=${_fx}/hf/ref -DREF=${_fx}/lora/ref -DFAM=llama -DOUT=${_gen}
+                       "-DCFLAGS=${_emu_cflags}" -DMODEL=${_fx}/hf/${E_MODEL}.onnx
+                       -DHFREF=${_fx}/hf/ref -DREF=${_fx}/lora/ref -DFAM=${E_FAM} -DOUT=${_gen}
                        -DNAME=emu_lora_${name} "-DSBPC_ARGS=${E_SBPC_ARGS}" -DTOL=${E_TOL}
                        -P "${CMAKE_CURRENT_SOURCE_DIR}/emu_lora.cmake")
       set_tests_properties(gpu.step_emu_lora_${name} PROPERTIES LABELS "gpu;lora" TIMEOUT ${SBP_EMU_STEP_TIMEOUT})
@@ -231,6 +236,12 @@ if(SBP_CUDA_EMU_ENABLED AND TARGET train_fixture)
       gpu_emu_lora(store SBPC_ARGS --strategy store)
       gpu_emu_lora(bf16_stream TOL 5e-2
                    SBPC_ARGS --strategy stream --chunk 7 --logits-chunk 13 --precision bf16)
+      # Qwen3-MoE with adapters on attention and on both fused expert tensors (tests/lora's
+      # selection): the routed layer's LoRA kernels in a whole CUDA step, stream (the routing
+      # recomputed alone, the experts inside the backward), against float64 PEFT
+      gpu_emu_lora(qwen3_moe_stream MODEL qwen3_moe_dynamo_eager FAM qwen3_moe
+                   SBPC_ARGS --strategy stream --chunk 7 --logits-chunk 13 --lora-targets
+                             "[.](q_proj|k_proj|v_proj|o_proj)[.]weight$|[.]experts[.](gate_up_proj|down_proj)$")
     endif()
   endif()
   # --offload checkpoints: the same computation as the plain step (losses, gradients and trained
